@@ -1,0 +1,86 @@
+# Loom's development loop: make generate manifests lint test.
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+TOOLS := hack/tools/build.sh
+CONTROLLER_GEN = $(shell $(TOOLS) controller-gen)/controller-gen
+GOLANGCI_LINT = $(shell $(TOOLS) golangci-lint)/golangci-lint
+HELM = $(shell $(TOOLS) helm)/helm
+GO_TEST_FLAGS ?=
+BIN := bin
+
+EXTERNAL_CRDS := config/crd/external
+MONITORING_CRDS := podmonitors servicemonitors prometheusrules prometheuses
+
+.PHONY: help
+help: ## List targets.
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+
+##@ Run
+
+.PHONY: demo
+demo: build ## Run Loom on a local simulated GPU cluster until Ctrl-C.
+	go run ./e2e/cmd/demo --loom $(BIN)/loom
+
+##@ Build
+
+.PHONY: build
+build: ## Build the loom binary into bin/.
+	go build -o $(BIN)/loom ./cmd/manager
+
+.PHONY: tools
+tools: ## Build every pinned tool into the cache (once per version).
+	$(TOOLS) kube kwok helm controller-gen golangci-lint >/dev/null
+
+##@ Generate
+
+.PHONY: generate
+generate: ## Generate deepcopy code from the API types.
+	@if [ -d apis ]; then $(CONTROLLER_GEN) object paths=./apis/...; fi
+
+.PHONY: manifests
+manifests: ## Generate CRDs and RBAC into the chart, and the third-party CRDs tests install.
+	rm -rf charts/loom/crds charts/loom/files/rbac
+	@if [ -d apis ]; then $(CONTROLLER_GEN) crd paths=./apis/... output:crd:dir=charts/loom/crds; fi
+	$(CONTROLLER_GEN) rbac:roleName=loom-manager paths=./... output:rbac:dir=charts/loom/files/rbac
+	rm -rf $(EXTERNAL_CRDS) && mkdir -p $(EXTERNAL_CRDS)
+	$(CONTROLLER_GEN) crd:maxDescLen=0 paths=volcano.sh/apis/pkg/apis/scheduling/v1beta1 output:crd:dir=$(EXTERNAL_CRDS)
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+		$(CONTROLLER_GEN) crd:maxDescLen=0 paths=github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1 output:crd:dir=$$tmp && \
+		for k in $(MONITORING_CRDS); do cp $$tmp/monitoring.coreos.com_$$k.yaml $(EXTERNAL_CRDS)/; done
+	cp "$$(go list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)/config/crd/bases/ray.io_rayclusters.yaml" $(EXTERNAL_CRDS)/
+	chmod 644 $(EXTERNAL_CRDS)/*.yaml
+
+.PHONY: verify
+verify: generate manifests ## Fail when generated files or go.mod are stale.
+	go mod tidy && (cd hack/tools && go mod tidy)
+	@if [ -n "$$(git status --porcelain -- . )" ]; then \
+		echo "generated files are stale; run 'make generate manifests' and 'go mod tidy', then commit:"; \
+		git status --porcelain -- .; git --no-pager diff --stat; exit 1; fi
+
+##@ Check
+
+.PHONY: fmt
+fmt: ## gofmt the tree.
+	gofmt -s -w $$(git ls-files '*.go')
+
+.PHONY: vet
+vet: ## go vet.
+	go vet ./...
+
+.PHONY: lint
+lint: ## golangci-lint (includes import-direction rules).
+	$(GOLANGCI_LINT) run ./...
+
+.PHONY: test
+test: tools ## Every tier: unit, integration (envtest) and end to end (simulated cluster).
+	KUBEBUILDER_ASSETS="$$($(TOOLS) kube)" go test $(GO_TEST_FLAGS) ./...
+
+.PHONY: test-unit
+test-unit: ## Unit and integration tests only (skips e2e/).
+	KUBEBUILDER_ASSETS="$$($(TOOLS) kube)" go test $(GO_TEST_FLAGS) $$(go list ./... | grep -v /e2e)
+
+.PHONY: e2e
+e2e: tools build ## End-to-end tests only.
+	go test $(GO_TEST_FLAGS) ./e2e/... -v -count=1

@@ -1,0 +1,59 @@
+{{/* Chart name, truncated to fit label values. */}}
+{{- define "loom.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name. */}}
+{{- define "loom.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains (include "loom.name" .) .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name (include "loom.name" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/* The app.kubernetes.io labels every object carries. */}}
+{{- define "loom.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "loom.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: loom
+{{- end }}
+
+{{/* Labels that select the manager's pods (immutable once installed). */}}
+{{- define "loom.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "loom.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: manager
+{{- end }}
+
+{{- define "loom.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (printf "%s-manager" (include "loom.fullname" .)) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "loom.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+The rules controller-gen generated from the +kubebuilder:rbac markers
+(files/rbac/role.yaml), by kind: ClusterRole or Role.
+*/}}
+{{- define "loom.generatedRules" -}}
+{{- $kind := .kind }}
+{{- $rules := list }}
+{{- range $doc := splitList "\n---" (.ctx.Files.Get "files/rbac/role.yaml") }}
+{{- $obj := fromYaml $doc }}
+{{- if and $obj (eq (get $obj "kind") $kind) }}
+{{- $rules = concat $rules (get $obj "rules") }}
+{{- end }}
+{{- end }}
+{{- toYaml $rules }}
+{{- end }}

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Builds Loom's pinned tools from source (Go module proxy only) into a cache
+# directory outside the checkout, keyed by version, and prints the directory
+# holding each requested tool. A tool already in the cache is not rebuilt.
+#
+#   hack/tools/build.sh kube      -> etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
+#   hack/tools/build.sh kwok helm controller-gen golangci-lint
+#
+# LOOM_TOOLS_DIR overrides the cache root (default: ~/.cache/loom/tools).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$here/versions.env"
+root="${LOOM_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/loom/tools}"
+export GOFLAGS="${GOFLAGS:-} -trimpath"
+
+log() { echo "build.sh: $*" >&2; }
+
+# install NAME VERSION PKG: go install PKG@VERSION into root/NAME-VERSION.
+install_tool() {
+	local name="$1" version="$2" pkg="$3" dir="$root/$1-$2"
+	if [[ ! -x "$dir/$name" ]]; then
+		log "building $name $version (once; cached in $dir)"
+		mkdir -p "$dir.tmp"
+		GOBIN="$dir.tmp" go install "$pkg@$version"
+		rm -rf "$dir" && mv "$dir.tmp" "$dir"
+	fi
+	echo "$dir"
+}
+
+build_kube() {
+	local dir="$root/kubernetes-$KUBERNETES_VERSION-etcd-$ETCD_VERSION"
+	local bins=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl) missing=0 b
+	for b in "${bins[@]}"; do [[ -x "$dir/$b" ]] || missing=1; done
+	if [[ $missing == 1 ]]; then
+		log "building Kubernetes $KUBERNETES_VERSION and etcd $ETCD_VERSION (once; cached in $dir)"
+		local major minor
+		major="$(echo "${KUBERNETES_VERSION#v}" | cut -d. -f1)"
+		minor="$(echo "${KUBERNETES_VERSION#v}" | cut -d. -f2)"
+		local v=k8s.io/component-base/version
+		local ldflags="-s -w -X $v.gitVersion=$KUBERNETES_VERSION -X $v.gitMajor=$major -X $v.gitMinor=$minor -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z"
+		mkdir -p "$dir.tmp"
+		(
+			cd "$here"
+			go build -ldflags "$ldflags" -o "$dir.tmp/" \
+				k8s.io/kubernetes/cmd/kube-apiserver \
+				k8s.io/kubernetes/cmd/kube-controller-manager \
+				k8s.io/kubernetes/cmd/kube-scheduler \
+				k8s.io/kubernetes/cmd/kubectl
+			go build -ldflags "-s -w" -o "$dir.tmp/etcd" go.etcd.io/etcd/server/v3
+		)
+		rm -rf "$dir" && mv "$dir.tmp" "$dir"
+	fi
+	echo "$dir"
+}
+
+# kwok_stages DIR: write the kwok module's default node (fast,
+# heartbeat-with-lease) and pod (fast) stages into DIR/stages.yaml; without a
+# stages config kwok exits with "no stages found".
+kwok_stages() {
+	local dir="$1" src
+	[[ -s "$dir/stages.yaml" ]] && return 0
+	src="$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+	[[ -d "$src" ]] || { log "kwok module source not found"; exit 1; }
+	local f
+	for f in "$src"/kustomize/stage/node/fast/*.yaml "$src"/kustomize/stage/node/heartbeat-with-lease/*.yaml "$src"/kustomize/stage/pod/fast/*.yaml; do
+		[[ "$(basename "$f")" == kustomization.yaml ]] && continue
+		echo "---"
+		cat "$f"
+	done > "$dir/stages.yaml.tmp"
+	mv "$dir/stages.yaml.tmp" "$dir/stages.yaml"
+}
+
+[[ $# -gt 0 ]] || set -- kube kwok helm controller-gen golangci-lint
+for t in "$@"; do
+	case "$t" in
+	kube) build_kube ;;
+	kwok) kwok_dir="$(install_tool kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok)"; kwok_stages "$kwok_dir"; echo "$kwok_dir" ;;
+	helm) install_tool helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm ;;
+	controller-gen) install_tool controller-gen "$CONTROLLER_TOOLS_VERSION" sigs.k8s.io/controller-tools/cmd/controller-gen ;;
+	golangci-lint) install_tool golangci-lint "$GOLANGCI_LINT_VERSION" github.com/golangci/golangci-lint/v2/cmd/golangci-lint ;;
+	*) log "unknown tool $t (known: kube kwok helm controller-gen golangci-lint)"; exit 2 ;;
+	esac
+done

@@ -1,0 +1,130 @@
+// Package manager builds Loom's controller manager: one controller-runtime
+// manager with a shared cache, secured metrics, probes and leader election,
+// running the controllers chosen from a Registry.
+package manager
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net/http"
+	"time"
+
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+)
+
+// Leader election (a Role in Loom's namespace), events and the metrics
+// endpoint's authentication need these rights; the controllers add
+// their own markers next to their code.
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=loom-system,resources=leases,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
+// New builds the manager and sets up the selected controllers. It does not
+// start anything.
+func New(ctx context.Context, cfg *rest.Config, opts Options, reg *Registry) (ctrl.Manager, []string, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, nil, err
+	}
+	selected, err := reg.Select(opts.Controllers)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS = float32(opts.KubeAPIQPS)
+	cfg.Burst = opts.KubeAPIBurst
+	if cfg.UserAgent == "" {
+		cfg.UserAgent = "loom-manager"
+	}
+
+	var cacheNamespaces map[string]cache.Config
+	if len(opts.WatchNamespaces) > 0 {
+		cacheNamespaces = map[string]cache.Config{}
+		for _, ns := range opts.WatchNamespaces {
+			cacheNamespaces[ns] = cache.Config{}
+		}
+	}
+	leNamespace := opts.LeaderElectionNamespace
+	if leNamespace == "" {
+		leNamespace = opts.Namespace
+	}
+
+	var tlsOpts []func(*tls.Config)
+	if !opts.EnableHTTP2 {
+		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
+	}
+	metricsOpts := metricsserver.Options{
+		BindAddress:   opts.MetricsAddr,
+		SecureServing: opts.MetricsSecure,
+		CertDir:       opts.MetricsCertDir,
+		TLSOpts:       tlsOpts,
+	}
+	if opts.MetricsSecure {
+		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+
+	leaseDuration, renewDeadline, retryPeriod := opts.LeaseDuration, opts.RenewDeadline, opts.RetryPeriod
+	shutdown := opts.GracefulShutdownTimeout
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:  Scheme(),
+		Metrics: metricsOpts,
+		Cache: cache.Options{
+			DefaultNamespaces: cacheNamespaces,
+			// managedFields are a large share of every cached object and no
+			// reconciler reads them.
+			DefaultTransform: cache.TransformStripManagedFields(),
+		},
+		HealthProbeBindAddress:        opts.ProbeAddr,
+		LeaderElection:                opts.LeaderElect,
+		LeaderElectionID:              opts.LeaderElectionID,
+		LeaderElectionNamespace:       leNamespace,
+		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &leaseDuration,
+		RenewDeadline:                 &renewDeadline,
+		RetryPeriod:                   &retryPeriod,
+		GracefulShutdownTimeout:       &shutdown,
+		Controller: config.Controller{
+			MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
+		},
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating manager: %w", err)
+	}
+
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return nil, nil, err
+	}
+	if err := mgr.AddReadyzCheck("informers", cacheSynced(mgr.GetCache())); err != nil {
+		return nil, nil, err
+	}
+
+	for _, name := range selected {
+		if err := reg.setup(name)(ctx, mgr, opts); err != nil {
+			return nil, nil, fmt.Errorf("setting up controller %s: %w", name, err)
+		}
+	}
+	return mgr, selected, nil
+}
+
+// cacheSynced reports ready once every informer the controllers asked for has
+// synced. Replicas that are not the leader are ready too: their caches are
+// warm, so a failover starts from a full view.
+func cacheSynced(c cache.Cache) healthz.Checker {
+	return func(req *http.Request) error {
+		ctx, cancel := context.WithTimeout(req.Context(), time.Second)
+		defer cancel()
+		if !c.WaitForCacheSync(ctx) {
+			return fmt.Errorf("informer caches have not synced yet")
+		}
+		return nil
+	}
+}

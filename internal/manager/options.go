@@ -1,0 +1,176 @@
+package manager
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+)
+
+// Options are the manager's settings. BindFlags maps them to command-line
+// flags; tests fill the struct directly.
+type Options struct {
+	// Controllers is the --controllers value (comma list, or all).
+	Controllers string
+	// WatchNamespaces restricts namespaced watches to these namespaces; empty
+	// means every namespace. Cluster-scoped kinds are always watched.
+	WatchNamespaces []string
+	// Namespace is where Loom itself runs: its operands, its lease.
+	Namespace string
+
+	MetricsAddr    string
+	MetricsSecure  bool
+	MetricsCertDir string
+	EnableHTTP2    bool
+	ProbeAddr      string
+
+	LeaderElect              bool
+	LeaderElectionID         string
+	LeaderElectionNamespace  string
+	LeaseDuration            time.Duration
+	RenewDeadline            time.Duration
+	RetryPeriod              time.Duration
+	GracefulShutdownTimeout  time.Duration
+	MaxConcurrentReconciles  int
+	KubeAPIQPS               float64
+	KubeAPIBurst             int
+
+	LogLevel  string
+	LogFormat string
+}
+
+// Defaults for the client rate limits. client-go's own (5 QPS, burst 10, and
+// 20/30 in controller-runtime) would turn a 512-pod gang into a half-minute
+// trickle; API Priority and Fairness on the server is the real guard.
+const (
+	DefaultKubeAPIQPS   = 300
+	DefaultKubeAPIBurst = 600
+)
+
+// DefaultOptions returns the options with every default filled in.
+func DefaultOptions() Options {
+	return Options{
+		Controllers:             "all",
+		Namespace:               namespaceFromEnv(),
+		MetricsAddr:             ":8443",
+		MetricsSecure:           true,
+		ProbeAddr:               ":8081",
+		LeaderElect:             true,
+		LeaderElectionID:        "loom-manager",
+		LeaseDuration:           15 * time.Second,
+		RenewDeadline:           10 * time.Second,
+		RetryPeriod:             2 * time.Second,
+		GracefulShutdownTimeout: 30 * time.Second,
+		MaxConcurrentReconciles: 4,
+		KubeAPIQPS:              DefaultKubeAPIQPS,
+		KubeAPIBurst:            DefaultKubeAPIBurst,
+		LogLevel:                "info",
+		LogFormat:               "json",
+	}
+}
+
+// namespaceFromEnv reads the namespace from the downward API (POD_NAMESPACE),
+// then from the service account mount, and falls back to loom-system.
+func namespaceFromEnv() string {
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	if b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil {
+		if ns := strings.TrimSpace(string(b)); ns != "" {
+			return ns
+		}
+	}
+	return "loom-system"
+}
+
+// BindFlags registers the options as flags on fs.
+func (o *Options) BindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Controllers, "controllers", o.Controllers, "comma-separated controllers to run, or \"all\"")
+	fs.Func("watch-namespaces", "comma-separated namespaces to watch for namespaced objects (default: all)", func(s string) error {
+		o.WatchNamespaces = splitList(s)
+		return nil
+	})
+	fs.StringVar(&o.Namespace, "namespace", o.Namespace, "namespace Loom runs in (default: $POD_NAMESPACE)")
+	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr, "address of the metrics endpoint; \"0\" disables it")
+	fs.BoolVar(&o.MetricsSecure, "metrics-secure", o.MetricsSecure, "serve metrics over HTTPS with Kubernetes authentication and authorization")
+	fs.StringVar(&o.MetricsCertDir, "metrics-cert-dir", o.MetricsCertDir, "directory with tls.crt and tls.key for the metrics endpoint (default: self-signed)")
+	fs.BoolVar(&o.EnableHTTP2, "enable-http2", o.EnableHTTP2, "allow HTTP/2 on the metrics endpoint (off: HTTP/2 rapid-reset CVEs)")
+	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", o.ProbeAddr, "address of /healthz and /readyz")
+	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "elect a leader so that only one replica reconciles")
+	fs.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "name of the leader-election Lease")
+	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "namespace of the leader-election Lease (default: --namespace)")
+	fs.DurationVar(&o.LeaseDuration, "leader-election-lease-duration", o.LeaseDuration, "leader-election lease duration")
+	fs.DurationVar(&o.RenewDeadline, "leader-election-renew-deadline", o.RenewDeadline, "leader-election renew deadline")
+	fs.DurationVar(&o.RetryPeriod, "leader-election-retry-period", o.RetryPeriod, "leader-election retry period")
+	fs.DurationVar(&o.GracefulShutdownTimeout, "graceful-shutdown-timeout", o.GracefulShutdownTimeout, "time given to controllers to finish on SIGTERM")
+	fs.IntVar(&o.MaxConcurrentReconciles, "max-concurrent-reconciles", o.MaxConcurrentReconciles, "parallel reconciles per controller")
+	fs.Float64Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "client-side rate limit of API requests per second")
+	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "client-side burst of API requests")
+	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, error, or a verbosity number (higher logs more)")
+	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "log format: json or text")
+}
+
+// Validate checks values that flags alone cannot.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.MaxConcurrentReconciles < 1 {
+		errs = append(errs, fmt.Errorf("--max-concurrent-reconciles must be at least 1, got %d", o.MaxConcurrentReconciles))
+	}
+	if o.KubeAPIQPS <= 0 {
+		errs = append(errs, fmt.Errorf("--kube-api-qps must be positive, got %v", o.KubeAPIQPS))
+	}
+	if o.KubeAPIBurst < 1 {
+		errs = append(errs, fmt.Errorf("--kube-api-burst must be at least 1, got %d", o.KubeAPIBurst))
+	}
+	if o.LeaderElect && o.LeaderElectionID == "" {
+		errs = append(errs, errors.New("--leader-election-id must not be empty when --leader-elect is on"))
+	}
+	if o.LeaderElect && !(o.LeaseDuration > o.RenewDeadline && o.RenewDeadline > o.RetryPeriod && o.RetryPeriod > 0) {
+		errs = append(errs, fmt.Errorf("leader election needs lease-duration > renew-deadline > retry-period > 0, got %v, %v, %v",
+			o.LeaseDuration, o.RenewDeadline, o.RetryPeriod))
+	}
+	if o.Namespace == "" {
+		errs = append(errs, errors.New("--namespace must not be empty"))
+	}
+	if _, err := ParseLogLevel(o.LogLevel); err != nil {
+		errs = append(errs, err)
+	}
+	if o.LogFormat != "json" && o.LogFormat != "text" {
+		errs = append(errs, fmt.Errorf("--log-format must be json or text, got %q", o.LogFormat))
+	}
+	return errors.Join(errs...)
+}
+
+// ParseLogLevel maps debug/info/warn/error or a verbosity number N (logr V(N))
+// to a zap level.
+func ParseLogLevel(s string) (zapcore.Level, error) {
+	switch strings.ToLower(s) {
+	case "debug":
+		return zapcore.DebugLevel, nil
+	case "info", "":
+		return zapcore.InfoLevel, nil
+	case "warn", "warning":
+		return zapcore.WarnLevel, nil
+	case "error":
+		return zapcore.ErrorLevel, nil
+	}
+	var n int
+	if _, err := fmt.Sscanf(s, "%d", &n); err == nil && n >= 0 && fmt.Sprint(n) == s {
+		return zapcore.Level(-n), nil
+	}
+	return 0, fmt.Errorf("--log-level must be debug, info, warn, error or a non-negative number, got %q", s)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

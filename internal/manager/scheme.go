@@ -1,0 +1,25 @@
+package manager
+
+import (
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
+)
+
+// Scheme returns the scheme every Loom client and cache uses: Kubernetes'
+// built-in kinds, CRDs (to notice optional dependencies appear), and the
+// third-party kinds Loom writes or reconciles (Volcano PodGroups, Prometheus
+// Operator monitors, KubeRay's RayCluster).
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(apiextensionsv1.AddToScheme(s))
+	utilruntime.Must(schedulingv1beta1.AddToScheme(s))
+	utilruntime.Must(monitoringv1.AddToScheme(s))
+	utilruntime.Must(rayv1.AddToScheme(s))
+	return s
+}
