@@ -2,8 +2,8 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"crypto/tls"
+	"fmt"
 	"net/http"
 	"os"
 	"strings"

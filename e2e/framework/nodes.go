@@ -119,4 +119,3 @@ func orDefault(v, d string) string {
 	}
 	return v
 }
-

@@ -28,16 +28,16 @@ type Options struct {
 	EnableHTTP2    bool
 	ProbeAddr      string
 
-	LeaderElect              bool
-	LeaderElectionID         string
-	LeaderElectionNamespace  string
-	LeaseDuration            time.Duration
-	RenewDeadline            time.Duration
-	RetryPeriod              time.Duration
-	GracefulShutdownTimeout  time.Duration
-	MaxConcurrentReconciles  int
-	KubeAPIQPS               float64
-	KubeAPIBurst             int
+	LeaderElect             bool
+	LeaderElectionID        string
+	LeaderElectionNamespace string
+	LeaseDuration           time.Duration
+	RenewDeadline           time.Duration
+	RetryPeriod             time.Duration
+	GracefulShutdownTimeout time.Duration
+	MaxConcurrentReconciles int
+	KubeAPIQPS              float64
+	KubeAPIBurst            int
 
 	LogLevel  string
 	LogFormat string
@@ -129,7 +129,7 @@ func (o *Options) Validate() error {
 	if o.LeaderElect && o.LeaderElectionID == "" {
 		errs = append(errs, errors.New("--leader-election-id must not be empty when --leader-elect is on"))
 	}
-	if o.LeaderElect && !(o.LeaseDuration > o.RenewDeadline && o.RenewDeadline > o.RetryPeriod && o.RetryPeriod > 0) {
+	if o.LeaderElect && (o.LeaseDuration <= o.RenewDeadline || o.RenewDeadline <= o.RetryPeriod || o.RetryPeriod <= 0) {
 		errs = append(errs, fmt.Errorf("leader election needs lease-duration > renew-deadline > retry-period > 0, got %v, %v, %v",
 			o.LeaseDuration, o.RenewDeadline, o.RetryPeriod))
 	}

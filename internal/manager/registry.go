@@ -64,12 +64,11 @@ func (r *Registry) Select(spec string) ([]string, error) {
 		selected = append(selected, n)
 	}
 	if len(unknown) > 0 {
-		valid := strings.Join(r.Names(), ", ")
-		if valid == "" {
-			valid = "(none are built into this binary)"
+		valid := "valid names: " + strings.Join(r.Names(), ", ") + ` (or "all")`
+		if len(r.setups) == 0 {
+			valid = "no controllers are built into this binary"
 		}
-		return nil, fmt.Errorf("unknown controller(s) %s in --controllers; valid names: %s (or \"all\")",
-			strings.Join(quote(unknown), ", "), valid)
+		return nil, fmt.Errorf("unknown controller(s) %s in --controllers; %s", strings.Join(quote(unknown), ", "), valid)
 	}
 	sort.Strings(selected)
 	return selected, nil

@@ -49,7 +49,7 @@ func TestRegistrySelect(t *testing.T) {
 
 func TestRegistryEmpty(t *testing.T) {
 	_, err := (&Registry{}).Select("gpu")
-	if err == nil || !strings.Contains(err.Error(), "none are built into this binary") {
+	if err == nil || !strings.Contains(err.Error(), "no controllers are built into this binary") {
 		t.Fatalf("error = %v", err)
 	}
 }

@@ -1,0 +1,18 @@
+# The loom image: one static binary on distroless, as a non-root user.
+# (These build machines have no container engine; CI builds the binary, not
+# this image.)
+FROM golang:1.26 AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG TARGETOS=linux TARGETARCH=amd64
+# go-nvml loads libnvidia-ml.so at run time through dlopen, which needs cgo.
+RUN CGO_ENABLED=1 GOOS=$TARGETOS GOARCH=$TARGETARCH \
+    go build -trimpath -ldflags "-s -w" -o /out/loom ./cmd/manager
+
+FROM gcr.io/distroless/base-debian12:nonroot
+COPY --from=build /out/loom /loom
+USER 65532:65532
+ENTRYPOINT ["/loom"]
+CMD ["manager"]

@@ -1,0 +1,35 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+)
+
+func TestCommandLine(t *testing.T) {
+	tests := []struct {
+		args     []string
+		wantCode int
+		wantErr  string
+	}{
+		{args: nil, wantCode: 2, wantErr: "usage: loom <subcommand>"},
+		{args: []string{"bogus"}, wantCode: 2, wantErr: `unknown subcommand "bogus"`},
+		{args: []string{"manager", "--controllers=bogus"}, wantCode: 2, wantErr: `unknown controller(s) "bogus" in --controllers; `},
+		{args: []string{"manager", "--max-concurrent-reconciles=0"}, wantCode: 2, wantErr: "--max-concurrent-reconciles must be at least 1"},
+		{args: []string{"manager", "--no-such-flag"}, wantCode: 2, wantErr: "flag provided but not defined: -no-such-flag"},
+		{args: []string{"manager", "-h"}, wantCode: 0, wantErr: "-kube-api-qps"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			var stderr bytes.Buffer
+			code := run(context.Background(), tt.args, &stderr)
+			if code != tt.wantCode {
+				t.Errorf("exit code %d, want %d; stderr:\n%s", code, tt.wantCode, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), tt.wantErr) {
+				t.Errorf("stderr lacks %q:\n%s", tt.wantErr, stderr.String())
+			}
+		})
+	}
+}
