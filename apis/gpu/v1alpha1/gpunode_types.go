@@ -1,0 +1,165 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Condition types and reasons of a GPUNode.
+const (
+	// ConditionReady is True when the agent collected the inventory on its
+	// last attempt.
+	ConditionReady = "Ready"
+	// ConditionNVMLUnavailable is True when NVML cannot be used on the node
+	// (library missing, driver not loaded); its message is NVML's own error.
+	ConditionNVMLUnavailable = "NVMLUnavailable"
+
+	ReasonCollected        = "Collected"
+	ReasonNVMLInitFailed   = "NVMLInitFailed"
+	ReasonCollectionFailed = "CollectionFailed"
+	ReasonNVMLAvailable    = "NVMLAvailable"
+	ReasonUnhealthyGPUs    = "UnhealthyGPUs"
+)
+
+// GPUHealthState says whether a GPU can take work.
+// +kubebuilder:validation:Enum=Healthy;Unhealthy
+type GPUHealthState string
+
+const (
+	GPUHealthy   GPUHealthState = "Healthy"
+	GPUUnhealthy GPUHealthState = "Unhealthy"
+)
+
+// MIGMode is a GPU's Multi-Instance GPU mode.
+// +kubebuilder:validation:Enum=Enabled;Disabled
+type MIGMode string
+
+const (
+	MIGEnabled  MIGMode = "Enabled"
+	MIGDisabled MIGMode = "Disabled"
+)
+
+// GPUHealth is a GPU's health as the agent last saw it.
+type GPUHealth struct {
+	State GPUHealthState `json:"state"`
+	// Reason is a CamelCase cause when unhealthy, e.g. XidCriticalError.
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// Message explains the reason, e.g. "Xid 79: GPU has fallen off the bus".
+	// +optional
+	Message string `json:"message,omitempty"`
+	// Xid is the last critical Xid error code seen on this GPU, if any.
+	// +optional
+	Xid int64 `json:"xid,omitempty"`
+}
+
+// MIGDevice is one MIG device (a GPU instance with a compute instance).
+type MIGDevice struct {
+	// Profile is the MIG profile name, e.g. 1g.10gb.
+	Profile string `json:"profile"`
+	// +optional
+	UUID              string `json:"uuid,omitempty"`
+	MemoryMiB         int64  `json:"memoryMiB"`
+	GPUInstanceID     int32  `json:"gpuInstanceID"`
+	ComputeInstanceID int32  `json:"computeInstanceID"`
+}
+
+// MIGStatus is a GPU's MIG capability, mode and devices.
+type MIGStatus struct {
+	Capable bool `json:"capable"`
+	// +optional
+	CurrentMode MIGMode `json:"currentMode,omitempty"`
+	// PendingMode differs from CurrentMode until the GPU is reset.
+	// +optional
+	PendingMode MIGMode `json:"pendingMode,omitempty"`
+	// +optional
+	// +listType=atomic
+	Devices []MIGDevice `json:"devices,omitempty"`
+}
+
+// GPU is one physical GPU.
+type GPU struct {
+	// Index is NVML's device index.
+	// +kubebuilder:validation:Minimum=0
+	Index int32 `json:"index"`
+	UUID  string `json:"uuid"`
+	// Product is NVML's device name, e.g. "NVIDIA H100 80GB HBM3".
+	Product string `json:"product"`
+	// Architecture, e.g. Hopper.
+	// +optional
+	Architecture string `json:"architecture,omitempty"`
+	// MemoryMiB is the framebuffer size.
+	MemoryMiB int64 `json:"memoryMiB"`
+	// ComputeCapability is the CUDA compute capability, e.g. "9.0".
+	// +optional
+	ComputeCapability string `json:"computeCapability,omitempty"`
+	// +optional
+	PCIBusID string `json:"pciBusID,omitempty"`
+	// +optional
+	MIG *MIGStatus `json:"mig,omitempty"`
+	Health GPUHealth `json:"health"`
+}
+
+// GPUNodeStatus is the NVML inventory of the node. Only what changes when
+// hardware, driver or configuration change belongs here; temperatures and
+// utilisation are metrics.
+type GPUNodeStatus struct {
+	// +optional
+	DriverVersion string `json:"driverVersion,omitempty"`
+	// CUDADriverVersion is the CUDA version the driver supports, e.g. "12.4".
+	// +optional
+	CUDADriverVersion string `json:"cudaDriverVersion,omitempty"`
+	// +optional
+	NVMLVersion string `json:"nvmlVersion,omitempty"`
+	// GPUCount is the number of physical GPUs.
+	// +optional
+	GPUCount int32 `json:"gpuCount"`
+	// Product is the GPUs' product name, or "mixed" when they differ.
+	// +optional
+	Product string `json:"product,omitempty"`
+	// MIG summarises the GPUs' MIG modes: Enabled, Disabled or Mixed.
+	// +optional
+	MIG string `json:"mig,omitempty"`
+	// Simulated names the simulated system (e.g. dgx-h100) when the agent
+	// runs in simulation mode; empty on real hardware.
+	// +optional
+	Simulated string `json:"simulated,omitempty"`
+	// +optional
+	// +listType=map
+	// +listMapKey=index
+	GPUs []GPU `json:"gpus,omitempty"`
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// GPUNode is the GPU inventory of one node, as the node agent reads it
+// through NVML. Its name is the node's name; it is owned by the Node.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=gpun,categories=loom
+// +kubebuilder:printcolumn:name="GPUs",type=integer,JSONPath=`.status.gpuCount`
+// +kubebuilder:printcolumn:name="Product",type=string,JSONPath=`.status.product`
+// +kubebuilder:printcolumn:name="Driver",type=string,JSONPath=`.status.driverVersion`
+// +kubebuilder:printcolumn:name="MIG",type=string,JSONPath=`.status.mig`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type GPUNode struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Status GPUNodeStatus `json:"status,omitempty"`
+}
+
+// GPUNodeList is a list of GPUNodes.
+// +kubebuilder:object:root=true
+type GPUNodeList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []GPUNode `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&GPUNode{}, &GPUNodeList{})
+}

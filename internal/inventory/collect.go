@@ -1,0 +1,251 @@
+// Package inventory is Loom's view of every node's GPUs. The agent side
+// (Collect, Simulate) reads a node's GPUs through NVML; the manager side
+// (Index) answers "how many GPUs of which product exist, are free, and does
+// this gang fit" from GPUNode objects and pod requests.
+package inventory
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+)
+
+// NVMLError is an NVML call that failed, with NVML's own error text.
+type NVMLError struct {
+	Call string
+	Ret  nvml.Return
+}
+
+func (e *NVMLError) Error() string {
+	return fmt.Sprintf("%s: %s", e.Call, nvml.ErrorString(e.Ret))
+}
+
+func check(call string, ret nvml.Return) error {
+	if ret == nvml.SUCCESS {
+		return nil
+	}
+	return &NVMLError{Call: call, Ret: ret}
+}
+
+// Collect reads the inventory from an initialised NVML library. health
+// carries what the agent learnt from events (keyed by GPU UUID); GPUs absent
+// from it are healthy.
+func Collect(lib nvml.Interface, health map[string]gpuv1alpha1.GPUHealth) (gpuv1alpha1.GPUNodeStatus, error) {
+	var st gpuv1alpha1.GPUNodeStatus
+	var ret nvml.Return
+	if st.DriverVersion, ret = lib.SystemGetDriverVersion(); ret != nvml.SUCCESS {
+		return st, check("nvmlSystemGetDriverVersion", ret)
+	}
+	if st.NVMLVersion, ret = lib.SystemGetNVMLVersion(); ret != nvml.SUCCESS {
+		return st, check("nvmlSystemGetNVMLVersion", ret)
+	}
+	cuda, ret := lib.SystemGetCudaDriverVersion()
+	if ret != nvml.SUCCESS {
+		return st, check("nvmlSystemGetCudaDriverVersion", ret)
+	}
+	st.CUDADriverVersion = fmt.Sprintf("%d.%d", cuda/1000, (cuda%1000)/10)
+
+	count, ret := lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return st, check("nvmlDeviceGetCount", ret)
+	}
+	for i := range count {
+		dev, ret := lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return st, check(fmt.Sprintf("nvmlDeviceGetHandleByIndex(%d)", i), ret)
+		}
+		gpu, err := collectGPU(dev, i)
+		if err != nil {
+			return st, err
+		}
+		gpu.Health = gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUHealthy}
+		if h, ok := health[gpu.UUID]; ok {
+			gpu.Health = h
+		}
+		st.GPUs = append(st.GPUs, gpu)
+	}
+	Summarize(&st)
+	return st, nil
+}
+
+// Summarize fills the summary fields (count, product, MIG) from the GPUs.
+func Summarize(st *gpuv1alpha1.GPUNodeStatus) {
+	st.GPUCount = int32(len(st.GPUs))
+	st.Product, st.MIG = "", ""
+	for i, g := range st.GPUs {
+		mode := string(gpuv1alpha1.MIGDisabled)
+		if g.MIG != nil && g.MIG.CurrentMode == gpuv1alpha1.MIGEnabled {
+			mode = string(gpuv1alpha1.MIGEnabled)
+		}
+		if i == 0 {
+			st.Product, st.MIG = g.Product, mode
+			continue
+		}
+		if st.Product != g.Product {
+			st.Product = "mixed"
+		}
+		if st.MIG != mode {
+			st.MIG = "Mixed"
+		}
+	}
+}
+
+func collectGPU(dev nvml.Device, index int) (gpuv1alpha1.GPU, error) {
+	g := gpuv1alpha1.GPU{Index: int32(index)}
+	var ret nvml.Return
+	if g.UUID, ret = dev.GetUUID(); ret != nvml.SUCCESS {
+		return g, check(fmt.Sprintf("nvmlDeviceGetUUID(%d)", index), ret)
+	}
+	if g.Product, ret = dev.GetName(); ret != nvml.SUCCESS {
+		return g, check(fmt.Sprintf("nvmlDeviceGetName(%d)", index), ret)
+	}
+	mem, ret := dev.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		return g, check(fmt.Sprintf("nvmlDeviceGetMemoryInfo(%d)", index), ret)
+	}
+	g.MemoryMiB = int64(mem.Total / (1 << 20))
+	if arch, ret := dev.GetArchitecture(); ret == nvml.SUCCESS {
+		g.Architecture = ArchitectureName(arch)
+	}
+	if major, minor, ret := dev.GetCudaComputeCapability(); ret == nvml.SUCCESS {
+		g.ComputeCapability = fmt.Sprintf("%d.%d", major, minor)
+	}
+	if pci, ret := dev.GetPciInfo(); ret == nvml.SUCCESS {
+		g.PCIBusID = cString(pci.BusId[:])
+		if g.PCIBusID == "" {
+			g.PCIBusID = cString(pci.BusIdLegacy[:])
+		}
+	}
+	mig, err := collectMIG(dev, index)
+	if err != nil {
+		return g, err
+	}
+	g.MIG = mig
+	return g, nil
+}
+
+// collectMIG reads MIG mode and devices; nil when the GPU cannot do MIG.
+func collectMIG(dev nvml.Device, index int) (*gpuv1alpha1.MIGStatus, error) {
+	current, pending, ret := dev.GetMigMode()
+	if ret == nvml.ERROR_NOT_SUPPORTED {
+		return nil, nil
+	}
+	if ret != nvml.SUCCESS {
+		return nil, check(fmt.Sprintf("nvmlDeviceGetMigMode(%d)", index), ret)
+	}
+	m := &gpuv1alpha1.MIGStatus{Capable: true, CurrentMode: migMode(current), PendingMode: migMode(pending)}
+	if current != nvml.DEVICE_MIG_ENABLE {
+		return m, nil
+	}
+	maxDevices, ret := dev.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		return nil, check(fmt.Sprintf("nvmlDeviceGetMaxMigDeviceCount(%d)", index), ret)
+	}
+	for i := range maxDevices {
+		md, ret := dev.GetMigDeviceHandleByIndex(i)
+		if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
+			continue // slot not populated
+		}
+		if ret != nvml.SUCCESS {
+			return nil, check(fmt.Sprintf("nvmlDeviceGetMigDeviceHandleByIndex(%d, %d)", index, i), ret)
+		}
+		d, err := collectMIGDevice(md)
+		if err != nil {
+			return nil, fmt.Errorf("GPU %d MIG device %d: %w", index, i, err)
+		}
+		m.Devices = append(m.Devices, d)
+	}
+	sort.Slice(m.Devices, func(i, j int) bool {
+		a, b := m.Devices[i], m.Devices[j]
+		if a.GPUInstanceID != b.GPUInstanceID {
+			return a.GPUInstanceID < b.GPUInstanceID
+		}
+		return a.ComputeInstanceID < b.ComputeInstanceID
+	})
+	return m, nil
+}
+
+func collectMIGDevice(md nvml.Device) (gpuv1alpha1.MIGDevice, error) {
+	var d gpuv1alpha1.MIGDevice
+	uuid, ret := md.GetUUID()
+	if ret != nvml.SUCCESS {
+		return d, check("nvmlDeviceGetUUID", ret)
+	}
+	gi, ret := md.GetGpuInstanceId()
+	if ret != nvml.SUCCESS {
+		return d, check("nvmlDeviceGetGpuInstanceId", ret)
+	}
+	ci, ret := md.GetComputeInstanceId()
+	if ret != nvml.SUCCESS {
+		return d, check("nvmlDeviceGetComputeInstanceId", ret)
+	}
+	attrs, ret := md.GetAttributes()
+	if ret != nvml.SUCCESS {
+		return d, check("nvmlDeviceGetAttributes", ret)
+	}
+	d.UUID, d.GPUInstanceID, d.ComputeInstanceID = uuid, int32(gi), int32(ci)
+	d.MemoryMiB = int64(attrs.MemorySizeMB)
+	d.Profile = MIGProfileName(attrs.GpuInstanceSliceCount, attrs.ComputeInstanceSliceCount, attrs.MemorySizeMB)
+	return d, nil
+}
+
+// MIGProfileName names a MIG device the way nvidia-smi and the device plugin
+// do: "<g>g.<mem>gb", prefixed "<c>c." when the compute instance is smaller
+// than its GPU instance. Memory rounds up to whole GB.
+func MIGProfileName(giSlices, ciSlices uint32, memoryMB uint64) string {
+	gb := uint64(math.Ceil(float64(memoryMB) / 1024))
+	name := fmt.Sprintf("%dg.%dgb", giSlices, gb)
+	if ciSlices != 0 && ciSlices != giSlices {
+		name = fmt.Sprintf("%dc.%s", ciSlices, name)
+	}
+	return name
+}
+
+// ArchitectureName maps NVML's architecture enum to its name.
+func ArchitectureName(a nvml.DeviceArchitecture) string {
+	switch a {
+	case nvml.DEVICE_ARCH_KEPLER:
+		return "Kepler"
+	case nvml.DEVICE_ARCH_MAXWELL:
+		return "Maxwell"
+	case nvml.DEVICE_ARCH_PASCAL:
+		return "Pascal"
+	case nvml.DEVICE_ARCH_VOLTA:
+		return "Volta"
+	case nvml.DEVICE_ARCH_TURING:
+		return "Turing"
+	case nvml.DEVICE_ARCH_AMPERE:
+		return "Ampere"
+	case nvml.DEVICE_ARCH_ADA:
+		return "Ada"
+	case nvml.DEVICE_ARCH_HOPPER:
+		return "Hopper"
+	case nvml.DEVICE_ARCH_BLACKWELL:
+		return "Blackwell"
+	default:
+		return fmt.Sprintf("Unknown(%d)", a)
+	}
+}
+
+func migMode(m int) gpuv1alpha1.MIGMode {
+	if m == nvml.DEVICE_MIG_ENABLE {
+		return gpuv1alpha1.MIGEnabled
+	}
+	return gpuv1alpha1.MIGDisabled
+}
+
+func cString(b []int8) string {
+	var sb strings.Builder
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		sb.WriteByte(byte(c))
+	}
+	return sb.String()
+}

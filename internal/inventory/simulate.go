@@ -1,0 +1,308 @@
+package inventory
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxb200"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+)
+
+// SimulatedSystems are the systems Simulate can build, on go-nvml's mock
+// servers.
+var SimulatedSystems = map[string]struct {
+	gpu gpus.Config
+	new func(...gpus.Config) *server.Server
+}{
+	"dgx-a100": {gpus.A100_SXM4_40GB, dgxa100.NewWithGPUs},
+	"dgx-h100": {gpus.H100_SXM5_80GB, dgxh100.NewWithGPUs},
+	"dgx-h200": {gpus.H200_SXM5_141GB, dgxh200.NewWithGPUs},
+	"dgx-b200": {gpus.B200_SXM5_180GB, dgxb200.NewWithGPUs},
+}
+
+// SimulatedSystemNames lists SimulatedSystems, sorted.
+func SimulatedSystemNames() []string {
+	names := make([]string, 0, len(SimulatedSystems))
+	for n := range SimulatedSystems {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// SimOptions describe a simulated node.
+type SimOptions struct {
+	// System is one of SimulatedSystems.
+	System string
+	// GPUs is the number of GPUs (default 8; 0 simulates a node whose GPUs
+	// are all gone).
+	GPUs *int
+	// MIG, when set, puts every GPU in MIG mode with these devices:
+	// "PROFILE:COUNT[,PROFILE:COUNT...]", e.g. "3g.20gb:2" or "1g.5gb:7".
+	MIG string
+	// Seed makes UUIDs stable across restarts (use the node name).
+	Seed string
+}
+
+// Simulator is a simulated NVML library. Besides what go-nvml's mock serves,
+// it fills in the calls Collect and the agent need that the mock leaves
+// unset (PCI bus IDs, MIG device handles, event sets), and can inject Xid
+// events.
+type Simulator struct {
+	nvml.Interface
+	events chan nvml.EventData
+	devs   []*server.Device
+
+	mu         sync.Mutex
+	registered map[*server.Device]uint64
+}
+
+// Simulate builds a simulated NVML library.
+func Simulate(o SimOptions) (*Simulator, error) {
+	sys, ok := SimulatedSystems[o.System]
+	if !ok {
+		return nil, fmt.Errorf("unknown simulated system %q; valid: %s", o.System, strings.Join(SimulatedSystemNames(), ", "))
+	}
+	n := 8
+	if o.GPUs != nil {
+		n = *o.GPUs
+	}
+	if n < 0 {
+		return nil, fmt.Errorf("simulated GPU count must not be negative, got %d", n)
+	}
+	srv := sys.new(gpus.Multiple(n, sys.gpu)...)
+	s := &Simulator{Interface: srv, events: make(chan nvml.EventData, 64), registered: map[*server.Device]uint64{}}
+	migSpec, err := parseMIGSpec(o.MIG)
+	if err != nil {
+		return nil, err
+	}
+	for i, d := range srv.Devices {
+		dev := d.(*server.Device)
+		s.devs = append(s.devs, dev)
+		dev.UUID = stableUUID("GPU", o.Seed, o.System, strconv.Itoa(i))
+		s.completeDevice(dev, o.Seed)
+		if len(migSpec) > 0 {
+			if err := createMIGDevices(dev, migSpec); err != nil {
+				return nil, fmt.Errorf("GPU %d: %w", i, err)
+			}
+		}
+	}
+	srv.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
+		return &mock.EventSet{
+			WaitFunc: func(timeoutMs uint32) (nvml.EventData, nvml.Return) {
+				select {
+				case e := <-s.events:
+					return e, nvml.SUCCESS
+				case <-time.After(time.Duration(timeoutMs) * time.Millisecond):
+					return nvml.EventData{}, nvml.ERROR_TIMEOUT
+				}
+			},
+			FreeFunc: func() nvml.Return { return nvml.SUCCESS },
+		}, nvml.SUCCESS
+	}
+	return s, nil
+}
+
+// InjectXid delivers a critical Xid event for GPU index, as the driver would.
+// It reports false when no event set has registered for that GPU.
+func (s *Simulator) InjectXid(index int, xid uint64) bool {
+	if index < 0 || index >= len(s.devs) {
+		return false
+	}
+	s.mu.Lock()
+	mask := s.registered[s.devs[index]]
+	s.mu.Unlock()
+	if mask&nvml.EventTypeXidCriticalError == 0 {
+		return false
+	}
+	s.events <- nvml.EventData{Device: s.devs[index], EventType: nvml.EventTypeXidCriticalError, EventData: xid,
+		GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
+	return true
+}
+
+func (s *Simulator) completeDevice(dev *server.Device, seed string) {
+	// Some mock configurations call themselves "Mock NVIDIA ..."; a simulated
+	// fleet should read like a real one.
+	name := strings.TrimPrefix(dev.Config.Name, "Mock ")
+	dev.GetNameFunc = func() (string, nvml.Return) { return name, nvml.SUCCESS }
+	dev.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+		p := nvml.PciInfo{PciDeviceId: dev.Config.PciDeviceId}
+		for i := 0; i < len(dev.PciBusID) && i < len(p.BusId)-1; i++ {
+			p.BusId[i] = int8(dev.PciBusID[i])
+		}
+		return p, nvml.SUCCESS
+	}
+	dev.RegisterEventsFunc = func(mask uint64, _ nvml.EventSet) nvml.Return {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.registered[dev] |= mask
+		return nvml.SUCCESS
+	}
+	dev.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
+		return nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError, nvml.SUCCESS
+	}
+	dev.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 7, nvml.SUCCESS }
+	dev.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
+		migs := migDevices(dev, seed)
+		if i < 0 || i >= len(migs) {
+			return nil, nvml.ERROR_NOT_FOUND
+		}
+		return migs[i], nvml.SUCCESS
+	}
+}
+
+// migDevices lists the MIG devices of a mock GPU: one per compute instance,
+// ordered by GPU instance and compute instance ID.
+func migDevices(dev *server.Device, seed string) []nvml.Device {
+	dev.RLock()
+	defer dev.RUnlock()
+	type entry struct {
+		gi, ci uint32
+		info   nvml.GpuInstanceProfileInfo
+		ciInfo nvml.ComputeInstanceProfileInfo
+	}
+	var entries []entry
+	for gi := range dev.GpuInstances {
+		giProfile := dev.Config.MIGProfiles.GpuInstanceProfiles[int(gi.Info.ProfileId)]
+		for ci := range gi.ComputeInstances {
+			ciProfile := dev.Config.MIGProfiles.ComputeInstanceProfiles[int(gi.Info.ProfileId)][int(ci.Info.ProfileId)]
+			entries = append(entries, entry{gi: gi.Info.Id, ci: ci.Info.Id, info: giProfile, ciInfo: ciProfile})
+		}
+	}
+	sort.Slice(entries, func(i, j int) bool {
+		if entries[i].gi != entries[j].gi {
+			return entries[i].gi < entries[j].gi
+		}
+		return entries[i].ci < entries[j].ci
+	})
+	out := make([]nvml.Device, 0, len(entries))
+	for _, e := range entries {
+		uuid := stableUUID("MIG", seed, dev.UUID, strconv.Itoa(int(e.gi)), strconv.Itoa(int(e.ci)))
+		out = append(out, &mock.Device{
+			GetUUIDFunc:              func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
+			GetGpuInstanceIdFunc:     func() (int, nvml.Return) { return int(e.gi), nvml.SUCCESS },
+			GetComputeInstanceIdFunc: func() (int, nvml.Return) { return int(e.ci), nvml.SUCCESS },
+			GetMemoryInfoFunc: func() (nvml.Memory, nvml.Return) {
+				return nvml.Memory{Total: e.info.MemorySizeMB << 20}, nvml.SUCCESS
+			},
+			GetAttributesFunc: func() (nvml.DeviceAttributes, nvml.Return) {
+				return nvml.DeviceAttributes{
+					GpuInstanceSliceCount:     e.info.SliceCount,
+					ComputeInstanceSliceCount: e.ciInfo.SliceCount,
+					MemorySizeMB:              e.info.MemorySizeMB,
+					MultiprocessorCount:       e.ciInfo.MultiprocessorCount,
+				}, nvml.SUCCESS
+			},
+		})
+	}
+	return out
+}
+
+type migRequest struct {
+	profile string
+	count   int
+}
+
+func parseMIGSpec(spec string) ([]migRequest, error) {
+	if strings.TrimSpace(spec) == "" {
+		return nil, nil
+	}
+	var out []migRequest
+	for _, part := range strings.Split(spec, ",") {
+		name, countStr, found := strings.Cut(strings.TrimSpace(part), ":")
+		count := 1
+		if found {
+			c, err := strconv.Atoi(countStr)
+			if err != nil || c < 1 {
+				return nil, fmt.Errorf("MIG spec %q: count must be a positive integer", part)
+			}
+			count = c
+		}
+		out = append(out, migRequest{profile: name, count: count})
+	}
+	return out, nil
+}
+
+// createMIGDevices enables MIG on a mock GPU and creates GPU instances (each
+// with one full-size compute instance) through the mock's own NVML calls.
+func createMIGDevices(dev *server.Device, reqs []migRequest) error {
+	if ret, _ := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
+		return check("nvmlDeviceSetMigMode", ret)
+	}
+	profiles := map[string]nvml.GpuInstanceProfileInfo{}
+	var names []string
+	for id := range nvml.GPU_INSTANCE_PROFILE_COUNT {
+		info, ret := dev.GetGpuInstanceProfileInfo(id)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		name := MIGProfileName(info.SliceCount, info.SliceCount, info.MemorySizeMB)
+		if _, dup := profiles[name]; !dup {
+			profiles[name] = info
+			names = append(names, name)
+		}
+	}
+	slices := uint32(0)
+	for _, r := range reqs {
+		info, ok := profiles[r.profile]
+		if !ok {
+			sort.Strings(names)
+			return fmt.Errorf("MIG profile %q not offered by %s; offered: %s", r.profile, dev.Config.Name, strings.Join(names, ", "))
+		}
+		for range r.count {
+			slices += info.SliceCount
+			if slices > 7 {
+				return fmt.Errorf("MIG spec needs more than the GPU's 7 compute slices")
+			}
+			gi, ret := dev.CreateGpuInstance(&info)
+			if ret != nvml.SUCCESS {
+				return check("nvmlDeviceCreateGpuInstance", ret)
+			}
+			ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciProfileForSlices(info.SliceCount), nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+			if ret != nvml.SUCCESS {
+				return check("nvmlGpuInstanceGetComputeInstanceProfileInfo", ret)
+			}
+			if _, ret := gi.CreateComputeInstance(&ciInfo); ret != nvml.SUCCESS {
+				return check("nvmlGpuInstanceCreateComputeInstance", ret)
+			}
+		}
+	}
+	return nil
+}
+
+func ciProfileForSlices(slices uint32) int {
+	switch slices {
+	case 1:
+		return nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE
+	case 2:
+		return nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE
+	case 3:
+		return nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE
+	case 4:
+		return nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE
+	case 6:
+		return nvml.COMPUTE_INSTANCE_PROFILE_6_SLICE
+	case 7:
+		return nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE
+	default:
+		return nvml.COMPUTE_INSTANCE_PROFILE_8_SLICE
+	}
+}
+
+// stableUUID derives a UUID-shaped identifier from its parts, so a simulated
+// node keeps its GPU UUIDs across agent restarts.
+func stableUUID(prefix string, parts ...string) string {
+	h := sha256.Sum256([]byte(strings.Join(parts, "/")))
+	return fmt.Sprintf("%s-%x-%x-%x-%x-%x", prefix, h[0:4], h[4:6], h[6:8], h[8:10], h[10:16])
+}
