@@ -1,6 +1,7 @@
 // Command loom is Loom's one binary. Subcommands:
 //
 //	loom manager     the controller manager (every reconciler)
+//	loom node-agent  publishes this node's GPUs (NVML) as its GPUNode status
 //
 // Run "loom <subcommand> -h" for its flags.
 package main
@@ -17,22 +18,25 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/loom-dev/loom/controllers/gpu"
 	"github.com/loom-dev/loom/internal/manager"
 )
 
 // registry lists the controllers built into this binary. Adding a controller
 // is one line here; the controller's package holds all its logic.
 func registry() *manager.Registry {
-	return &manager.Registry{}
+	reg := &manager.Registry{}
+	reg.Add("gpu-labels", gpu.SetupLabels)
+	return reg
 }
 
 func main() {
-	os.Exit(run(ctrl.SetupSignalHandler(), os.Args[1:], os.Stderr))
+	os.Exit(run(ctrl.SetupSignalHandler(), os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(ctx context.Context, args []string, stderr io.Writer) int {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	usage := func() {
-		fmt.Fprintf(stderr, "usage: loom <subcommand> [flags]\n\nsubcommands:\n  manager     run the controller manager\n")
+		fmt.Fprintf(stderr, "usage: loom <subcommand> [flags]\n\nsubcommands:\n  manager     run the controller manager\n  node-agent  publish this node's GPU inventory (NVML) as its GPUNode\n")
 	}
 	if len(args) == 0 {
 		usage()
@@ -41,6 +45,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	switch args[0] {
 	case "manager":
 		return runManager(ctx, args[1:], stderr)
+	case "node-agent":
+		return runAgent(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		usage()
 		return 0
@@ -72,7 +78,7 @@ func runManager(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "loom manager: %v\n", err)
 		return 2
 	}
-	setupLogging(opts, stderr)
+	setupLogging(opts.LogLevel, opts.LogFormat, stderr)
 	log := ctrl.Log.WithName("setup")
 
 	cfg, err := ctrl.GetConfig()
@@ -95,10 +101,10 @@ func runManager(ctx context.Context, args []string, stderr io.Writer) int {
 	return 0
 }
 
-func setupLogging(opts manager.Options, w io.Writer) {
-	level, _ := manager.ParseLogLevel(opts.LogLevel) // validated already
+func setupLogging(logLevel, logFormat string, w io.Writer) {
+	level, _ := manager.ParseLogLevel(logLevel) // validated already
 	zopts := []zap.Opts{zap.WriteTo(w), zap.Level(level), zap.StacktraceLevel(zapcore.PanicLevel)}
-	if opts.LogFormat == "text" {
+	if logFormat == "text" {
 		zopts = append(zopts, zap.ConsoleEncoder())
 	} else {
 		zopts = append(zopts, zap.JSONEncoder())

@@ -23,7 +23,7 @@ func TestCommandLine(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			var stderr bytes.Buffer
-			code := run(context.Background(), tt.args, &stderr)
+			code := run(context.Background(), tt.args, &stderr, &stderr)
 			if code != tt.wantCode {
 				t.Errorf("exit code %d, want %d; stderr:\n%s", code, tt.wantCode, stderr.String())
 			}

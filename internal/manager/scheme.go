@@ -8,10 +8,12 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 )
 
 // Scheme returns the scheme every Loom client and cache uses: Kubernetes'
-// built-in kinds, CRDs (to notice optional dependencies appear), and the
+// built-in kinds, Loom's own kinds, CRDs (to notice optional dependencies appear), and the
 // third-party kinds Loom writes or reconciles (Volcano PodGroups, Prometheus
 // Operator monitors, KubeRay's RayCluster).
 func Scheme() *runtime.Scheme {
@@ -21,5 +23,6 @@ func Scheme() *runtime.Scheme {
 	utilruntime.Must(schedulingv1beta1.AddToScheme(s))
 	utilruntime.Must(monitoringv1.AddToScheme(s))
 	utilruntime.Must(rayv1.AddToScheme(s))
+	utilruntime.Must(gpuv1alpha1.AddToScheme(s))
 	return s
 }

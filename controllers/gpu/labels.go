@@ -1,0 +1,140 @@
+// Package gpu holds the reconcilers of the GPU stack: for now the labeller
+// that turns each GPUNode's inventory into GPU-feature-discovery labels on
+// its Node.
+package gpu
+
+import (
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+)
+
+// LabelPrefix is the prefix of every label the labeller sets (GPU feature
+// discovery's names, so existing node selectors keep working).
+const LabelPrefix = "nvidia.com/"
+
+// Label keys, as GPU feature discovery names them.
+const (
+	LabelPresent        = "nvidia.com/gpu.present"
+	LabelCount          = "nvidia.com/gpu.count"
+	LabelProduct        = "nvidia.com/gpu.product"
+	LabelMemory         = "nvidia.com/gpu.memory"
+	LabelFamily         = "nvidia.com/gpu.family"
+	LabelComputeMajor   = "nvidia.com/gpu.compute.major"
+	LabelComputeMinor   = "nvidia.com/gpu.compute.minor"
+	LabelReplicas       = "nvidia.com/gpu.replicas"
+	LabelMIGCapable     = "nvidia.com/mig.capable"
+	LabelMIGStrategy    = "nvidia.com/mig.strategy"
+	LabelDriverMajor    = "nvidia.com/cuda.driver-version.major"
+	LabelDriverMinor    = "nvidia.com/cuda.driver-version.minor"
+	LabelDriverRevision = "nvidia.com/cuda.driver-version.revision"
+	LabelDriverFull     = "nvidia.com/cuda.driver-version.full"
+	LabelRuntimeMajor   = "nvidia.com/cuda.runtime-version.major"
+	LabelRuntimeMinor   = "nvidia.com/cuda.runtime-version.minor"
+	LabelRuntimeFull    = "nvidia.com/cuda.runtime-version.full"
+)
+
+// MIG strategies.
+const (
+	MIGStrategyNone  = "none"
+	MIGStrategyMixed = "mixed"
+)
+
+// Labels computes the Node labels for a GPUNode's status. A node without
+// GPUs gets none: the labeller then removes what it set before.
+//
+// Until the ClusterPolicy decides the MIG strategy, it is "mixed" on nodes
+// with MIG devices (one nvidia.com/mig-<profile>.count label per profile)
+// and "none" elsewhere. GFD's nvidia.com/gfd.timestamp is deliberately left
+// out: it would turn every collection into a Node write.
+func Labels(st gpuv1alpha1.GPUNodeStatus) map[string]string {
+	if len(st.GPUs) == 0 {
+		return map[string]string{}
+	}
+	first := st.GPUs[0]
+	l := map[string]string{
+		LabelPresent:  "true",
+		LabelCount:    strconv.Itoa(len(st.GPUs)),
+		LabelProduct:  LabelValue(first.Product),
+		LabelMemory:   strconv.FormatInt(first.MemoryMiB, 10),
+		LabelReplicas: "1",
+	}
+	if st.Product == "mixed" {
+		l[LabelProduct] = "mixed"
+	}
+	if first.Architecture != "" {
+		l[LabelFamily] = LabelValue(strings.ToLower(first.Architecture))
+	}
+	if major, minor, ok := strings.Cut(first.ComputeCapability, "."); ok {
+		l[LabelComputeMajor], l[LabelComputeMinor] = LabelValue(major), LabelValue(minor)
+	}
+	capable, mig := false, map[string][2]int64{} // profile -> count, memory
+	for _, g := range st.GPUs {
+		if g.MIG == nil {
+			continue
+		}
+		capable = capable || g.MIG.Capable
+		if g.MIG.CurrentMode != gpuv1alpha1.MIGEnabled {
+			continue
+		}
+		for _, d := range g.MIG.Devices {
+			v := mig[d.Profile]
+			mig[d.Profile] = [2]int64{v[0] + 1, d.MemoryMiB}
+		}
+	}
+	l[LabelMIGCapable] = strconv.FormatBool(capable)
+	l[LabelMIGStrategy] = MIGStrategyNone
+	if len(mig) > 0 {
+		l[LabelMIGStrategy] = MIGStrategyMixed
+		for profile, v := range mig {
+			p := LabelValue(profile)
+			l["nvidia.com/mig-"+p+".count"] = strconv.FormatInt(v[0], 10)
+			l["nvidia.com/mig-"+p+".memory"] = strconv.FormatInt(v[1], 10)
+		}
+	}
+	if parts := strings.Split(st.DriverVersion, "."); len(parts) >= 2 {
+		l[LabelDriverMajor], l[LabelDriverMinor] = LabelValue(parts[0]), LabelValue(parts[1])
+		if len(parts) >= 3 {
+			l[LabelDriverRevision] = LabelValue(parts[2])
+		}
+		l[LabelDriverFull] = LabelValue(st.DriverVersion)
+	}
+	if major, minor, ok := strings.Cut(st.CUDADriverVersion, "."); ok {
+		l[LabelRuntimeMajor], l[LabelRuntimeMinor] = LabelValue(major), LabelValue(minor)
+		l[LabelRuntimeFull] = LabelValue(st.CUDADriverVersion)
+	}
+	for k, v := range l {
+		if v == "" {
+			delete(l, k)
+		}
+	}
+	return l
+}
+
+var invalidLabelChars = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
+
+// LabelValue makes s a valid label value the way GFD does for product names:
+// spaces (and anything else not allowed) become '-', at most 63 characters,
+// starting and ending alphanumeric.
+func LabelValue(s string) string {
+	s = invalidLabelChars.ReplaceAllString(strings.TrimSpace(s), "-")
+	if len(s) > 63 {
+		s = s[:63]
+	}
+	return strings.TrimFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+	})
+}
+
+// sortedKeys returns the keys of m, sorted.
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,157 @@
+package agent
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/apimachinery/pkg/api/meta"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { testenv.Main(m, &env) }
+
+type running struct {
+	agent  *Agent
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func start(t *testing.T, node string, lib nvml.Interface, sim string) *running {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	a := &Agent{NodeName: node, Lib: lib, Client: env.Client, Log: ctrl.Log.WithName(node),
+		Interval: time.Hour, Simulated: sim, Metrics: NewMetrics()}
+	r := &running{agent: a, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- a.Run(ctx) }()
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *running) stop() {
+	r.cancel()
+	<-r.done
+	r.done <- nil // later stops return at once
+}
+
+func waitFor(t *testing.T, name string, what string, cond func(*gpuv1alpha1.GPUNode) bool) *gpuv1alpha1.GPUNode {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		gn := &gpuv1alpha1.GPUNode{}
+		err := env.Client.Get(context.Background(), client.ObjectKey{Name: name}, gn)
+		if err == nil && cond(gn) {
+			return gn
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GPUNode %s: %s not reached (err %v, status %+v)", name, what, err, gn.Status)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func sim(t *testing.T, o inventory.SimOptions) *inventory.Simulator {
+	t.Helper()
+	s, err := inventory.Simulate(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestAgentPublishesAndRestartWritesNothing(t *testing.T) {
+	const node = "agent-h100"
+	r := start(t, node, sim(t, inventory.SimOptions{System: "dgx-h100", Seed: node}), "dgx-h100")
+	gn := waitFor(t, node, "Ready with 8 GPUs", func(gn *gpuv1alpha1.GPUNode) bool {
+		return meta.IsStatusConditionTrue(gn.Status.Conditions, gpuv1alpha1.ConditionReady) && gn.Status.GPUCount == 8
+	})
+	if gn.Status.Product != "NVIDIA H100 80GB HBM3" || gn.Status.Simulated != "dgx-h100" || gn.Status.DriverVersion == "" {
+		t.Fatalf("status = %+v", gn.Status)
+	}
+	if c := meta.FindStatusCondition(gn.Status.Conditions, gpuv1alpha1.ConditionNVMLUnavailable); c == nil || c.Status != "False" {
+		t.Fatalf("NVMLUnavailable = %+v", c)
+	}
+	// Creating the object and its first status: two writes.
+	if w := testutil.ToFloat64(r.agent.Metrics.writes); w != 2 {
+		t.Errorf("first run wrote %v times, want 2", w)
+	}
+	// A second collection with nothing changed writes nothing.
+	r.agent.trigger <- struct{}{}
+	time.Sleep(300 * time.Millisecond)
+	if w := testutil.ToFloat64(r.agent.Metrics.writes); w != 2 {
+		t.Errorf("an unchanged collection wrote (%v writes)", w)
+	}
+	r.stop()
+
+	// A restarted agent with the same GPUs reads once and writes nothing.
+	rv := gn.ResourceVersion
+	r2 := start(t, node, sim(t, inventory.SimOptions{System: "dgx-h100", Seed: node}), "dgx-h100")
+	time.Sleep(time.Second)
+	if w := testutil.ToFloat64(r2.agent.Metrics.writes); w != 0 {
+		t.Errorf("restart with unchanged GPUs wrote %v times", w)
+	}
+	after := &gpuv1alpha1.GPUNode{}
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Name: node}, after); err != nil {
+		t.Fatal(err)
+	}
+	if after.ResourceVersion != rv {
+		t.Errorf("resourceVersion changed from %s to %s across a restart", rv, after.ResourceVersion)
+	}
+}
+
+func TestAgentMarksGPUUnhealthyOnXid(t *testing.T) {
+	const node = "agent-xid"
+	s := sim(t, inventory.SimOptions{System: "dgx-a100", Seed: node})
+	start(t, node, s, "dgx-a100")
+	waitFor(t, node, "Ready", func(gn *gpuv1alpha1.GPUNode) bool {
+		return meta.IsStatusConditionTrue(gn.Status.Conditions, gpuv1alpha1.ConditionReady)
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for !s.InjectXid(2, 13) || !s.InjectXid(5, 79) {
+		if time.Now().After(deadline) {
+			t.Fatal("agent never registered for Xid events")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	gn := waitFor(t, node, "GPU 5 unhealthy", func(gn *gpuv1alpha1.GPUNode) bool {
+		return len(gn.Status.GPUs) == 8 && gn.Status.GPUs[5].Health.State == gpuv1alpha1.GPUUnhealthy
+	})
+	if h := gn.Status.GPUs[5].Health; h.Xid != 79 || h.Reason != "XidCriticalError" {
+		t.Errorf("GPU 5 health = %+v", h)
+	}
+	if h := gn.Status.GPUs[2].Health; h.State != gpuv1alpha1.GPUHealthy {
+		t.Errorf("application Xid 13 made GPU 2 %+v", h)
+	}
+	c := meta.FindStatusCondition(gn.Status.Conditions, gpuv1alpha1.ConditionReady)
+	if c == nil || c.Status != "False" || c.Reason != gpuv1alpha1.ReasonUnhealthyGPUs || !strings.Contains(c.Message, "Xid 79") {
+		t.Errorf("Ready = %+v", c)
+	}
+}
+
+func TestAgentReportsNVMLUnavailable(t *testing.T) {
+	const node = "agent-no-driver"
+	lib := dgxh100.New()
+	lib.InitFunc = func() nvml.Return { return nvml.ERROR_DRIVER_NOT_LOADED }
+	start(t, node, lib, "")
+	gn := waitFor(t, node, "NVMLUnavailable", func(gn *gpuv1alpha1.GPUNode) bool {
+		return meta.IsStatusConditionTrue(gn.Status.Conditions, gpuv1alpha1.ConditionNVMLUnavailable)
+	})
+	c := meta.FindStatusCondition(gn.Status.Conditions, gpuv1alpha1.ConditionNVMLUnavailable)
+	if c.Message != nvml.ErrorString(nvml.ERROR_DRIVER_NOT_LOADED) || c.Reason != gpuv1alpha1.ReasonNVMLInitFailed {
+		t.Errorf("condition = %+v", c)
+	}
+	if meta.IsStatusConditionTrue(gn.Status.Conditions, gpuv1alpha1.ConditionReady) {
+		t.Error("Ready while NVML is unavailable")
+	}
+}
