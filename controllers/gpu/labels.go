@@ -59,8 +59,10 @@ func Labels(st gpuv1alpha1.GPUNodeStatus) map[string]string {
 		LabelPresent:  "true",
 		LabelCount:    strconv.Itoa(len(st.GPUs)),
 		LabelProduct:  LabelValue(first.Product),
-		LabelMemory:   strconv.FormatInt(first.MemoryMiB, 10),
 		LabelReplicas: "1",
+	}
+	if first.MemoryMiB > 0 {
+		l[LabelMemory] = strconv.FormatInt(first.MemoryMiB, 10)
 	}
 	if st.Product == "mixed" {
 		l[LabelProduct] = "mixed"
@@ -90,9 +92,18 @@ func Labels(st gpuv1alpha1.GPUNodeStatus) map[string]string {
 	if len(mig) > 0 {
 		l[LabelMIGStrategy] = MIGStrategyMixed
 		for profile, v := range mig {
+			// The key's name part (mig-<profile>.memory) must fit 63 characters.
 			p := LabelValue(profile)
+			if len(p) > 52 {
+				p = LabelValue(p[:52])
+			}
+			if p == "" {
+				continue
+			}
 			l["nvidia.com/mig-"+p+".count"] = strconv.FormatInt(v[0], 10)
-			l["nvidia.com/mig-"+p+".memory"] = strconv.FormatInt(v[1], 10)
+			if v[1] > 0 {
+				l["nvidia.com/mig-"+p+".memory"] = strconv.FormatInt(v[1], 10)
+			}
 		}
 	}
 	if parts := strings.Split(st.DriverVersion, "."); len(parts) >= 2 {

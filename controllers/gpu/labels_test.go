@@ -1,0 +1,109 @@
+package gpu
+
+import (
+	"testing"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/inventory"
+)
+
+func collect(t testing.TB, o inventory.SimOptions) gpuv1alpha1.GPUNodeStatus {
+	t.Helper()
+	s, err := inventory.Simulate(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := inventory.Collect(s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func TestLabels(t *testing.T) {
+	tests := []struct {
+		name   string
+		sim    inventory.SimOptions
+		want   map[string]string
+		absent []string
+	}{
+		{
+			name: "DGX H100",
+			sim:  inventory.SimOptions{System: "dgx-h100"},
+			want: map[string]string{
+				LabelPresent: "true", LabelCount: "8", LabelProduct: "NVIDIA-H100-80GB-HBM3", LabelMemory: "81920",
+				LabelFamily: "hopper", LabelComputeMajor: "9", LabelComputeMinor: "0", LabelMIGCapable: "true",
+				LabelMIGStrategy: "none", LabelDriverMajor: "550", LabelDriverMinor: "54", LabelDriverRevision: "15",
+				LabelDriverFull: "550.54.15", LabelRuntimeMajor: "12", LabelRuntimeMinor: "4", LabelRuntimeFull: "12.4",
+				LabelReplicas: "1",
+			},
+			absent: []string{"nvidia.com/gfd.timestamp"},
+		},
+		{
+			name: "DGX A100 with mixed MIG",
+			sim:  inventory.SimOptions{System: "dgx-a100", GPUs: ptr(2), MIG: "3g.20gb:1,1g.5gb:4"},
+			want: map[string]string{
+				LabelCount: "2", LabelProduct: "NVIDIA-A100-SXM4-40GB", LabelFamily: "ampere", LabelMIGStrategy: "mixed",
+				"nvidia.com/mig-3g.20gb.count": "2", "nvidia.com/mig-1g.5gb.count": "8",
+				"nvidia.com/mig-3g.20gb.memory": "19968", "nvidia.com/mig-1g.5gb.memory": "4864",
+			},
+		},
+		{
+			name:   "no GPUs",
+			sim:    inventory.SimOptions{System: "dgx-b200", GPUs: ptr(0)},
+			want:   map[string]string{},
+			absent: []string{LabelPresent, LabelCount},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Labels(collect(t, tt.sim))
+			for k, v := range tt.want {
+				if got[k] != v {
+					t.Errorf("%s = %q, want %q", k, got[k], v)
+				}
+			}
+			for _, k := range tt.absent {
+				if _, ok := got[k]; ok {
+					t.Errorf("%s set", k)
+				}
+			}
+			if len(tt.want) == 0 && len(got) != 0 {
+				t.Errorf("labels on a node without GPUs: %v", got)
+			}
+			assertValid(t, got)
+		})
+	}
+}
+
+func assertValid(t testing.TB, labels map[string]string) {
+	t.Helper()
+	for k, v := range labels {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			t.Errorf("label key %q: %v", k, errs)
+		}
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			t.Errorf("label %s value %q: %v", k, v, errs)
+		}
+	}
+}
+
+// Whatever NVML reports, the labels are valid Kubernetes labels.
+func FuzzLabels(f *testing.F) {
+	f.Add("NVIDIA H100 80GB HBM3", "Hopper", "9.0", "550.54.15", "12.4", "1g.10gb", int64(81920))
+	f.Add("  weird/name!! ", "", "x", "1", "", "7g.80gb+me", int64(0))
+	f.Fuzz(func(t *testing.T, product, arch, cc, driver, cuda, profile string, mem int64) {
+		st := gpuv1alpha1.GPUNodeStatus{
+			DriverVersion: driver, CUDADriverVersion: cuda,
+			GPUs: []gpuv1alpha1.GPU{{Product: product, Architecture: arch, ComputeCapability: cc, MemoryMiB: mem,
+				MIG: &gpuv1alpha1.MIGStatus{Capable: true, CurrentMode: gpuv1alpha1.MIGEnabled,
+					Devices: []gpuv1alpha1.MIGDevice{{Profile: profile, MemoryMiB: mem}}}}},
+		}
+		inventory.Summarize(&st)
+		assertValid(t, Labels(st))
+	})
+}
+
+func ptr(i int) *int { return &i }
