@@ -122,8 +122,58 @@ func TestRenderedRBACHasNoWildcards(t *testing.T) {
 			}
 		}
 	}
-	if clusterRoles != 2 || roles != 1 {
-		t.Fatalf("rendered %d ClusterRoles and %d Roles, want 2 (manager, metrics reader) and 1 (leases)", clusterRoles, roles)
+	if clusterRoles != 3 || roles != 1 {
+		t.Fatalf("rendered %d ClusterRoles and %d Roles, want 3 (manager, metrics reader, node agent) and 1 (leases)", clusterRoles, roles)
+	}
+}
+
+// The node agent may read, create (server-side apply) and patch GPUNodes and
+// nothing else.
+func TestNodeAgentIsLeastPrivileged(t *testing.T) {
+	var ds *appsv1.DaemonSet
+	var role *rbacv1.ClusterRole
+	for _, obj := range render(t) {
+		switch o := obj.(type) {
+		case *appsv1.DaemonSet:
+			ds = o
+		case *rbacv1.ClusterRole:
+			if o.Name == "loom-node-agent" {
+				role = o
+			}
+		}
+	}
+	if role == nil || ds == nil {
+		t.Fatalf("node agent ClusterRole %v or DaemonSet %v not rendered", role != nil, ds != nil)
+	}
+	for _, r := range role.Rules {
+		verbs := strings.Join(r.Verbs, ",")
+		if strings.Join(r.APIGroups, ",") != "gpu.loom.dev" || (verbs != "get,patch" && verbs != "create,get,patch") {
+			t.Errorf("agent rule %+v", r)
+		}
+		for _, res := range r.Resources {
+			if res != "gpunodes" && res != "gpunodes/status" {
+				t.Errorf("agent may touch %s", res)
+			}
+		}
+	}
+	pod := ds.Spec.Template.Spec
+	c := pod.Containers[0]
+	if c.SecurityContext == nil || c.SecurityContext.Privileged != nil || !*c.SecurityContext.ReadOnlyRootFilesystem ||
+		len(c.SecurityContext.Capabilities.Drop) != 1 || pod.HostNetwork || pod.HostPID || len(pod.Volumes) != 0 {
+		t.Errorf("agent pod is not minimal: %+v %+v", c.SecurityContext, pod)
+	}
+	if pod.RuntimeClassName == nil || *pod.RuntimeClassName != "nvidia" {
+		t.Errorf("runtimeClassName = %v", pod.RuntimeClassName)
+	}
+	tolerates := false
+	for _, tol := range pod.Tolerations {
+		tolerates = tolerates || (tol.Key == "nvidia.com/gpu" && tol.Operator == corev1.TolerationOpExists)
+	}
+	if !tolerates || pod.Affinity == nil || pod.Affinity.NodeAffinity == nil {
+		t.Errorf("agent does not target GPU nodes: tolerations %+v affinity %+v", pod.Tolerations, pod.Affinity)
+	}
+	if env := c.Env[0]; env.Name != "NODE_NAME" || env.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("NODE_NAME env = %+v", env)
 	}
 }
 

@@ -26,7 +26,9 @@ import (
 
 // The agent may read and patch GPUNodes and their status, nothing else; the
 // chart's ValidatingAdmissionPolicy narrows that to its own node's GPUNode.
-// +kubebuilder:rbac:groups=gpu.loom.dev,resources=gpunodes,verbs=get;patch
+// "create" is there because a server-side apply that creates an object is
+// authorised as a create; the policy limits it to the agent's own node too.
+// +kubebuilder:rbac:groups=gpu.loom.dev,resources=gpunodes,verbs=get;create;patch
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=gpunodes/status,verbs=get;patch
 
 // FieldOwner is the agent's server-side-apply field manager.

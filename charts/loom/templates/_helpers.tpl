@@ -14,10 +14,11 @@
 {{- end }}
 {{- end }}
 
-{{/* The app.kubernetes.io labels every object carries. */}}
+{{/* The app.kubernetes.io labels every object carries (plus a component). */}}
 {{- define "loom.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
-{{ include "loom.selectorLabels" . }}
+app.kubernetes.io/name: {{ include "loom.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: loom
@@ -49,11 +50,21 @@ The rules controller-gen generated from the +kubebuilder:rbac markers
 {{- define "loom.generatedRules" -}}
 {{- $kind := .kind }}
 {{- $rules := list }}
-{{- range $doc := splitList "\n---" (.ctx.Files.Get "files/rbac/role.yaml") }}
+{{- range $doc := splitList "\n---" (.ctx.Files.Get (default "files/rbac/role.yaml" .file)) }}
 {{- $obj := fromYaml $doc }}
 {{- if and $obj (eq (get $obj "kind") $kind) }}
 {{- $rules = concat $rules (get $obj "rules") }}
 {{- end }}
 {{- end }}
 {{- toYaml $rules }}
+{{- end }}
+
+{{- define "loom.agentServiceAccountName" -}}
+{{- printf "%s-node-agent" (include "loom.fullname" .) }}
+{{- end }}
+
+{{- define "loom.agentSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "loom.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: node-agent
 {{- end }}
