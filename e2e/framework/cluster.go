@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"time"
 
+	nodev1 "k8s.io/api/node/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -198,6 +199,12 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		"--node-lease-duration-seconds", "40"); err != nil {
 		return nil, err
 	}
+	// The runtime class the NVIDIA container toolkit installs; GPU pods (the
+	// node agent among them) name it.
+	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "nvidia"}, Handler: "nvidia"}
+	if err = c.Client.Create(ctx, rc); err != nil {
+		return nil, fmt.Errorf("creating RuntimeClass nvidia: %w", err)
+	}
 	if err = c.waitForServiceAccount(ctx, "default", "default", 60*time.Second); err != nil {
 		return nil, fmt.Errorf("kube-controller-manager is not creating service accounts: %w", err)
 	}
@@ -226,11 +233,14 @@ func (c *Cluster) Helm() string { return filepath.Join(c.tools.helm, "helm") }
 // Kubectl is the path of the kubectl binary built with the control plane.
 func (c *Cluster) Kubectl() string { return filepath.Join(c.tools.kube, "kubectl") }
 
-// Check returns an error naming any control-plane process that has exited,
-// with the end of its log.
+// Check returns an error naming any process the cluster started that has
+// exited without being stopped, with the end of its log.
 func (c *Cluster) Check() error {
 	var errs []error
 	for _, p := range c.procs {
+		if p.stopped.Load() {
+			continue
+		}
 		if exited, err := p.Exited(); exited {
 			errs = append(errs, fmt.Errorf("%s exited (%v):\n%s", p.Name, err, p.Tail(2000)))
 		}

@@ -25,9 +25,9 @@ type NodeSpec struct {
 	Count  int
 	// GPUs per node (nvidia.com/gpu capacity); 0 makes CPU-only nodes.
 	GPUs int
-	// Product is the GPU model (e.g. NVIDIA-H100-80GB-HBM3). The simulated
-	// node agent reports it; the node carries it only as an annotation, so
-	// that labels stay the job of Loom's labeller.
+	// Product is the GPU model (e.g. NVIDIA-H100-80GB-HBM3), kept as an
+	// annotation only: GPU labels are the job of Loom's labeller, from what
+	// the (simulated) node agent reports.
 	Product string
 	CPU     string // default 64
 	Memory  string // default 512Gi
@@ -54,6 +54,10 @@ func (c *Cluster) CreateNodes(ctx context.Context, spec NodeSpec) ([]string, err
 			"kubernetes.io/os":       "linux",
 			"kubernetes.io/arch":     "amd64",
 			"type":                   "kwok",
+		}
+		if spec.GPUs > 0 {
+			// What node-feature-discovery reports for an NVIDIA PCI device.
+			labels["feature.node.kubernetes.io/pci-10de.present"] = "true"
 		}
 		for k, v := range spec.Labels {
 			labels[k] = v

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -21,6 +22,7 @@ type Process struct {
 	done    chan struct{}
 	err     error
 	once    sync.Once
+	stopped atomic.Bool // Stop was called: its exit is expected
 }
 
 // startProcess runs bin with args, logging stdout and stderr to dir/name.log.
@@ -63,6 +65,7 @@ func (p *Process) Exited() (bool, error) {
 // Stop sends SIGTERM to the process group, waits up to grace, then kills the
 // group. It is safe to call more than once.
 func (p *Process) Stop(grace time.Duration) {
+	p.stopped.Store(true)
 	p.once.Do(func() {
 		pgid := p.cmd.Process.Pid
 		_ = syscall.Kill(-pgid, syscall.SIGTERM)
