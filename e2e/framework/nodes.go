@@ -2,6 +2,7 @@ package framework
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"time"
@@ -9,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -35,12 +37,31 @@ type NodeSpec struct {
 	Labels  map[string]string
 }
 
+// CreateNode creates one node named name (spec's Prefix and Count are
+// ignored) and waits until kwok reports it Ready.
+func (c *Cluster) CreateNode(ctx context.Context, name string, spec NodeSpec) (string, error) {
+	if err := c.createNode(ctx, name, spec); err != nil {
+		return "", err
+	}
+	return name, c.WaitNodesReady(ctx, []string{name}, 2*time.Minute)
+}
+
 // CreateNodes creates the nodes and waits until kwok reports them Ready.
 func (c *Cluster) CreateNodes(ctx context.Context, spec NodeSpec) ([]string, error) {
-	cpu, mem, pods := orDefault(spec.CPU, "64"), orDefault(spec.Memory, "512Gi"), orDefault(spec.Pods, "110")
 	names := make([]string, 0, spec.Count)
 	for i := range spec.Count {
 		name := fmt.Sprintf("%s-%d", spec.Prefix, i)
+		if err := c.createNode(ctx, name, spec); err != nil {
+			return nil, err
+		}
+		names = append(names, name)
+	}
+	return names, c.WaitNodesReady(ctx, names, 2*time.Minute)
+}
+
+func (c *Cluster) createNode(ctx context.Context, name string, spec NodeSpec) error {
+	cpu, mem, pods := orDefault(spec.CPU, "64"), orDefault(spec.Memory, "512Gi"), orDefault(spec.Pods, "110")
+	{
 		capacity := corev1.ResourceList{
 			corev1.ResourceCPU:    resource.MustParse(cpu),
 			corev1.ResourceMemory: resource.MustParse(mem),
@@ -75,17 +96,21 @@ func (c *Cluster) CreateNodes(ctx context.Context, spec NodeSpec) ([]string, err
 			},
 		}
 		if err := c.Client.Create(ctx, node); err != nil {
-			return nil, fmt.Errorf("creating node %s: %w", name, err)
+			return fmt.Errorf("creating node %s: %w", name, err)
 		}
 		// Capacity is status: the create drops it, so set it on the status
 		// subresource as a kubelet would.
-		node.Status.Capacity, node.Status.Allocatable = capacity, capacity
-		if err := c.Client.Status().Update(ctx, node); err != nil {
-			return nil, fmt.Errorf("setting capacity of node %s: %w", name, err)
+		// A merge patch, not an update: kwok may already have written the
+		// node's conditions.
+		patch, err := json.Marshal(map[string]any{"status": map[string]any{"capacity": capacity, "allocatable": capacity}})
+		if err != nil {
+			return err
 		}
-		names = append(names, name)
+		if err := c.Client.Status().Patch(ctx, node, client.RawPatch(types.MergePatchType, patch)); err != nil {
+			return fmt.Errorf("setting capacity of node %s: %w", name, err)
+		}
 	}
-	return names, c.WaitNodesReady(ctx, names, 2*time.Minute)
+	return nil
 }
 
 // WaitNodesReady waits until every named node has Ready=True.

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -28,9 +29,7 @@ func main() {
 
 func run() error {
 	loomBin := flag.String("loom", "", "loom binary (default: build ./cmd/manager)")
-	gpuNodes := flag.Int("gpu-nodes", 3, "simulated GPU nodes")
-	gpus := flag.Int("gpus", 8, "GPUs per GPU node")
-	product := flag.String("product", "NVIDIA-H100-80GB-HBM3", "GPU product of the GPU nodes")
+	systems := flag.String("systems", "dgx-h100,dgx-a100:mig,dgx-b200", "simulated GPU nodes, one per entry: dgx-a100, dgx-h100, dgx-h200 or dgx-b200, \":mig\" for MIG mode (3g.20gb, 2g.10gb, 2 x 1g.5gb per GPU)")
 	cpuNodes := flag.Int("cpu-nodes", 1, "simulated CPU-only nodes")
 	dir := flag.String("dir", "", "directory for the cluster's data and logs (default: a new temporary directory, removed on exit)")
 	flag.Parse()
@@ -60,13 +59,23 @@ func run() error {
 	} else if *loomBin, err = filepath.Abs(*loomBin); err != nil {
 		return err
 	}
-	if *gpuNodes > 0 {
-		names, err := cluster.CreateNodes(ctx, framework.NodeSpec{Prefix: "gpu-node", Count: *gpuNodes, GPUs: *gpus, Product: *product})
-		if err != nil {
+	var agents []framework.AgentSpec
+	for i, entry := range strings.Split(*systems, ",") {
+		system, mode, _ := strings.Cut(strings.TrimSpace(entry), ":")
+		if system == "" {
+			continue
+		}
+		name := fmt.Sprintf("gpu-node-%d", i)
+		spec := framework.AgentSpec{Node: name, System: system}
+		if mode == "mig" {
+			spec.MIG = "3g.20gb:1,2g.10gb:1,1g.5gb:2"
+		}
+		if _, err := cluster.CreateNode(ctx, name, framework.NodeSpec{GPUs: 8, Product: system}); err != nil {
 			return err
 		}
-		logf("%d GPU nodes Ready (%d x %s each): %v", len(names), *gpus, *product, names)
+		agents = append(agents, spec)
 	}
+	logf("%d simulated GPU nodes Ready", len(agents))
 	if *cpuNodes > 0 {
 		names, err := cluster.CreateNodes(ctx, framework.NodeSpec{Prefix: "cpu-node", Count: *cpuNodes})
 		if err != nil {
@@ -89,20 +98,30 @@ func run() error {
 		return err
 	}
 	logf("manager ready and leading (PID %d, as service account %s/%s)", m.PID(), ns, rel.ServiceAccount)
+	for _, spec := range agents {
+		p, err := cluster.RunAgent(ctx, *loomBin, rel, spec)
+		if err != nil {
+			return err
+		}
+		logf("node agent for %s simulating %s%s (PID %d, token bound to its DaemonSet pod)", spec.Node, spec.System,
+			map[bool]string{true: " with MIG", false: ""}[spec.MIG != ""], p.PID())
+	}
 
 	fmt.Printf(`
 Loom is running on a simulated cluster.
 
   export KUBECONFIG=%s
-  %s get nodes -L nvidia.com/gpu.product
+  %s get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count,nvidia.com/mig.strategy
+  %s get gpunodes
   %s -n %s get lease loom-manager
 
-The chart's manager pods in %s are simulated by kwok; the real manager runs
-here as PID %d under the chart's service account. Logs of every process:
+The chart's pods in %s are simulated by kwok; the real manager runs here as
+PID %d under the chart's service account, and one simulated node agent per
+GPU node under a token bound to that node's agent pod. Logs of every process:
   %s/*.log
 
 Press Ctrl-C to stop everything.
-`, cluster.Kubeconfig, cluster.Kubectl(), cluster.Kubectl(), ns, ns, m.PID(), cluster.Dir)
+`, cluster.Kubeconfig, cluster.Kubectl(), cluster.Kubectl(), cluster.Kubectl(), ns, ns, m.PID(), cluster.Dir)
 
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
