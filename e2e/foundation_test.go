@@ -131,6 +131,7 @@ func TestChartInstallsAndManagerRunsUnderItsServiceAccount(t *testing.T) {
 		}
 		return exited, "manager still running after SIGTERM"
 	})
+	m.Stop(time.Second) // already gone: records that its exit was expected
 	if err := cluster.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "loom-manager"}, lease); err != nil {
 		t.Fatal(err)
 	}

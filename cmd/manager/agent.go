@@ -110,7 +110,7 @@ func printOnce(lib nvml.Interface, simulated string, stdout, stderr io.Writer) i
 		fmt.Fprintf(stderr, "loom node-agent: NVML unavailable: %s\n", nvml.ErrorString(ret))
 		return 1
 	}
-	defer lib.Shutdown()
+	defer func() { _ = lib.Shutdown() }()
 	st, err := inventory.Collect(lib, nil)
 	if err != nil {
 		fmt.Fprintf(stderr, "loom node-agent: %v\n", err)

@@ -4,12 +4,12 @@
 package gpu
 
 import (
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/inventory"
 )
 
 // LabelPrefix is the prefix of every label the labeller sets (GPU feature
@@ -125,20 +125,9 @@ func Labels(st gpuv1alpha1.GPUNodeStatus) map[string]string {
 	return l
 }
 
-var invalidLabelChars = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
-
-// LabelValue makes s a valid label value the way GFD does for product names:
-// spaces (and anything else not allowed) become '-', at most 63 characters,
-// starting and ending alphanumeric.
-func LabelValue(s string) string {
-	s = invalidLabelChars.ReplaceAllString(strings.TrimSpace(s), "-")
-	if len(s) > 63 {
-		s = s[:63]
-	}
-	return strings.TrimFunc(s, func(r rune) bool {
-		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
-	})
-}
+// LabelValue makes s a valid label value the way GFD does for product
+// names (spaces become '-').
+func LabelValue(s string) string { return inventory.LabelValue(s) }
 
 // sortedKeys returns the keys of m, sorted.
 func sortedKeys(m map[string]string) []string {

@@ -165,4 +165,3 @@ func mapsEqual(a, b map[string]string) bool {
 	}
 	return true
 }
-

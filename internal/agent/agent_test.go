@@ -41,7 +41,9 @@ func start(t *testing.T, node string, lib nvml.Interface, sim string) *running {
 
 func (r *running) stop() {
 	r.cancel()
-	<-r.done
+	if err := <-r.done; err != nil {
+		r.agent.Log.Error(err, "agent stopped")
+	}
 	r.done <- nil // later stops return at once
 }
 

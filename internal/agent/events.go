@@ -26,7 +26,7 @@ func (a *Agent) watchEvents(ctx context.Context) {
 		a.Log.Info("NVML event sets unsupported; collecting on the interval only", "reason", nvml.ErrorString(ret))
 		return
 	}
-	defer set.Free()
+	defer func() { _ = set.Free() }()
 	count, ret := a.Lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
 		return

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // Metrics are the agent's own metrics.
@@ -32,7 +33,6 @@ func NewMetrics() *Metrics {
 		}),
 	}
 	m.Registry.MustRegister(m.duration, m.errors, m.lastSuccess, m.writes,
-		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
-

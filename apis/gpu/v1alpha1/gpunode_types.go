@@ -80,7 +80,7 @@ type MIGStatus struct {
 type GPU struct {
 	// Index is NVML's device index.
 	// +kubebuilder:validation:Minimum=0
-	Index int32 `json:"index"`
+	Index int32  `json:"index"`
 	UUID  string `json:"uuid"`
 	// Product is NVML's device name, e.g. "NVIDIA H100 80GB HBM3".
 	Product string `json:"product"`
@@ -95,8 +95,8 @@ type GPU struct {
 	// +optional
 	PCIBusID string `json:"pciBusID,omitempty"`
 	// +optional
-	MIG *MIGStatus `json:"mig,omitempty"`
-	Health GPUHealth `json:"health"`
+	MIG    *MIGStatus `json:"mig,omitempty"`
+	Health GPUHealth  `json:"health"`
 }
 
 // GPUNodeStatus is the NVML inventory of the node. Only what changes when
@@ -158,8 +158,4 @@ type GPUNodeList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []GPUNode `json:"items"`
-}
-
-func init() {
-	SchemeBuilder.Register(&GPUNode{}, &GPUNodeList{})
 }

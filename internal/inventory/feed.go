@@ -1,0 +1,66 @@
+package inventory
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+)
+
+// Feed keeps idx up to date from the manager's shared GPUNode and Pod
+// informers: every add, update and delete is applied as it arrives, so the
+// index is never rebuilt.
+func Feed(ctx context.Context, c cache.Cache, idx *Index) error {
+	gni, err := c.GetInformer(ctx, &gpuv1alpha1.GPUNode{})
+	if err != nil {
+		return fmt.Errorf("GPUNode informer: %w", err)
+	}
+	if _, err := gni.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { setGPUNode(idx, o) },
+		UpdateFunc: func(_, o any) { setGPUNode(idx, o) },
+		DeleteFunc: func(o any) {
+			if gn, ok := unwrap(o).(*gpuv1alpha1.GPUNode); ok {
+				idx.DeleteGPUNode(gn.Name)
+			}
+		},
+	}); err != nil {
+		return err
+	}
+	pi, err := c.GetInformer(ctx, &corev1.Pod{})
+	if err != nil {
+		return fmt.Errorf("pod informer: %w", err)
+	}
+	_, err = pi.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { setPod(idx, o) },
+		UpdateFunc: func(_, o any) { setPod(idx, o) },
+		DeleteFunc: func(o any) {
+			if p, ok := unwrap(o).(*corev1.Pod); ok {
+				idx.DeletePod(p.UID)
+			}
+		},
+	})
+	return err
+}
+
+func setGPUNode(idx *Index, o any) {
+	if gn, ok := o.(*gpuv1alpha1.GPUNode); ok {
+		idx.SetGPUNode(gn)
+	}
+}
+
+func setPod(idx *Index, o any) {
+	if p, ok := o.(*corev1.Pod); ok {
+		idx.SetPod(p)
+	}
+}
+
+func unwrap(o any) any {
+	if d, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+		return d.Obj
+	}
+	return o
+}

@@ -1,0 +1,90 @@
+package inventory_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/manager"
+	"github.com/loom-dev/loom/internal/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { testenv.Main(m, &env) }
+
+// The index follows GPUNodes and pods on a real API server through the
+// shared informers.
+func TestFeedFollowsTheAPIServer(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, err := cache.New(env.Config, cache.Options{Scheme: manager.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := inventory.NewIndex()
+	if err := inventory.Feed(ctx, c, idx); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Start(ctx) }()
+
+	sim, err := inventory.Simulate(inventory.SimOptions{System: "dgx-h100", Seed: "feed-0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := inventory.Collect(sim, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gn := &gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: "feed-0"}}
+	if err := env.Client.Create(ctx, gn); err != nil {
+		t.Fatal(err)
+	}
+	gn.Status = st
+	if err := env.Client.Status().Update(ctx, gn); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.CreateNamespace(ctx, "feed"); err != nil {
+		t.Fatal(err)
+	}
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "feed", Name: "trainer"},
+		Spec: corev1.PodSpec{NodeName: "feed-0", Containers: []corev1.Container{{Name: "c", Image: "x",
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{inventory.GPUResource: resource.MustParse("3")}}}}},
+	}
+	if err := env.Client.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	waitFree(t, idx, 8, 5)
+	if err := env.Client.Delete(ctx, p, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	waitFree(t, idx, 8, 8)
+	if err := env.Client.Delete(ctx, gn); err != nil {
+		t.Fatal(err)
+	}
+	waitFree(t, idx, 0, 0)
+}
+
+func waitFree(t *testing.T, idx *inventory.Index, capacity, free int64) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		c, f := idx.NodeFree("feed-0")
+		if c == capacity && f == free {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node feed-0: %d/%d GPUs free, want %d/%d", f, c, free, capacity)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
