@@ -66,20 +66,6 @@ func createNode(t *testing.T, name string, labels map[string]string) *corev1.Nod
 	return n
 }
 
-func eventually(t *testing.T, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
 
 func nodeLabels(t *testing.T, name string) (map[string]string, *corev1.Node) {
 	t.Helper()
@@ -98,7 +84,7 @@ func TestLabellerFollowsTheInventory(t *testing.T) {
 	createNode(t, "labels-cpu", map[string]string{"team": "web"})
 
 	stop := runAgent(t, node.Name, inventory.SimOptions{System: "dgx-a100", MIG: "3g.20gb:2"})
-	eventually(t, "GFD labels on the A100 node", func() error {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		l, _ := nodeLabels(t, node.Name)
 		for k, v := range map[string]string{LabelPresent: "true", LabelCount: "8", LabelProduct: "NVIDIA-A100-SXM4-40GB",
 			LabelMIGStrategy: "mixed", "nvidia.com/mig-3g.20gb.count": "16"} {
@@ -115,7 +101,7 @@ func TestLabellerFollowsTheInventory(t *testing.T) {
 		}
 	}
 	gn := &gpuv1alpha1.GPUNode{}
-	eventually(t, "GPUNode owned by its Node", func() error {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		if err := env.Client.Get(ctx, client.ObjectKey{Name: node.Name}, gn); err != nil {
 			return err
 		}
@@ -142,7 +128,7 @@ func TestLabellerFollowsTheInventory(t *testing.T) {
 	if err := env.Client.Patch(ctx, n, patch); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "deleted label restored", func() error {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		if l, _ := nodeLabels(t, node.Name); l[LabelCount] != "8" {
 			return fmt.Errorf("gpu.count = %q", l[LabelCount])
 		}
@@ -152,7 +138,7 @@ func TestLabellerFollowsTheInventory(t *testing.T) {
 	// The GPUs go away: every label the labeller set goes, the rest stays.
 	stop()
 	runAgent(t, node.Name, inventory.SimOptions{System: "dgx-a100", GPUs: new(int)})
-	eventually(t, "GFD labels removed", func() error {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		l, n := nodeLabels(t, node.Name)
 		for k := range l {
 			if strings.HasPrefix(k, "nvidia.com/") && k != "nvidia.com/gpu.deploy.dcgm" {

@@ -57,12 +57,12 @@ func TestManagerLeadsServesProbesAndSecuredMetrics(t *testing.T) {
 
 	waitElected(t, m, 30*time.Second)
 	t.Logf("manager elected %s after start", time.Since(m.StartedAt).Round(time.Millisecond))
-	eventually(t, 30*time.Second, func() error { return expectStatus(m.ProbeURL+"/readyz", "", http.StatusOK) })
+	testenv.Eventually(t, 30*time.Second, func() error { return expectStatus(m.ProbeURL+"/readyz", "", http.StatusOK) })
 	t.Logf("manager ready %s after start", time.Since(m.StartedAt).Round(time.Millisecond))
 	if err := expectStatus(m.ProbeURL+"/healthz", "", http.StatusOK); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() error {
+	testenv.Eventually(t, 10*time.Second, func() error {
 		if started.Load() != 1 {
 			return fmt.Errorf("selected controller started %d times", started.Load())
 		}
@@ -83,13 +83,13 @@ func TestManagerLeadsServesProbesAndSecuredMetrics(t *testing.T) {
 
 	// /metrics: anonymous is unauthenticated, a token without the
 	// non-resource rule is forbidden, the metrics reader gets the series.
-	eventually(t, 10*time.Second, func() error { return expectStatus(m.MetricsURL, "", http.StatusUnauthorized) })
+	testenv.Eventually(t, 10*time.Second, func() error { return expectStatus(m.MetricsURL, "", http.StatusUnauthorized) })
 	noRights := serviceAccountToken(t, opts.Namespace, "no-rights", false)
 	if err := expectStatus(m.MetricsURL, noRights, http.StatusForbidden); err != nil {
 		t.Fatal(err)
 	}
 	reader := serviceAccountToken(t, opts.Namespace, "metrics-reader", true)
-	eventually(t, 10*time.Second, func() error {
+	testenv.Eventually(t, 10*time.Second, func() error {
 		body, err := get(m.MetricsURL, reader, http.StatusOK)
 		if err != nil {
 			return err
@@ -117,7 +117,7 @@ func TestStandbyTakesOverWhenLeaderStops(t *testing.T) {
 	waitElected(t, a, 30*time.Second)
 	b := env.StartManager(t, optsB, regB)
 	// The standby is ready (warm caches) but does not lead.
-	eventually(t, 30*time.Second, func() error { return expectStatus(b.ProbeURL+"/readyz", "", http.StatusOK) })
+	testenv.Eventually(t, 30*time.Second, func() error { return expectStatus(b.ProbeURL+"/readyz", "", http.StatusOK) })
 	select {
 	case <-b.Elected():
 		t.Fatal("second instance became leader while the first holds the lease")
@@ -133,7 +133,7 @@ func TestStandbyTakesOverWhenLeaderStops(t *testing.T) {
 	}
 	waitElected(t, b, 2*optsB.LeaseDuration)
 	t.Logf("standby took over %s after the leader stopped", time.Since(stopped).Round(time.Millisecond))
-	eventually(t, 10*time.Second, func() error {
+	testenv.Eventually(t, 10*time.Second, func() error {
 		if secondRuns.Load() != 1 {
 			return fmt.Errorf("standby's controller started %d times", secondRuns.Load())
 		}
@@ -229,17 +229,3 @@ func expectStatus(url, token string, want int) error {
 	return err
 }
 
-func eventually(t *testing.T, timeout time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
