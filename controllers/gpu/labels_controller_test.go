@@ -66,7 +66,6 @@ func createNode(t *testing.T, name string, labels map[string]string) *corev1.Nod
 	return n
 }
 
-
 func nodeLabels(t *testing.T, name string) (map[string]string, *corev1.Node) {
 	t.Helper()
 	n := &corev1.Node{}

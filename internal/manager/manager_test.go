@@ -228,4 +228,3 @@ func expectStatus(url, token string, want int) error {
 	_, err := get(url, token, want)
 	return err
 }
-
