@@ -21,7 +21,8 @@ help: ## List targets.
 
 .PHONY: demo
 demo: build ## Run Loom on a local simulated GPU cluster until Ctrl-C.
-	go run ./e2e/cmd/demo --loom $(BIN)/loom
+	go build -o $(BIN)/loom-demo ./e2e/cmd/demo
+	exec $(BIN)/loom-demo --loom $(BIN)/loom
 
 ##@ Build
 
