@@ -89,16 +89,25 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	tick := time.NewTicker(a.Interval)
 	defer tick.Stop()
-	for {
+	for ticks := 1; ; ticks++ {
 		a.collectAndPublish(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
+			// Now and then compare with what the server holds rather than
+			// with memory, so a GPUNode deleted or edited by someone else
+			// comes back: one GET per node every few intervals.
+			if ticks%VerifyEvery == 0 {
+				a.last = nil
+			}
 		case <-a.trigger:
 		}
 	}
 }
+
+// VerifyEvery is how many intervals pass between re-reads of the GPUNode.
+const VerifyEvery = 5
 
 func (a *Agent) collectAndPublish(ctx context.Context) {
 	start := time.Now()

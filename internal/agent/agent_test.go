@@ -157,3 +157,22 @@ func TestAgentReportsNVMLUnavailable(t *testing.T) {
 		t.Error("Ready while NVML is unavailable")
 	}
 }
+
+// A GPUNode deleted behind the agent's back comes back within VerifyEvery
+// intervals.
+func TestAgentRestoresADeletedGPUNode(t *testing.T) {
+	const node = "agent-restore"
+	ctx, cancel := context.WithCancel(context.Background())
+	a := &Agent{NodeName: node, Lib: sim(t, inventory.SimOptions{System: "dgx-h200", Seed: node}), Client: env.Client,
+		Log: ctrl.Log.WithName(node), Interval: 200 * time.Millisecond, Metrics: NewMetrics()}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	gn := waitFor(t, node, "published", func(gn *gpuv1alpha1.GPUNode) bool { return gn.Status.GPUCount == 8 })
+	if err := env.Client.Delete(context.Background(), gn); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, node, "re-created with its inventory", func(g *gpuv1alpha1.GPUNode) bool {
+		return g.UID != gn.UID && g.Status.GPUCount == 8
+	})
+}
