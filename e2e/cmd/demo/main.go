@@ -41,7 +41,7 @@ func run() error {
 		fmt.Printf("[%5.1fs] %s\n", time.Since(started).Seconds(), fmt.Sprintf(format, args...))
 	}
 
-	logf("building tools if needed (the first run compiles Kubernetes from source: ~20 min on 2 cores)")
+	logf("building tools if needed (the first run compiles Kubernetes from source: ~25 min on 2 cores)")
 	cluster, err := framework.Start(ctx, framework.Options{Dir: *dir, Logf: logf})
 	if err != nil {
 		return err
