@@ -20,7 +20,7 @@ var (
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &GPUNode{}, &GPUNodeList{})
+	s.AddKnownTypes(GroupVersion, &GPUNode{}, &GPUNodeList{}, &ClusterPolicy{}, &ClusterPolicyList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

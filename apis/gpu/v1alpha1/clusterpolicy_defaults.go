@@ -1,0 +1,88 @@
+package v1alpha1
+
+// Operand names, as they appear in status, object names and the per-node
+// opt-out labels nvidia.com/gpu.deploy.<name>=false.
+const (
+	OperandDriver             = "driver"
+	OperandToolkit            = "container-toolkit"
+	OperandValidator          = "operator-validator"
+	OperandDevicePlugin       = "device-plugin"
+	OperandDCGM               = "dcgm"
+	OperandDCGMExporter       = "dcgm-exporter"
+	OperandMIGManager         = "mig-manager"
+	OperandNodeStatusExporter = "node-status-exporter"
+)
+
+// OperandDefaults are an operand's built-in image and whether it runs when
+// the ClusterPolicy does not say.
+type OperandDefaults struct {
+	Image   ImageSpec
+	Enabled bool
+}
+
+// Defaults are the built-in operands, in per-node dependency order.
+var Defaults = []struct {
+	Name string
+	OperandDefaults
+}{
+	{OperandDriver, OperandDefaults{ImageSpec{Repository: "nvcr.io/nvidia", Image: "driver", Version: "570.172.08"}, true}},
+	{OperandToolkit, OperandDefaults{ImageSpec{Repository: "nvcr.io/nvidia/k8s", Image: "container-toolkit", Version: "v1.17.8-ubuntu20.04"}, true}},
+	{OperandValidator, OperandDefaults{ImageSpec{Repository: "nvcr.io/nvidia/cloud-native", Image: "gpu-operator-validator", Version: "v25.3.2"}, true}},
+	{OperandDevicePlugin, OperandDefaults{ImageSpec{Repository: "nvcr.io/nvidia", Image: "k8s-device-plugin", Version: "v0.17.2"}, true}},
+	{OperandDCGM, OperandDefaults{ImageSpec{Repository: "nvcr.io/nvidia/cloud-native", Image: "dcgm", Version: "4.2.3-1-ubuntu22.04"}, false}},
+	{OperandDCGMExporter, OperandDefaults{ImageSpec{Repository: "nvcr.io/nvidia/k8s", Image: "dcgm-exporter", Version: "4.2.3-4.1.3-ubuntu22.04"}, true}},
+	{OperandMIGManager, OperandDefaults{ImageSpec{Repository: "nvcr.io/nvidia/cloud-native", Image: "k8s-mig-manager", Version: "v0.12.1-ubuntu20.04"}, true}},
+	{OperandNodeStatusExporter, OperandDefaults{ImageSpec{Repository: "nvcr.io/nvidia/cloud-native", Image: "gpu-operator-validator", Version: "v25.3.2"}, false}},
+}
+
+// Operand returns the spec of a named operand (nil for an unknown name).
+func (s *ClusterPolicySpec) Operand(name string) *OperandSpec {
+	switch name {
+	case OperandDriver:
+		return &s.Driver.OperandSpec
+	case OperandToolkit:
+		return &s.Toolkit
+	case OperandValidator:
+		return &s.Validator
+	case OperandDevicePlugin:
+		return &s.DevicePlugin.OperandSpec
+	case OperandDCGM:
+		return &s.DCGM
+	case OperandDCGMExporter:
+		return &s.DCGMExporter.OperandSpec
+	case OperandMIGManager:
+		return &s.MIGManager.OperandSpec
+	case OperandNodeStatusExporter:
+		return &s.NodeStatusExporter
+	}
+	return nil
+}
+
+// IsEnabled reports whether the operand runs, given its default.
+func (o *OperandSpec) IsEnabled(d OperandDefaults) bool {
+	if o.Enabled != nil {
+		return *o.Enabled
+	}
+	return d.Enabled
+}
+
+// EffectiveImage merges the operand's image over its default field by field
+// and returns it with the full reference (repository/image:version).
+func (o *OperandSpec) EffectiveImage(d OperandDefaults) (ImageSpec, string) {
+	img := d.Image
+	if o.Image.Repository != "" {
+		img.Repository = o.Image.Repository
+	}
+	if o.Image.Image != "" {
+		img.Image = o.Image.Image
+	}
+	if o.Image.Version != "" {
+		img.Version = o.Image.Version
+	}
+	img.PullPolicy = o.Image.PullPolicy
+	if img.PullPolicy == "" {
+		img.PullPolicy = "IfNotPresent"
+	}
+	img.PullSecrets = o.Image.PullSecrets
+	return img, img.Repository + "/" + img.Image + ":" + img.Version
+}

@@ -1,0 +1,341 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// ImageSpec names a container image. Unset fields take the operand's
+// built-in default, field by field, so overriding only the version is
+// enough.
+// +kubebuilder:validation:XValidation:rule="!(has(self.repository) || has(self.image)) || has(self.version)",message="a custom repository or image needs a version: the built-in version belongs to the built-in image"
+type ImageSpec struct {
+	// Repository, e.g. nvcr.io/nvidia.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	Repository string `json:"repository,omitempty"`
+	// Image name within the repository, e.g. driver.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9._/-]*[a-z0-9])?$`
+	Image string `json:"image,omitempty"`
+	// Version is the image tag, e.g. 570.172.08 or v0.17.2-ubuntu22.04.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`
+	Version string `json:"version,omitempty"`
+	// +optional
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	PullPolicy corev1.PullPolicy `json:"pullPolicy,omitempty"`
+	// PullSecrets are names of Secrets in Loom's namespace.
+	// +optional
+	// +listType=set
+	PullSecrets []string `json:"pullSecrets,omitempty"`
+}
+
+// OperandSpec is what every operand DaemonSet shares.
+type OperandSpec struct {
+	// Enabled turns the operand on or off; each operand has its own default.
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+	// +optional
+	Image ImageSpec `json:"image,omitempty"`
+	// +optional
+	Env []corev1.EnvVar `json:"env,omitempty"`
+	// +optional
+	Args []string `json:"args,omitempty"`
+	// +optional
+	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+	// Tolerations added to the shared ones.
+	// +optional
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+	// NodeSelector narrows the GPU nodes this operand runs on.
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+}
+
+// DaemonSetsSpec holds settings every operand DaemonSet gets.
+type DaemonSetsSpec struct {
+	// +optional
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+	// +optional
+	// +kubebuilder:default=system-node-critical
+	PriorityClassName string `json:"priorityClassName,omitempty"`
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+// DrainSpec says how a node is drained before its driver is replaced.
+type DrainSpec struct {
+	// +optional
+	Enable bool `json:"enable,omitempty"`
+	// Force evicts pods not managed by a controller.
+	// +optional
+	Force bool `json:"force,omitempty"`
+	// PodSelector limits the pods drained (label selector syntax).
+	// +optional
+	PodSelector string `json:"podSelector,omitempty"`
+	// +optional
+	// +kubebuilder:default=300
+	// +kubebuilder:validation:Minimum=0
+	TimeoutSeconds int32 `json:"timeoutSeconds,omitempty"`
+	// +optional
+	DeleteEmptyDir bool `json:"deleteEmptyDir,omitempty"`
+}
+
+// PodDeletionSpec says how the GPU pods on a node are removed before its
+// driver is replaced (through the eviction API, so disruption budgets hold).
+type PodDeletionSpec struct {
+	// +optional
+	Force bool `json:"force,omitempty"`
+	// +optional
+	// +kubebuilder:default=300
+	// +kubebuilder:validation:Minimum=0
+	TimeoutSeconds int32 `json:"timeoutSeconds,omitempty"`
+	// +optional
+	DeleteEmptyDir bool `json:"deleteEmptyDir,omitempty"`
+}
+
+// WaitForCompletionSpec waits for matching pods to finish before a node's
+// driver is replaced.
+type WaitForCompletionSpec struct {
+	// PodSelector selects the pods to wait for (label selector syntax).
+	// +optional
+	PodSelector string `json:"podSelector,omitempty"`
+	// TimeoutSeconds; 0 waits for ever.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	TimeoutSeconds int32 `json:"timeoutSeconds,omitempty"`
+}
+
+// DriverUpgradePolicy governs rolling driver upgrades.
+// +kubebuilder:validation:XValidation:rule="!has(self.maxUnavailable) || (type(self.maxUnavailable) == int ? int(self.maxUnavailable) >= 0 : string(self.maxUnavailable).matches('^(100|[1-9]?[0-9])%$'))",message="maxUnavailable must be a non-negative integer or a percentage from 0% to 100%"
+type DriverUpgradePolicy struct {
+	// AutoUpgrade lets Loom replace drivers node by node when the version
+	// changes; off, a new version waits until a node's driver pod is deleted.
+	// +optional
+	// +kubebuilder:default=true
+	AutoUpgrade bool `json:"autoUpgrade"`
+	// MaxParallelUpgrades is how many nodes upgrade at once; 0 is unlimited.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	MaxParallelUpgrades int32 `json:"maxParallelUpgrades"`
+	// MaxUnavailable bounds the GPU nodes unavailable at once (count or %).
+	// +optional
+	// +kubebuilder:default="25%"
+	// +kubebuilder:validation:XIntOrString
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+	// +optional
+	WaitForCompletion *WaitForCompletionSpec `json:"waitForCompletion,omitempty"`
+	// +optional
+	PodDeletion *PodDeletionSpec `json:"podDeletion,omitempty"`
+	// +optional
+	Drain *DrainSpec `json:"drain,omitempty"`
+}
+
+// DriverSpec is the NVIDIA driver operand.
+type DriverSpec struct {
+	OperandSpec `json:",inline"`
+	// +optional
+	// +kubebuilder:default={}
+	UpgradePolicy DriverUpgradePolicy `json:"upgradePolicy,omitempty"`
+}
+
+// TimeSlicingResource shares each device of a resource between replicas.
+type TimeSlicingResource struct {
+	// Name is the resource, nvidia.com/gpu or a MIG resource.
+	// +kubebuilder:validation:Pattern=`^nvidia\.com/(gpu|mig-[0-9]+g\.[0-9]+gb(\+me)?)$`
+	Name string `json:"name"`
+	// Replicas each device is advertised as.
+	// +kubebuilder:validation:Minimum=2
+	// +kubebuilder:validation:Maximum=64
+	Replicas int32 `json:"replicas"`
+}
+
+// TimeSlicingSpec configures GPU time-slicing.
+type TimeSlicingSpec struct {
+	// RenameByDefault advertises shared devices as <name>.shared.
+	// +optional
+	RenameByDefault bool `json:"renameByDefault,omitempty"`
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MinItems=1
+	Resources []TimeSlicingResource `json:"resources"`
+}
+
+// DevicePluginConfig selects the device plugin's sharing configuration:
+// inline time-slicing, or a ConfigMap of named configs (nodes pick one with
+// the nvidia.com/device-plugin.config label).
+// +kubebuilder:validation:XValidation:rule="!(has(self.timeSlicing) && has(self.configMapName))",message="set either timeSlicing or configMapName, not both"
+// +kubebuilder:validation:XValidation:rule="!has(self.defaultConfig) || has(self.configMapName)",message="defaultConfig names a key of configMapName, which is not set"
+type DevicePluginConfig struct {
+	// +optional
+	TimeSlicing *TimeSlicingSpec `json:"timeSlicing,omitempty"`
+	// ConfigMapName is a ConfigMap in Loom's namespace, one key per config.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	ConfigMapName string `json:"configMapName,omitempty"`
+	// DefaultConfig is the key used on nodes without the label.
+	// +optional
+	DefaultConfig string `json:"defaultConfig,omitempty"`
+}
+
+// DevicePluginSpec is the NVIDIA device plugin operand.
+type DevicePluginSpec struct {
+	OperandSpec `json:",inline"`
+	// +optional
+	Config *DevicePluginConfig `json:"config,omitempty"`
+}
+
+// MIGStrategy is how MIG devices are advertised.
+// +kubebuilder:validation:Enum=none;single;mixed
+type MIGStrategy string
+
+const (
+	MIGStrategyNone   MIGStrategy = "none"
+	MIGStrategySingle MIGStrategy = "single"
+	MIGStrategyMixed  MIGStrategy = "mixed"
+)
+
+// MIGSpec is the MIG strategy for the whole cluster.
+type MIGSpec struct {
+	// +optional
+	// +kubebuilder:default=single
+	Strategy MIGStrategy `json:"strategy,omitempty"`
+}
+
+// MIGManagerSpec is the MIG manager operand: it applies the MIG layout a
+// node's nvidia.com/mig.config label names.
+type MIGManagerSpec struct {
+	OperandSpec `json:",inline"`
+	// ConfigMapName holds the named MIG layouts (mig-parted format); empty
+	// uses the built-in layouts.
+	// +optional
+	ConfigMapName string `json:"configMapName,omitempty"`
+	// DefaultConfig is applied to nodes without a nvidia.com/mig.config
+	// label; "all-disabled" leaves MIG off.
+	// +optional
+	// +kubebuilder:default=all-disabled
+	DefaultConfig string `json:"defaultConfig,omitempty"`
+}
+
+// DCGMExporterSpec is the dcgm-exporter operand.
+type DCGMExporterSpec struct {
+	OperandSpec `json:",inline"`
+	// MetricsConfigMapName holds the counters CSV (key dcgm-metrics.csv);
+	// empty uses Loom's, which adds the ECC fields its alerts need.
+	// +optional
+	MetricsConfigMapName string `json:"metricsConfigMapName,omitempty"`
+}
+
+// ClusterPolicySpec is the desired GPU software stack. Every field has a
+// default: spec: {} is a working stack.
+type ClusterPolicySpec struct {
+	// +optional
+	// +kubebuilder:default={}
+	DaemonSets DaemonSetsSpec `json:"daemonsets,omitempty"`
+	// +optional
+	// +kubebuilder:default={}
+	Driver DriverSpec `json:"driver,omitempty"`
+	// +optional
+	Toolkit OperandSpec `json:"toolkit,omitempty"`
+	// +optional
+	Validator OperandSpec `json:"validator,omitempty"`
+	// +optional
+	DevicePlugin DevicePluginSpec `json:"devicePlugin,omitempty"`
+	// DCGM is the standalone DCGM host engine (port 5555); off by default,
+	// dcgm-exporter then embeds its own.
+	// +optional
+	DCGM OperandSpec `json:"dcgm,omitempty"`
+	// +optional
+	DCGMExporter DCGMExporterSpec `json:"dcgmExporter,omitempty"`
+	// +optional
+	// +kubebuilder:default={}
+	MIG MIGSpec `json:"mig,omitempty"`
+	// +optional
+	// +kubebuilder:default={}
+	MIGManager MIGManagerSpec `json:"migManager,omitempty"`
+	// +optional
+	NodeStatusExporter OperandSpec `json:"nodeStatusExporter,omitempty"`
+}
+
+// ClusterPolicyState summarises a ClusterPolicy.
+// +kubebuilder:validation:Enum=ready;notReady;ignored
+type ClusterPolicyState string
+
+const (
+	PolicyReady    ClusterPolicyState = "ready"
+	PolicyNotReady ClusterPolicyState = "notReady"
+	PolicyIgnored  ClusterPolicyState = "ignored"
+)
+
+// ComponentStatus is one operand's rollout.
+type ComponentStatus struct {
+	// Name is the operand, e.g. driver, device-plugin.
+	Name    string `json:"name"`
+	Enabled bool   `json:"enabled"`
+	// State is ready, notReady or disabled.
+	State string `json:"state"`
+	// Desired and Ready count the nodes the operand should run on and runs
+	// ready on.
+	// +optional
+	Desired int32 `json:"desired"`
+	// +optional
+	Ready int32 `json:"ready"`
+	// +optional
+	Version string `json:"version,omitempty"`
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// ClusterPolicyStatus is what the gpu reconciler observed.
+type ClusterPolicyStatus struct {
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// +optional
+	State ClusterPolicyState `json:"state,omitempty"`
+	// ActivePolicy names the ClusterPolicy in force when this one is ignored.
+	// +optional
+	ActivePolicy string `json:"activePolicy,omitempty"`
+	// GPUNodes is the number of nodes with GPUs.
+	// +optional
+	GPUNodes int32 `json:"gpuNodes"`
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Components []ComponentStatus `json:"components,omitempty"`
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ClusterPolicy is the desired GPU software stack of the cluster. Only one is
+// in force (the oldest); others are marked ignored.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=cp,categories=loom
+// +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="GPU Nodes",type=integer,JSONPath=`.status.gpuNodes`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type ClusterPolicy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	// +kubebuilder:default={}
+	Spec ClusterPolicySpec `json:"spec,omitempty"`
+	// +optional
+	Status ClusterPolicyStatus `json:"status,omitempty"`
+}
+
+// ClusterPolicyList is a list of ClusterPolicies.
+// +kubebuilder:object:root=true
+type ClusterPolicyList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ClusterPolicy `json:"items"`
+}
