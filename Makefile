@@ -65,7 +65,7 @@ verify: generate manifests ## Fail when generated files or go.mod are stale.
 
 .PHONY: fmt
 fmt: ## gofmt the tree.
-	gofmt -s -w $$(git ls-files '*.go' | grep -v zz_generated)
+	gofmt -s -w $$(git ls-files --cached --others --exclude-standard '*.go' | grep -v zz_generated)
 
 .PHONY: vet
 vet: ## go vet.

@@ -96,4 +96,3 @@ func policy(t *testing.T, name, spec string) *unstructured.Unstructured {
 	u.SetName(name)
 	return u
 }
-
