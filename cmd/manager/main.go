@@ -27,6 +27,7 @@ import (
 func registry() *manager.Registry {
 	reg := &manager.Registry{}
 	reg.Add("gpu-labels", gpu.SetupLabels)
+	reg.Add("clusterpolicy", gpu.SetupClusterPolicy)
 	return reg
 }
 

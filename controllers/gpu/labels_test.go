@@ -43,7 +43,7 @@ func TestLabels(t *testing.T) {
 		},
 		{
 			name: "DGX A100 with mixed MIG",
-			sim:  inventory.SimOptions{System: "dgx-a100", GPUs: ptr(2), MIG: "3g.20gb:1,1g.5gb:4"},
+			sim:  inventory.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "3g.20gb:1,1g.5gb:4"},
 			want: map[string]string{
 				LabelCount: "2", LabelProduct: "NVIDIA-A100-SXM4-40GB", LabelFamily: "ampere", LabelMIGStrategy: "mixed",
 				"nvidia.com/mig-3g.20gb.count": "2", "nvidia.com/mig-1g.5gb.count": "8",
@@ -52,7 +52,7 @@ func TestLabels(t *testing.T) {
 		},
 		{
 			name:   "no GPUs",
-			sim:    inventory.SimOptions{System: "dgx-b200", GPUs: ptr(0)},
+			sim:    inventory.SimOptions{System: "dgx-b200", GPUs: intPtr(0)},
 			want:   map[string]string{},
 			absent: []string{LabelPresent, LabelCount},
 		},
@@ -106,4 +106,4 @@ func FuzzLabels(f *testing.F) {
 	})
 }
 
-func ptr(i int) *int { return &i }
+func intPtr(i int) *int { return &i }

@@ -1,0 +1,376 @@
+package gpu
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/manager"
+)
+
+// PolicyFieldOwner is the ClusterPolicy reconciler's field manager.
+const PolicyFieldOwner = "loom-clusterpolicy"
+
+// Reasons of the ClusterPolicy Ready condition.
+const (
+	ReasonAllReady        = "AllComponentsReady"
+	ReasonComponentsWait  = "ComponentsNotReady"
+	ReasonNoGPUNodes      = "NoGPUNodes"
+	ReasonIgnored         = "AnotherPolicyActive"
+	ReasonApplyFailed     = "ApplyFailed"
+	conditionReady        = "Ready"
+	componentStateReady   = "ready"
+	componentStateWaiting = "notReady"
+	componentStateOff     = "disabled"
+)
+
+// +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies/status,verbs=get;patch
+// +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups=node.k8s.io,resources=runtimeclasses,verbs=get;list;watch;create;patch
+
+// PolicyReconciler turns the active ClusterPolicy into operand DaemonSets
+// and reports their rollout component by component.
+type PolicyReconciler struct {
+	client.Client
+	Namespace string
+
+	// applied remembers, per DaemonSet, the spec hash Loom applied and the
+	// generation the server gave it: a cached DaemonSet with both unchanged
+	// needs no write. A hand edit bumps the generation; a restart forgets and
+	// costs one no-op apply per DaemonSet.
+	mu      sync.Mutex
+	applied map[string]appliedState
+}
+
+type appliedState struct {
+	hash       string
+	generation int64
+}
+
+// SetupClusterPolicy registers the ClusterPolicy reconciler.
+func SetupClusterPolicy(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
+	r := &PolicyReconciler{Client: mgr.GetClient(), Namespace: opts.Namespace, applied: map[string]appliedState{}}
+	all := handler.EnqueueRequestsFromMapFunc(r.allPolicies)
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("clusterpolicy").
+		For(&gpuv1alpha1.ClusterPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Owns(&appsv1.DaemonSet{}).
+		Owns(&corev1.ServiceAccount{}).
+		Owns(&nodev1.RuntimeClass{}).
+		// GPU nodes coming and going change the status's node count.
+		WatchesMetadata(&corev1.Node{}, all, builder.WithPredicates(metadataChanged())).
+		Complete(r)
+}
+
+func (r *PolicyReconciler) allPolicies(ctx context.Context, _ client.Object) []reconcile.Request {
+	list := &gpuv1alpha1.ClusterPolicyList{}
+	if err := r.List(ctx, list); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, len(list.Items))
+	for i := range list.Items {
+		reqs[i] = reconcile.Request{NamespacedName: types.NamespacedName{Name: list.Items[i].Name}}
+	}
+	return reqs
+}
+
+// Reconcile observes (cache), computes the desired operands (pure), applies
+// the difference, and writes status when it changed.
+func (r *PolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	cp := &gpuv1alpha1.ClusterPolicy{}
+	if err := r.Get(ctx, req.NamespacedName, cp); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err) // children go by garbage collection
+	}
+	active, err := r.activePolicy(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	status := cp.Status.DeepCopy()
+	status.ObservedGeneration = cp.Generation
+	if active != cp.Name {
+		status.State, status.ActivePolicy, status.Components = gpuv1alpha1.PolicyIgnored, active, nil
+		meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: conditionReady, Status: metav1.ConditionFalse,
+			Reason: ReasonIgnored, ObservedGeneration: cp.Generation,
+			Message: fmt.Sprintf("ClusterPolicy %s is in force (the oldest); this one is ignored", active)})
+		return ctrl.Result{}, r.writeStatus(ctx, cp, status)
+	}
+	status.ActivePolicy = ""
+
+	gpuNodes, err := r.countGPUNodes(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	status.GPUNodes = gpuNodes
+	on, off := enabledOperands(cp)
+	var applyErrs []string
+	if err := r.ensureRuntimeClass(ctx, cp); err != nil {
+		applyErrs = append(applyErrs, fmt.Sprintf("RuntimeClass %s: %v", RuntimeClassName, err))
+	}
+	for _, op := range on {
+		if err := r.ensureOperand(ctx, cp, op); err != nil {
+			applyErrs = append(applyErrs, fmt.Sprintf("%s: %v", op.name, err))
+		}
+	}
+	for _, op := range off {
+		if err := r.removeOperand(ctx, op); err != nil {
+			applyErrs = append(applyErrs, fmt.Sprintf("%s: %v", op.name, err))
+		}
+	}
+	status.Components = r.components(ctx, cp, on, off)
+	computeState(status, gpuNodes, applyErrs, cp.Generation)
+	if err := r.writeStatus(ctx, cp, status); err != nil {
+		return ctrl.Result{}, err
+	}
+	if len(applyErrs) > 0 {
+		return ctrl.Result{}, fmt.Errorf("operands: %s", strings.Join(applyErrs, "; "))
+	}
+	return ctrl.Result{}, nil
+}
+
+// activePolicy is the oldest ClusterPolicy (name breaks ties).
+func (r *PolicyReconciler) activePolicy(ctx context.Context) (string, error) {
+	list := &gpuv1alpha1.ClusterPolicyList{}
+	if err := r.List(ctx, list); err != nil {
+		return "", err
+	}
+	items := list.Items
+	sort.Slice(items, func(i, j int) bool {
+		ti, tj := items[i].CreationTimestamp, items[j].CreationTimestamp
+		if !ti.Equal(&tj) {
+			return ti.Before(&tj)
+		}
+		return items[i].Name < items[j].Name
+	})
+	for _, p := range items {
+		if p.DeletionTimestamp == nil {
+			return p.Name, nil
+		}
+	}
+	return "", nil
+}
+
+func (r *PolicyReconciler) countGPUNodes(ctx context.Context) (int32, error) {
+	nodes := &metav1.PartialObjectMetadataList{}
+	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
+	if err := r.List(ctx, nodes, client.MatchingLabels{LabelPresent: "true"}); err != nil {
+		return 0, err
+	}
+	return int32(len(nodes.Items)), nil
+}
+
+func (r *PolicyReconciler) ensureOperand(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, op operand) error {
+	owner := []metav1.OwnerReference{*metav1.NewControllerRef(cp, gpuv1alpha1.GroupVersion.WithKind("ClusterPolicy"))}
+	name := objectName(op.name)
+
+	sa := &corev1.ServiceAccount{}
+	err := r.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: name}, sa)
+	if apierrors.IsNotFound(err) {
+		want := &corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: r.Namespace, Labels: operandLabels(op.name, cp), OwnerReferences: owner}}
+		if err := r.apply(ctx, want); err != nil {
+			return err
+		}
+	} else if err != nil {
+		return err
+	}
+
+	ds := BuildDaemonSet(op, cp, r.Namespace)
+	ds.OwnerReferences = owner
+	hash := hashOf(ds.Spec)
+	ds.Annotations = map[string]string{AnnotationSpecHash: hash}
+	cur := &appsv1.DaemonSet{}
+	err = r.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: name}, cur)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	r.mu.Lock()
+	last, known := r.applied[name]
+	r.mu.Unlock()
+	if err == nil && known && last.hash == hash && cur.Annotations[AnnotationSpecHash] == hash && cur.Generation == last.generation {
+		return nil // the cache shows exactly what we applied
+	}
+	got, err := r.applyDaemonSet(ctx, ds)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.applied[name] = appliedState{hash: hash, generation: got}
+	r.mu.Unlock()
+	return nil
+}
+
+// ensureRuntimeClass creates the nvidia RuntimeClass the operands after the
+// toolkit run under, unless it exists (the toolkit or an admin may own it).
+func (r *PolicyReconciler) ensureRuntimeClass(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy) error {
+	err := r.Get(ctx, client.ObjectKey{Name: RuntimeClassName}, &nodev1.RuntimeClass{})
+	if !apierrors.IsNotFound(err) {
+		return err
+	}
+	return r.apply(ctx, &nodev1.RuntimeClass{
+		TypeMeta: metav1.TypeMeta{APIVersion: "node.k8s.io/v1", Kind: "RuntimeClass"},
+		ObjectMeta: metav1.ObjectMeta{Name: RuntimeClassName, Labels: map[string]string{LabelManagedBy: managedBy},
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(cp, gpuv1alpha1.GroupVersion.WithKind("ClusterPolicy"))}},
+		Handler: RuntimeClassName,
+	})
+}
+
+func (r *PolicyReconciler) removeOperand(ctx context.Context, op operand) error {
+	name := objectName(op.name)
+	for _, obj := range []client.Object{&appsv1.DaemonSet{}, &corev1.ServiceAccount{}} {
+		err := r.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: name}, obj)
+		if apierrors.IsNotFound(err) {
+			continue
+		} else if err != nil {
+			return err
+		}
+		if obj.GetLabels()[LabelManagedBy] != managedBy {
+			continue // not ours
+		}
+		if err := r.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+	}
+	r.mu.Lock()
+	delete(r.applied, name)
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *PolicyReconciler) apply(ctx context.Context, obj runtime.Object) error {
+	u, err := toUnstructured(obj)
+	if err != nil {
+		return err
+	}
+	return r.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(PolicyFieldOwner), client.ForceOwnership)
+}
+
+// applyDaemonSet applies and returns the generation the server reports.
+func (r *PolicyReconciler) applyDaemonSet(ctx context.Context, ds *appsv1.DaemonSet) (int64, error) {
+	u, err := toUnstructured(ds)
+	if err != nil {
+		return 0, err
+	}
+	if err := r.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(PolicyFieldOwner), client.ForceOwnership); err != nil {
+		return 0, err
+	}
+	return u.GetGeneration(), nil // the apply filled u in with the server's answer
+}
+
+// toUnstructured drops what a typed object carries that an apply must not
+// claim: status and empty creation timestamps.
+func toUnstructured(obj runtime.Object) (*unstructured.Unstructured, error) {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	delete(m, "status")
+	u := &unstructured.Unstructured{Object: m}
+	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
+	unstructured.RemoveNestedField(u.Object, "spec", "template", "metadata", "creationTimestamp")
+	return u, nil
+}
+
+func (r *PolicyReconciler) components(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, on, off []operand) []gpuv1alpha1.ComponentStatus {
+	var out []gpuv1alpha1.ComponentStatus
+	for _, op := range on {
+		_, ref := cp.Spec.Operand(op.name).EffectiveImage(defaultsFor(op.name))
+		c := gpuv1alpha1.ComponentStatus{Name: op.name, Enabled: true, State: componentStateWaiting, Version: ref[strings.LastIndex(ref, ":")+1:]}
+		ds := &appsv1.DaemonSet{}
+		if err := r.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: objectName(op.name)}, ds); err != nil {
+			c.Message = "DaemonSet " + objectName(op.name) + " not created yet"
+			out = append(out, c)
+			continue
+		}
+		c.Desired, c.Ready = ds.Status.DesiredNumberScheduled, ds.Status.NumberReady
+		switch {
+		case ds.Status.ObservedGeneration < ds.Generation:
+			c.Message = "DaemonSet controller has not seen the latest spec yet"
+		case c.Desired == 0:
+			c.Message = "no GPU node to run on (nodes need nvidia.com/gpu.present=true, and no nvidia.com/gpu.deploy." + op.name + "=false)"
+		case c.Ready < c.Desired:
+			c.Message = fmt.Sprintf("%d of %d pods ready", c.Ready, c.Desired)
+		case op.onDelete || ds.Status.UpdatedNumberScheduled >= c.Desired:
+			c.State, c.Message = componentStateReady, fmt.Sprintf("ready on %d nodes", c.Ready)
+		default:
+			c.Message = fmt.Sprintf("rolling out: %d of %d pods updated", ds.Status.UpdatedNumberScheduled, c.Desired)
+		}
+		out = append(out, c)
+	}
+	for _, op := range off {
+		out = append(out, gpuv1alpha1.ComponentStatus{Name: op.name, State: componentStateOff})
+	}
+	return out
+}
+
+// computeState sets state and the Ready condition from the components.
+func computeState(st *gpuv1alpha1.ClusterPolicyStatus, gpuNodes int32, applyErrs []string, generation int64) {
+	cond := metav1.Condition{Type: conditionReady, ObservedGeneration: generation}
+	var waiting []string
+	for _, c := range st.Components {
+		if c.Enabled && c.State != componentStateReady {
+			waiting = append(waiting, c.Name+" ("+c.Message+")")
+		}
+	}
+	switch {
+	case len(applyErrs) > 0:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ReasonApplyFailed, strings.Join(applyErrs, "; ")
+	case gpuNodes == 0:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ReasonNoGPUNodes,
+			"no node has GPUs yet (label nvidia.com/gpu.present=true, set from the node agent's inventory)"
+	case len(waiting) > 0:
+		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonComponentsWait
+		cond.Message = fmt.Sprintf("%d of %d components not ready: %s", len(waiting), countEnabled(st.Components), strings.Join(waiting, ", "))
+	default:
+		cond.Status, cond.Reason = metav1.ConditionTrue, ReasonAllReady
+		cond.Message = fmt.Sprintf("%d components ready on %d GPU nodes", countEnabled(st.Components), gpuNodes)
+	}
+	st.State = gpuv1alpha1.PolicyNotReady
+	if cond.Status == metav1.ConditionTrue {
+		st.State = gpuv1alpha1.PolicyReady
+	}
+	meta.SetStatusCondition(&st.Conditions, cond)
+}
+
+func countEnabled(cs []gpuv1alpha1.ComponentStatus) int {
+	n := 0
+	for _, c := range cs {
+		if c.Enabled {
+			n++
+		}
+	}
+	return n
+}
+
+func (r *PolicyReconciler) writeStatus(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, st *gpuv1alpha1.ClusterPolicyStatus) error {
+	if apiequality.Semantic.DeepEqual(&cp.Status, st) {
+		return nil
+	}
+	patch := client.MergeFrom(cp.DeepCopy())
+	cp.Status = *st
+	if err := r.Status().Patch(ctx, cp, patch); err != nil {
+		return fmt.Errorf("writing ClusterPolicy status: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,245 @@
+package gpu
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/manager"
+	"github.com/loom-dev/loom/internal/testenv"
+)
+
+const ns = "loom-system"
+
+var defaultOn = []string{"driver", "container-toolkit", "operator-validator", "device-plugin", "dcgm-exporter", "mig-manager"}
+
+func getDS(name string) (*appsv1.DaemonSet, error) {
+	ds := &appsv1.DaemonSet{}
+	return ds, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "loom-" + name}, ds)
+}
+
+func getPolicy(t *testing.T, name string) *gpuv1alpha1.ClusterPolicy {
+	t.Helper()
+	cp := &gpuv1alpha1.ClusterPolicy{}
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Name: name}, cp); err != nil {
+		t.Fatal(err)
+	}
+	return cp
+}
+
+// markRolledOut plays the DaemonSet controller (envtest has none): every
+// operand DaemonSet runs ready on n nodes.
+func markRolledOut(t *testing.T, n int32) {
+	t.Helper()
+	list := &appsv1.DaemonSetList{}
+	if err := env.Client.List(context.Background(), list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range list.Items {
+		ds := &list.Items[i]
+		patch := client.MergeFrom(ds.DeepCopy())
+		ds.Status = appsv1.DaemonSetStatus{DesiredNumberScheduled: n, CurrentNumberScheduled: n, NumberReady: n,
+			UpdatedNumberScheduled: n, NumberAvailable: n, ObservedGeneration: ds.Generation}
+		if err := env.Client.Status().Patch(context.Background(), ds, patch); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestClusterPolicyReconciler(t *testing.T) {
+	ctx := context.Background()
+	reg := &manager.Registry{}
+	reg.Add("clusterpolicy", SetupClusterPolicy)
+	opts := testenv.ManagerOptions(t)
+	opts.LeaderElect = false
+	opts.Namespace = ns
+	env.StartManager(t, opts, reg)
+	for i := range 2 {
+		createNode(t, fmt.Sprintf("cp-gpu-%d", i), map[string]string{LabelPresent: "true"})
+	}
+	createNode(t, "cp-cpu", nil)
+
+	if err := env.Client.Create(ctx, policy(t, "default", "{}")); err != nil {
+		t.Fatal(err)
+	}
+	// spec: {} gives the default stack, owned by the policy.
+	testenv.Eventually(t, 20*time.Second, func() error {
+		for _, op := range defaultOn {
+			ds, err := getDS(op)
+			if err != nil {
+				return err
+			}
+			if len(ds.OwnerReferences) != 1 || ds.OwnerReferences[0].Name != "default" {
+				return fmt.Errorf("%s owners %+v", op, ds.OwnerReferences)
+			}
+			sa := &corev1.ServiceAccount{}
+			if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "loom-" + op}, sa); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	rc := &nodev1.RuntimeClass{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: RuntimeClassName}, rc); err != nil || rc.Handler != "nvidia" {
+		t.Errorf("RuntimeClass nvidia: %v %+v", err, rc)
+	}
+	for _, off := range []string{"dcgm", "node-status-exporter"} {
+		if _, err := getDS(off); !apierrors.IsNotFound(err) {
+			t.Errorf("%s DaemonSet exists though disabled by default (%v)", off, err)
+		}
+	}
+	driver, _ := getDS("driver")
+	if driver.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
+		t.Errorf("driver update strategy %s, want OnDelete", driver.Spec.UpdateStrategy.Type)
+	}
+	exprs := driver.Spec.Template.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions
+	if fmt.Sprint(exprs) == "" || !strings.Contains(fmt.Sprint(exprs), "nvidia.com/gpu.deploy.driver") || !strings.Contains(fmt.Sprint(exprs), LabelPresent) {
+		t.Errorf("driver affinity %v", exprs)
+	}
+
+	// Before the pods run: not ready, saying which components wait.
+	testenv.Eventually(t, 20*time.Second, func() error {
+		cp := getPolicy(t, "default")
+		c := meta.FindStatusCondition(cp.Status.Conditions, "Ready")
+		if cp.Status.State != gpuv1alpha1.PolicyNotReady || cp.Status.GPUNodes != 2 || len(cp.Status.Components) != 8 || c == nil || c.Reason != ReasonComponentsWait {
+			return fmt.Errorf("status %+v", cp.Status)
+		}
+		return nil
+	})
+	markRolledOut(t, 2)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		cp := getPolicy(t, "default")
+		if cp.Status.State != gpuv1alpha1.PolicyReady {
+			return fmt.Errorf("state %s: %+v", cp.Status.State, cp.Status.Conditions)
+		}
+		for _, c := range cp.Status.Components {
+			if c.Enabled && (c.State != "ready" || c.Desired != 2 || c.Ready != 2 || c.Version == "") {
+				return fmt.Errorf("component %+v", c)
+			}
+		}
+		return nil
+	})
+
+	// Steady state: nothing is written.
+	before := resourceVersions(t)
+	time.Sleep(2 * time.Second)
+	if after := resourceVersions(t); after != before {
+		t.Errorf("idle policy wrote:\n%s\n%s", before, after)
+	}
+
+	// Self-repair: a deleted DaemonSet comes back, a hand edit is reverted.
+	dp, _ := getDS("device-plugin")
+	if err := env.Client.Delete(ctx, dp); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		got, err := getDS("device-plugin")
+		if err != nil {
+			return err
+		}
+		if got.UID == dp.UID {
+			return fmt.Errorf("not re-created yet")
+		}
+		return nil
+	})
+	tk, _ := getDS("container-toolkit")
+	want := tk.Spec.Template.Spec.Containers[0].Image
+	if err := env.Client.Patch(ctx, tk, client.RawPatch(types.StrategicMergePatchType,
+		[]byte(`{"spec":{"template":{"spec":{"containers":[{"name":"container-toolkit","image":"evil/toolkit:latest"}]}}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		got, _ := getDS("container-toolkit")
+		if img := got.Spec.Template.Spec.Containers[0].Image; img != want {
+			return fmt.Errorf("image %s, want %s", img, want)
+		}
+		return nil
+	})
+
+	// A time-slicing change rolls exactly the device plugin.
+	dp, _ = getDS("device-plugin")
+	tk, _ = getDS("container-toolkit")
+	hash := dp.Spec.Template.Annotations[AnnotationConfigHash]
+	cp := getPolicy(t, "default")
+	patch := client.MergeFrom(cp.DeepCopy())
+	cp.Spec.DevicePlugin.Config = &gpuv1alpha1.DevicePluginConfig{TimeSlicing: &gpuv1alpha1.TimeSlicingSpec{
+		Resources: []gpuv1alpha1.TimeSlicingResource{{Name: "nvidia.com/gpu", Replicas: 4}}}}
+	if err := env.Client.Patch(ctx, cp, patch); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		got, _ := getDS("device-plugin")
+		if got.Spec.Template.Annotations[AnnotationConfigHash] == hash {
+			return fmt.Errorf("device plugin config hash unchanged")
+		}
+		return nil
+	})
+	if got, _ := getDS("container-toolkit"); got.Generation != tk.Generation {
+		t.Errorf("toolkit DaemonSet changed (generation %d -> %d) on a device plugin config change", tk.Generation, got.Generation)
+	}
+
+	// Disabling an operand removes its objects.
+	cp = getPolicy(t, "default")
+	patch = client.MergeFrom(cp.DeepCopy())
+	cp.Spec.DCGMExporter.Enabled = new(bool)
+	if err := env.Client.Patch(ctx, cp, patch); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if _, err := getDS("dcgm-exporter"); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("dcgm-exporter DaemonSet still there (%v)", err)
+		}
+		err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "loom-dcgm-exporter"}, &corev1.ServiceAccount{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("dcgm-exporter ServiceAccount still there (%v)", err)
+		}
+		return nil
+	})
+
+	// A second policy is persisted as ignored, naming the active one.
+	time.Sleep(1100 * time.Millisecond) // creation timestamps have second precision
+	if err := env.Client.Create(ctx, policy(t, "second", "{}")); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		cp := getPolicy(t, "second")
+		c := meta.FindStatusCondition(cp.Status.Conditions, "Ready")
+		if cp.Status.State != gpuv1alpha1.PolicyIgnored || cp.Status.ActivePolicy != "default" || c == nil || c.Reason != ReasonIgnored {
+			return fmt.Errorf("second policy status %+v", cp.Status)
+		}
+		return nil
+	})
+	// The active one is unaffected: ready again once its pods are.
+	markRolledOut(t, 2)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if st := getPolicy(t, "default").Status; st.State != gpuv1alpha1.PolicyReady || st.ActivePolicy != "" {
+			return fmt.Errorf("active policy status %+v", st)
+		}
+		return nil
+	})
+}
+
+func resourceVersions(t *testing.T) string {
+	t.Helper()
+	var b strings.Builder
+	list := &appsv1.DaemonSetList{}
+	if err := env.Client.List(context.Background(), list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, ds := range list.Items {
+		fmt.Fprintf(&b, "%s=%s ", ds.Name, ds.ResourceVersion)
+	}
+	fmt.Fprintf(&b, "policy=%s", getPolicy(t, "default").ResourceVersion)
+	return b.String()
+}

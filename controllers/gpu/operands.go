@@ -1,0 +1,258 @@
+package gpu
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+)
+
+// Labels on every operand object.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	LabelComponent = "app.kubernetes.io/component"
+	LabelPolicy    = "gpu.loom.dev/clusterpolicy"
+	// AnnotationConfigHash on a pod template changes when the operand's
+	// configuration does, so exactly that operand's pods roll.
+	AnnotationConfigHash = "gpu.loom.dev/config-hash"
+	// AnnotationSpecHash on a DaemonSet records what Loom applied.
+	AnnotationSpecHash = "gpu.loom.dev/spec-hash"
+	managedBy          = "loom"
+	// RuntimeClassName is the NVIDIA container runtime's class.
+	RuntimeClassName = "nvidia"
+)
+
+// operand describes how one operand's pod differs from the common shape.
+type operand struct {
+	name string
+	// privileged operands load kernel modules or touch devices directly.
+	privileged bool
+	// runtimeClass: runs under the NVIDIA runtime (after the toolkit).
+	runtimeClass bool
+	hostPaths    []hostPath
+	ports        []corev1.ContainerPort
+	env          func(cp *gpuv1alpha1.ClusterPolicy) []corev1.EnvVar
+	// config returns the operand's configuration whose change must restart
+	// its pods (hashed onto the pod template).
+	config func(cp *gpuv1alpha1.ClusterPolicy) any
+	// onDelete: pods are replaced only when deleted (the driver: upgrades
+	// choose the node).
+	onDelete bool
+}
+
+type hostPath struct {
+	name, path  string
+	propagation *corev1.MountPropagationMode
+}
+
+var bidirectional = ptr.To(corev1.MountPropagationBidirectional)
+
+// operands lists the operands in per-node dependency order.
+var operands = []operand{
+	{
+		name: gpuv1alpha1.OperandDriver, privileged: true, onDelete: true,
+		hostPaths: []hostPath{{"run-nvidia", "/run/nvidia", bidirectional}, {"host-root", "/", nil}, {"dev", "/dev", nil}},
+	},
+	{
+		name: gpuv1alpha1.OperandToolkit, privileged: true,
+		hostPaths: []hostPath{{"run-nvidia", "/run/nvidia", bidirectional}, {"toolkit-root", "/usr/local/nvidia", nil}, {"containerd-config", "/etc/containerd", nil}},
+	},
+	{
+		name: gpuv1alpha1.OperandValidator, privileged: true, runtimeClass: true,
+		hostPaths: []hostPath{{"run-nvidia", "/run/nvidia", bidirectional}},
+	},
+	{
+		name: gpuv1alpha1.OperandDevicePlugin, privileged: true, runtimeClass: true,
+		hostPaths: []hostPath{{"device-plugin", "/var/lib/kubelet/device-plugins", nil}, {"run-nvidia", "/run/nvidia", nil}},
+		env: func(cp *gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
+			env := []corev1.EnvVar{{Name: "MIG_STRATEGY", Value: string(cp.Spec.MIG.Strategy)}}
+			if c := cp.Spec.DevicePlugin.Config; c != nil && c.ConfigMapName != "" {
+				env = append(env, corev1.EnvVar{Name: "CONFIG_FILE_SRC", Value: c.ConfigMapName}, corev1.EnvVar{Name: "DEFAULT_CONFIG", Value: c.DefaultConfig})
+			}
+			return env
+		},
+		config: func(cp *gpuv1alpha1.ClusterPolicy) any {
+			return struct {
+				MIG    gpuv1alpha1.MIGStrategy
+				Config *gpuv1alpha1.DevicePluginConfig
+			}{cp.Spec.MIG.Strategy, cp.Spec.DevicePlugin.Config}
+		},
+	},
+	{
+		name: gpuv1alpha1.OperandDCGM, runtimeClass: true,
+		ports: []corev1.ContainerPort{{Name: "dcgm", ContainerPort: 5555, Protocol: corev1.ProtocolTCP}},
+	},
+	{
+		name: gpuv1alpha1.OperandDCGMExporter, runtimeClass: true,
+		hostPaths: []hostPath{{"pod-resources", "/var/lib/kubelet/pod-resources", nil}},
+		ports:     []corev1.ContainerPort{{Name: "gpu-metrics", ContainerPort: 9400, Protocol: corev1.ProtocolTCP}},
+		env: func(cp *gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
+			env := []corev1.EnvVar{{Name: "DCGM_EXPORTER_LISTEN", Value: ":9400"}, {Name: "DCGM_EXPORTER_KUBERNETES", Value: "true"}}
+			if cp.Spec.DCGMExporter.MetricsConfigMapName != "" {
+				env = append(env, corev1.EnvVar{Name: "DCGM_EXPORTER_COLLECTORS", Value: "/etc/dcgm-exporter/dcgm-metrics.csv"})
+			}
+			return env
+		},
+		config: func(cp *gpuv1alpha1.ClusterPolicy) any { return cp.Spec.DCGMExporter.MetricsConfigMapName },
+	},
+	{
+		name: gpuv1alpha1.OperandMIGManager, privileged: true, runtimeClass: true,
+		hostPaths: []hostPath{{"run-nvidia", "/run/nvidia", nil}, {"host-sys", "/sys", nil}},
+		env: func(cp *gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
+			return []corev1.EnvVar{{Name: "DEFAULT_MIG_CONFIG", Value: cp.Spec.MIGManager.DefaultConfig},
+				{Name: "CONFIG_FILE", Value: cp.Spec.MIGManager.ConfigMapName}}
+		},
+		config: func(cp *gpuv1alpha1.ClusterPolicy) any { return cp.Spec.MIGManager },
+	},
+	{
+		name: gpuv1alpha1.OperandNodeStatusExporter, runtimeClass: true,
+		ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 8000, Protocol: corev1.ProtocolTCP}},
+	},
+}
+
+func defaultsFor(name string) gpuv1alpha1.OperandDefaults {
+	for _, d := range gpuv1alpha1.Defaults {
+		if d.Name == name {
+			return d.OperandDefaults
+		}
+	}
+	return gpuv1alpha1.OperandDefaults{}
+}
+
+// objectName is the name of an operand's DaemonSet and ServiceAccount.
+func objectName(op string) string { return "loom-" + op }
+
+func operandLabels(op string, cp *gpuv1alpha1.ClusterPolicy) map[string]string {
+	return map[string]string{LabelManagedBy: managedBy, LabelComponent: op, LabelPolicy: cp.Name}
+}
+
+// BuildDaemonSet is the operand's desired DaemonSet: on GPU nodes only,
+// minus nodes that opted out (nvidia.com/gpu.deploy.<operand>=false or
+// nvidia.com/gpu.deploy.operands=false). It is a pure function of the policy.
+func BuildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string) *appsv1.DaemonSet {
+	spec := cp.Spec.Operand(op.name)
+	img, ref := spec.EffectiveImage(defaultsFor(op.name))
+	labels := operandLabels(op.name, cp)
+	podLabels := map[string]string{}
+	for k, v := range cp.Spec.DaemonSets.Labels {
+		podLabels[k] = v
+	}
+	for k, v := range labels {
+		podLabels[k] = v
+	}
+	annotations := map[string]string{}
+	for k, v := range cp.Spec.DaemonSets.Annotations {
+		annotations[k] = v
+	}
+	if op.config != nil {
+		annotations[AnnotationConfigHash] = hashOf(op.config(cp))
+	}
+
+	c := corev1.Container{
+		Name:            op.name,
+		Image:           ref,
+		ImagePullPolicy: img.PullPolicy,
+		Args:            spec.Args,
+		Ports:           op.ports,
+		SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(op.privileged)},
+	}
+	if !op.privileged {
+		c.SecurityContext.AllowPrivilegeEscalation = ptr.To(false)
+		c.SecurityContext.Capabilities = &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}
+	}
+	c.Env = append(c.Env, corev1.EnvVar{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}})
+	if op.runtimeClass {
+		c.Env = append(c.Env, corev1.EnvVar{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"})
+	}
+	if op.env != nil {
+		c.Env = append(c.Env, op.env(cp)...)
+	}
+	c.Env = append(c.Env, spec.Env...)
+	if spec.Resources != nil {
+		c.Resources = *spec.Resources
+	}
+	var volumes []corev1.Volume
+	for _, hp := range op.hostPaths {
+		volumes = append(volumes, corev1.Volume{Name: hp.name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: hp.path}}})
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: hp.name, MountPath: hostMountPath(hp), MountPropagation: hp.propagation})
+	}
+
+	pod := corev1.PodSpec{
+		ServiceAccountName: objectName(op.name),
+		PriorityClassName:  cp.Spec.DaemonSets.PriorityClassName,
+		NodeSelector:       spec.NodeSelector,
+		Tolerations: append(append([]corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+			cp.Spec.DaemonSets.Tolerations...), spec.Tolerations...),
+		Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{
+					{Key: LabelPresent, Operator: corev1.NodeSelectorOpIn, Values: []string{"true"}},
+					{Key: "nvidia.com/gpu.deploy.operands", Operator: corev1.NodeSelectorOpNotIn, Values: []string{"false"}},
+					{Key: "nvidia.com/gpu.deploy." + op.name, Operator: corev1.NodeSelectorOpNotIn, Values: []string{"false"}},
+				},
+			}}},
+		}},
+		Containers:       []corev1.Container{c},
+		Volumes:          volumes,
+		HostPID:          op.name == gpuv1alpha1.OperandDriver,
+		ImagePullSecrets: pullSecrets(img.PullSecrets),
+	}
+	if op.runtimeClass {
+		pod.RuntimeClassName = ptr.To(RuntimeClassName)
+	}
+	strategy := appsv1.DaemonSetUpdateStrategy{Type: appsv1.RollingUpdateDaemonSetStrategyType}
+	if op.onDelete {
+		strategy = appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType}
+	}
+	return &appsv1.DaemonSet{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
+		ObjectMeta: metav1.ObjectMeta{Name: objectName(op.name), Namespace: namespace, Labels: labels},
+		Spec: appsv1.DaemonSetSpec{
+			Selector:       &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: managedBy, LabelComponent: op.name}},
+			UpdateStrategy: strategy,
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: annotations},
+				Spec:       pod,
+			},
+		},
+	}
+}
+
+func hostMountPath(hp hostPath) string {
+	if hp.path == "/" {
+		return "/host"
+	}
+	return hp.path
+}
+
+func pullSecrets(names []string) []corev1.LocalObjectReference {
+	var out []corev1.LocalObjectReference
+	for _, n := range names {
+		out = append(out, corev1.LocalObjectReference{Name: n})
+	}
+	return out
+}
+
+func hashOf(v any) string {
+	b, _ := json.Marshal(v) // plain data: cannot fail
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
+
+// enabledOperands returns the operands the policy runs, in order.
+func enabledOperands(cp *gpuv1alpha1.ClusterPolicy) (on, off []operand) {
+	for _, op := range operands {
+		if cp.Spec.Operand(op.name).IsEnabled(defaultsFor(op.name)) {
+			on = append(on, op)
+		} else {
+			off = append(off, op)
+		}
+	}
+	return on, off
+}
