@@ -1,0 +1,111 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/e2e/framework"
+)
+
+// 6 GPU nodes (one opted out of dcgm-exporter) and 2 CPU nodes: spec: {}
+// rolls the default stack out on the GPU nodes only, goes Ready when every
+// pod is, and deleting the policy removes everything it created.
+func TestClusterPolicyRollsOutOnGPUNodes(t *testing.T) {
+	ctx := context.Background()
+	for i := range 6 {
+		labels := map[string]string{}
+		if i == 5 {
+			labels["nvidia.com/gpu.deploy.dcgm-exporter"] = "false"
+		}
+		if _, err := cluster.CreateNode(ctx, fmt.Sprintf("cp-gpu-%d", i), framework.NodeSpec{GPUs: 8, Labels: labels}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cluster.CreateNodes(ctx, framework.NodeSpec{Prefix: "cp-cpu", Count: 2}); err != nil {
+		t.Fatal(err)
+	}
+	rel := startLoom(t)
+	for i := range 6 {
+		runAgent(t, rel, framework.AgentSpec{Node: fmt.Sprintf("cp-gpu-%d", i), System: "dgx-h100"})
+	}
+	eventually(t, 60*time.Second, func() (bool, string) {
+		nodes := &metav1.PartialObjectMetadataList{}
+		nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
+		if err := cluster.Client.List(ctx, nodes, client.MatchingLabels{"nvidia.com/gpu.present": "true"}); err != nil {
+			return false, err.Error()
+		}
+		n := 0
+		for _, node := range nodes.Items {
+			if len(node.Name) > 7 && node.Name[:7] == "cp-gpu-" {
+				n++
+			}
+		}
+		return n == 6, fmt.Sprintf("%d of 6 GPU nodes labelled", n)
+	})
+
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "gpu-stack"}}
+	applied := time.Now()
+	if err := cluster.Client.Create(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 120*time.Second, func() (bool, string) {
+		if err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
+			return false, err.Error()
+		}
+		c := meta.FindStatusCondition(cp.Status.Conditions, "Ready")
+		return cp.Status.State == gpuv1alpha1.PolicyReady, fmt.Sprintf("state %s: %+v", cp.Status.State, c)
+	})
+	t.Logf("ClusterPolicy Ready %s after apply", time.Since(applied).Round(10*time.Millisecond))
+	if cp.Status.GPUNodes < 6 {
+		t.Errorf("status counts %d GPU nodes", cp.Status.GPUNodes)
+	}
+	for _, c := range cp.Status.Components {
+		switch {
+		case !c.Enabled:
+		case c.Name == "dcgm-exporter" && c.Desired != cp.Status.GPUNodes-1:
+			t.Errorf("dcgm-exporter desired on %d nodes, want %d (one opted out)", c.Desired, cp.Status.GPUNodes-1)
+		case c.Name != "dcgm-exporter" && c.Desired != cp.Status.GPUNodes:
+			t.Errorf("%s desired on %d nodes, want %d", c.Name, c.Desired, cp.Status.GPUNodes)
+		}
+	}
+	pods := &corev1.PodList{}
+	if err := cluster.Client.List(ctx, pods, client.InNamespace(loomNS), client.MatchingLabels{"app.kubernetes.io/managed-by": "loom"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if len(p.Spec.NodeName) > 6 && p.Spec.NodeName[:6] == "cp-cpu" {
+			t.Errorf("operand pod %s on CPU node %s", p.Name, p.Spec.NodeName)
+		}
+		if p.Spec.NodeName == "cp-gpu-5" && p.Labels["app.kubernetes.io/component"] == "dcgm-exporter" {
+			t.Errorf("dcgm-exporter pod on the opted-out node")
+		}
+	}
+
+	// Deleting the policy removes what it created.
+	if err := cluster.Client.Delete(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, func() (bool, string) {
+		list := &appsv1.DaemonSetList{}
+		if err := cluster.Client.List(ctx, list, client.InNamespace(loomNS), client.MatchingLabels{"app.kubernetes.io/managed-by": "loom"}); err != nil {
+			return false, err.Error()
+		}
+		return len(list.Items) == 0, fmt.Sprintf("%d operand DaemonSets left", len(list.Items))
+	})
+	if err := cluster.Client.Get(ctx, client.ObjectKey{Namespace: loomNS, Name: "loom-driver"}, &corev1.ServiceAccount{}); !apierrors.IsNotFound(err) {
+		eventually(t, 30*time.Second, func() (bool, string) {
+			err := cluster.Client.Get(ctx, client.ObjectKey{Namespace: loomNS, Name: "loom-driver"}, &corev1.ServiceAccount{})
+			return apierrors.IsNotFound(err), "driver ServiceAccount left"
+		})
+	}
+}
