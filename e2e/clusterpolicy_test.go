@@ -1,8 +1,13 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,7 +39,7 @@ func TestClusterPolicyRollsOutOnGPUNodes(t *testing.T) {
 	if _, err := cluster.CreateNodes(ctx, framework.NodeSpec{Prefix: "cp-cpu", Count: 2}); err != nil {
 		t.Fatal(err)
 	}
-	rel := startLoom(t)
+	rel, mgr := startLoomManager(t)
 	for i := range 6 {
 		runAgent(t, rel, framework.AgentSpec{Node: fmt.Sprintf("cp-gpu-%d", i), System: "dgx-h100"})
 	}
@@ -46,7 +51,7 @@ func TestClusterPolicyRollsOutOnGPUNodes(t *testing.T) {
 		}
 		n := 0
 		for _, node := range nodes.Items {
-			if len(node.Name) > 7 && node.Name[:7] == "cp-gpu-" {
+			if strings.HasPrefix(node.Name, "cp-gpu-") {
 				n++
 			}
 		}
@@ -83,13 +88,35 @@ func TestClusterPolicyRollsOutOnGPUNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range pods.Items {
-		if len(p.Spec.NodeName) > 6 && p.Spec.NodeName[:6] == "cp-cpu" {
+		if strings.HasPrefix(p.Spec.NodeName, "cp-cpu") {
 			t.Errorf("operand pod %s on CPU node %s", p.Name, p.Spec.NodeName)
 		}
 		if p.Spec.NodeName == "cp-gpu-5" && p.Labels["app.kubernetes.io/component"] == "dcgm-exporter" {
 			t.Errorf("dcgm-exporter pod on the opted-out node")
 		}
 	}
+
+	// Idle: the manager writes nothing but its leader-election lease.
+	time.Sleep(3 * time.Second) // let the rollout's last status events settle
+	before := managerRequests(t, mgr)
+	const idle = 20 * time.Second
+	time.Sleep(idle)
+	after := managerRequests(t, mgr)
+	var writes, leaseWrites, reads float64
+	for k, v := range after {
+		d := v - before[k]
+		switch {
+		case d == 0:
+		case k.resource == "leases":
+			leaseWrites += d
+		case k.verb == "get" || k.verb == "list" || k.verb == "watch":
+			reads += d
+		default:
+			writes += d
+			t.Errorf("idle write: %s %s ×%v", k.verb, k.resource, d)
+		}
+	}
+	t.Logf("idle %s with the policy Ready on %d GPU nodes: %v writes, %v lease requests, %v other reads", idle, cp.Status.GPUNodes, writes, leaseWrites, reads)
 
 	// Deleting the policy removes what it created.
 	if err := cluster.Client.Delete(ctx, cp); err != nil {
@@ -108,4 +135,46 @@ func TestClusterPolicyRollsOutOnGPUNodes(t *testing.T) {
 			return apierrors.IsNotFound(err), "driver ServiceAccount left"
 		})
 	}
+}
+
+type requestKey struct{ verb, resource string }
+
+// managerRequests reads loom_api_requests_total from the manager's /metrics.
+func managerRequests(t *testing.T, m *framework.Manager) map[requestKey]float64 {
+	t.Helper()
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed
+	req, _ := http.NewRequest(http.MethodGet, m.MetricsURL, nil)
+	req.Header.Set("Authorization", "Bearer "+adminToken(t))
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out := map[requestKey]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "loom_api_requests_total{") {
+			continue
+		}
+		labels, value, _ := strings.Cut(strings.TrimPrefix(line, "loom_api_requests_total{"), "} ")
+		var k requestKey
+		for _, kv := range strings.Split(labels, ",") {
+			name, v, _ := strings.Cut(kv, "=")
+			v = strings.Trim(v, `"`)
+			switch name {
+			case "verb":
+				k.verb = v
+			case "resource":
+				k.resource = v
+			}
+		}
+		f, _ := strconv.ParseFloat(value, 64)
+		out[k] = f
+	}
+	if len(out) == 0 {
+		t.Fatal("no loom_api_requests_total on the manager's /metrics")
+	}
+	return out
 }

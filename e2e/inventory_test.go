@@ -22,6 +22,13 @@ const loomNS = "loom-system"
 // service account until the test ends.
 func startLoom(t *testing.T) *framework.Release {
 	t.Helper()
+	rel, _ := startLoomManager(t)
+	return rel
+}
+
+// startLoomManager is startLoom that also returns the manager process.
+func startLoomManager(t *testing.T) (*framework.Release, *framework.Manager) {
+	t.Helper()
 	ctx := context.Background()
 	rel, err := cluster.InstallChart(ctx, "loom", loomNS)
 	if err != nil {
@@ -35,7 +42,7 @@ func startLoom(t *testing.T) *framework.Release {
 	if err := cluster.WaitReady(ctx, m, loomNS, "loom-manager", 90*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	return rel
+	return rel, m
 }
 
 func runAgent(t *testing.T, rel *framework.Release, spec framework.AgentSpec) *framework.Process {

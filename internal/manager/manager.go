@@ -45,6 +45,7 @@ func New(ctx context.Context, cfg *rest.Config, opts Options, reg *Registry) (ct
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = "loom-manager"
 	}
+	countRequests(cfg)
 
 	var cacheNamespaces map[string]cache.Config
 	if len(opts.WatchNamespaces) > 0 {

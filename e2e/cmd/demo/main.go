@@ -17,6 +17,9 @@ import (
 	"syscall"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/e2e/framework"
 )
 
@@ -107,12 +110,19 @@ func run() error {
 			map[bool]string{true: " with MIG", false: ""}[spec.MIG != ""], p.PID())
 	}
 
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
+	if err := cluster.Client.Create(ctx, cp); err != nil {
+		return fmt.Errorf("applying the default ClusterPolicy: %w", err)
+	}
+	logf("applied ClusterPolicy default (spec: {}); the GPU stack rolls out on the GPU nodes")
+
 	fmt.Printf(`
 Loom is running on a simulated cluster.
 
   export KUBECONFIG=%s
   %s get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count,nvidia.com/mig.strategy
   %s get gpunodes
+  %s get clusterpolicy default -o yaml
   %s -n %s get lease loom-manager
 
 The chart's pods in %s are simulated by kwok; the real manager runs here as
@@ -121,7 +131,7 @@ GPU node under a token bound to that node's agent pod. Logs of every process:
   %s/*.log
 
 Press Ctrl-C to stop everything.
-`, cluster.Kubeconfig, cluster.Kubectl(), cluster.Kubectl(), cluster.Kubectl(), ns, ns, m.PID(), cluster.Dir)
+`, cluster.Kubeconfig, cluster.Kubectl(), cluster.Kubectl(), cluster.Kubectl(), cluster.Kubectl(), ns, ns, m.PID(), cluster.Dir)
 
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
