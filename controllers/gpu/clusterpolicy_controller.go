@@ -48,6 +48,7 @@ const (
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies/status,verbs=get;patch
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=node.k8s.io,resources=runtimeclasses,verbs=get;list;watch;create;patch
 
 // PolicyReconciler turns the active ClusterPolicy into operand DaemonSets
@@ -79,6 +80,7 @@ func SetupClusterPolicy(_ context.Context, mgr ctrl.Manager, opts manager.Option
 		Owns(&appsv1.DaemonSet{}).
 		Owns(&corev1.ServiceAccount{}).
 		Owns(&nodev1.RuntimeClass{}).
+		Owns(&corev1.ConfigMap{}).
 		// GPU nodes coming and going change the status's node count.
 		WatchesMetadata(&corev1.Node{}, all, builder.WithPredicates(metadataChanged())).
 		Complete(r)
@@ -137,6 +139,9 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		if err := r.removeOperand(ctx, op); err != nil {
 			applyErrs = append(applyErrs, fmt.Sprintf("%s: %v", op.name, err))
 		}
+	}
+	if err := r.ensureDevicePluginConfig(ctx, cp); err != nil {
+		applyErrs = append(applyErrs, fmt.Sprintf("device plugin config: %v", err))
 	}
 	status.Components = r.components(ctx, cp, on, off)
 	computeState(status, gpuNodes, applyErrs, cp.Generation)
@@ -234,6 +239,30 @@ func (r *PolicyReconciler) ensureRuntimeClass(ctx context.Context, cp *gpuv1alph
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(cp, gpuv1alpha1.GroupVersion.WithKind("ClusterPolicy"))}},
 		Handler: RuntimeClassName,
 	})
+}
+
+// ensureDevicePluginConfig writes the time-slicing ConfigMap when the
+// policy has inline time-slicing and the device plugin runs, and removes it
+// otherwise. The cache decides whether a write is needed.
+func (r *PolicyReconciler) ensureDevicePluginConfig(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy) error {
+	want := DevicePluginConfigMap(cp, r.Namespace)
+	if !cp.Spec.DevicePlugin.IsEnabled(defaultsFor(gpuv1alpha1.OperandDevicePlugin)) {
+		want = nil
+	}
+	cur := &corev1.ConfigMap{}
+	err := r.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: devicePluginConfigName}, cur)
+	switch {
+	case err != nil && !apierrors.IsNotFound(err):
+		return err
+	case want == nil && err == nil && cur.Labels[LabelManagedBy] == managedBy:
+		return client.IgnoreNotFound(r.Delete(ctx, cur))
+	case want == nil:
+		return nil
+	case err == nil && apiequality.Semantic.DeepEqual(cur.Data, want.Data) && metav1.IsControlledBy(cur, cp):
+		return nil
+	}
+	want.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(cp, gpuv1alpha1.GroupVersion.WithKind("ClusterPolicy"))}
+	return r.apply(ctx, want)
 }
 
 func (r *PolicyReconciler) removeOperand(ctx context.Context, op operand) error {

@@ -185,6 +185,16 @@ func TestClusterPolicyReconciler(t *testing.T) {
 		}
 		return nil
 	})
+	testenv.Eventually(t, 20*time.Second, func() error {
+		cm := &corev1.ConfigMap{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "loom-device-plugin-config"}, cm); err != nil {
+			return err
+		}
+		if !strings.Contains(cm.Data["config.yaml"], "replicas: 4") || !strings.Contains(cm.Data["config.yaml"], "name: nvidia.com/gpu") {
+			return fmt.Errorf("device plugin config %q", cm.Data["config.yaml"])
+		}
+		return nil
+	})
 	if got, _ := getDS("container-toolkit"); got.Generation != tk.Generation {
 		t.Errorf("toolkit DaemonSet changed (generation %d -> %d) on a device plugin config change", tk.Generation, got.Generation)
 	}

@@ -4,11 +4,14 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 )
@@ -44,6 +47,15 @@ type operand struct {
 	// onDelete: pods are replaced only when deleted (the driver: upgrades
 	// choose the node).
 	onDelete bool
+	// volumes adds configuration volumes (ConfigMaps) to the pod.
+	volumes func(cp *gpuv1alpha1.ClusterPolicy) ([]corev1.Volume, []corev1.VolumeMount)
+	// waitFor is the validation marker (under /run/nvidia/validations) an
+	// init container waits for before the operand starts on a node.
+	waitFor string
+	// validates names the component an init container validates (running
+	// nvidia-validator) before the operand starts; the validator writes the
+	// <component>-ready marker later operands wait for.
+	validates string
 }
 
 type hostPath struct {
@@ -60,23 +72,30 @@ var operands = []operand{
 		hostPaths: []hostPath{{"run-nvidia", "/run/nvidia", bidirectional}, {"host-root", "/", nil}, {"dev", "/dev", nil}},
 	},
 	{
-		name: gpuv1alpha1.OperandToolkit, privileged: true,
+		name: gpuv1alpha1.OperandToolkit, privileged: true, validates: "driver",
 		hostPaths: []hostPath{{"run-nvidia", "/run/nvidia", bidirectional}, {"toolkit-root", "/usr/local/nvidia", nil}, {"containerd-config", "/etc/containerd", nil}},
 	},
 	{
 		name: gpuv1alpha1.OperandValidator, privileged: true, runtimeClass: true,
 		hostPaths: []hostPath{{"run-nvidia", "/run/nvidia", bidirectional}},
+		env: func(*gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
+			return []corev1.EnvVar{{Name: "COMPONENT", Value: "toolkit"}, {Name: "WITH_WAIT", Value: "true"}}
+		},
 	},
 	{
-		name: gpuv1alpha1.OperandDevicePlugin, privileged: true, runtimeClass: true,
+		name: gpuv1alpha1.OperandDevicePlugin, privileged: true, runtimeClass: true, waitFor: "toolkit-ready",
 		hostPaths: []hostPath{{"device-plugin", "/var/lib/kubelet/device-plugins", nil}, {"run-nvidia", "/run/nvidia", nil}},
 		env: func(cp *gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
 			env := []corev1.EnvVar{{Name: "MIG_STRATEGY", Value: string(cp.Spec.MIG.Strategy)}}
-			if c := cp.Spec.DevicePlugin.Config; c != nil && c.ConfigMapName != "" {
-				env = append(env, corev1.EnvVar{Name: "CONFIG_FILE_SRC", Value: c.ConfigMapName}, corev1.EnvVar{Name: "DEFAULT_CONFIG", Value: c.DefaultConfig})
+			switch c := cp.Spec.DevicePlugin.Config; {
+			case c != nil && c.TimeSlicing != nil:
+				env = append(env, corev1.EnvVar{Name: "CONFIG_FILE", Value: devicePluginConfigDir + "/" + devicePluginConfigKey})
+			case c != nil && c.ConfigMapName != "":
+				env = append(env, corev1.EnvVar{Name: "CONFIG_FILE", Value: devicePluginConfigDir + "/" + c.DefaultConfig})
 			}
 			return env
 		},
+		volumes: devicePluginVolumes,
 		config: func(cp *gpuv1alpha1.ClusterPolicy) any {
 			return struct {
 				MIG    gpuv1alpha1.MIGStrategy
@@ -85,11 +104,11 @@ var operands = []operand{
 		},
 	},
 	{
-		name: gpuv1alpha1.OperandDCGM, runtimeClass: true,
+		name: gpuv1alpha1.OperandDCGM, runtimeClass: true, waitFor: "toolkit-ready",
 		ports: []corev1.ContainerPort{{Name: "dcgm", ContainerPort: 5555, Protocol: corev1.ProtocolTCP}},
 	},
 	{
-		name: gpuv1alpha1.OperandDCGMExporter, runtimeClass: true,
+		name: gpuv1alpha1.OperandDCGMExporter, runtimeClass: true, waitFor: "toolkit-ready",
 		hostPaths: []hostPath{{"pod-resources", "/var/lib/kubelet/pod-resources", nil}},
 		ports:     []corev1.ContainerPort{{Name: "gpu-metrics", ContainerPort: 9400, Protocol: corev1.ProtocolTCP}},
 		env: func(cp *gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
@@ -102,7 +121,7 @@ var operands = []operand{
 		config: func(cp *gpuv1alpha1.ClusterPolicy) any { return cp.Spec.DCGMExporter.MetricsConfigMapName },
 	},
 	{
-		name: gpuv1alpha1.OperandMIGManager, privileged: true, runtimeClass: true,
+		name: gpuv1alpha1.OperandMIGManager, privileged: true, runtimeClass: true, waitFor: "toolkit-ready",
 		hostPaths: []hostPath{{"run-nvidia", "/run/nvidia", nil}, {"host-sys", "/sys", nil}},
 		env: func(cp *gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
 			return []corev1.EnvVar{{Name: "DEFAULT_MIG_CONFIG", Value: cp.Spec.MIGManager.DefaultConfig},
@@ -111,7 +130,7 @@ var operands = []operand{
 		config: func(cp *gpuv1alpha1.ClusterPolicy) any { return cp.Spec.MIGManager },
 	},
 	{
-		name: gpuv1alpha1.OperandNodeStatusExporter, runtimeClass: true,
+		name: gpuv1alpha1.OperandNodeStatusExporter, runtimeClass: true, waitFor: "toolkit-ready",
 		ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 8000, Protocol: corev1.ProtocolTCP}},
 	},
 }
@@ -178,6 +197,36 @@ func BuildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string)
 		c.Resources = *spec.Resources
 	}
 	var volumes []corev1.Volume
+	var initContainers []corev1.Container
+	if op.waitFor != "" || op.validates != "" {
+		// As GPU Operator does: validation writes a marker per stage on the
+		// host (/run/nvidia/validations/<stage>-ready); later operands wait
+		// for theirs, so nothing starts on a node before what it needs.
+		validator, validatorRef := cp.Spec.Validator.EffectiveImage(defaultsFor(gpuv1alpha1.OperandValidator))
+		volumes = append(volumes, corev1.Volume{Name: "validations", VolumeSource: corev1.VolumeSource{
+			HostPath: &corev1.HostPathVolumeSource{Path: validationsDir, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}}})
+		ic := corev1.Container{
+			Image: validatorRef, ImagePullPolicy: validator.PullPolicy,
+			VolumeMounts: []corev1.VolumeMount{{Name: "validations", MountPath: validationsDir}},
+		}
+		if op.validates != "" {
+			ic.Name = op.validates + "-validation"
+			ic.Command = []string{"sh", "-c", "nvidia-validator"}
+			ic.Env = []corev1.EnvVar{{Name: "COMPONENT", Value: op.validates}, {Name: "WITH_WAIT", Value: "true"}}
+			ic.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+			ic.VolumeMounts = append(ic.VolumeMounts, corev1.VolumeMount{Name: "run-nvidia", MountPath: "/run/nvidia", MountPropagation: ptr.To(corev1.MountPropagationHostToContainer)})
+		} else {
+			ic.Name = "wait-for-" + strings.TrimSuffix(op.waitFor, "-ready")
+			ic.Command = []string{"sh", "-c", fmt.Sprintf("until [ -f %s/%s ]; do echo waiting for %s; sleep 5; done", validationsDir, op.waitFor, op.waitFor)}
+			ic.SecurityContext = &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false)}
+		}
+		initContainers = append(initContainers, ic)
+	}
+	if op.volumes != nil {
+		v, m := op.volumes(cp)
+		volumes = append(volumes, v...)
+		c.VolumeMounts = append(c.VolumeMounts, m...)
+	}
 	for _, hp := range op.hostPaths {
 		volumes = append(volumes, corev1.Volume{Name: hp.name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: hp.path}}})
 		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: hp.name, MountPath: hostMountPath(hp), MountPropagation: hp.propagation})
@@ -198,6 +247,7 @@ func BuildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string)
 				},
 			}}},
 		}},
+		InitContainers:   initContainers,
 		Containers:       []corev1.Container{c},
 		Volumes:          volumes,
 		HostPID:          op.name == gpuv1alpha1.OperandDriver,
@@ -222,6 +272,63 @@ func BuildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string)
 			},
 		},
 	}
+}
+
+const (
+	validationsDir         = "/run/nvidia/validations"
+	devicePluginConfigDir  = "/etc/nvidia/device-plugin"
+	devicePluginConfigKey  = "config.yaml"
+	devicePluginConfigName = "loom-device-plugin-config"
+)
+
+// DevicePluginConfigMap is the ConfigMap Loom writes for inline
+// time-slicing (nil when the policy has none), in the device plugin's own
+// config format.
+func DevicePluginConfigMap(cp *gpuv1alpha1.ClusterPolicy, namespace string) *corev1.ConfigMap {
+	c := cp.Spec.DevicePlugin.Config
+	if c == nil || c.TimeSlicing == nil {
+		return nil
+	}
+	type resource struct {
+		Name     string `json:"name"`
+		Replicas int32  `json:"replicas"`
+	}
+	cfg := map[string]any{
+		"version": "v1",
+		"flags":   map[string]any{"migStrategy": string(cp.Spec.MIG.Strategy)},
+		"sharing": map[string]any{"timeSlicing": map[string]any{
+			"renameByDefault": c.TimeSlicing.RenameByDefault,
+			"resources": func() []resource {
+				out := make([]resource, len(c.TimeSlicing.Resources))
+				for i, r := range c.TimeSlicing.Resources {
+					out[i] = resource{r.Name, r.Replicas}
+				}
+				return out
+			}(),
+		}},
+	}
+	b, _ := yaml.Marshal(cfg) // plain data: cannot fail
+	return &corev1.ConfigMap{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Name: devicePluginConfigName, Namespace: namespace, Labels: operandLabels(gpuv1alpha1.OperandDevicePlugin, cp)},
+		Data:       map[string]string{devicePluginConfigKey: string(b)},
+	}
+}
+
+func devicePluginVolumes(cp *gpuv1alpha1.ClusterPolicy) ([]corev1.Volume, []corev1.VolumeMount) {
+	c := cp.Spec.DevicePlugin.Config
+	name := ""
+	switch {
+	case c != nil && c.TimeSlicing != nil:
+		name = devicePluginConfigName
+	case c != nil && c.ConfigMapName != "":
+		name = c.ConfigMapName
+	default:
+		return nil, nil
+	}
+	return []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+			LocalObjectReference: corev1.LocalObjectReference{Name: name}}}}},
+		[]corev1.VolumeMount{{Name: "config", MountPath: devicePluginConfigDir, ReadOnly: true}}
 }
 
 func hostMountPath(hp hostPath) string {

@@ -1,0 +1,96 @@
+package gpu
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+)
+
+func operandByName(name string) operand {
+	for _, op := range operands {
+		if op.name == name {
+			return op
+		}
+	}
+	panic(name)
+}
+
+// Each operand waits on the node for what it depends on: the toolkit
+// validates the driver first, everything after it waits for the toolkit.
+func TestOperandOrdering(t *testing.T) {
+	cp := &gpuv1alpha1.ClusterPolicy{}
+	want := map[string]string{
+		"driver": "", "operator-validator": "", "container-toolkit": "driver-validation",
+		"device-plugin": "wait-for-toolkit", "dcgm": "wait-for-toolkit", "dcgm-exporter": "wait-for-toolkit",
+		"mig-manager": "wait-for-toolkit", "node-status-exporter": "wait-for-toolkit",
+	}
+	for _, op := range operands {
+		ds := BuildDaemonSet(op, cp, "loom-system")
+		var got string
+		if ic := ds.Spec.Template.Spec.InitContainers; len(ic) > 0 {
+			got = ic[0].Name
+		}
+		if got != want[op.name] {
+			t.Errorf("%s init container %q, want %q", op.name, got, want[op.name])
+		}
+	}
+}
+
+// Config changes move exactly the affected operand's pod-template hash.
+func TestConfigHashTouchesOnlyTheAffectedOperand(t *testing.T) {
+	base := &gpuv1alpha1.ClusterPolicy{Spec: gpuv1alpha1.ClusterPolicySpec{MIG: gpuv1alpha1.MIGSpec{Strategy: gpuv1alpha1.MIGStrategySingle}}}
+	changed := base.DeepCopy()
+	changed.Spec.MIG.Strategy = gpuv1alpha1.MIGStrategyMixed
+	changed.Spec.DevicePlugin.Config = &gpuv1alpha1.DevicePluginConfig{TimeSlicing: &gpuv1alpha1.TimeSlicingSpec{
+		Resources: []gpuv1alpha1.TimeSlicingResource{{Name: "nvidia.com/gpu", Replicas: 4}}}}
+	for _, op := range operands {
+		a := hashOf(BuildDaemonSet(op, base, "ns").Spec)
+		b := hashOf(BuildDaemonSet(op, changed, "ns").Spec)
+		if (a != b) != (op.name == "device-plugin") {
+			t.Errorf("%s: spec changed = %v", op.name, a != b)
+		}
+	}
+	ds := BuildDaemonSet(operandByName("device-plugin"), changed, "ns")
+	pod := ds.Spec.Template.Spec
+	if !hasConfigVolume(pod.Volumes) {
+		t.Errorf("device plugin has no config volume: %+v", pod.Volumes)
+	}
+	cm := DevicePluginConfigMap(changed, "ns")
+	if cm == nil || !strings.Contains(cm.Data["config.yaml"], "migStrategy: mixed") {
+		t.Fatalf("config map %+v", cm)
+	}
+	if DevicePluginConfigMap(base, "ns") != nil {
+		t.Error("config map without time-slicing")
+	}
+}
+
+func hasConfigVolume(vs []corev1.Volume) bool {
+	for _, v := range vs {
+		if v.ConfigMap != nil {
+			return true
+		}
+	}
+	return false
+}
+
+func TestOperandImagesAndOverrides(t *testing.T) {
+	cp := &gpuv1alpha1.ClusterPolicy{}
+	cp.Spec.Driver.Image.Version = "580.65.06"
+	cp.Spec.Toolkit.Image = gpuv1alpha1.ImageSpec{Repository: "registry.example/nvidia", Version: "v1.18.0", PullSecrets: []string{"regcred"}}
+	cp.Spec.DevicePlugin.Enabled = ptr.To(false)
+	if img := BuildDaemonSet(operandByName("driver"), cp, "ns").Spec.Template.Spec.Containers[0].Image; img != "nvcr.io/nvidia/driver:580.65.06" {
+		t.Errorf("driver image %s", img)
+	}
+	tk := BuildDaemonSet(operandByName("container-toolkit"), cp, "ns").Spec.Template.Spec
+	if tk.Containers[0].Image != "registry.example/nvidia/container-toolkit:v1.18.0" || len(tk.ImagePullSecrets) != 1 {
+		t.Errorf("toolkit image %s, secrets %v", tk.Containers[0].Image, tk.ImagePullSecrets)
+	}
+	on, off := enabledOperands(cp)
+	if len(on) != 5 || len(off) != 3 {
+		t.Errorf("%d on, %d off", len(on), len(off))
+	}
+}
