@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -96,6 +97,11 @@ func TestClusterPolicyRollsOutOnGPUNodes(t *testing.T) {
 		}
 	}
 
+	if body := managerMetrics(t, mgr); !strings.Contains(body, `loom_clusterpolicy_ready{policy="gpu-stack"} 1`) ||
+		!strings.Contains(body, `loom_clusterpolicy_component_ready_nodes{component="driver"} 6`) {
+		t.Errorf("ClusterPolicy metrics missing or wrong")
+	}
+
 	// Idle: the manager writes nothing but its leader-election lease.
 	time.Sleep(3 * time.Second) // let the rollout's last status events settle
 	before := managerRequests(t, mgr)
@@ -139,8 +145,8 @@ func TestClusterPolicyRollsOutOnGPUNodes(t *testing.T) {
 
 type requestKey struct{ verb, resource string }
 
-// managerRequests reads loom_api_requests_total from the manager's /metrics.
-func managerRequests(t *testing.T, m *framework.Manager) map[requestKey]float64 {
+// managerMetrics returns the manager's /metrics text.
+func managerMetrics(t *testing.T, m *framework.Manager) string {
 	t.Helper()
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed
 	req, _ := http.NewRequest(http.MethodGet, m.MetricsURL, nil)
@@ -150,8 +156,18 @@ func managerRequests(t *testing.T, m *framework.Manager) map[requestKey]float64 
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// managerRequests reads loom_api_requests_total from the manager's /metrics.
+func managerRequests(t *testing.T, m *framework.Manager) map[requestKey]float64 {
+	t.Helper()
 	out := map[requestKey]float64{}
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(strings.NewReader(managerMetrics(t, m)))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()

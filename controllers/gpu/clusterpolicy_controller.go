@@ -145,6 +145,7 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	}
 	status.Components = r.components(ctx, cp, on, off)
 	computeState(status, gpuNodes, applyErrs, cp.Generation)
+	recordMetrics(cp.Name, status)
 	if err := r.writeStatus(ctx, cp, status); err != nil {
 		return ctrl.Result{}, err
 	}
