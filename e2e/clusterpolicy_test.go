@@ -17,6 +17,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
@@ -124,6 +126,10 @@ func TestClusterPolicyRollsOutOnGPUNodes(t *testing.T) {
 	}
 	t.Logf("idle %s with the policy Ready on %d GPU nodes: %v writes, %v lease requests, %v other reads", idle, cp.Status.GPUNodes, writes, leaseWrites, reads)
 
+	// A driver version change rolls node by node, at most 2 at a time; a
+	// node cordoned beforehand stays cordoned; GPU pods are evicted first.
+	testDriverUpgrade(t, cp)
+
 	// Deleting the policy removes what it created.
 	if err := cluster.Client.Delete(ctx, cp); err != nil {
 		t.Fatal(err)
@@ -193,4 +199,107 @@ func managerRequests(t *testing.T, m *framework.Manager) map[requestKey]float64 
 		t.Fatal("no loom_api_requests_total on the manager's /metrics")
 	}
 	return out
+}
+
+func testDriverUpgrade(t *testing.T, cp *gpuv1alpha1.ClusterPolicy) {
+	ctx := context.Background()
+	const cordoned = "cp-gpu-3"
+	patchNode(t, cordoned, `{"spec":{"unschedulable":true}}`)
+	gpuPod := gpuPod("default", "training-on-cp-gpu-0", 8)
+	gpuPod.Spec.NodeName = "cp-gpu-0"
+	if err := cluster.Client.Create(ctx, gpuPod); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() (bool, string) {
+		p := &corev1.Pod{}
+		err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(gpuPod), p)
+		return err == nil && p.Status.Phase == corev1.PodRunning, "GPU pod not running"
+	})
+
+	if err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(cp.DeepCopy())
+	cp.Spec.Driver.Image.Version = "580.65.06"
+	cp.Spec.Driver.UpgradePolicy.MaxParallelUpgrades = ptr.To[int32](2)
+	if err := cluster.Client.Patch(ctx, cp, patch); err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	maxInProgress := 0
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		nodes := &corev1.NodeList{}
+		if err := cluster.Client.List(ctx, nodes); err != nil {
+			t.Fatal(err)
+		}
+		inProgress, done, failed := 0, 0, 0
+		for _, n := range nodes.Items {
+			if !strings.HasPrefix(n.Name, "cp-gpu-") {
+				continue
+			}
+			switch n.Labels["nvidia.com/gpu-driver-upgrade-state"] {
+			case "", "upgrade-done":
+				if n.Labels["nvidia.com/gpu-driver-upgrade-state"] == "upgrade-done" {
+					done++
+				}
+			case "upgrade-failed":
+				failed++
+			default:
+				inProgress++
+			}
+		}
+		maxInProgress = max(maxInProgress, inProgress)
+		if failed > 0 {
+			t.Fatalf("%d nodes failed their driver upgrade", failed)
+		}
+		if done == 6 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("driver upgrade: %d of 6 nodes done after 3m (%d in progress)", done, inProgress)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("driver upgrade of 6 nodes done in %s, at most %d at once", time.Since(started).Round(100*time.Millisecond), maxInProgress)
+	if maxInProgress > 2 {
+		t.Errorf("%d nodes upgraded at once, max parallel is 2", maxInProgress)
+	}
+	pods := &corev1.PodList{}
+	if err := cluster.Client.List(ctx, pods, client.InNamespace(loomNS), client.MatchingLabels{"app.kubernetes.io/component": "driver"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if strings.HasPrefix(p.Spec.NodeName, "cp-gpu-") && p.Spec.Containers[0].Image != "nvcr.io/nvidia/driver:580.65.06" {
+			t.Errorf("driver pod on %s runs %s", p.Spec.NodeName, p.Spec.Containers[0].Image)
+		}
+	}
+	for i := range 6 {
+		n := &corev1.Node{}
+		name := fmt.Sprintf("cp-gpu-%d", i)
+		if err := cluster.Client.Get(ctx, client.ObjectKey{Name: name}, n); err != nil {
+			t.Fatal(err)
+		}
+		if n.Spec.Unschedulable != (name == cordoned) {
+			t.Errorf("node %s unschedulable = %v after the upgrade", name, n.Spec.Unschedulable)
+		}
+	}
+	p := &corev1.Pod{}
+	if err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(gpuPod), p); !apierrors.IsNotFound(err) && p.DeletionTimestamp == nil {
+		t.Errorf("GPU pod on an upgraded node was not evicted (phase %s, err %v)", p.Status.Phase, err)
+	}
+	eventually(t, 60*time.Second, func() (bool, string) {
+		_ = cluster.Client.Get(ctx, client.ObjectKeyFromObject(cp), cp)
+		return cp.Status.State == gpuv1alpha1.PolicyReady, "policy not Ready after the upgrade: " + fmt.Sprint(cp.Status.Conditions)
+	})
+	patchNode(t, cordoned, `{"spec":{"unschedulable":false}}`)
+}
+
+func patchNode(t *testing.T, name, patch string) {
+	t.Helper()
+	n := &corev1.Node{}
+	n.Name = name
+	if err := cluster.Client.Patch(context.Background(), n, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatal(err)
+	}
 }

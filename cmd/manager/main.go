@@ -28,6 +28,7 @@ func registry() *manager.Registry {
 	reg := &manager.Registry{}
 	reg.Add("gpu-labels", gpu.SetupLabels)
 	reg.Add("clusterpolicy", gpu.SetupClusterPolicy)
+	reg.Add("driver-upgrade", gpu.SetupDriverUpgrade)
 	return reg
 }
 

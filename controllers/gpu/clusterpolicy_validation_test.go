@@ -26,7 +26,7 @@ func TestClusterPolicyEmptySpecIsDefaulted(t *testing.T) {
 		t.Fatal(err)
 	}
 	up := cp.Spec.Driver.UpgradePolicy
-	if !up.AutoUpgrade || up.MaxParallelUpgrades != 1 || up.MaxUnavailable == nil || up.MaxUnavailable.String() != "25%" {
+	if !up.AutoUpgradeEnabled() || up.MaxParallelUpgrades == nil || *up.MaxParallelUpgrades != 1 || up.MaxUnavailable == nil || up.MaxUnavailable.String() != "25%" {
 		t.Errorf("driver upgrade policy defaults = %+v", up)
 	}
 	if cp.Spec.MIG.Strategy != gpuv1alpha1.MIGStrategySingle || cp.Spec.MIGManager.DefaultConfig != "all-disabled" ||

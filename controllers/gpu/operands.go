@@ -24,6 +24,9 @@ const (
 	// AnnotationConfigHash on a pod template changes when the operand's
 	// configuration does, so exactly that operand's pods roll.
 	AnnotationConfigHash = "gpu.loom.dev/config-hash"
+	// AnnotationTemplateHash on a pod template (and so on its pods) is the
+	// hash of the template itself.
+	AnnotationTemplateHash = "gpu.loom.dev/template-hash"
 	// AnnotationSpecHash on a DaemonSet records what Loom applied.
 	AnnotationSpecHash = "gpu.loom.dev/spec-hash"
 	managedBy          = "loom"
@@ -260,16 +263,17 @@ func BuildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string)
 	if op.onDelete {
 		strategy = appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType}
 	}
+	template := corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: annotations}, Spec: pod}
+	// Pods carry the hash of the template they were made from: the driver
+	// upgrade controller tells old driver pods from new ones by it.
+	annotations[AnnotationTemplateHash] = hashOf(template)
 	return &appsv1.DaemonSet{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
 		ObjectMeta: metav1.ObjectMeta{Name: objectName(op.name), Namespace: namespace, Labels: labels},
 		Spec: appsv1.DaemonSetSpec{
 			Selector:       &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: managedBy, LabelComponent: op.name}},
 			UpdateStrategy: strategy,
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: annotations},
-				Spec:       pod,
-			},
+			Template:       template,
 		},
 	}
 }

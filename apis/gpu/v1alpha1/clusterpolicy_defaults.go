@@ -86,3 +86,16 @@ func (o *OperandSpec) EffectiveImage(d OperandDefaults) (ImageSpec, string) {
 	img.PullSecrets = o.Image.PullSecrets
 	return img, img.Repository + "/" + img.Image + ":" + img.Version
 }
+
+// AutoUpgradeEnabled is AutoUpgrade with its default (on).
+func (p *DriverUpgradePolicy) AutoUpgradeEnabled() bool {
+	return p.AutoUpgrade == nil || *p.AutoUpgrade
+}
+
+// Parallel is MaxParallelUpgrades with its default (1); 0 is unlimited.
+func (p *DriverUpgradePolicy) Parallel() int32 {
+	if p.MaxParallelUpgrades == nil {
+		return 1
+	}
+	return *p.MaxParallelUpgrades
+}

@@ -115,14 +115,16 @@ type WaitForCompletionSpec struct {
 type DriverUpgradePolicy struct {
 	// AutoUpgrade lets Loom replace drivers node by node when the version
 	// changes; off, a new version waits until a node's driver pod is deleted.
+	// Pointers, so that a client that leaves them out (typed Go clients send
+	// zero values) gets the defaults.
 	// +optional
 	// +kubebuilder:default=true
-	AutoUpgrade bool `json:"autoUpgrade"`
+	AutoUpgrade *bool `json:"autoUpgrade,omitempty"`
 	// MaxParallelUpgrades is how many nodes upgrade at once; 0 is unlimited.
 	// +optional
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=0
-	MaxParallelUpgrades int32 `json:"maxParallelUpgrades"`
+	MaxParallelUpgrades *int32 `json:"maxParallelUpgrades,omitempty"`
 	// MaxUnavailable bounds the GPU nodes unavailable at once (count or %).
 	// +optional
 	// +kubebuilder:default="25%"

@@ -1,0 +1,311 @@
+package gpu
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/manager"
+)
+
+// The per-node driver upgrade state, in GPU Operator's label and values.
+const (
+	LabelUpgradeState = "nvidia.com/gpu-driver-upgrade-state"
+
+	UpgradeRequired     = "upgrade-required"
+	PodDeletionRequired = "pod-deletion-required"
+	PodRestartRequired  = "pod-restart-required"
+	ValidationRequired  = "validation-required"
+	UncordonRequired    = "uncordon-required"
+	UpgradeDone         = "upgrade-done"
+	UpgradeFailed       = "upgrade-failed"
+
+	// AnnotationWasCordoned marks a node someone else had cordoned before its
+	// upgrade: it stays cordoned afterwards.
+	AnnotationWasCordoned = "gpu.loom.dev/driver-upgrade-was-cordoned"
+	// AnnotationUpgradeStarted is when the node's upgrade began (RFC 3339).
+	AnnotationUpgradeStarted = "gpu.loom.dev/driver-upgrade-started"
+
+	validationTimeout = 10 * time.Minute
+	upgradeRequeue    = 3 * time.Second
+)
+
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;delete
+// +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
+
+// UpgradeReconciler rolls a new driver out node by node: cordon, evict the
+// GPU pods (eviction API, so disruption budgets hold), replace the node's
+// driver pod, wait for it to be ready, uncordon. Progress lives in the
+// node label nvidia.com/gpu-driver-upgrade-state, so a manager restart
+// resumes where it stopped.
+type UpgradeReconciler struct {
+	client.Client
+	// Reader reads pods straight from the API server: the manager does not
+	// cache every pod for a rare upgrade.
+	Reader    client.Reader
+	Namespace string
+	Now       func() time.Time
+}
+
+// SetupDriverUpgrade registers the driver upgrade controller.
+func SetupDriverUpgrade(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
+	r := &UpgradeReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: opts.Namespace, Now: time.Now}
+	driverKey := types.NamespacedName{Namespace: opts.Namespace, Name: objectName(gpuv1alpha1.OperandDriver)}
+	isDriver := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetNamespace() == driverKey.Namespace && o.GetName() == driverKey.Name
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("driver-upgrade").
+		For(&appsv1.DaemonSet{}, builder.WithPredicates(isDriver)).
+		WatchesMetadata(&corev1.Node{},
+			handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+				return []reconcile.Request{{NamespacedName: driverKey}}
+			}),
+			builder.WithPredicates(predicate.Funcs{
+				UpdateFunc: func(e event.UpdateEvent) bool {
+					return e.ObjectOld.GetLabels()[LabelUpgradeState] != e.ObjectNew.GetLabels()[LabelUpgradeState]
+				},
+				CreateFunc: func(event.CreateEvent) bool { return false },
+				DeleteFunc: func(event.DeleteEvent) bool { return false },
+			})).
+		Complete(r)
+}
+
+// Reconcile advances every node's upgrade by at most one step and starts
+// new ones within the policy's budget.
+func (r *UpgradeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	ds := &appsv1.DaemonSet{}
+	if err := r.Get(ctx, req.NamespacedName, ds); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	cp, err := r.owner(ctx, ds)
+	if err != nil || cp == nil {
+		return ctrl.Result{}, err
+	}
+	policy := cp.Spec.Driver.UpgradePolicy
+	want := ds.Spec.Template.Annotations[AnnotationTemplateHash]
+
+	pods := &corev1.PodList{}
+	if err := r.Reader.List(ctx, pods, client.InNamespace(r.Namespace),
+		client.MatchingLabels{LabelManagedBy: managedBy, LabelComponent: gpuv1alpha1.OperandDriver}); err != nil {
+		return ctrl.Result{}, err
+	}
+	driverPods := map[string]*corev1.Pod{}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.Spec.NodeName != "" && p.DeletionTimestamp == nil {
+			driverPods[p.Spec.NodeName] = p
+		}
+	}
+	nodes := &metav1.PartialObjectMetadataList{}
+	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
+	if err := r.List(ctx, nodes, client.MatchingLabels{LabelPresent: "true"}); err != nil {
+		return ctrl.Result{}, err
+	}
+	sort.Slice(nodes.Items, func(i, j int) bool { return nodes.Items[i].Name < nodes.Items[j].Name })
+
+	var inProgress, candidates []string
+	for _, n := range nodes.Items {
+		state := n.Labels[LabelUpgradeState]
+		pod := driverPods[n.Name]
+		outdated := pod != nil && pod.Annotations[AnnotationTemplateHash] != want
+		switch {
+		case state == "" || state == UpgradeDone:
+			if outdated && policy.AutoUpgradeEnabled() {
+				candidates = append(candidates, n.Name)
+			}
+		case state == UpgradeFailed:
+			// A failed node waits for a new driver version (or a person).
+		default:
+			inProgress = append(inProgress, n.Name)
+		}
+	}
+	start := UpgradeBudget(policy, len(nodes.Items), len(inProgress))
+	if start > len(candidates) {
+		start = len(candidates)
+	}
+	for _, name := range candidates[:start] {
+		if err := r.setState(ctx, name, UpgradeRequired, nil); err != nil {
+			return ctrl.Result{}, err
+		}
+		inProgress = append(inProgress, name)
+	}
+	for _, name := range inProgress {
+		if err := r.step(ctx, name, driverPods[name], want, policy); err != nil {
+			return ctrl.Result{}, fmt.Errorf("node %s: %w", name, err)
+		}
+	}
+	if len(inProgress) > 0 || len(candidates) > start {
+		return ctrl.Result{RequeueAfter: upgradeRequeue}, nil
+	}
+	return ctrl.Result{}, nil
+}
+
+// UpgradeBudget is how many nodes may start upgrading now: bounded by
+// maxParallelUpgrades (0 = unlimited) and by maxUnavailable (a count, or a
+// percentage of the GPU nodes rounded up, at least 1), minus those in
+// progress.
+func UpgradeBudget(p gpuv1alpha1.DriverUpgradePolicy, gpuNodes, inProgress int) int {
+	limit := gpuNodes
+	if n := p.Parallel(); n > 0 {
+		limit = min(limit, int(n))
+	}
+	if p.MaxUnavailable != nil {
+		u, err := intstr.GetScaledValueFromIntOrPercent(p.MaxUnavailable, gpuNodes, true)
+		if err == nil {
+			limit = min(limit, max(u, 1))
+		}
+	}
+	return max(limit-inProgress, 0)
+}
+
+func (r *UpgradeReconciler) owner(ctx context.Context, ds *appsv1.DaemonSet) (*gpuv1alpha1.ClusterPolicy, error) {
+	ref := metav1.GetControllerOf(ds)
+	if ref == nil || ref.Kind != "ClusterPolicy" {
+		return nil, nil
+	}
+	cp := &gpuv1alpha1.ClusterPolicy{}
+	if err := r.Get(ctx, client.ObjectKey{Name: ref.Name}, cp); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	return cp, nil
+}
+
+// step moves one node's upgrade on by at most one state.
+func (r *UpgradeReconciler) step(ctx context.Context, name string, driverPod *corev1.Pod, want string, p gpuv1alpha1.DriverUpgradePolicy) error {
+	node := &corev1.Node{}
+	if err := r.Reader.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	started, _ := time.Parse(time.RFC3339, node.Annotations[AnnotationUpgradeStarted])
+	switch node.Labels[LabelUpgradeState] {
+	case UpgradeRequired:
+		ann := map[string]any{AnnotationUpgradeStarted: r.Now().UTC().Format(time.RFC3339)}
+		if node.Spec.Unschedulable {
+			ann[AnnotationWasCordoned] = "true"
+		} else if err := r.patchNode(ctx, name, map[string]any{"spec": map[string]any{"unschedulable": true}}); err != nil {
+			return err
+		}
+		return r.setState(ctx, name, PodDeletionRequired, ann)
+	case PodDeletionRequired:
+		left, err := r.evictGPUPods(ctx, name)
+		if err != nil {
+			return err
+		}
+		if left == 0 {
+			return r.setState(ctx, name, PodRestartRequired, nil)
+		}
+		if timeout := podDeletionTimeout(p); timeout > 0 && !started.IsZero() && r.Now().Sub(started) > timeout {
+			return r.setState(ctx, name, UpgradeFailed, nil)
+		}
+	case PodRestartRequired:
+		if driverPod != nil && driverPod.Annotations[AnnotationTemplateHash] != want {
+			if err := r.Delete(ctx, driverPod); client.IgnoreNotFound(err) != nil {
+				return err
+			}
+		}
+		return r.setState(ctx, name, ValidationRequired, nil)
+	case ValidationRequired:
+		if driverPod != nil && driverPod.Annotations[AnnotationTemplateHash] == want && podReady(driverPod) {
+			return r.setState(ctx, name, UncordonRequired, nil)
+		}
+		if !started.IsZero() && r.Now().Sub(started) > validationTimeout {
+			return r.setState(ctx, name, UpgradeFailed, nil)
+		}
+	case UncordonRequired:
+		if node.Annotations[AnnotationWasCordoned] != "true" {
+			if err := r.patchNode(ctx, name, map[string]any{"spec": map[string]any{"unschedulable": false}}); err != nil {
+				return err
+			}
+		}
+		return r.setState(ctx, name, UpgradeDone, map[string]any{AnnotationWasCordoned: nil, AnnotationUpgradeStarted: nil})
+	}
+	return nil
+}
+
+// evictGPUPods evicts the pods on node that use GPUs (other than Loom's
+// operands) and returns how many are left.
+func (r *UpgradeReconciler) evictGPUPods(ctx context.Context, node string) (int, error) {
+	pods := &corev1.PodList{}
+	if err := r.Reader.List(ctx, pods, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("spec.nodeName", node)}); err != nil {
+		return 0, err
+	}
+	left := 0
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.Namespace == r.Namespace && p.Labels[LabelManagedBy] == managedBy {
+			continue
+		}
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || inventory.PodGPUs(&p.Spec) == 0 {
+			continue
+		}
+		left++
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
+		if err := r.SubResource("eviction").Create(ctx, p, ev); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsTooManyRequests(err) {
+			return 0, fmt.Errorf("evicting %s/%s: %w", p.Namespace, p.Name, err)
+		}
+	}
+	return left, nil
+}
+
+func podDeletionTimeout(p gpuv1alpha1.DriverUpgradePolicy) time.Duration {
+	if p.PodDeletion != nil {
+		return time.Duration(p.PodDeletion.TimeoutSeconds) * time.Second
+	}
+	return 300 * time.Second
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// setState moves a node to state, with annotations to set (nil value
+// removes one), in one merge patch.
+func (r *UpgradeReconciler) setState(ctx context.Context, node, state string, annotations map[string]any) error {
+	meta := map[string]any{"labels": map[string]any{LabelUpgradeState: state}}
+	if len(annotations) > 0 {
+		meta["annotations"] = annotations
+	}
+	return r.patchNode(ctx, node, map[string]any{"metadata": meta})
+}
+
+// patchNode merge-patches a node: spec.unschedulable and the upgrade label
+// are shared with people and other tools, so Loom does not take server-side
+// apply ownership of them.
+func (r *UpgradeReconciler) patchNode(ctx context.Context, name string, patch map[string]any) error {
+	b, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	n := &corev1.Node{}
+	n.Name = name
+	return r.Patch(ctx, n, client.RawPatch(types.MergePatchType, b))
+}
