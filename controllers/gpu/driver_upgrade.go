@@ -129,12 +129,12 @@ func (r *UpgradeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		state := n.Labels[LabelUpgradeState]
 		pod := driverPods[n.Name]
 		outdated := pod != nil && pod.Annotations[AnnotationTemplateHash] != want
-		switch {
-		case state == "" || state == UpgradeDone:
+		switch state {
+		case "", UpgradeDone:
 			if outdated && policy.AutoUpgradeEnabled() {
 				candidates = append(candidates, n.Name)
 			}
-		case state == UpgradeFailed:
+		case UpgradeFailed:
 			// A failed node waits for a new driver version (or a person).
 		default:
 			inProgress = append(inProgress, n.Name)
