@@ -120,7 +120,7 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	}
 	status.ActivePolicy = ""
 
-	gpuNodes, err := r.countGPUNodes(ctx)
+	gpuNodes, upgrades, err := r.countGPUNodes(ctx)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -143,9 +143,9 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	if err := r.ensureDevicePluginConfig(ctx, cp); err != nil {
 		applyErrs = append(applyErrs, fmt.Sprintf("device plugin config: %v", err))
 	}
-	status.Components = r.components(ctx, cp, on, off)
+	status.Components = r.components(ctx, cp, on, off, upgrades)
 	computeState(status, gpuNodes, applyErrs, cp.Generation)
-	recordMetrics(cp.Name, status)
+	recordMetrics(cp.Name, status, upgrades)
 	if err := r.writeStatus(ctx, cp, status); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -177,13 +177,29 @@ func (r *PolicyReconciler) activePolicy(ctx context.Context) (string, error) {
 	return "", nil
 }
 
-func (r *PolicyReconciler) countGPUNodes(ctx context.Context) (int32, error) {
+// upgradeCounts are the GPU nodes by driver upgrade progress.
+type upgradeCounts struct {
+	inProgress, failed []string
+}
+
+func (r *PolicyReconciler) countGPUNodes(ctx context.Context) (int32, upgradeCounts, error) {
+	var u upgradeCounts
 	nodes := &metav1.PartialObjectMetadataList{}
 	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
 	if err := r.List(ctx, nodes, client.MatchingLabels{LabelPresent: "true"}); err != nil {
-		return 0, err
+		return 0, u, err
 	}
-	return int32(len(nodes.Items)), nil
+	for _, n := range nodes.Items {
+		switch n.Labels[LabelUpgradeState] {
+		case "", UpgradeDone:
+		case UpgradeFailed:
+			u.failed = append(u.failed, n.Name)
+		default:
+			u.inProgress = append(u.inProgress, n.Name)
+		}
+	}
+	sort.Strings(u.failed)
+	return int32(len(nodes.Items)), u, nil
 }
 
 func (r *PolicyReconciler) ensureOperand(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, op operand) error {
@@ -322,7 +338,7 @@ func toUnstructured(obj runtime.Object) (*unstructured.Unstructured, error) {
 	return u, nil
 }
 
-func (r *PolicyReconciler) components(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, on, off []operand) []gpuv1alpha1.ComponentStatus {
+func (r *PolicyReconciler) components(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, on, off []operand, upgrades upgradeCounts) []gpuv1alpha1.ComponentStatus {
 	var out []gpuv1alpha1.ComponentStatus
 	for _, op := range on {
 		_, ref := cp.Spec.Operand(op.name).EffectiveImage(defaultsFor(op.name))
@@ -345,6 +361,13 @@ func (r *PolicyReconciler) components(ctx context.Context, cp *gpuv1alpha1.Clust
 			c.State, c.Message = componentStateReady, fmt.Sprintf("ready on %d nodes", c.Ready)
 		default:
 			c.Message = fmt.Sprintf("rolling out: %d of %d pods updated", ds.Status.UpdatedNumberScheduled, c.Desired)
+		}
+		if op.name == gpuv1alpha1.OperandDriver && (len(upgrades.inProgress) > 0 || len(upgrades.failed) > 0) {
+			c.State = componentStateWaiting
+			c.Message = fmt.Sprintf("upgrading: %d nodes in progress, %d failed", len(upgrades.inProgress), len(upgrades.failed))
+			if len(upgrades.failed) > 0 {
+				c.Message += fmt.Sprintf(" (%s; see label %s)", strings.Join(upgrades.failed, ", "), LabelUpgradeState)
+			}
 		}
 		out = append(out, c)
 	}
