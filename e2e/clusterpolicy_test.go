@@ -14,10 +14,12 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -129,6 +131,9 @@ func TestClusterPolicyRollsOutOnGPUNodes(t *testing.T) {
 	// A driver version change rolls node by node, at most 2 at a time; a
 	// node cordoned beforehand stays cordoned; GPU pods are evicted first.
 	testDriverUpgrade(t, cp)
+	// A PodDisruptionBudget holds a node's upgrade; a manager restart in the
+	// middle resumes it.
+	testUpgradeHeldByPDBSurvivesRestart(t, cp, mgr)
 
 	// Deleting the policy removes what it created.
 	if err := cluster.Client.Delete(ctx, cp); err != nil {
@@ -293,6 +298,80 @@ func testDriverUpgrade(t *testing.T, cp *gpuv1alpha1.ClusterPolicy) {
 		return cp.Status.State == gpuv1alpha1.PolicyReady, "policy not Ready after the upgrade: " + fmt.Sprint(cp.Status.Conditions)
 	})
 	patchNode(t, cordoned, `{"spec":{"unschedulable":false}}`)
+}
+
+func testUpgradeHeldByPDBSurvivesRestart(t *testing.T, cp *gpuv1alpha1.ClusterPolicy, mgr *framework.Manager) {
+	ctx := context.Background()
+	pinned := gpuPod("default", "pinned-on-cp-gpu-1", 8)
+	pinned.Labels = map[string]string{"app": "pinned"}
+	pinned.Spec.NodeName = "cp-gpu-1"
+	if err := cluster.Client.Create(ctx, pinned); err != nil {
+		t.Fatal(err)
+	}
+	pdb := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "pinned"},
+		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: ptr.To(intstr.FromInt32(1)),
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "pinned"}}},
+	}
+	if err := cluster.Client.Create(ctx, pdb); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() (bool, string) {
+		p := &corev1.Pod{}
+		_ = cluster.Client.Get(ctx, client.ObjectKeyFromObject(pinned), p)
+		got := &policyv1.PodDisruptionBudget{}
+		_ = cluster.Client.Get(ctx, client.ObjectKeyFromObject(pdb), got)
+		return p.Status.Phase == corev1.PodRunning && got.Status.CurrentHealthy == 1, "pinned pod not running under its PDB yet"
+	})
+
+	if err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(cp.DeepCopy())
+	cp.Spec.Driver.Image.Version = "580.82.07"
+	if err := cluster.Client.Patch(ctx, cp, patch); err != nil {
+		t.Fatal(err)
+	}
+	state := func(node string) string {
+		n := &corev1.Node{}
+		_ = cluster.Client.Get(ctx, client.ObjectKey{Name: node}, n)
+		return n.Labels["nvidia.com/gpu-driver-upgrade-state"]
+	}
+	eventually(t, 60*time.Second, func() (bool, string) {
+		return state("cp-gpu-1") == "pod-deletion-required", "cp-gpu-1 in state " + state("cp-gpu-1")
+	})
+	time.Sleep(4 * time.Second)
+	if s := state("cp-gpu-1"); s != "pod-deletion-required" {
+		t.Fatalf("cp-gpu-1 went on to %s although its pod's PDB forbids the eviction", s)
+	}
+	p := &corev1.Pod{}
+	if err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(pinned), p); err != nil || p.DeletionTimestamp != nil {
+		t.Fatalf("PDB-protected pod was removed (%v)", err)
+	}
+
+	// Restart the manager mid-upgrade, then release the budget.
+	mgr.Stop(20 * time.Second)
+	startLoomManager(t)
+	if err := cluster.Client.Delete(ctx, pdb); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 120*time.Second, func() (bool, string) {
+		for i := range 6 {
+			if s := state(fmt.Sprintf("cp-gpu-%d", i)); s != "upgrade-done" {
+				return false, fmt.Sprintf("cp-gpu-%d in %q", i, s)
+			}
+		}
+		return true, ""
+	})
+	pods := &corev1.PodList{}
+	if err := cluster.Client.List(ctx, pods, client.InNamespace(loomNS), client.MatchingLabels{"app.kubernetes.io/component": "driver"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if strings.HasPrefix(p.Spec.NodeName, "cp-gpu-") && p.Spec.Containers[0].Image != "nvcr.io/nvidia/driver:580.82.07" {
+			t.Errorf("driver pod on %s runs %s after the resumed upgrade", p.Spec.NodeName, p.Spec.Containers[0].Image)
+		}
+	}
 }
 
 func patchNode(t *testing.T, name, patch string) {
