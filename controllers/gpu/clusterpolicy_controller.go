@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -61,9 +62,16 @@ type PolicyReconciler struct {
 	// generation the server gave it: a cached DaemonSet with both unchanged
 	// needs no write. A hand edit bumps the generation; a restart forgets and
 	// costs one no-op apply per DaemonSet.
-	mu      sync.Mutex
-	applied map[string]appliedState
+	mu        sync.Mutex
+	applied   map[string]appliedState
+	lastWrite map[string]time.Time // policy -> last status write
 }
+
+// statusInterval is the least time between two status writes that only
+// move counts (desired/ready nodes, messages): a rollout on 500 nodes
+// changes DaemonSet status thousands of times. State changes are written at
+// once.
+const statusInterval = 2 * time.Second
 
 type appliedState struct {
 	hash       string
@@ -72,7 +80,7 @@ type appliedState struct {
 
 // SetupClusterPolicy registers the ClusterPolicy reconciler.
 func SetupClusterPolicy(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
-	r := &PolicyReconciler{Client: mgr.GetClient(), Namespace: opts.Namespace, applied: map[string]appliedState{}}
+	r := &PolicyReconciler{Client: mgr.GetClient(), Namespace: opts.Namespace, applied: map[string]appliedState{}, lastWrite: map[string]time.Time{}}
 	all := handler.EnqueueRequestsFromMapFunc(r.allPolicies)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("clusterpolicy").
@@ -146,6 +154,9 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	status.Components = r.components(ctx, cp, on, off, upgrades)
 	computeState(status, gpuNodes, applyErrs, cp.Generation)
 	recordMetrics(cp.Name, status, upgrades)
+	if wait := r.coalesce(cp, status); wait > 0 {
+		return ctrl.Result{RequeueAfter: wait}, nil
+	}
 	if err := r.writeStatus(ctx, cp, status); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -416,6 +427,41 @@ func countEnabled(cs []gpuv1alpha1.ComponentStatus) int {
 	return n
 }
 
+// coalesce returns how long to hold a status write that changes only
+// counts and messages, so that a large rollout costs one status write per
+// statusInterval instead of one per DaemonSet status change.
+func (r *PolicyReconciler) coalesce(cp *gpuv1alpha1.ClusterPolicy, st *gpuv1alpha1.ClusterPolicyStatus) time.Duration {
+	if r.lastWrite == nil || st.State != cp.Status.State || st.GPUNodes != cp.Status.GPUNodes || st.ObservedGeneration != cp.Status.ObservedGeneration {
+		return 0
+	}
+	for _, c := range st.Conditions {
+		old := meta.FindStatusCondition(cp.Status.Conditions, c.Type)
+		if old == nil || old.Status != c.Status || old.Reason != c.Reason {
+			return 0
+		}
+	}
+	for _, c := range st.Components {
+		found := false
+		for _, o := range cp.Status.Components {
+			if o.Name == c.Name {
+				found = true
+				if o.State != c.State || o.Enabled != c.Enabled || o.Version != c.Version {
+					return 0
+				}
+			}
+		}
+		if !found {
+			return 0
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if since := time.Since(r.lastWrite[cp.Name]); since < statusInterval {
+		return statusInterval - since
+	}
+	return 0
+}
+
 func (r *PolicyReconciler) writeStatus(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, st *gpuv1alpha1.ClusterPolicyStatus) error {
 	if apiequality.Semantic.DeepEqual(&cp.Status, st) {
 		return nil
@@ -424,6 +470,11 @@ func (r *PolicyReconciler) writeStatus(ctx context.Context, cp *gpuv1alpha1.Clus
 	cp.Status = *st
 	if err := r.Status().Patch(ctx, cp, patch); err != nil {
 		return fmt.Errorf("writing ClusterPolicy status: %w", err)
+	}
+	if r.lastWrite != nil {
+		r.mu.Lock()
+		r.lastWrite[cp.Name] = time.Now()
+		r.mu.Unlock()
 	}
 	return nil
 }

@@ -76,7 +76,10 @@ func SetupDriverUpgrade(_ context.Context, mgr ctrl.Manager, opts manager.Option
 	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("driver-upgrade").
-		For(&appsv1.DaemonSet{}, builder.WithPredicates(isDriver)).
+		// Only a new template starts upgrades; while one runs, the
+		// reconciler requeues itself. DaemonSet status churn (every pod of a
+		// rollout) would otherwise cost a pod list each.
+		For(&appsv1.DaemonSet{}, builder.WithPredicates(isDriver, predicate.GenerationChangedPredicate{})).
 		WatchesMetadata(&corev1.Node{},
 			handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 				return []reconcile.Request{{NamespacedName: driverKey}}
