@@ -1,13 +1,8 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
-	"crypto/tls"
 	"fmt"
-	"io"
-	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -117,13 +112,13 @@ func TestClusterPolicyRollsOutOnGPUNodes(t *testing.T) {
 		d := v - before[k]
 		switch {
 		case d == 0:
-		case k.resource == "leases":
+		case k.Resource == "leases":
 			leaseWrites += d
-		case k.verb == "get" || k.verb == "list" || k.verb == "watch":
+		case k.Verb == "get" || k.Verb == "list" || k.Verb == "watch":
 			reads += d
 		default:
 			writes += d
-			t.Errorf("idle write: %s %s ×%v", k.verb, k.resource, d)
+			t.Errorf("idle write: %s %s ×%v", k.Verb, k.Resource, d)
 		}
 	}
 	t.Logf("idle %s with the policy Ready on %d GPU nodes: %v writes, %v lease requests, %v other reads", idle, cp.Status.GPUNodes, writes, leaseWrites, reads)
@@ -154,56 +149,22 @@ func TestClusterPolicyRollsOutOnGPUNodes(t *testing.T) {
 	}
 }
 
-type requestKey struct{ verb, resource string }
-
-// managerMetrics returns the manager's /metrics text.
 func managerMetrics(t *testing.T, m *framework.Manager) string {
 	t.Helper()
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed
-	req, _ := http.NewRequest(http.MethodGet, m.MetricsURL, nil)
-	req.Header.Set("Authorization", "Bearer "+adminToken(t))
-	resp, err := hc.Do(req)
+	text, err := m.Metrics(adminToken(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
+	return text
 }
 
-// managerRequests reads loom_api_requests_total from the manager's /metrics.
-func managerRequests(t *testing.T, m *framework.Manager) map[requestKey]float64 {
+func managerRequests(t *testing.T, m *framework.Manager) map[framework.APIRequest]float64 {
 	t.Helper()
-	out := map[requestKey]float64{}
-	sc := bufio.NewScanner(strings.NewReader(managerMetrics(t, m)))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "loom_api_requests_total{") {
-			continue
-		}
-		labels, value, _ := strings.Cut(strings.TrimPrefix(line, "loom_api_requests_total{"), "} ")
-		var k requestKey
-		for _, kv := range strings.Split(labels, ",") {
-			name, v, _ := strings.Cut(kv, "=")
-			v = strings.Trim(v, `"`)
-			switch name {
-			case "verb":
-				k.verb = v
-			case "resource":
-				k.resource = v
-			}
-		}
-		f, _ := strconv.ParseFloat(value, 64)
-		out[k] = f
+	reqs, err := m.APIRequests(adminToken(t))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(out) == 0 {
-		t.Fatal("no loom_api_requests_total on the manager's /metrics")
-	}
-	return out
+	return reqs
 }
 
 func testDriverUpgrade(t *testing.T, cp *gpuv1alpha1.ClusterPolicy) {

@@ -7,17 +7,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"crypto/tls"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
 	"os/signal"
 	"sort"
-	"strconv"
-	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -79,7 +74,7 @@ func run() error {
 		return err
 	}
 	token := cluster.Config.BearerToken
-	before, err := scrape(m.MetricsURL, token)
+	before, err := m.APIRequests(token)
 	if err != nil {
 		return err
 	}
@@ -105,12 +100,12 @@ func run() error {
 	}
 	ready := time.Since(applied)
 	logf("ClusterPolicy Ready after %s", ready.Round(10*time.Millisecond))
-	busy, err := scrape(m.MetricsURL, token)
+	busy, err := m.APIRequests(token)
 	if err != nil {
 		return err
 	}
 	time.Sleep(*idle)
-	after, err := scrape(m.MetricsURL, token)
+	after, err := m.APIRequests(token)
 	if err != nil {
 		return err
 	}
@@ -120,56 +115,19 @@ func run() error {
 	fmt.Fprintf(w, "ClusterPolicy apply -> Ready\t%s\n", ready.Round(10*time.Millisecond))
 	fmt.Fprintf(w, "operand pods\t%d\n", 6**nodes)
 	fmt.Fprintf(w, "\nmanager API requests\tapply -> Ready\tidle %s\n", *idle)
-	keys := map[string]bool{}
+	var keys []framework.APIRequest
 	for k := range after {
-		keys[k] = true
+		keys = append(keys, k)
 	}
-	var sorted []string
-	for k := range keys {
-		sorted = append(sorted, k)
-	}
-	sort.Strings(sorted)
-	for _, k := range sorted {
+	sort.Slice(keys, func(i, j int) bool {
+		return keys[i].Verb+" "+keys[i].Resource < keys[j].Verb+" "+keys[j].Resource
+	})
+	for _, k := range keys {
 		b, i := busy[k]-before[k], after[k]-busy[k]
 		if b == 0 && i == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "%s\t%.0f\t%.0f\n", k, b, i)
+		fmt.Fprintf(w, "%s %s\t%.0f\t%.0f\n", k.Verb, k.Resource, b, i)
 	}
 	return w.Flush()
-}
-
-// scrape reads loom_api_requests_total as "verb resource" -> count.
-func scrape(url, token string) (map[string]float64, error) {
-	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed
-	req, _ := http.NewRequest(http.MethodGet, url, nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "loom_api_requests_total{") {
-			continue
-		}
-		labels, value, _ := strings.Cut(strings.TrimPrefix(line, "loom_api_requests_total{"), "} ")
-		var verb, res string
-		for _, kv := range strings.Split(labels, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			switch k {
-			case "verb":
-				verb = strings.Trim(v, `"`)
-			case "resource":
-				res = strings.Trim(v, `"`)
-			}
-		}
-		f, _ := strconv.ParseFloat(value, 64)
-		out[verb+" "+res] = f
-	}
-	return out, nil
 }

@@ -1,0 +1,70 @@
+package framework
+
+import (
+	"bufio"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Metrics returns the manager's /metrics text, read with token.
+func (m *Manager) Metrics(token string) (string, error) {
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed
+	req, err := http.NewRequest(http.MethodGet, m.MetricsURL, nil)
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %s", m.MetricsURL, resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// APIRequest is a verb and resource of loom_api_requests_total.
+type APIRequest struct{ Verb, Resource string }
+
+// APIRequests reads the manager's own request counters
+// (loom_api_requests_total) by verb and resource.
+func (m *Manager) APIRequests(token string) (map[APIRequest]float64, error) {
+	text, err := m.Metrics(token)
+	if err != nil {
+		return nil, err
+	}
+	out := map[APIRequest]float64{}
+	sc := bufio.NewScanner(strings.NewReader(text))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "loom_api_requests_total{") {
+			continue
+		}
+		labels, value, _ := strings.Cut(strings.TrimPrefix(line, "loom_api_requests_total{"), "} ")
+		var k APIRequest
+		for _, kv := range strings.Split(labels, ",") {
+			name, v, _ := strings.Cut(kv, "=")
+			switch name {
+			case "verb":
+				k.Verb = strings.Trim(v, `"`)
+			case "resource":
+				k.Resource = strings.Trim(v, `"`)
+			}
+		}
+		f, _ := strconv.ParseFloat(value, 64)
+		out[k] = f
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no loom_api_requests_total on %s", m.MetricsURL)
+	}
+	return out, nil
+}
