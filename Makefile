@@ -47,7 +47,8 @@ generate: ## Generate deepcopy code from the API types.
 .PHONY: manifests
 manifests: ## Generate CRDs and RBAC into the chart, and the third-party CRDs tests install.
 	rm -rf charts/loom/crds charts/loom/files/rbac charts/loom/files/rbac-agent
-	@if [ -d apis ]; then $(CONTROLLER_GEN) crd paths=./apis/... output:crd:dir=charts/loom/crds; fi
+	@if [ -d apis ]; then $(CONTROLLER_GEN) crd:generateEmbeddedObjectMeta=true paths=./apis/... output:crd:dir=charts/loom/crds; fi
+	go run ./hack/crdtrim charts/loom/crds/training.loom.dev_trainingjobs.yaml
 	$(CONTROLLER_GEN) rbac:roleName=loom-manager paths=./internal/manager/... paths=./controllers/... output:rbac:dir=charts/loom/files/rbac
 	$(CONTROLLER_GEN) rbac:roleName=loom-node-agent paths=./internal/agent/... output:rbac:dir=charts/loom/files/rbac-agent
 	rm -rf $(EXTERNAL_CRDS) && mkdir -p $(EXTERNAL_CRDS)

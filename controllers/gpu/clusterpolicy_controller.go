@@ -15,7 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -26,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/manager"
 )
 
@@ -316,37 +316,17 @@ func (r *PolicyReconciler) removeOperand(ctx context.Context, op operand) error 
 }
 
 func (r *PolicyReconciler) apply(ctx context.Context, obj runtime.Object) error {
-	u, err := toUnstructured(obj)
-	if err != nil {
-		return err
-	}
-	return r.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(PolicyFieldOwner), client.ForceOwnership)
+	_, err := apply.Apply(ctx, r.Client, obj, PolicyFieldOwner)
+	return err
 }
 
 // applyDaemonSet applies and returns the generation the server reports.
 func (r *PolicyReconciler) applyDaemonSet(ctx context.Context, ds *appsv1.DaemonSet) (int64, error) {
-	u, err := toUnstructured(ds)
+	got, err := apply.Apply(ctx, r.Client, ds, PolicyFieldOwner)
 	if err != nil {
 		return 0, err
 	}
-	if err := r.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(PolicyFieldOwner), client.ForceOwnership); err != nil {
-		return 0, err
-	}
-	return u.GetGeneration(), nil // the apply filled u in with the server's answer
-}
-
-// toUnstructured drops what a typed object carries that an apply must not
-// claim: status and empty creation timestamps.
-func toUnstructured(obj runtime.Object) (*unstructured.Unstructured, error) {
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
-	if err != nil {
-		return nil, err
-	}
-	delete(m, "status")
-	u := &unstructured.Unstructured{Object: m}
-	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
-	unstructured.RemoveNestedField(u.Object, "spec", "template", "metadata", "creationTimestamp")
-	return u, nil
+	return got.GetGeneration(), nil
 }
 
 func (r *PolicyReconciler) components(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, on, off []operand, upgrades upgradeCounts) []gpuv1alpha1.ComponentStatus {

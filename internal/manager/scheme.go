@@ -10,6 +10,7 @@ import (
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 )
 
 // Scheme returns the scheme every Loom client and cache uses: Kubernetes'
@@ -24,5 +25,6 @@ func Scheme() *runtime.Scheme {
 	utilruntime.Must(monitoringv1.AddToScheme(s))
 	utilruntime.Must(rayv1.AddToScheme(s))
 	utilruntime.Must(gpuv1alpha1.AddToScheme(s))
+	utilruntime.Must(trainingv1alpha1.AddToScheme(s))
 	return s
 }

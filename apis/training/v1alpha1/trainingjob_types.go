@@ -1,0 +1,319 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Framework names the distributed-training framework whose rendezvous
+// environment the pods get.
+// +kubebuilder:validation:Enum=PyTorch
+type Framework string
+
+// FrameworkPyTorch: torchrun/torch.distributed (MASTER_ADDR, WORLD_SIZE,
+// RANK and the PET_* set).
+const FrameworkPyTorch Framework = "PyTorch"
+
+// Role is a replica type. Pod names and labels use it in lower case.
+type Role string
+
+const (
+	// RoleMaster is rank 0 and decides the job's success.
+	RoleMaster Role = "master"
+	// RoleWorker is ranks 1..n.
+	RoleWorker Role = "worker"
+)
+
+// ReplicaSpec is one role's pods.
+// +kubebuilder:validation:XValidation:rule="size(self.template.spec.containers) > 0",message="template.spec.containers must list at least one container"
+// +kubebuilder:validation:XValidation:rule="!has(self.template.spec.restartPolicy) || self.template.spec.restartPolicy == 'Never'",message="template.spec.restartPolicy must be Never or unset: Loom restarts the whole gang on a retryable failure instead of restarting single containers"
+type ReplicaSpec struct {
+	// Replicas is the number of pods of this role.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=9999
+	Replicas *int32 `json:"replicas,omitempty"`
+	// Template is the pod template. Loom adds the rendezvous environment,
+	// the pod's hostname and subdomain, its labels and, with Volcano, the
+	// gang's scheduler name and annotations.
+	Template corev1.PodTemplateSpec `json:"template"`
+}
+
+// ReplicaSpecs are the job's roles.
+type ReplicaSpecs struct {
+	// Master is rank 0: exactly one pod. The job succeeds when it exits 0.
+	Master ReplicaSpec `json:"master"`
+	// Worker pods are ranks 1..replicas.
+	// +optional
+	Worker *ReplicaSpec `json:"worker,omitempty"`
+}
+
+// PyTorchSpec tunes the PyTorch rendezvous.
+type PyTorchSpec struct {
+	// NprocPerNode is torchrun's --nproc-per-node (PET_NPROC_PER_NODE): a
+	// number, or auto, cpu or gpu. Unset: the number of GPUs each pod's
+	// containers request, or auto for pods without GPUs.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^(auto|cpu|gpu|[1-9][0-9]{0,3})$`
+	NprocPerNode string `json:"nprocPerNode,omitempty"`
+	// MasterPort is the rendezvous port on the master (MASTER_PORT).
+	// +optional
+	// +kubebuilder:default=23456
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	MasterPort int32 `json:"masterPort,omitempty"`
+}
+
+// CleanPodPolicy says which pods to delete once the job has finished.
+// +kubebuilder:validation:Enum=All;Running;None
+type CleanPodPolicy string
+
+const (
+	// CleanPodAll deletes every pod.
+	CleanPodAll CleanPodPolicy = "All"
+	// CleanPodRunning deletes the pods still running, so that they stop
+	// holding GPUs, and keeps finished ones for their logs.
+	CleanPodRunning CleanPodPolicy = "Running"
+	// CleanPodNone keeps every pod.
+	CleanPodNone CleanPodPolicy = "None"
+)
+
+// RunPolicy governs the job's lifetime.
+type RunPolicy struct {
+	// BackoffLimit is how many whole-gang restarts a retryable failure may
+	// cause before the job fails.
+	// +optional
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=0
+	BackoffLimit *int32 `json:"backoffLimit,omitempty"`
+	// ActiveDeadlineSeconds bounds the time from the job's (or, after a
+	// suspension, its resumption's) start; past it the job fails.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	ActiveDeadlineSeconds *int64 `json:"activeDeadlineSeconds,omitempty"`
+	// TTLSecondsAfterFinished deletes the job (and so its pods) this long
+	// after it succeeded or failed. Unset: keep it.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	TTLSecondsAfterFinished *int32 `json:"ttlSecondsAfterFinished,omitempty"`
+	// CleanPodPolicy: which pods to delete when the job finishes.
+	// +optional
+	// +kubebuilder:default=Running
+	CleanPodPolicy CleanPodPolicy `json:"cleanPodPolicy,omitempty"`
+	// Suspend deletes the job's pods and PodGroup and keeps it until unset;
+	// resuming starts the gang afresh (not counted as a restart).
+	// +optional
+	Suspend bool `json:"suspend,omitempty"`
+}
+
+// GangScheduler names who places the gang.
+// +kubebuilder:validation:Enum=volcano;none
+type GangScheduler string
+
+const (
+	// GangVolcano: a Volcano PodGroup admits the pods all at once.
+	GangVolcano GangScheduler = "volcano"
+	// GangNone: the pods go to the pod template's scheduler, one by one.
+	GangNone GangScheduler = "none"
+)
+
+// NeverFitsPolicy says what to do with a gang that can never fit the cluster.
+// +kubebuilder:validation:Enum=Wait;Fail
+type NeverFitsPolicy string
+
+const (
+	// NeverFitsWait keeps the job pending (the cluster may grow) with a
+	// condition saying why.
+	NeverFitsWait NeverFitsPolicy = "Wait"
+	// NeverFitsFail fails the job at once.
+	NeverFitsFail NeverFitsPolicy = "Fail"
+)
+
+// GangPolicy is how the pods are scheduled together.
+type GangPolicy struct {
+	// Scheduler: volcano or none. Unset: the manager's --gang-scheduler.
+	// +optional
+	Scheduler GangScheduler `json:"scheduler,omitempty"`
+	// Queue is the Volcano queue.
+	// +optional
+	// +kubebuilder:default=default
+	// +kubebuilder:validation:MinLength=1
+	Queue string `json:"queue,omitempty"`
+	// PriorityClassName is the gang's priority (PodGroup and pods).
+	// +optional
+	PriorityClassName string `json:"priorityClassName,omitempty"`
+	// MinAvailable is how many pods must be placed together (master first).
+	// Unset: every pod.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	MinAvailable *int32 `json:"minAvailable,omitempty"`
+	// WhenNeverFits: Wait (default) keeps a gang that this cluster can never
+	// hold pending with a condition saying so; Fail fails it at once.
+	// +optional
+	// +kubebuilder:default=Wait
+	WhenNeverFits NeverFitsPolicy `json:"whenNeverFits,omitempty"`
+}
+
+// ExitCodeRange is an inclusive range of container exit codes.
+// +kubebuilder:validation:XValidation:rule="!has(self.max) || self.max >= self.min",message="max must not be below min"
+type ExitCodeRange struct {
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=255
+	Min int32 `json:"min"`
+	// Max defaults to Min.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=255
+	Max *int32 `json:"max,omitempty"`
+}
+
+// FailurePolicy decides which failures restart the gang.
+type FailurePolicy struct {
+	// RetryableExitCodes are the container exit codes that restart the whole
+	// gang (signals: 128+n, e.g. 137 for SIGKILL or an OOM kill). Any other
+	// non-zero exit code fails the job. Evicted, preempted or lost pods are
+	// always retryable. Default: 128-255.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=atomic
+	RetryableExitCodes []ExitCodeRange `json:"retryableExitCodes,omitempty"`
+}
+
+// TrainingJobSpec is a distributed training job.
+// +kubebuilder:validation:XValidation:rule="!has(self.replicaSpecs.master.replicas) || self.replicaSpecs.master.replicas == 1",message="replicaSpecs.master.replicas must be 1: a job has exactly one master (rank 0)"
+// +kubebuilder:validation:XValidation:rule="!has(self.gang) || !has(self.gang.minAvailable) || self.gang.minAvailable <= 1 + (has(self.replicaSpecs.worker) && has(self.replicaSpecs.worker.replicas) ? self.replicaSpecs.worker.replicas : 0)",messageExpression="'gang.minAvailable is ' + string(self.gang.minAvailable) + ' but the job has only ' + string(1 + (has(self.replicaSpecs.worker) && has(self.replicaSpecs.worker.replicas) ? self.replicaSpecs.worker.replicas : 0)) + ' pods'"
+type TrainingJobSpec struct {
+	// Framework decides the rendezvous environment. Default: PyTorch.
+	// +optional
+	// +kubebuilder:default=PyTorch
+	Framework Framework `json:"framework,omitempty"`
+	// PyTorch tunes the PyTorch rendezvous.
+	// +optional
+	PyTorch *PyTorchSpec `json:"pytorch,omitempty"`
+	// ReplicaSpecs are the master and the workers.
+	ReplicaSpecs ReplicaSpecs `json:"replicaSpecs"`
+	// +optional
+	RunPolicy RunPolicy `json:"runPolicy,omitempty"`
+	// +optional
+	Gang GangPolicy `json:"gang,omitempty"`
+	// +optional
+	FailurePolicy FailurePolicy `json:"failurePolicy,omitempty"`
+}
+
+// JobState is the one-word summary of a job.
+type JobState string
+
+const (
+	// StateHeld: Loom cannot create the gang yet (e.g. Volcano is missing).
+	StateHeld JobState = "Held"
+	// StatePending: the gang is being created or waits to be scheduled.
+	StatePending JobState = "Pending"
+	// StateRunning: every pod of the gang runs.
+	StateRunning JobState = "Running"
+	// StateRestarting: a retryable failure is restarting the whole gang.
+	StateRestarting JobState = "Restarting"
+	// StateSuspended: spec.runPolicy.suspend holds the job without pods.
+	StateSuspended JobState = "Suspended"
+	// StateSucceeded: the master exited 0.
+	StateSucceeded JobState = "Succeeded"
+	// StateFailed: a permanent failure, the backoff limit or the deadline.
+	StateFailed JobState = "Failed"
+)
+
+// Condition types of a TrainingJob. Ready is True while the gang runs and
+// once it has succeeded, for kstatus-based tools.
+const (
+	ConditionCreated    = "Created"
+	ConditionScheduled  = "Scheduled"
+	ConditionRunning    = "Running"
+	ConditionRestarting = "Restarting"
+	ConditionSucceeded  = "Succeeded"
+	ConditionFailed     = "Failed"
+	ConditionSuspended  = "Suspended"
+	ConditionReady      = "Ready"
+)
+
+// ReplicaStatus counts one role's pods of the current attempt.
+type ReplicaStatus struct {
+	// Active pods are pending or running.
+	Active int32 `json:"active"`
+	// +optional
+	Succeeded int32 `json:"succeeded,omitempty"`
+	// +optional
+	Failed int32 `json:"failed,omitempty"`
+}
+
+// ReplicaStatuses are the per-role counts.
+type ReplicaStatuses struct {
+	// +optional
+	Master ReplicaStatus `json:"master"`
+	// +optional
+	Worker ReplicaStatus `json:"worker"`
+}
+
+// TrainingJobStatus is what the training reconciler observed.
+type TrainingJobStatus struct {
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// +optional
+	State JobState `json:"state,omitempty"`
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// +optional
+	ReplicaStatuses ReplicaStatuses `json:"replicaStatuses,omitempty"`
+	// Workers is the number of worker pods the job runs.
+	// +optional
+	Workers int32 `json:"workers,omitempty"`
+	// GPUs is the number of nvidia.com/gpu the whole gang requests.
+	// +optional
+	GPUs int64 `json:"gpus,omitempty"`
+	// Restarts counts whole-gang restarts.
+	// +optional
+	Restarts int32 `json:"restarts,omitempty"`
+	// Attempt numbers the current gang; pods carry it in the
+	// training.loom.dev/attempt label. It grows with every restart and every
+	// resumption.
+	// +optional
+	Attempt int32 `json:"attempt,omitempty"`
+	// Scheduler is the gang scheduler in effect (spec or manager default).
+	// +optional
+	Scheduler GangScheduler `json:"scheduler,omitempty"`
+	// StartTime is when the current run (first attempt, or resumption) began.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+	// CompletionTime is when the job succeeded or failed.
+	// +optional
+	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
+}
+
+// TrainingJob is a gang-scheduled distributed training job: one master and
+// any number of workers, restarted as a whole on a retryable failure.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=tj,categories=loom
+// +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="Workers",type=integer,JSONPath=`.status.workers`
+// +kubebuilder:printcolumn:name="GPUs",type=integer,JSONPath=`.status.gpus`
+// +kubebuilder:printcolumn:name="Restarts",type=integer,JSONPath=`.status.restarts`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 50",message="a TrainingJob's name must be a DNS-1035 label (lower case letters, digits and '-', starting with a letter) of at most 50 characters: it names the job's Service and is the prefix of its pods' hostnames"
+type TrainingJob struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec TrainingJobSpec `json:"spec"`
+	// +optional
+	Status TrainingJobStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// TrainingJobList is a list of TrainingJobs.
+type TrainingJobList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []TrainingJob `json:"items"`
+}

@@ -1,0 +1,41 @@
+// Package apply is the one way Loom's reconcilers write their children:
+// server-side apply under a field owner per reconciler. Callers compare
+// against the cache first, so a steady cluster costs no writes.
+package apply
+
+import (
+	"context"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// ToUnstructured converts a typed object into an apply configuration,
+// dropping what an apply must not claim: status and empty creation
+// timestamps (of the object and of a pod template).
+func ToUnstructured(obj runtime.Object) (*unstructured.Unstructured, error) {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	delete(m, "status")
+	u := &unstructured.Unstructured{Object: m}
+	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
+	unstructured.RemoveNestedField(u.Object, "spec", "template", "metadata", "creationTimestamp")
+	return u, nil
+}
+
+// Apply server-side applies obj as fieldOwner, taking over conflicting
+// fields (the reconciler is the source of truth for what it applies). The
+// returned object is the server's answer.
+func Apply(ctx context.Context, c client.Client, obj runtime.Object, fieldOwner string) (*unstructured.Unstructured, error) {
+	u, err := ToUnstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
+		return nil, err
+	}
+	return u, nil
+}
