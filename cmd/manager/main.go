@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/loom-dev/loom/controllers/gpu"
+	"github.com/loom-dev/loom/controllers/training"
 	"github.com/loom-dev/loom/internal/manager"
 )
 
@@ -29,6 +30,7 @@ func registry() *manager.Registry {
 	reg.Add("gpu-labels", gpu.SetupLabels)
 	reg.Add("clusterpolicy", gpu.SetupClusterPolicy)
 	reg.Add("driver-upgrade", gpu.SetupDriverUpgrade)
+	reg.Add("trainingjob", training.Setup)
 	return reg
 }
 

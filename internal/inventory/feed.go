@@ -3,6 +3,7 @@ package inventory
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -63,4 +64,25 @@ func unwrap(o any) any {
 		return d.Obj
 	}
 	return o
+}
+
+var (
+	sharedMu sync.Mutex
+	shared   = map[cache.Cache]*Index{}
+)
+
+// Shared returns the one Index of a manager's cache, fed from its informers;
+// every reconciler of the manager reads the same one.
+func Shared(ctx context.Context, c cache.Cache) (*Index, error) {
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if idx, ok := shared[c]; ok {
+		return idx, nil
+	}
+	idx := NewIndex()
+	if err := Feed(ctx, c, idx); err != nil {
+		return nil, err
+	}
+	shared[c] = idx
+	return idx, nil
 }

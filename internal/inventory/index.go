@@ -26,6 +26,7 @@ type Index struct {
 	nodes    map[string]*nodeEntry
 	pods     map[types.UID]podEntry
 	products map[string]*productEntry
+	subs     []chan struct{}
 }
 
 type nodeEntry struct {
@@ -67,6 +68,23 @@ func (x *Index) update(node string, f func(*nodeEntry)) {
 	if n.product == "" && n.used == 0 && n.capacity == 0 {
 		delete(x.nodes, node)
 	}
+	for _, c := range x.subs {
+		select {
+		case c <- struct{}{}:
+		default: // a change is already pending for this subscriber
+		}
+	}
+}
+
+// Subscribe returns a channel that receives a value after the index has
+// changed (free or total GPUs of some node). Changes coalesce: a slow reader
+// sees one value for many changes, never a blocked writer.
+func (x *Index) Subscribe() <-chan struct{} {
+	c := make(chan struct{}, 1)
+	x.mu.Lock()
+	x.subs = append(x.subs, c)
+	x.mu.Unlock()
+	return c
 }
 
 func (x *Index) account(n *nodeEntry, sign int64) {

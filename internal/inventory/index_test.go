@@ -313,3 +313,22 @@ func BenchmarkSetPod(b *testing.B) {
 		i++
 	}
 }
+
+func TestSubscribeCoalescesChanges(t *testing.T) {
+	idx := NewIndex()
+	ch := idx.Subscribe()
+	for i := range 5 {
+		idx.SetGPUNode(&gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n%d", i)},
+			Status: gpuv1alpha1.GPUNodeStatus{GPUs: []gpuv1alpha1.GPU{{Product: "NVIDIA H100"}}}})
+	}
+	select {
+	case <-ch:
+	default:
+		t.Fatal("no notification after changes")
+	}
+	select {
+	case <-ch:
+		t.Fatal("five changes gave more than one pending notification")
+	default:
+	}
+}

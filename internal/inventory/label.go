@@ -21,3 +21,7 @@ func LabelValue(s string) string {
 		return (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') && (r < '0' || r > '9')
 	})
 }
+
+// ProductLabel is the node label (from GPU feature discovery) that names a
+// node's GPU product; workloads select a product with it.
+const ProductLabel = "nvidia.com/gpu.product"

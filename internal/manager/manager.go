@@ -10,9 +10,12 @@ import (
 	"net/http"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
@@ -83,6 +86,11 @@ func New(ctx context.Context, cfg *rest.Config, opts Options, reg *Registry) (ct
 			// managedFields are a large share of every cached object and no
 			// reconciler reads them.
 			DefaultTransform: cache.TransformStripManagedFields(),
+			// Reconcilers own only Services they label; the cluster's
+			// others (often thousands) stay out of memory.
+			ByObject: map[client.Object]cache.ByObject{
+				&corev1.Service{}: {Label: labels.SelectorFromSet(labels.Set{"app.kubernetes.io/managed-by": "loom"})},
+			},
 		},
 		HealthProbeBindAddress:        opts.ProbeAddr,
 		LeaderElection:                opts.LeaderElect,

@@ -39,6 +39,10 @@ type Options struct {
 	KubeAPIQPS              float64
 	KubeAPIBurst            int
 
+	// GangScheduler is the gang scheduler of TrainingJobs and RayClusters
+	// that do not name one: volcano or none.
+	GangScheduler string
+
 	LogLevel  string
 	LogFormat string
 }
@@ -68,6 +72,7 @@ func DefaultOptions() Options {
 		MaxConcurrentReconciles: 4,
 		KubeAPIQPS:              DefaultKubeAPIQPS,
 		KubeAPIBurst:            DefaultKubeAPIBurst,
+		GangScheduler:           "volcano",
 		LogLevel:                "info",
 		LogFormat:               "json",
 	}
@@ -110,6 +115,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxConcurrentReconciles, "max-concurrent-reconciles", o.MaxConcurrentReconciles, "parallel reconciles per controller")
 	fs.Float64Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "client-side rate limit of API requests per second")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "client-side burst of API requests")
+	fs.StringVar(&o.GangScheduler, "gang-scheduler", o.GangScheduler, "gang scheduler of TrainingJobs and RayClusters that name none: volcano or none")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, error, or a verbosity number (higher logs more)")
 	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "log format: json or text")
 }
@@ -138,6 +144,9 @@ func (o *Options) Validate() error {
 	}
 	if _, err := ParseLogLevel(o.LogLevel); err != nil {
 		errs = append(errs, err)
+	}
+	if o.GangScheduler != "volcano" && o.GangScheduler != "none" {
+		errs = append(errs, fmt.Errorf("--gang-scheduler must be volcano or none, got %q", o.GangScheduler))
 	}
 	if o.LogFormat != "json" && o.LogFormat != "text" {
 		errs = append(errs, fmt.Errorf("--log-format must be json or text, got %q", o.LogFormat))

@@ -182,7 +182,7 @@ type FailurePolicy struct {
 
 // TrainingJobSpec is a distributed training job.
 // +kubebuilder:validation:XValidation:rule="!has(self.replicaSpecs.master.replicas) || self.replicaSpecs.master.replicas == 1",message="replicaSpecs.master.replicas must be 1: a job has exactly one master (rank 0)"
-// +kubebuilder:validation:XValidation:rule="!has(self.gang) || !has(self.gang.minAvailable) || self.gang.minAvailable <= 1 + (has(self.replicaSpecs.worker) && has(self.replicaSpecs.worker.replicas) ? self.replicaSpecs.worker.replicas : 0)",messageExpression="'gang.minAvailable is ' + string(self.gang.minAvailable) + ' but the job has only ' + string(1 + (has(self.replicaSpecs.worker) && has(self.replicaSpecs.worker.replicas) ? self.replicaSpecs.worker.replicas : 0)) + ' pods'"
+// +kubebuilder:validation:XValidation:rule="!has(self.gang) || !has(self.gang.minAvailable) || self.gang.minAvailable <= 1 + (has(self.replicaSpecs.worker) && has(self.replicaSpecs.worker.replicas) ? self.replicaSpecs.worker.replicas : 0)",message="gang.minAvailable exceeds the job's pods (one master plus replicaSpecs.worker.replicas)"
 type TrainingJobSpec struct {
 	// Framework decides the rendezvous environment. Default: PyTorch.
 	// +optional
