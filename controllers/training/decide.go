@@ -56,6 +56,7 @@ type decision struct {
 // Reasons on the job's conditions.
 const (
 	ReasonCreated             = "Created"
+	ReasonCreateFailed        = "CreateFailed"
 	ReasonVolcanoNotInstalled = "VolcanoNotInstalled"
 	ReasonGangPending         = "GangPending"
 	ReasonGangInqueue         = "GangInqueue"

@@ -173,6 +173,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	now := time.Now()
 	obs, err := r.observe(ctx, job, now)
+	if errors.Is(err, errNotServedYet) {
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -202,7 +205,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 
-	errs := []error{r.applyChildren(ctx, job, obs, &d)}
+	applyErr := r.applyChildren(ctx, job, obs, &d)
+	if applyErr != nil {
+		// Say on the job what stops it (a missing PriorityClass, a quota,
+		// an admission webhook), not only in the manager's log.
+		msg := applyErr.Error()
+		if len(msg) > 1000 {
+			msg = msg[:1000] + "…"
+		}
+		setCond(&d.status, trainingv1alpha1.ConditionCreated, metav1.ConditionFalse, ReasonCreateFailed, msg, job.Generation, now)
+		setReady(&d.status, metav1.ConditionFalse, ReasonCreateFailed, msg, job.Generation, now)
+	}
+	errs := []error{applyErr}
 	wait := time.Duration(0)
 	if !urgent {
 		var err error
@@ -268,6 +282,15 @@ func (r *Reconciler) volcanoInstalled(ctx context.Context) (bool, error) {
 	if err := r.Get(ctx, client.ObjectKey{Name: gang.CRDName}, crd); err != nil {
 		return false, client.IgnoreNotFound(err)
 	}
+	// A CRD just created is not served for a moment: wait until the API
+	// server's discovery (through the REST mapper) knows the kind.
+	gvk := schedulingv1beta1.SchemeGroupVersion.WithKind("PodGroup")
+	if _, err := r.RESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version); err != nil {
+		if meta.IsNoMatchError(err) {
+			return false, errNotServedYet
+		}
+		return false, err
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.pgWatch {
@@ -280,6 +303,9 @@ func (r *Reconciler) volcanoInstalled(ctx context.Context) (bool, error) {
 	}
 	return true, nil
 }
+
+// errNotServedYet: the PodGroup CRD exists but is not served yet.
+var errNotServedYet = errors.New("the PodGroup CRD is not served yet")
 
 // applyChildren makes the PodGroup, Service and pods what the decision says.
 func (r *Reconciler) applyChildren(ctx context.Context, job *trainingv1alpha1.TrainingJob, obs observed, d *decision) error {

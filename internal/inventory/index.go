@@ -275,10 +275,20 @@ func (x *Index) Fits(g Gang) FitResult {
 	groups := make([]PodGroup, 0, len(g.Groups))
 	var pods, gpus int64
 	for _, pg := range g.Groups {
-		if pg.Count > 0 && pg.GPUs > 0 {
+		if pg.Count <= 0 || pg.GPUs <= 0 {
+			continue
+		}
+		pods += pg.Count
+		gpus += pg.Count * pg.GPUs
+		merged := false
+		for i := range groups {
+			if groups[i].GPUs == pg.GPUs { // one "4 pods × 8" rather than "1 pod × 8 + 3 pods × 8"
+				groups[i].Count += pg.Count
+				merged = true
+			}
+		}
+		if !merged {
 			groups = append(groups, pg)
-			pods += pg.Count
-			gpus += pg.Count * pg.GPUs
 		}
 	}
 	if len(groups) == 0 {

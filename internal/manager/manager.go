@@ -103,6 +103,7 @@ func New(ctx context.Context, cfg *rest.Config, opts Options, reg *Registry) (ct
 		GracefulShutdownTimeout:       &shutdown,
 		Controller: config.Controller{
 			MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
+			SkipNameValidation:      &opts.skipNameValidation,
 		},
 	})
 	if err != nil {

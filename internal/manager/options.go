@@ -45,6 +45,17 @@ type Options struct {
 
 	LogLevel  string
 	LogFormat string
+
+	// skipNameValidation lets one process build several managers (tests
+	// restart them); controller-runtime otherwise refuses a controller name
+	// it has seen.
+	skipNameValidation bool
+}
+
+// ForTests returns o allowing several managers in one process.
+func (o Options) ForTests() Options {
+	o.skipNameValidation = true
+	return o
 }
 
 // Defaults for the client rate limits. client-go's own (5 QPS, burst 10, and

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -31,7 +33,12 @@ type Env struct {
 // Start starts etcd and kube-apiserver from the source-built binaries and
 // installs the CRDs. Call Stop when done; Main does both around a package's
 // tests.
-func Start(ctx context.Context) (*Env, error) {
+func Start(ctx context.Context) (*Env, error) { return StartWithout(ctx) }
+
+// StartWithout is Start without the CRDs whose group is one of groups (e.g.
+// scheduling.volcano.sh, to test behaviour while an optional dependency is
+// missing); InstallCRDs adds them later.
+func StartWithout(ctx context.Context, groups ...string) (*Env, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return nil, err
@@ -53,7 +60,7 @@ func Start(ctx context.Context) (*Env, error) {
 	}
 	objs, err := ReadManifests(CRDPaths(root)...)
 	if err == nil {
-		err = Apply(ctx, e.Client, objs)
+		err = Apply(ctx, e.Client, crdsWhere(objs, func(g string) bool { return !slices.Contains(groups, g) }))
 	}
 	if err != nil {
 		_ = te.Stop()
@@ -62,13 +69,45 @@ func Start(ctx context.Context) (*Env, error) {
 	return e, nil
 }
 
+// InstallCRDs installs the CRDs of the given groups (left out by
+// StartWithout) and waits until they are established.
+func (e *Env) InstallCRDs(ctx context.Context, groups ...string) error {
+	objs, err := ReadManifests(CRDPaths(e.Root)...)
+	if err != nil {
+		return err
+	}
+	objs = crdsWhere(objs, func(g string) bool { return slices.Contains(groups, g) })
+	if err := Apply(ctx, e.Client, objs); err != nil {
+		return err
+	}
+	names := make([]string, 0, len(objs))
+	for _, o := range objs {
+		names = append(names, o.GetName())
+	}
+	return WaitForCRDs(ctx, e.Client, names...)
+}
+
+func crdsWhere(objs []*unstructured.Unstructured, keep func(group string) bool) []*unstructured.Unstructured {
+	var out []*unstructured.Unstructured
+	for _, o := range objs {
+		g, _, _ := unstructured.NestedString(o.Object, "spec", "group")
+		if keep(g) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
 // Stop stops the API server and etcd.
 func (e *Env) Stop() error { return e.env.Stop() }
 
 // Main is a TestMain body: it starts the environment into *env, runs the
 // package's tests and stops it again. LOOM_TEST_LOG=debug|info|error sets the
 // level of the manager logs the tests print (default: error).
-func Main(m *testing.M, env **Env) {
+func Main(m *testing.M, env **Env) { MainWithout(m, env) }
+
+// MainWithout is Main with StartWithout(groups).
+func MainWithout(m *testing.M, env **Env, groups ...string) {
 	level, err := manager.ParseLogLevel(os.Getenv("LOOM_TEST_LOG"))
 	if os.Getenv("LOOM_TEST_LOG") == "" || err != nil {
 		level = zapcore.ErrorLevel
@@ -76,7 +115,7 @@ func Main(m *testing.M, env **Env) {
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(level), zap.UseDevMode(true)))
 
 	started := time.Now()
-	e, err := Start(context.Background())
+	e, err := StartWithout(context.Background(), groups...)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "testenv: %v\n", err)
 		os.Exit(1)

@@ -40,7 +40,7 @@ func ManagerOptions(t testing.TB) manager.Options {
 	o.RenewDeadline = 3 * time.Second
 	o.RetryPeriod = 500 * time.Millisecond
 	o.GracefulShutdownTimeout = 10 * time.Second
-	return o
+	return o.ForTests()
 }
 
 // StartManager builds a manager with the registry's selected controllers and

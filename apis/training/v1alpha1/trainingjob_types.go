@@ -237,7 +237,8 @@ const (
 // ReplicaStatus counts one role's pods of the current attempt.
 type ReplicaStatus struct {
 	// Active pods are pending or running.
-	Active int32 `json:"active"`
+	// +optional
+	Active int32 `json:"active,omitempty"`
 	// +optional
 	Succeeded int32 `json:"succeeded,omitempty"`
 	// +optional
@@ -247,9 +248,9 @@ type ReplicaStatus struct {
 // ReplicaStatuses are the per-role counts.
 type ReplicaStatuses struct {
 	// +optional
-	Master ReplicaStatus `json:"master"`
+	Master ReplicaStatus `json:"master,omitempty"`
 	// +optional
-	Worker ReplicaStatus `json:"worker"`
+	Worker ReplicaStatus `json:"worker,omitempty"`
 }
 
 // TrainingJobStatus is what the training reconciler observed.
