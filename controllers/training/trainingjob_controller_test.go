@@ -32,7 +32,9 @@ func TestBadSpecsAreRejectedWithReadableMessages(t *testing.T) {
 	}{
 		{"two masters", func(j *trainingv1alpha1.TrainingJob) { j.Spec.ReplicaSpecs.Master.Replicas = &two }, "exactly one master"},
 		{"negative workers", func(j *trainingv1alpha1.TrainingJob) { j.Spec.ReplicaSpecs.Worker.Replicas = &neg }, "should be greater than or equal to 0"},
-		{"no containers", func(j *trainingv1alpha1.TrainingJob) { j.Spec.ReplicaSpecs.Worker.Template.Spec.Containers = []corev1.Container{} }, "must list at least one container"},
+		{"no containers", func(j *trainingv1alpha1.TrainingJob) {
+			j.Spec.ReplicaSpecs.Worker.Template.Spec.Containers = []corev1.Container{}
+		}, "must list at least one container"},
 		{"container restarts", func(j *trainingv1alpha1.TrainingJob) {
 			j.Spec.ReplicaSpecs.Master.Template.Spec.RestartPolicy = corev1.RestartPolicyOnFailure
 		}, "restarts the whole gang"},

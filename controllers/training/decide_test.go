@@ -1,0 +1,136 @@
+package training
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/inventory"
+)
+
+func failedPod(job *trainingv1alpha1.TrainingJob, role trainingv1alpha1.Role, i int32, code int32, reason string) *corev1.Pod {
+	p := buildPod(job, pytorch{}, role, i, 0, trainingv1alpha1.GangNone)
+	p.Status.Phase = corev1.PodFailed
+	p.Status.Reason = reason
+	if code != 0 {
+		p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "pytorch", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: code, Reason: "Error"}}}}
+	}
+	return p
+}
+
+func TestClassify(t *testing.T) {
+	job := newJob("ns", "j", 2, 0, trainingv1alpha1.GangNone)
+	custom := newJob("ns", "j", 2, 0, trainingv1alpha1.GangNone)
+	custom.Spec.FailurePolicy.RetryableExitCodes = []trainingv1alpha1.ExitCodeRange{{Min: 1}, {Min: 200, Max: ptr(int32(210))}}
+	tests := []struct {
+		name      string
+		job       *trainingv1alpha1.TrainingJob
+		pod       *corev1.Pod
+		retryable bool
+		says      string
+	}{
+		{"SIGKILL / OOM kill", job, failedPod(job, "worker", 1, 137, ""), true, "exited with code 137 (Error, retryable)"},
+		{"script error", job, failedPod(job, "worker", 0, 1, ""), false, "exited with code 1 (Error, permanent)"},
+		{"127 command not found", job, failedPod(job, "master", 0, 127, ""), false, "code 127"},
+		{"evicted", job, failedPod(job, "worker", 0, 0, "Evicted"), true, "failed: Evicted"},
+		{"no exit code", job, failedPod(job, "worker", 0, 0, ""), true, "no container exit code"},
+		{"custom: 1 retryable", custom, failedPod(custom, "worker", 0, 1, ""), true, "retryable"},
+		{"custom: 137 now permanent", custom, failedPod(custom, "worker", 0, 137, ""), false, "permanent"},
+		{"custom: inside a range", custom, failedPod(custom, "worker", 0, 205, ""), true, "retryable"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, why := classify(tt.job, tt.pod)
+			if r != tt.retryable || !strings.Contains(why, tt.says) {
+				t.Fatalf("classify = %v %q, want %v and %q", r, why, tt.retryable, tt.says)
+			}
+		})
+	}
+	disrupted := failedPod(job, "worker", 0, 143, "")
+	disrupted.Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "PreemptionByScheduler"}}
+	if r, why := classify(job, disrupted); !r || !strings.Contains(why, "disrupted (PreemptionByScheduler") {
+		t.Fatalf("preempted pod: %v %q", r, why)
+	}
+}
+
+func envOf(p *corev1.Pod) map[string]string {
+	m := map[string]string{}
+	for _, e := range p.Spec.Containers[0].Env {
+		m[e.Name] = e.Value
+	}
+	return m
+}
+
+func TestPyTorchEnv(t *testing.T) {
+	job := newJob("ns", "gpt", 3, 4, trainingv1alpha1.GangNone)
+	w := buildPod(job, pytorch{}, trainingv1alpha1.RoleWorker, 2, 0, trainingv1alpha1.GangNone)
+	e := envOf(w)
+	if e["RANK"] != "3" || e["PET_NODE_RANK"] != "3" || e["WORLD_SIZE"] != "16" || e["PET_NNODES"] != "4" || e["PET_NPROC_PER_NODE"] != "4" {
+		t.Fatalf("worker 2 env %v", e)
+	}
+	job.Spec.PyTorch = &trainingv1alpha1.PyTorchSpec{NprocPerNode: "auto", MasterPort: 29500}
+	e = envOf(buildPod(job, pytorch{}, trainingv1alpha1.RoleMaster, 0, 0, trainingv1alpha1.GangNone))
+	if e["WORLD_SIZE"] != "4" || e["PET_NPROC_PER_NODE"] != "auto" || e["MASTER_PORT"] != "29500" || e["RANK"] != "0" {
+		t.Fatalf("master env with nproc auto %v", e)
+	}
+	// The user's own value wins.
+	job.Spec.ReplicaSpecs.Master.Template.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "MASTER_PORT", Value: "1234"}}
+	p := buildPod(job, pytorch{}, trainingv1alpha1.RoleMaster, 0, 0, trainingv1alpha1.GangNone)
+	n := 0
+	for _, v := range p.Spec.Containers[0].Env {
+		if v.Name == "MASTER_PORT" {
+			n++
+			if v.Value != "1234" {
+				t.Fatalf("MASTER_PORT = %s", v.Value)
+			}
+		}
+	}
+	if n != 1 {
+		t.Fatalf("MASTER_PORT set %d times", n)
+	}
+}
+
+func TestPartialGangPodGroup(t *testing.T) {
+	job := newJob("ns", "p", 7, 8, trainingv1alpha1.GangVolcano)
+	job.Spec.Gang.MinAvailable = ptr(int32(5))
+	pg := buildPodGroup(job)
+	if pg.Spec.MinMember != 5 || pg.Spec.MinTaskMember["master"] != 1 || pg.Spec.MinTaskMember["worker"] != 4 {
+		t.Fatalf("partial gang %+v", pg.Spec)
+	}
+	if q := (*pg.Spec.MinResources)[inventory.GPUResource]; q.Value() != 40 {
+		t.Fatalf("minResources GPUs %s, want 40", q.String())
+	}
+}
+
+// decide is pure: the same inputs give the same decision, and a finished
+// job never creates pods.
+func TestDecideFinishedJobCreatesNothing(t *testing.T) {
+	job := newJob("ns", "done", 2, 0, trainingv1alpha1.GangNone)
+	job.Status.State = trainingv1alpha1.StateSucceeded
+	now := time.Now()
+	ct := metav1.NewTime(now.Add(-time.Minute))
+	job.Status.CompletionTime = &ct
+	job.Spec.RunPolicy.TTLSecondsAfterFinished = ptr(int32(30))
+	running := buildPod(job, pytorch{}, trainingv1alpha1.RoleWorker, 0, 0, trainingv1alpha1.GangNone)
+	running.Status.Phase = corev1.PodRunning
+	d := decide(job, observed{pods: []*corev1.Pod{running}, now: now}, trainingv1alpha1.GangNone)
+	if len(d.create) != 0 || !d.deleteJob || len(d.remove) != 1 || !d.removePodGroup {
+		t.Fatalf("decision for a finished job: create %d deleteJob %v remove %d", len(d.create), d.deleteJob, len(d.remove))
+	}
+}
+
+func TestDecideWaitsForTheOldGangBeforeCreatingTheNext(t *testing.T) {
+	job := newJob("ns", "r", 1, 0, trainingv1alpha1.GangNone)
+	job.Status.Attempt = 1
+	old := buildPod(job, pytorch{}, trainingv1alpha1.RoleWorker, 0, 0, trainingv1alpha1.GangNone)
+	ts := metav1.Now()
+	old.DeletionTimestamp = &ts
+	d := decide(job, observed{pods: []*corev1.Pod{old}, now: time.Now()}, trainingv1alpha1.GangNone)
+	if len(d.create) != 1 || d.create[0].Name != "r-master-0" || d.create[0].Labels[LabelAttempt] != "1" {
+		t.Fatalf("creates %v; want only r-master-0 of attempt 1 while r-worker-0 of attempt 0 terminates", d.create)
+	}
+}
