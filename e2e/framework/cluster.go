@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	_ "embed"
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
@@ -63,6 +64,12 @@ type Cluster struct {
 }
 
 type tools struct{ kube, kwok, helm string }
+
+// SimStages are Loom's kwok stages that end pods carrying the sim.loom.dev
+// annotations with a chosen exit code after a chosen time (see the file).
+//
+//go:embed sim-stages.yaml
+var SimStages []byte
 
 // Start brings the control plane up and waits until it serves. On error
 // everything started so far is stopped.
@@ -188,9 +195,14 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		"--kube-api-qps", "200", "--kube-api-burst", "400"); err != nil {
 		return nil, err
 	}
+	simStages := filepath.Join(c.Dir, "loom-sim-stages.yaml")
+	if err = os.WriteFile(simStages, SimStages, 0o644); err != nil {
+		return nil, err
+	}
 	if err = c.start("kwok", filepath.Join(c.tools.kwok, "kwok"),
 		"--kubeconfig", c.Kubeconfig,
 		"--config", filepath.Join(c.tools.kwok, "stages.yaml"),
+		"--config", simStages,
 		"--manage-all-nodes=false",
 		"--manage-nodes-with-annotation-selector", KwokAnnotation+"=fake",
 		"--cidr", "10.0.0.1/16", "--node-ip", "10.0.0.1",
