@@ -78,7 +78,7 @@ func TestTrainingJobsOnTheSimulatedCluster(t *testing.T) {
 	if _, err := cluster.CreateNodes(ctx, framework.NodeSpec{Prefix: "tj-gpu", Count: 6, GPUs: 8, Labels: map[string]string{trainingPool: "training"}}); err != nil {
 		t.Fatal(err)
 	}
-	startLoomManager(t)
+	_, m := startLoomManager(t)
 	ns := "ml-team"
 	if err := cluster.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); client.IgnoreAlreadyExists(err) != nil {
 		t.Fatal(err)
@@ -124,6 +124,19 @@ func TestTrainingJobsOnTheSimulatedCluster(t *testing.T) {
 		pods := podsOf(t, bad)
 		return len(pods) == 1 && pods[0].Name == "sim-fail-worker-0", fmt.Sprintf("pods left: %d", len(pods))
 	})
+
+	metrics, err := m.Metrics(cluster.Config.BearerToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`loom_trainingjobs{state="Succeeded"} 2`, `loom_trainingjobs{state="Failed"} 1`, `loom_trainingjob_gang_restarts_total{namespace="ml-team"} 1`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if !strings.Contains(metrics, "loom_trainingjob_gang_scheduled_seconds_count") {
+		t.Errorf("metrics lack the gang-scheduled histogram")
+	}
 
 	// The garbage collector removes a deleted job's pods and Service.
 	if err := cluster.Client.Delete(ctx, ok); err != nil {

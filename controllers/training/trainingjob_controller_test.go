@@ -472,3 +472,34 @@ func checkPod(t *testing.T, p *corev1.Pod, role string, rank int) {
 		t.Fatalf("%s: ports %v", p.Name, p.Spec.Containers[0].Ports)
 	}
 }
+
+// A gang asking more GPUs per pod than any node has says it can never fit;
+// told to fail fast, it fails without creating a pod.
+func TestAGangThatCanNeverFitSaysSo(t *testing.T) {
+	ns := namespace(t, "neverfits")
+	runAgent(t, "a100-0", inventory.SimOptions{System: "dgx-a100"})
+	startManager(t)
+	wait := newJob(ns, "huge", 1, 16, trainingv1alpha1.GangNone)
+	create(t, wait)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		c := cond(getJob(t, wait), trainingv1alpha1.ConditionScheduled)
+		if c.Reason != ReasonNeverFits || !strings.Contains(c.Message, "none with more than 8") || !strings.Contains(c.Message, "it can never fit") {
+			return fmt.Errorf("Scheduled = %+v", c)
+		}
+		return nil
+	})
+	if got := getJob(t, wait); got.Status.State != trainingv1alpha1.StatePending {
+		t.Fatalf("a waiting never-fitting gang is %s", got.Status.State)
+	}
+
+	fast := newJob(ns, "huge-fast", 1, 16, trainingv1alpha1.GangNone)
+	fast.Spec.Gang.WhenNeverFits = trainingv1alpha1.NeverFitsFail
+	create(t, fast)
+	got := waitState(t, fast, trainingv1alpha1.StateFailed)
+	if c := cond(got, trainingv1alpha1.ConditionFailed); c.Reason != ReasonNeverFits || !strings.Contains(c.Message, "gang.whenNeverFits: Fail") {
+		t.Fatalf("Failed = %+v", c)
+	}
+	if pods := jobPods(t, fast); len(pods) != 0 {
+		t.Fatalf("a gang that can never fit created pods %v", names(pods))
+	}
+}

@@ -17,9 +17,13 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/e2e/framework"
 )
 
@@ -34,6 +38,7 @@ func run() error {
 	loomBin := flag.String("loom", "", "loom binary (default: build ./cmd/manager)")
 	systems := flag.String("systems", "dgx-h100,dgx-a100:mig,dgx-b200", "simulated GPU nodes, one per entry: dgx-a100, dgx-h100, dgx-h200 or dgx-b200, \":mig\" for MIG mode (3g.20gb, 2g.10gb, 2 x 1g.5gb per GPU)")
 	cpuNodes := flag.Int("cpu-nodes", 1, "simulated CPU-only nodes")
+	sampleJob := flag.String("sample-job", "config/samples/trainingjob-pytorch.yaml", "TrainingJob to submit once the manager runs (empty: none)")
 	dir := flag.String("dir", "", "directory for the cluster's data and logs (default: a new temporary directory, removed on exit)")
 	flag.Parse()
 
@@ -93,7 +98,9 @@ func run() error {
 		return err
 	}
 	logf("chart installed: release %s in %s", rel.Name, ns)
-	m, err := cluster.RunManager(ctx, *loomBin, rel, "--log-format=text")
+	// No Volcano scheduler runs on the simulated cluster: gangs go to the
+	// kube-scheduler.
+	m, err := cluster.RunManager(ctx, *loomBin, rel, "--log-format=text", "--gang-scheduler=none")
 	if err != nil {
 		return err
 	}
@@ -115,6 +122,13 @@ func run() error {
 		return fmt.Errorf("applying the default ClusterPolicy: %w", err)
 	}
 	logf("applied ClusterPolicy default (spec: {}); the GPU stack rolls out on the GPU nodes")
+	if *sampleJob != "" {
+		job, err := submitJob(ctx, cluster, *sampleJob)
+		if err != nil {
+			return err
+		}
+		logf("submitted TrainingJob %s/%s from %s; kwok ends its pods with exit code 0 after the time its sim.loom.dev annotations say", job.Namespace, job.Name, *sampleJob)
+	}
 
 	fmt.Printf(`
 Loom is running on a simulated cluster.
@@ -124,6 +138,7 @@ Loom is running on a simulated cluster.
   %s get gpunodes
   %s get clusterpolicy default -o yaml
   %s -n %s get lease loom-manager
+  %s get trainingjobs -A -w
 
 The chart's pods in %s are simulated by kwok; the real manager runs here as
 PID %d under the chart's service account, and one simulated node agent per
@@ -131,7 +146,7 @@ GPU node under a token bound to that node's agent pod. Logs of every process:
   %s/*.log
 
 Press Ctrl-C to stop everything.
-`, cluster.Kubeconfig, cluster.Kubectl(), cluster.Kubectl(), cluster.Kubectl(), cluster.Kubectl(), ns, ns, m.PID(), cluster.Dir)
+`, cluster.Kubeconfig, cluster.Kubectl(), cluster.Kubectl(), cluster.Kubectl(), cluster.Kubectl(), ns, cluster.Kubectl(), ns, m.PID(), cluster.Dir)
 
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
@@ -146,4 +161,26 @@ Press Ctrl-C to stop everything.
 			}
 		}
 	}
+}
+
+// submitJob creates the TrainingJob of a YAML file, and its namespace.
+func submitJob(ctx context.Context, cluster *framework.Cluster, path string) (*trainingv1alpha1.TrainingJob, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	job := &trainingv1alpha1.TrainingJob{}
+	if err := yaml.UnmarshalStrict(b, job); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if job.Namespace == "" {
+		job.Namespace = "default"
+	}
+	if err := cluster.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: job.Namespace}}); client.IgnoreAlreadyExists(err) != nil {
+		return nil, err
+	}
+	if err := cluster.Client.Create(ctx, job); err != nil {
+		return nil, fmt.Errorf("submitting %s: %w", path, err)
+	}
+	return job, nil
 }
