@@ -59,6 +59,23 @@ func TestBadSpecsAreRejectedWithReadableMessages(t *testing.T) {
 			}
 		})
 	}
+	// A running gang cannot change shape; a suspended one can.
+	running := newJob(ns, "shape", 2, 0, trainingv1alpha1.GangNone)
+	create(t, running)
+	running.Spec.ReplicaSpecs.Worker.Replicas = ptr(int32(3))
+	if err := env.Client.Update(context.Background(), running); err == nil || !strings.Contains(err.Error(), "replicaSpecs can change only while the job is suspended") {
+		t.Fatalf("resizing a running job: %v", err)
+	}
+	running = getJob(t, running)
+	running.Spec.RunPolicy.Suspend = true
+	if err := env.Client.Update(context.Background(), running); err != nil {
+		t.Fatal(err)
+	}
+	running.Spec.ReplicaSpecs.Worker.Replicas = ptr(int32(3))
+	if err := env.Client.Update(context.Background(), running); err != nil {
+		t.Fatalf("resizing a suspended job: %v", err)
+	}
+
 	// spec defaults: one master, backoffLimit 3, cleanPodPolicy Running.
 	j := newJob(ns, "defaults", 2, 0, "")
 	j.Spec.ReplicaSpecs.Master.Replicas = nil
