@@ -268,13 +268,13 @@ type TrainingJobStatus struct {
 	ReplicaStatuses ReplicaStatuses `json:"replicaStatuses,omitempty"`
 	// Workers is the number of worker pods the job runs.
 	// +optional
-	Workers int32 `json:"workers,omitempty"`
+	Workers int32 `json:"workers"`
 	// GPUs is the number of nvidia.com/gpu the whole gang requests.
 	// +optional
-	GPUs int64 `json:"gpus,omitempty"`
+	GPUs int64 `json:"gpus"`
 	// Restarts counts whole-gang restarts.
 	// +optional
-	Restarts int32 `json:"restarts,omitempty"`
+	Restarts int32 `json:"restarts"`
 	// Attempt numbers the current gang; pods carry it in the
 	// training.loom.dev/attempt label. It grows with every restart and every
 	// resumption.
