@@ -32,6 +32,7 @@ import (
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/expect"
 	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/manager"
@@ -61,7 +62,7 @@ type Reconciler struct {
 	DefaultScheduler trainingv1alpha1.GangScheduler
 	Index            *inventory.Index
 
-	exp *expectations
+	exp *expect.Pods
 
 	mu        sync.Mutex
 	lastWrite map[types.NamespacedName]time.Time
@@ -82,7 +83,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		Recorder:         mgr.GetEventRecorder("loom-training"),
 		DefaultScheduler: trainingv1alpha1.GangScheduler(opts.GangScheduler),
 		Index:            idx,
-		exp:              newExpectations(),
+		exp:              expect.New(),
 		lastWrite:        map[types.NamespacedName]time.Time{},
 	}
 	inventoryChanged := make(chan event.GenericEvent, 64)
@@ -161,7 +162,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	job := &trainingv1alpha1.TrainingJob{}
 	if err := r.Get(ctx, req.NamespacedName, job); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.exp.forget(req.NamespacedName)
+			r.exp.Forget(req.NamespacedName)
 			r.mu.Lock()
 			delete(r.lastWrite, req.NamespacedName)
 			r.mu.Unlock()
@@ -247,7 +248,7 @@ func (r *Reconciler) observe(ctx context.Context, job *trainingv1alpha1.Training
 			cached = append(cached, &pods.Items[i])
 		}
 	}
-	obs.pods = r.exp.overlay(client.ObjectKeyFromObject(job), cached, now)
+	obs.pods = r.exp.Overlay(client.ObjectKeyFromObject(job), cached, now, sameAttempt)
 
 	var err error
 	if obs.volcano, err = r.volcanoInstalled(ctx); err != nil {
@@ -331,7 +332,7 @@ func (r *Reconciler) applyChildren(ctx context.Context, job *trainingv1alpha1.Tr
 	if err := parallel(d.remove, func(p *corev1.Pod) error {
 		err := r.Delete(ctx, p, client.Preconditions{UID: &p.UID}, client.PropagationPolicy(metav1.DeletePropagationBackground))
 		if err == nil || apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-			r.exp.deleted(key, p.UID, time.Now())
+			r.exp.Deleted(key, p.UID, time.Now())
 			return nil
 		}
 		return fmt.Errorf("deleting pod %s: %w", p.Name, err)
@@ -349,12 +350,12 @@ func (r *Reconciler) createPods(ctx context.Context, job *trainingv1alpha1.Train
 	for batch := 1; len(pods) > 0; batch *= 2 {
 		n := min(batch, len(pods))
 		err := parallel(pods[:n], func(p *corev1.Pod) error {
-			r.exp.created(key, p, time.Now())
+			r.exp.Created(key, p, time.Now())
 			if err := r.Create(ctx, p.DeepCopy()); err != nil {
 				if apierrors.IsAlreadyExists(err) {
 					return nil // created before a restart; the cache will show it
 				}
-				r.exp.createFailed(key, p.Name)
+				r.exp.CreateFailed(key, p.Name)
 				return fmt.Errorf("creating pod %s: %w", p.Name, err)
 			}
 			return nil
@@ -494,4 +495,10 @@ func (r *Reconciler) writeStatus(ctx context.Context, job *trainingv1alpha1.Trai
 	r.lastWrite[client.ObjectKeyFromObject(job)] = time.Now()
 	r.mu.Unlock()
 	return nil
+}
+
+// sameAttempt: pod names repeat across attempts; only a pod of the attempt
+// created satisfies the expectation.
+func sameAttempt(cached, created *corev1.Pod) bool {
+	return cached.Labels[LabelAttempt] == created.Labels[LabelAttempt]
 }

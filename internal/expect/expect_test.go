@@ -1,0 +1,66 @@
+package expect
+
+import (
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+func pod(name, uid string) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID(uid)}}
+}
+
+func TestOverlay(t *testing.T) {
+	e := New()
+	owner := types.NamespacedName{Namespace: "ns", Name: "o"}
+	now := time.Now()
+	e.Created(owner, pod("new", ""), now)
+	e.Deleted(owner, "u-old", now)
+	cached := []*corev1.Pod{pod("old", "u-old"), pod("other", "u-other")}
+
+	got := e.Overlay(owner, cached, now, nil)
+	if len(got) != 3 || got[2].Name != "new" {
+		t.Fatalf("overlay %v: want the created pod added", names(got))
+	}
+	if got[0].DeletionTimestamp == nil || cached[0].DeletionTimestamp != nil {
+		t.Fatal("the deleted pod must look terminating, without touching the cached object")
+	}
+	// The cache catches up: nothing is added or marked any more.
+	got = e.Overlay(owner, []*corev1.Pod{pod("other", "u-other"), pod("new", "u-new")}, now, nil)
+	if len(got) != 2 || got[0].DeletionTimestamp != nil || got[1].DeletionTimestamp != nil {
+		t.Fatalf("after the cache caught up: %v", names(got))
+	}
+	if got := e.Overlay(owner, nil, now, nil); len(got) != 0 {
+		t.Fatalf("satisfied expectations linger: %v", names(got))
+	}
+
+	// Past the TTL the cache is believed.
+	e.Created(owner, pod("lost", ""), now.Add(-2*TTL))
+	if got := e.Overlay(owner, nil, now, nil); len(got) != 0 {
+		t.Fatalf("expired expectation still applied: %v", names(got))
+	}
+	// same decides whether a reused name is the created pod.
+	e.Created(owner, pod("reused", ""), now)
+	differs := func(_, _ *corev1.Pod) bool { return false }
+	if got := e.Overlay(owner, []*corev1.Pod{pod("reused", "u-older")}, now, differs); len(got) != 1 {
+		t.Fatalf("reused name: %v", names(got))
+	}
+	if got := e.Overlay(owner, []*corev1.Pod{pod("reused", "u-new")}, now, nil); len(got) != 1 {
+		t.Fatalf("matched: %v", names(got))
+	}
+	e.Forget(owner)
+	if got := e.Overlay(owner, nil, now, nil); len(got) != 0 {
+		t.Fatalf("after Forget: %v", names(got))
+	}
+}
+
+func names(ps []*corev1.Pod) []string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, p.Name)
+	}
+	return out
+}
