@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/loom-dev/loom/controllers/gpu"
+	"github.com/loom-dev/loom/controllers/raycluster"
 	"github.com/loom-dev/loom/controllers/training"
 	"github.com/loom-dev/loom/internal/manager"
 )
@@ -31,6 +32,7 @@ func registry() *manager.Registry {
 	reg.Add("clusterpolicy", gpu.SetupClusterPolicy)
 	reg.Add("driver-upgrade", gpu.SetupDriverUpgrade)
 	reg.Add("trainingjob", training.Setup)
+	reg.Add("raycluster", raycluster.Setup)
 	return reg
 }
 

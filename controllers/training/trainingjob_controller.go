@@ -19,9 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	ctrlmanager "sigs.k8s.io/controller-runtime/pkg/manager"
@@ -66,9 +64,7 @@ type Reconciler struct {
 
 	mu        sync.Mutex
 	lastWrite map[types.NamespacedName]time.Time
-	ctrl      controller.Controller
-	cache     cache.Cache
-	pgWatch   bool
+	volcano   *gang.Volcano
 }
 
 // Setup registers the training reconciler with the manager.
@@ -94,13 +90,13 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		Owns(&corev1.Service{}).
 		WatchesMetadata(&apiextensionsv1.CustomResourceDefinition{},
 			handler.EnqueueRequestsFromMapFunc(r.heldJobs),
-			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetName() == gang.CRDName }))).
+			builder.WithPredicates(gang.IsCRD)).
 		WatchesRawSource(source.Channel(inventoryChanged, &handler.EnqueueRequestForObject{})).
 		Build(r)
 	if err != nil {
 		return err
 	}
-	r.ctrl, r.cache = c, mgr.GetCache()
+	r.volcano = &gang.Volcano{Client: r.Client, Cache: mgr.GetCache(), Controller: c, Owner: &trainingv1alpha1.TrainingJob{}, Scheme: mgr.GetScheme()}
 	registerMetrics(mgr.GetCache())
 	return mgr.Add(ctrlmanager.RunnableFunc(func(ctx context.Context) error {
 		return r.watchInventory(ctx, inventoryChanged)
@@ -174,7 +170,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	now := time.Now()
 	obs, err := r.observe(ctx, job, now)
-	if errors.Is(err, errNotServedYet) {
+	if errors.Is(err, gang.ErrNotServedYet) {
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
 	if err != nil {
@@ -251,7 +247,7 @@ func (r *Reconciler) observe(ctx context.Context, job *trainingv1alpha1.Training
 	obs.pods = r.exp.Overlay(client.ObjectKeyFromObject(job), cached, now, sameAttempt)
 
 	var err error
-	if obs.volcano, err = r.volcanoInstalled(ctx); err != nil {
+	if obs.volcano, err = r.volcano.Installed(ctx); err != nil {
 		return obs, err
 	}
 	if obs.volcano {
@@ -273,40 +269,6 @@ func (r *Reconciler) observe(ctx context.Context, job *trainingv1alpha1.Training
 	}
 	return obs, nil
 }
-
-// volcanoInstalled reports whether the PodGroup CRD exists, and once it does
-// starts watching PodGroups (a watch on a missing CRD would fail the
-// manager's start, so it begins only now).
-func (r *Reconciler) volcanoInstalled(ctx context.Context) (bool, error) {
-	crd := &metav1.PartialObjectMetadata{}
-	crd.SetGroupVersionKind(apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefinition"))
-	if err := r.Get(ctx, client.ObjectKey{Name: gang.CRDName}, crd); err != nil {
-		return false, client.IgnoreNotFound(err)
-	}
-	// A CRD just created is not served for a moment: wait until the API
-	// server's discovery (through the REST mapper) knows the kind.
-	gvk := schedulingv1beta1.SchemeGroupVersion.WithKind("PodGroup")
-	if _, err := r.RESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version); err != nil {
-		if meta.IsNoMatchError(err) {
-			return false, errNotServedYet
-		}
-		return false, err
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !r.pgWatch {
-		src := source.Kind(r.cache, &schedulingv1beta1.PodGroup{},
-			handler.TypedEnqueueRequestForOwner[*schedulingv1beta1.PodGroup](r.Scheme(), r.RESTMapper(), &trainingv1alpha1.TrainingJob{}, handler.OnlyControllerOwner()))
-		if err := r.ctrl.Watch(src); err != nil {
-			return false, fmt.Errorf("watching PodGroups: %w", err)
-		}
-		r.pgWatch = true
-	}
-	return true, nil
-}
-
-// errNotServedYet: the PodGroup CRD exists but is not served yet.
-var errNotServedYet = errors.New("the PodGroup CRD is not served yet")
 
 // applyChildren makes the PodGroup, Service and pods what the decision says.
 func (r *Reconciler) applyChildren(ctx context.Context, job *trainingv1alpha1.TrainingJob, obs observed, d *decision) error {

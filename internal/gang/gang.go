@@ -1,6 +1,6 @@
 // Package gang builds Volcano PodGroups and joins pods to them, for every
-// reconciler that runs a gang (TrainingJobs, RayClusters). It is pure: no
-// client, no cache.
+// reconciler that runs a gang (TrainingJobs, RayClusters). The builders are
+// pure; Volcano (volcano.go) tells a controller whether Volcano is installed.
 package gang
 
 import (
