@@ -62,6 +62,7 @@ manifests: ## Generate CRDs and RBAC into the chart, and the third-party CRDs te
 		for k in $(MONITORING_CRDS); do cp $$tmp/monitoring.coreos.com_$$k.yaml $(EXTERNAL_CRDS)/; done
 	cp "$$(go list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)/config/crd/bases/ray.io_rayclusters.yaml" $(EXTERNAL_CRDS)/
 	chmod 644 $(EXTERNAL_CRDS)/*.yaml
+	cp $(EXTERNAL_CRDS)/ray.io_rayclusters.yaml controllers/raycluster/crd/ray.io_rayclusters.yaml
 
 .PHONY: verify
 verify: generate manifests ## Fail when generated files or go.mod are stale.

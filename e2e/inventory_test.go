@@ -27,14 +27,14 @@ func startLoom(t *testing.T) *framework.Release {
 }
 
 // startLoomManager is startLoom that also returns the manager process.
-func startLoomManager(t *testing.T) (*framework.Release, *framework.Manager) {
+func startLoomManager(t *testing.T, args ...string) (*framework.Release, *framework.Manager) {
 	t.Helper()
 	ctx := context.Background()
 	rel, err := cluster.InstallChart(ctx, "loom", loomNS)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := cluster.RunManager(ctx, loomBin, rel)
+	m, err := cluster.RunManager(ctx, loomBin, rel, args...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,6 +72,17 @@ type Reconciler struct {
 
 // Setup registers the RayCluster reconciler with the manager.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
+	// The manager cannot start a watch on a kind that is not served: make
+	// sure KubeRay's CRD is there first (the manager is not started yet, so
+	// this reads and writes directly).
+	present, err := EnsureCRD(ctx, mgr.GetClient(), mgr.GetAPIReader(), opts.InstallRayCRD)
+	if err != nil {
+		return err
+	}
+	if !present {
+		ctrl.Log.WithName("raycluster").Info("the RayCluster CRD (" + CRDName + ") is not installed and --install-ray-crd is off: the raycluster controller stays off; install KubeRay's CRD and restart the manager, or set rayCluster.installCRD")
+		return nil
+	}
 	idx, err := inventory.Shared(ctx, mgr.GetCache())
 	if err != nil {
 		return err

@@ -42,6 +42,8 @@ type Options struct {
 	// GangScheduler is the gang scheduler of TrainingJobs and RayClusters
 	// that do not name one: volcano or none.
 	GangScheduler string
+	// InstallRayCRD applies KubeRay's RayCluster CRD when it is absent.
+	InstallRayCRD bool
 
 	LogLevel  string
 	LogFormat string
@@ -84,6 +86,7 @@ func DefaultOptions() Options {
 		KubeAPIQPS:              DefaultKubeAPIQPS,
 		KubeAPIBurst:            DefaultKubeAPIBurst,
 		GangScheduler:           "volcano",
+		InstallRayCRD:           true,
 		LogLevel:                "info",
 		LogFormat:               "json",
 	}
@@ -127,6 +130,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "client-side rate limit of API requests per second")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "client-side burst of API requests")
 	fs.StringVar(&o.GangScheduler, "gang-scheduler", o.GangScheduler, "gang scheduler of TrainingJobs and RayClusters that name none: volcano or none")
+	fs.BoolVar(&o.InstallRayCRD, "install-ray-crd", o.InstallRayCRD, "apply KubeRay's RayCluster CRD (server-side) when it is absent; one applied by someone else is left alone")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, error, or a verbosity number (higher logs more)")
 	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "log format: json or text")
 }
