@@ -25,6 +25,7 @@ import (
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/e2e/framework"
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 )
 
 func main() {
@@ -39,6 +40,7 @@ func run() error {
 	systems := flag.String("systems", "dgx-h100,dgx-a100:mig,dgx-b200", "simulated GPU nodes, one per entry: dgx-a100, dgx-h100, dgx-h200 or dgx-b200, \":mig\" for MIG mode (3g.20gb, 2g.10gb, 2 x 1g.5gb per GPU)")
 	cpuNodes := flag.Int("cpu-nodes", 1, "simulated CPU-only nodes")
 	sampleJob := flag.String("sample-job", "config/samples/trainingjob-pytorch.yaml", "TrainingJob to submit once the manager runs (empty: none)")
+	sampleRay := flag.String("sample-raycluster", "config/samples/raycluster-gpu.yaml", "RayCluster to create once the manager runs (empty: none)")
 	dir := flag.String("dir", "", "directory for the cluster's data and logs (default: a new temporary directory, removed on exit)")
 	flag.Parse()
 
@@ -129,6 +131,13 @@ func run() error {
 		}
 		logf("submitted TrainingJob %s/%s from %s; kwok ends its pods with exit code 0 after the time its sim.loom.dev annotations say", job.Namespace, job.Name, *sampleJob)
 	}
+	if *sampleRay != "" {
+		rc := &rayv1.RayCluster{}
+		if err := create(ctx, cluster, *sampleRay, rc); err != nil {
+			return err
+		}
+		logf("created RayCluster %s/%s from %s", rc.Namespace, rc.Name, *sampleRay)
+	}
 
 	fmt.Printf(`
 Loom is running on a simulated cluster.
@@ -138,7 +147,7 @@ Loom is running on a simulated cluster.
   %s get gpunodes
   %s get clusterpolicy default -o yaml
   %s -n %s get lease loom-manager
-  %s get trainingjobs -A -w
+  %s get trainingjobs,rayclusters -A
 
 The chart's pods in %s are simulated by kwok; the real manager runs here as
 PID %d under the chart's service account, and one simulated node agent per
@@ -165,22 +174,27 @@ Press Ctrl-C to stop everything.
 
 // submitJob creates the TrainingJob of a YAML file, and its namespace.
 func submitJob(ctx context.Context, cluster *framework.Cluster, path string) (*trainingv1alpha1.TrainingJob, error) {
+	job := &trainingv1alpha1.TrainingJob{}
+	return job, create(ctx, cluster, path, job)
+}
+
+// create creates the object of a YAML file, and its namespace.
+func create(ctx context.Context, cluster *framework.Cluster, path string, obj client.Object) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	job := &trainingv1alpha1.TrainingJob{}
-	if err := yaml.UnmarshalStrict(b, job); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+	if err := yaml.UnmarshalStrict(b, obj); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
 	}
-	if job.Namespace == "" {
-		job.Namespace = "default"
+	if obj.GetNamespace() == "" {
+		obj.SetNamespace("default")
 	}
-	if err := cluster.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: job.Namespace}}); client.IgnoreAlreadyExists(err) != nil {
-		return nil, err
+	if err := cluster.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: obj.GetNamespace()}}); client.IgnoreAlreadyExists(err) != nil {
+		return err
 	}
-	if err := cluster.Client.Create(ctx, job); err != nil {
-		return nil, fmt.Errorf("submitting %s: %w", path, err)
+	if err := cluster.Client.Create(ctx, obj); err != nil {
+		return fmt.Errorf("creating %s: %w", path, err)
 	}
-	return job, nil
+	return nil
 }
