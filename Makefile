@@ -28,6 +28,10 @@ demo: build ## Run Loom on a local simulated GPU cluster until Ctrl-C.
 bench-gpu-stack: ## ClusterPolicy apply-to-Ready and API requests on NODES simulated GPU nodes (default 500).
 	go run ./e2e/cmd/bench-gpu-stack --nodes $(or $(NODES),500)
 
+.PHONY: bench-raycluster
+bench-raycluster: ## CLUSTERS RayClusters × 4 pods (default 100): time to all ready, manager peak RSS and writes.
+	go run ./e2e/cmd/bench-raycluster --clusters $(or $(CLUSTERS),100)
+
 .PHONY: bench-training
 bench-training: ## Pods/s creating a PODS-pod TrainingJob gang (default 512) at Loom's and client-go's client limits.
 	go run ./e2e/cmd/bench-training --pods $(or $(PODS),512) --nodes $$(( ($(or $(PODS),512) + 7) / 8 ))

@@ -85,7 +85,7 @@ func decide(ctx context.Context, rc *rayv1.RayCluster, obs observed, sched strin
 
 	if obs.invalid != nil {
 		setCond(st, ConditionValid, metav1.ConditionFalse, "InvalidSpec", obs.invalid.Error(), gen, now)
-		st.State = ""
+		setState(st, "", now)
 		return d
 	}
 	meta.RemoveStatusCondition(&st.Conditions, ConditionValid)
@@ -116,7 +116,7 @@ func decide(ctx context.Context, rc *rayv1.RayCluster, obs observed, sched strin
 		if !obs.volcano {
 			msg := "the cluster asks for Volcano (label " + LabelScheduler + " or the manager's --gang-scheduler) but Volcano's PodGroup CRD is not installed: no pods are created until it is; install Volcano, or label the cluster " + LabelScheduler + "=none"
 			setCond(st, ConditionGang, metav1.ConditionFalse, "VolcanoNotInstalled", msg, gen, now)
-			st.State = ""
+			setState(st, "", now)
 			status(ctx, rc, obs, byGroup, st)
 			return d
 		}
@@ -259,7 +259,7 @@ func suspend(rc *rayv1.RayCluster, obs observed, d decision) decision {
 	if left > 0 {
 		setCond(st, string(rayv1.RayClusterSuspending), metav1.ConditionTrue, "Suspending", fmt.Sprintf("deleting %d pods", left), gen, now)
 		setCond(st, string(rayv1.RayClusterSuspended), metav1.ConditionFalse, "Suspending", fmt.Sprintf("deleting %d pods", left), gen, now)
-		st.State = ""
+		setState(st, "", now)
 	} else {
 		setCond(st, string(rayv1.RayClusterSuspending), metav1.ConditionFalse, "Suspended", "every pod is deleted", gen, now)
 		setCond(st, string(rayv1.RayClusterSuspended), metav1.ConditionTrue, "Suspended", "spec.suspend is true: every pod is deleted", gen, now)
@@ -384,6 +384,8 @@ func status(ctx context.Context, rc *rayv1.RayCluster, obs observed, byGroup map
 	setState(st, "", now)
 }
 
+// setState sets status.state, which KubeRay deprecated for conditions but
+// kubectl's STATUS column and Ray tooling still read.
 func setState(st *rayv1.RayClusterStatus, s rayv1.ClusterState, now time.Time) {
 	if st.State == s {
 		return

@@ -1,0 +1,194 @@
+// Command bench-raycluster measures the RayCluster reconciler on the
+// simulated cluster the way REFERENCE.md reports KubeRay v1.5.0: N
+// RayClusters of 1 head + 3 workers on N nodes, time from creating them to
+// all ready, the manager's peak and settled RSS (VmHWM/VmRSS of its
+// process) and its API writes by verb and resource, then idle writes.
+//
+//	go run ./e2e/cmd/bench-raycluster --clusters 100
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/loom-dev/loom/e2e/framework"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench-raycluster: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	n := flag.Int("clusters", 100, "RayClusters of 1 head + 3 workers")
+	idle := flag.Duration("idle", 30*time.Second, "idle window after all are ready")
+	loomBin := flag.String("loom", "", "loom binary (default: build ./cmd/manager)")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	t0 := time.Now()
+	logf := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(t0).Seconds(), fmt.Sprintf(format, args...))
+	}
+	c, err := framework.Start(ctx, framework.Options{Logf: logf, KeepDir: os.Getenv("LOOM_E2E_KEEP") != ""})
+	if err != nil {
+		return err
+	}
+	defer c.Stop()
+	if *loomBin == "" {
+		if *loomBin, err = framework.BuildLoom(c.Dir); err != nil {
+			return err
+		}
+	}
+	if _, err := c.CreateNodes(ctx, framework.NodeSpec{Prefix: "node", Count: *n}); err != nil {
+		return err
+	}
+	logf("%d nodes Ready", *n)
+	rel, err := c.InstallChart(ctx, "loom", "loom-system", "nodeAgent.enabled=false")
+	if err != nil {
+		return err
+	}
+	m, err := c.RunManager(ctx, *loomBin, rel, "--controllers=raycluster", "--gang-scheduler=none")
+	if err != nil {
+		return err
+	}
+	defer m.Stop(20 * time.Second)
+	if err := c.WaitReady(ctx, m, "loom-system", "loom-manager", 2*time.Minute); err != nil {
+		return err
+	}
+	if err := c.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}); err != nil {
+		return err
+	}
+	token := c.Config.BearerToken
+	before, err := m.APIRequests(token)
+	if err != nil {
+		return err
+	}
+	rssBefore, _ := rss(m.PID())
+	start := time.Now()
+	for i := range *n {
+		if err := c.Client.Create(ctx, rayCluster(fmt.Sprintf("rc-%d", i))); err != nil {
+			return err
+		}
+	}
+	var took time.Duration
+	for took == 0 {
+		var list rayv1.RayClusterList
+		if err := c.Client.List(ctx, &list, client.InNamespace("bench")); err != nil {
+			return err
+		}
+		ready := 0
+		for _, rc := range list.Items {
+			if rc.Status.State == rayv1.Ready {
+				ready++
+			}
+		}
+		if ready == *n {
+			took = time.Since(start)
+			break
+		}
+		if err := c.Check(); err != nil {
+			return err
+		}
+		if time.Since(start) > 15*time.Minute {
+			return fmt.Errorf("%d of %d ready after 15m", ready, *n)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	logf("%d RayClusters ready after %s", *n, took.Round(10*time.Millisecond))
+	time.Sleep(3 * time.Second) // let coalesced status writes land
+	busy, err := m.APIRequests(token)
+	if err != nil {
+		return err
+	}
+	peak, _ := hwm(m.PID())
+	time.Sleep(*idle)
+	after, err := m.APIRequests(token)
+	if err != nil {
+		return err
+	}
+	settled, _ := rss(m.PID())
+
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "RayClusters (1 head + 3 workers)\t%d (%d pods) on %d nodes\n", *n, 4**n, *n)
+	fmt.Fprintf(w, "create -> all ready\t%s\n", took.Round(10*time.Millisecond))
+	fmt.Fprintf(w, "manager RSS before / peak / settled\t%d / %d / %d MiB\n", rssBefore>>20, peak>>20, settled>>20)
+	fmt.Fprintf(w, "KubeRay v1.5.0, same machine type (REFERENCE.md)\t100 clusters: 9 s, RSS 68 MiB, 1,232 writes\n")
+	fmt.Fprintf(w, "\nmanager API requests\tbusy\tidle %s\n", *idle)
+	var keys []framework.APIRequest
+	for k := range after {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].Verb+keys[i].Resource < keys[j].Verb+keys[j].Resource })
+	writes := 0.0
+	for _, k := range keys {
+		b, i := busy[k]-before[k], after[k]-busy[k]
+		if b == 0 && i == 0 {
+			continue
+		}
+		if k.Verb != "get" && k.Verb != "list" && k.Verb != "watch" && !strings.Contains(k.Resource, "lease") {
+			writes += b
+		}
+		fmt.Fprintf(w, "%s %s\t%.0f\t%.0f\n", k.Verb, k.Resource, b, i)
+	}
+	fmt.Fprintf(w, "writes (busy, without the lease)\t%.0f\t\n", writes)
+	return w.Flush()
+}
+
+func rayCluster(name string) *rayv1.RayCluster {
+	res := func(cpu, mem string) corev1.ResourceRequirements {
+		l := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu), corev1.ResourceMemory: resource.MustParse(mem)}
+		return corev1.ResourceRequirements{Requests: l, Limits: l}
+	}
+	return &rayv1.RayCluster{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "bench"},
+		Spec: rayv1.RayClusterSpec{
+			RayVersion: "2.46.0",
+			HeadGroupSpec: rayv1.HeadGroupSpec{RayStartParams: map[string]string{}, Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+				Containers: []corev1.Container{{Name: "ray-head", Image: "rayproject/ray:2.46.0", Resources: res("1", "2Gi")}}}}},
+			WorkerGroupSpecs: []rayv1.WorkerGroupSpec{{
+				GroupName: "workers", Replicas: ptr.To[int32](3), MinReplicas: ptr.To[int32](0), MaxReplicas: ptr.To[int32](10),
+				RayStartParams: map[string]string{},
+				Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+					Containers: []corev1.Container{{Name: "ray-worker", Image: "rayproject/ray:2.46.0", Resources: res("1", "1Gi")}}}},
+			}},
+		},
+	}
+}
+
+// rss and hwm read a process's resident and peak resident set (bytes).
+func rss(pid int) (int64, error) { return procStatus(pid, "VmRSS:") }
+func hwm(pid int) (int64, error) { return procStatus(pid, "VmHWM:") }
+
+func procStatus(pid int, key string) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, key) {
+			f := strings.Fields(line)
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("%s not in /proc/%d/status", key, pid)
+}
