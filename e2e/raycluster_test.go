@@ -13,6 +13,7 @@ import (
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -134,4 +135,14 @@ func TestRayClustersOnTheSimulatedCluster(t *testing.T) {
 	if pods, _ := livePods(t, rc); len(pods) != 13 {
 		t.Fatalf("%d pods after the restarted scale-up settled, want 13", len(pods))
 	}
+
+	// Deleting a RayCluster removes its pods and Services (owner references).
+	if err := cluster.Client.Delete(ctx, rcs[1]); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, func() (bool, string) {
+		pods, _ := livePods(t, rcs[1])
+		err := cluster.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: rcs[1].Name + "-head-svc"}, &corev1.Service{})
+		return len(pods) == 0 && apierrors.IsNotFound(err), fmt.Sprintf("%d pods, service err %v", len(pods), err)
+	})
 }

@@ -2,11 +2,14 @@ package raycluster
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 )
 
 // A steady cluster: decide creates and removes nothing.
@@ -55,5 +58,70 @@ func TestDecideCountsExpectedPods(t *testing.T) {
 		}
 		t.Logf("group hash %s", groupHash(rc2, &rc2.Spec.WorkerGroupSpecs[0]))
 		t.Fatalf("second pass: create %d remove %d", len(d.create), len(d.remove))
+	}
+}
+
+// Two worker groups and the head all outdated: only the first group rolls;
+// the second waits for it, the head waits for both.
+func TestRolloutIsGroupByGroup(t *testing.T) {
+	ctx := context.Background()
+	rc := normalized(sample(t, "ray-cluster.sample.yaml", "unit"))
+	rc.UID = "u1"
+	second := *rc.Spec.WorkerGroupSpecs[0].DeepCopy()
+	second.GroupName = "second"
+	rc.Spec.WorkerGroupSpecs = append(rc.Spec.WorkerGroupSpecs, second)
+	var pods []*corev1.Pod
+	mk := func(p *corev1.Pod, name string) {
+		p.Name, p.UID = name, types.UID("uid-"+name)
+		p.Annotations[AnnotationTemplateHash] = "old"
+		p.Status.Phase = corev1.PodRunning
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		pods = append(pods, p)
+	}
+	mk(buildHeadPod(ctx, rc, ""), "head")
+	mk(buildWorkerPod(ctx, rc, &rc.Spec.WorkerGroupSpecs[0], ""), "w1")
+	mk(buildWorkerPod(ctx, rc, &rc.Spec.WorkerGroupSpecs[1], ""), "w2")
+	d := decide(ctx, rc, observed{pods: pods, now: time.Now()}, "none")
+	if len(d.remove) != 1 || d.remove[0].Name != "w1" {
+		var names []string
+		for _, p := range d.remove {
+			names = append(names, p.Name)
+		}
+		t.Fatalf("removes %v, want only the first group's w1", names)
+	}
+	if len(d.create) != 1 || d.create[0].Labels["ray.io/group"] != "workergroup" {
+		t.Fatalf("creates %d pods", len(d.create))
+	}
+}
+
+// Scale-down without the autoscaler removes a not-ready pod before ready
+// ones; with it, only workersToDelete removes pods.
+func TestScaleDownChoosesTheLeastUseful(t *testing.T) {
+	ctx := context.Background()
+	for _, auto := range []bool{false, true} {
+		rc := normalized(sample(t, "ray-cluster.sample.yaml", "unit"))
+		rc.UID = "u1"
+		rc.Spec.WorkerGroupSpecs[0].Replicas = ptr.To[int32](1)
+		rc.Spec.EnableInTreeAutoscaling = ptr.To(auto)
+		var pods []*corev1.Pod
+		for i, readyPod := range []bool{true, false} {
+			p := buildWorkerPod(ctx, rc, &rc.Spec.WorkerGroupSpecs[0], "")
+			p.Name, p.UID = fmt.Sprintf("w%d", i), types.UID(fmt.Sprintf("u%d", i))
+			p.Status.Phase = corev1.PodRunning
+			if readyPod {
+				p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+			}
+			pods = append(pods, p)
+		}
+		head := buildHeadPod(ctx, rc, "")
+		head.Name = "h"
+		pods = append(pods, head)
+		d := decide(ctx, rc, observed{pods: pods, now: time.Now()}, "none")
+		switch {
+		case !auto && (len(d.remove) != 1 || d.remove[0].Name != "w1"):
+			t.Fatalf("scale-down removed %d pods, want only the not-ready w1", len(d.remove))
+		case auto && len(d.remove) != 0:
+			t.Fatalf("with the autoscaler, %s went though workersToDelete names nothing", d.remove[0].Name)
+		}
 	}
 }

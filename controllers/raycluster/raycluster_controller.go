@@ -279,21 +279,30 @@ func (r *Reconciler) applyChildren(ctx context.Context, rc *rayv1.RayCluster, ob
 			}
 		}
 	}
-	var errs []error
-	for _, p := range d.remove {
+	errs := []error{apply.Each(d.remove, 64, func(p *corev1.Pod) error {
 		err := r.Delete(ctx, p, client.Preconditions{UID: &p.UID})
 		if err == nil || apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 			r.exp.Deleted(key, p.UID, time.Now())
-			continue
+			return nil
 		}
-		errs = append(errs, fmt.Errorf("deleting pod %s: %w", p.Name, err))
-	}
-	for _, p := range d.create {
-		if err := r.Create(ctx, p); err != nil {
-			errs = append(errs, fmt.Errorf("creating a pod of group %s: %w", groupOf(p), err))
-			break // the next ones would fail the same way
+		return fmt.Errorf("deleting pod %s: %w", p.Name, err)
+	})}
+	// Slow start, as the Job controller: 1, 2, 4, ... so that a quota or
+	// admission error costs a few calls, not one per pod.
+	for batch, pods := 1, d.create; len(pods) > 0; batch *= 2 {
+		n := min(batch, len(pods))
+		err := apply.Each(pods[:n], 64, func(p *corev1.Pod) error {
+			if err := r.Create(ctx, p); err != nil {
+				return fmt.Errorf("creating a pod of group %s: %w", groupOf(p), err)
+			}
+			r.exp.Created(key, p, time.Now())
+			return nil
+		})
+		if err != nil {
+			errs = append(errs, err)
+			break
 		}
-		r.exp.Created(key, p, time.Now())
+		pods = pods[n:]
 	}
 	return errors.Join(errs...)
 }

@@ -331,31 +331,8 @@ func (r *Reconciler) createPods(ctx context.Context, job *trainingv1alpha1.Train
 	return nil
 }
 
-// parallel runs f on every pod, at most 64 at a time (the client's rate
-// limiter is the real bound), and returns the errors joined.
-func parallel(pods []*corev1.Pod, f func(*corev1.Pod) error) error {
-	if len(pods) == 0 {
-		return nil
-	}
-	sem := make(chan struct{}, 64)
-	var mu sync.Mutex
-	var errs []error
-	var wg sync.WaitGroup
-	for _, p := range pods {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			if err := f(p); err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
+// parallel runs f on every pod, 64 calls in flight.
+func parallel(pods []*corev1.Pod, f func(*corev1.Pod) error) error { return apply.Each(pods, 64, f) }
 
 func (r *Reconciler) ensureService(ctx context.Context, job *trainingv1alpha1.TrainingJob) error {
 	want := buildService(job, frameworks[job.Spec.Framework])

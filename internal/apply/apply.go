@@ -5,6 +5,8 @@ package apply
 
 import (
 	"context"
+	"errors"
+	"sync"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -38,4 +40,30 @@ func Apply(ctx context.Context, c client.Client, obj runtime.Object, fieldOwner 
 		return nil, err
 	}
 	return u, nil
+}
+
+// Each runs f on every item, at most limit at a time (the client's rate
+// limiter is the real bound), and returns the errors joined.
+func Each[T any](items []T, limit int, f func(T) error) error {
+	if len(items) == 0 {
+		return nil
+	}
+	sem := make(chan struct{}, max(limit, 1))
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	for _, it := range items {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := f(it); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
