@@ -129,6 +129,9 @@ func TestClusterPolicyRollsOutOnGPUNodes(t *testing.T) {
 	// A PodDisruptionBudget holds a node's upgrade; a manager restart in the
 	// middle resumes it.
 	testUpgradeHeldByPDBSurvivesRestart(t, cp, mgr)
+	// waitForCompletion holds a node until its jobs end; drain evicts the
+	// selected pods; a pod deletion past its timeout fails that node alone.
+	testUpgradeWaitsDrainsAndFails(t, cp)
 
 	// Deleting the policy removes what it created.
 	if err := cluster.Client.Delete(ctx, cp); err != nil {
@@ -188,6 +191,8 @@ func testDriverUpgrade(t *testing.T, cp *gpuv1alpha1.ClusterPolicy) {
 	patch := client.MergeFrom(cp.DeepCopy())
 	cp.Spec.Driver.Image.Version = "580.65.06"
 	cp.Spec.Driver.UpgradePolicy.MaxParallelUpgrades = ptr.To[int32](2)
+	// The test's GPU pods are bare pods: force evicts them.
+	cp.Spec.Driver.UpgradePolicy.PodDeletion = &gpuv1alpha1.PodDeletionSpec{Force: true, TimeoutSeconds: 300}
 	if err := cluster.Client.Patch(ctx, cp, patch); err != nil {
 		t.Fatal(err)
 	}
@@ -332,6 +337,105 @@ func testUpgradeHeldByPDBSurvivesRestart(t *testing.T, cp *gpuv1alpha1.ClusterPo
 		if strings.HasPrefix(p.Spec.NodeName, "cp-gpu-") && p.Spec.Containers[0].Image != "nvcr.io/nvidia/driver:580.82.07" {
 			t.Errorf("driver pod on %s runs %s after the resumed upgrade", p.Spec.NodeName, p.Spec.Containers[0].Image)
 		}
+	}
+}
+
+func testUpgradeWaitsDrainsAndFails(t *testing.T, cp *gpuv1alpha1.ClusterPolicy) {
+	ctx := context.Background()
+	bare := func(name, node string, labels map[string]string, gpus int64) *corev1.Pod {
+		p := gpuPod("default", name, gpus)
+		if gpus == 0 {
+			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+		}
+		p.Labels, p.Spec.NodeName = labels, node
+		if err := cluster.Client.Create(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	job := bare("batch-job", "cp-gpu-2", map[string]string{"loom-e2e/job": "batch"}, 0)
+	stuck := bare("stuck", "cp-gpu-4", map[string]string{"app": "stuck"}, 8)
+	drainMe := bare("drain-me", "cp-gpu-5", map[string]string{"loom-e2e/drain": "yes"}, 0)
+	stays := bare("stays", "cp-gpu-5", nil, 0)
+	pdb := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "stuck"},
+		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: ptr.To(intstr.FromInt32(1)),
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "stuck"}}},
+	}
+	if err := cluster.Client.Create(ctx, pdb); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() (bool, string) {
+		got := &policyv1.PodDisruptionBudget{}
+		_ = cluster.Client.Get(ctx, client.ObjectKeyFromObject(pdb), got)
+		return got.Status.CurrentHealthy == 1, "PDB not healthy yet"
+	})
+
+	if err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(cp.DeepCopy())
+	cp.Spec.Driver.Image.Version = "580.95.05"
+	cp.Spec.Driver.UpgradePolicy.MaxParallelUpgrades = ptr.To[int32](0)
+	cp.Spec.Driver.UpgradePolicy.MaxUnavailable = ptr.To(intstr.FromString("100%"))
+	cp.Spec.Driver.UpgradePolicy.WaitForCompletion = &gpuv1alpha1.WaitForCompletionSpec{PodSelector: "loom-e2e/job=batch"}
+	cp.Spec.Driver.UpgradePolicy.PodDeletion = &gpuv1alpha1.PodDeletionSpec{Force: true, TimeoutSeconds: 3}
+	cp.Spec.Driver.UpgradePolicy.Drain = &gpuv1alpha1.DrainSpec{Enable: true, Force: true, PodSelector: "loom-e2e/drain=yes", TimeoutSeconds: 60}
+	if err := cluster.Client.Patch(ctx, cp, patch); err != nil {
+		t.Fatal(err)
+	}
+	node := func(name string) *corev1.Node {
+		n := &corev1.Node{}
+		_ = cluster.Client.Get(ctx, client.ObjectKey{Name: name}, n)
+		return n
+	}
+	want := map[string]string{"cp-gpu-0": "upgrade-done", "cp-gpu-1": "upgrade-done", "cp-gpu-2": "wait-for-jobs-required",
+		"cp-gpu-3": "upgrade-done", "cp-gpu-4": "upgrade-failed", "cp-gpu-5": "upgrade-done"}
+	eventually(t, 120*time.Second, func() (bool, string) {
+		for name, s := range want {
+			if got := node(name).Labels["nvidia.com/gpu-driver-upgrade-state"]; got != s {
+				return false, fmt.Sprintf("%s in %q, want %q", name, got, s)
+			}
+		}
+		return true, ""
+	})
+	failed := node("cp-gpu-4")
+	if why := failed.Annotations["gpu.loom.dev/driver-upgrade-failure"]; !strings.Contains(why, "podDeletion.timeoutSeconds") {
+		t.Errorf("cp-gpu-4 failure annotation %q", why)
+	}
+	if !failed.Spec.Unschedulable {
+		t.Error("a node whose upgrade failed was uncordoned")
+	}
+	if err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(drainMe), &corev1.Pod{}); !apierrors.IsNotFound(err) {
+		p := &corev1.Pod{}
+		_ = cluster.Client.Get(ctx, client.ObjectKeyFromObject(drainMe), p)
+		if p.DeletionTimestamp == nil {
+			t.Errorf("drain left the selected pod drain-me (err %v)", err)
+		}
+	}
+	if err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(stays), &corev1.Pod{}); err != nil {
+		t.Errorf("drain removed a pod its selector does not match: %v", err)
+	}
+	eventually(t, 30*time.Second, func() (bool, string) {
+		_ = cluster.Client.Get(ctx, client.ObjectKeyFromObject(cp), cp)
+		for _, c := range cp.Status.Components {
+			if c.Name == "driver" {
+				return strings.Contains(c.Message, "cp-gpu-4: GPU pods still on the node"), "driver component: " + c.Message
+			}
+		}
+		return false, "no driver component"
+	})
+
+	// The job ends: its node goes on.
+	if err := cluster.Client.Delete(ctx, job, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, func() (bool, string) {
+		s := node("cp-gpu-2").Labels["nvidia.com/gpu-driver-upgrade-state"]
+		return s == "upgrade-done", "cp-gpu-2 in " + s
+	})
+	for _, o := range []client.Object{pdb, stuck, stays} {
+		_ = cluster.Client.Delete(ctx, o, client.GracePeriodSeconds(0))
 	}
 }
 

@@ -191,6 +191,8 @@ func (r *PolicyReconciler) activePolicy(ctx context.Context) (string, error) {
 // upgradeCounts are the GPU nodes by driver upgrade progress.
 type upgradeCounts struct {
 	inProgress, failed []string
+	// firstFailure is why the first failed node (by name) failed.
+	firstFailure string
 }
 
 func (r *PolicyReconciler) countGPUNodes(ctx context.Context) (int32, upgradeCounts, error) {
@@ -210,6 +212,11 @@ func (r *PolicyReconciler) countGPUNodes(ctx context.Context) (int32, upgradeCou
 		}
 	}
 	sort.Strings(u.failed)
+	for _, n := range nodes.Items {
+		if len(u.failed) > 0 && n.Name == u.failed[0] {
+			u.firstFailure = n.Annotations[AnnotationFailure]
+		}
+	}
 	return int32(len(nodes.Items)), u, nil
 }
 
@@ -358,6 +365,9 @@ func (r *PolicyReconciler) components(ctx context.Context, cp *gpuv1alpha1.Clust
 			c.Message = fmt.Sprintf("upgrading: %d nodes in progress, %d failed", len(upgrades.inProgress), len(upgrades.failed))
 			if len(upgrades.failed) > 0 {
 				c.Message += fmt.Sprintf(" (%s; see label %s)", strings.Join(upgrades.failed, ", "), LabelUpgradeState)
+				if upgrades.firstFailure != "" {
+					c.Message += fmt.Sprintf("; %s: %s", upgrades.failed[0], upgrades.firstFailure)
+				}
 			}
 		}
 		out = append(out, c)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -13,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -33,7 +35,9 @@ const (
 	LabelUpgradeState = "nvidia.com/gpu-driver-upgrade-state"
 
 	UpgradeRequired     = "upgrade-required"
+	WaitForJobsRequired = "wait-for-jobs-required"
 	PodDeletionRequired = "pod-deletion-required"
+	DrainRequired       = "drain-required"
 	PodRestartRequired  = "pod-restart-required"
 	ValidationRequired  = "validation-required"
 	UncordonRequired    = "uncordon-required"
@@ -45,6 +49,15 @@ const (
 	AnnotationWasCordoned = "gpu.loom.dev/driver-upgrade-was-cordoned"
 	// AnnotationUpgradeStarted is when the node's upgrade began (RFC 3339).
 	AnnotationUpgradeStarted = "gpu.loom.dev/driver-upgrade-started"
+	// AnnotationPhaseStarted is when the node entered its current state:
+	// the waits and timeouts of each state count from it.
+	AnnotationPhaseStarted = "gpu.loom.dev/driver-upgrade-phase-started"
+	// AnnotationFailure says why a node's upgrade failed; the node stays
+	// cordoned and in upgrade-failed until a new driver version (a new
+	// template) is rolled out, which retries it.
+	AnnotationFailure = "gpu.loom.dev/driver-upgrade-failure"
+	// AnnotationFailedTemplate is the driver template hash that failed.
+	AnnotationFailedTemplate = "gpu.loom.dev/driver-upgrade-failed-template"
 
 	validationTimeout = 10 * time.Minute
 	upgradeRequeue    = 3 * time.Second
@@ -139,6 +152,9 @@ func (r *UpgradeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			}
 		case UpgradeFailed:
 			// A failed node waits for a new driver version (or a person).
+			if outdated && policy.AutoUpgradeEnabled() && n.Annotations[AnnotationFailedTemplate] != want {
+				candidates = append(candidates, n.Name)
+			}
 		default:
 			inProgress = append(inProgress, n.Name)
 		}
@@ -201,25 +217,78 @@ func (r *UpgradeReconciler) step(ctx context.Context, name string, driverPod *co
 		return client.IgnoreNotFound(err)
 	}
 	started, _ := time.Parse(time.RFC3339, node.Annotations[AnnotationUpgradeStarted])
+	phase, err := time.Parse(time.RFC3339, node.Annotations[AnnotationPhaseStarted])
+	if err != nil {
+		phase = started
+	}
+	inPhase := r.Now().Sub(phase)
+	fail := func(why string) error {
+		return r.setState(ctx, name, UpgradeFailed, map[string]any{AnnotationFailure: why, AnnotationFailedTemplate: want})
+	}
 	switch node.Labels[LabelUpgradeState] {
 	case UpgradeRequired:
-		ann := map[string]any{AnnotationUpgradeStarted: r.Now().UTC().Format(time.RFC3339)}
-		if node.Spec.Unschedulable {
+		ann := map[string]any{AnnotationUpgradeStarted: r.Now().UTC().Format(time.RFC3339), AnnotationFailure: nil, AnnotationFailedTemplate: nil}
+		if node.Spec.Unschedulable && node.Annotations[AnnotationFailedTemplate] == "" {
 			ann[AnnotationWasCordoned] = "true"
-		} else if err := r.patchNode(ctx, name, map[string]any{"spec": map[string]any{"unschedulable": true}}); err != nil {
+		} else if !node.Spec.Unschedulable {
+			if err := r.patchNode(ctx, name, map[string]any{"spec": map[string]any{"unschedulable": true}}); err != nil {
+				return err
+			}
+		}
+		return r.setState(ctx, name, WaitForJobsRequired, ann)
+	case WaitForJobsRequired:
+		w := p.WaitForCompletion
+		if w == nil || w.PodSelector == "" {
+			return r.setState(ctx, name, PodDeletionRequired, nil)
+		}
+		sel, err := labels.Parse(w.PodSelector)
+		if err != nil {
+			return fail(fmt.Sprintf("waitForCompletion.podSelector %q: %v", w.PodSelector, err))
+		}
+		running, err := r.podsOn(ctx, name, func(pod *corev1.Pod) bool { return sel.Matches(labels.Set(pod.Labels)) })
+		if err != nil {
 			return err
 		}
-		return r.setState(ctx, name, PodDeletionRequired, ann)
+		timeout := time.Duration(w.TimeoutSeconds) * time.Second
+		if len(running) == 0 || (timeout > 0 && inPhase > timeout) {
+			// Past the timeout the pods are evicted with the GPU pods.
+			return r.setState(ctx, name, PodDeletionRequired, nil)
+		}
 	case PodDeletionRequired:
-		left, err := r.evictGPUPods(ctx, name)
+		force, emptyDir := false, false
+		if d := p.PodDeletion; d != nil {
+			force, emptyDir = d.Force, d.DeleteEmptyDir
+		}
+		left, blocked, err := r.evict(ctx, name, func(pod *corev1.Pod) bool { return inventory.PodGPUs(&pod.Spec) > 0 }, force, emptyDir)
+		if err != nil {
+			return err
+		}
+		if left == 0 {
+			return r.setState(ctx, name, DrainRequired, nil)
+		}
+		if timeout := podDeletionTimeout(p); timeout > 0 && inPhase > timeout {
+			return fail(fmt.Sprintf("GPU pods still on the node after podDeletion.timeoutSeconds (%s): %s", timeout, describe(left, blocked)))
+		}
+	case DrainRequired:
+		d := p.Drain
+		if d == nil || !d.Enable {
+			return r.setState(ctx, name, PodRestartRequired, nil)
+		}
+		sel := labels.Everything()
+		if d.PodSelector != "" {
+			if sel, err = labels.Parse(d.PodSelector); err != nil {
+				return fail(fmt.Sprintf("drain.podSelector %q: %v", d.PodSelector, err))
+			}
+		}
+		left, blocked, err := r.evict(ctx, name, func(pod *corev1.Pod) bool { return sel.Matches(labels.Set(pod.Labels)) }, d.Force, d.DeleteEmptyDir)
 		if err != nil {
 			return err
 		}
 		if left == 0 {
 			return r.setState(ctx, name, PodRestartRequired, nil)
 		}
-		if timeout := podDeletionTimeout(p); timeout > 0 && !started.IsZero() && r.Now().Sub(started) > timeout {
-			return r.setState(ctx, name, UpgradeFailed, nil)
+		if timeout := time.Duration(d.TimeoutSeconds) * time.Second; timeout > 0 && inPhase > timeout {
+			return fail(fmt.Sprintf("drain did not finish within drain.timeoutSeconds (%s): %s", timeout, describe(left, blocked)))
 		}
 	case PodRestartRequired:
 		if driverPod != nil && driverPod.Annotations[AnnotationTemplateHash] != want {
@@ -232,8 +301,8 @@ func (r *UpgradeReconciler) step(ctx context.Context, name string, driverPod *co
 		if driverPod != nil && driverPod.Annotations[AnnotationTemplateHash] == want && podReady(driverPod) {
 			return r.setState(ctx, name, UncordonRequired, nil)
 		}
-		if !started.IsZero() && r.Now().Sub(started) > validationTimeout {
-			return r.setState(ctx, name, UpgradeFailed, nil)
+		if inPhase > validationTimeout {
+			return fail(fmt.Sprintf("the new driver pod was not ready within %s", validationTimeout))
 		}
 	case UncordonRequired:
 		if node.Annotations[AnnotationWasCordoned] != "true" {
@@ -241,37 +310,88 @@ func (r *UpgradeReconciler) step(ctx context.Context, name string, driverPod *co
 				return err
 			}
 		}
-		return r.setState(ctx, name, UpgradeDone, map[string]any{AnnotationWasCordoned: nil, AnnotationUpgradeStarted: nil})
+		return r.setState(ctx, name, UpgradeDone, map[string]any{AnnotationWasCordoned: nil, AnnotationUpgradeStarted: nil, AnnotationPhaseStarted: nil})
 	}
 	return nil
 }
 
-// evictGPUPods evicts the pods on node that use GPUs (other than Loom's
-// operands) and returns how many are left.
-func (r *UpgradeReconciler) evictGPUPods(ctx context.Context, node string) (int, error) {
+// podsOn lists the pods on node, not finished and not Loom's operands,
+// that keep accepts.
+func (r *UpgradeReconciler) podsOn(ctx context.Context, node string, keep func(*corev1.Pod) bool) ([]*corev1.Pod, error) {
 	pods := &corev1.PodList{}
 	if err := r.Reader.List(ctx, pods, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("spec.nodeName", node)}); err != nil {
-		return 0, err
+		return nil, err
 	}
-	left := 0
+	var out []*corev1.Pod
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		if p.Namespace == r.Namespace && p.Labels[LabelManagedBy] == managedBy {
 			continue
 		}
-		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || inventory.PodGPUs(&p.Spec) == 0 {
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || !keep(p) {
 			continue
 		}
-		left++
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// evict evicts the pods on node that keep accepts, as kubectl drain does:
+// through the eviction API (disruption budgets hold), never DaemonSet or
+// mirror pods, pods without a controller only with force, pods with
+// emptyDir volumes only with deleteEmptyDir. It returns how many are left
+// and which of them it refused to evict, and why.
+func (r *UpgradeReconciler) evict(ctx context.Context, node string, keep func(*corev1.Pod) bool, force, deleteEmptyDir bool) (int, []string, error) {
+	pods, err := r.podsOn(ctx, node, func(p *corev1.Pod) bool {
+		if _, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
+			return false
+		}
+		if c := metav1.GetControllerOf(p); c != nil && c.Kind == "DaemonSet" {
+			return false
+		}
+		return keep(p)
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	var blocked []string
+	for _, p := range pods {
 		if p.DeletionTimestamp != nil {
+			continue
+		}
+		if !force && metav1.GetControllerOf(p) == nil {
+			blocked = append(blocked, p.Namespace+"/"+p.Name+" has no controller (force evicts it)")
+			continue
+		}
+		if !deleteEmptyDir && hasEmptyDir(p) {
+			blocked = append(blocked, p.Namespace+"/"+p.Name+" has emptyDir data (deleteEmptyDir evicts it)")
 			continue
 		}
 		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
 		if err := r.SubResource("eviction").Create(ctx, p, ev); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsTooManyRequests(err) {
-			return 0, fmt.Errorf("evicting %s/%s: %w", p.Namespace, p.Name, err)
+			return 0, nil, fmt.Errorf("evicting %s/%s: %w", p.Namespace, p.Name, err)
 		}
 	}
-	return left, nil
+	return len(pods), blocked, nil
+}
+
+func hasEmptyDir(p *corev1.Pod) bool {
+	for _, v := range p.Spec.Volumes {
+		if v.EmptyDir != nil {
+			return true
+		}
+	}
+	return false
+}
+
+func describe(left int, blocked []string) string {
+	msg := fmt.Sprintf("%d pods left", left)
+	if len(blocked) > 0 {
+		msg += "; not evicted: " + strings.Join(blocked, ", ")
+	} else {
+		msg += " (evictions refused, e.g. by a PodDisruptionBudget)"
+	}
+	return msg
 }
 
 func podDeletionTimeout(p gpuv1alpha1.DriverUpgradePolicy) time.Duration {
@@ -294,9 +414,11 @@ func podReady(p *corev1.Pod) bool {
 // removes one), in one merge patch.
 func (r *UpgradeReconciler) setState(ctx context.Context, node, state string, annotations map[string]any) error {
 	meta := map[string]any{"labels": map[string]any{LabelUpgradeState: state}}
-	if len(annotations) > 0 {
-		meta["annotations"] = annotations
+	ann := map[string]any{AnnotationPhaseStarted: r.Now().UTC().Format(time.RFC3339)}
+	for k, v := range annotations {
+		ann[k] = v
 	}
+	meta["annotations"] = ann
 	return r.patchNode(ctx, node, map[string]any{"metadata": meta})
 }
 
