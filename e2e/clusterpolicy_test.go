@@ -74,6 +74,11 @@ func TestClusterPolicyRollsOutOnGPUNodes(t *testing.T) {
 	if cp.Status.GPUNodes < 6 {
 		t.Errorf("status counts %d GPU nodes", cp.Status.GPUNodes)
 	}
+	// MIG as the node agents report it: six MIG-capable H100 nodes, none
+	// in MIG mode, under the default single strategy.
+	if m := cp.Status.MIG; m == nil || m.CapableNodes < 6 || m.EnabledNodes != 0 || m.Strategy != gpuv1alpha1.MIGStrategySingle {
+		t.Errorf("status.mig = %+v", m)
+	}
 	for _, c := range cp.Status.Components {
 		switch {
 		case !c.Enabled:

@@ -20,6 +20,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -91,6 +92,8 @@ func SetupClusterPolicy(_ context.Context, mgr ctrl.Manager, opts manager.Option
 		Owns(&corev1.ConfigMap{}).
 		// GPU nodes coming and going change the status's node count.
 		WatchesMetadata(&corev1.Node{}, all, builder.WithPredicates(metadataChanged())).
+		// MIG changes reported by the node agents change status.mig.
+		Watches(&gpuv1alpha1.GPUNode{}, all, builder.WithPredicates(migChanged())).
 		Complete(r)
 }
 
@@ -152,6 +155,11 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		applyErrs = append(applyErrs, fmt.Sprintf("device plugin config: %v", err))
 	}
 	status.Components = r.components(ctx, cp, on, off, upgrades)
+	mig, err := r.migSummary(ctx, cp, upgrades.migFailed)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	status.MIG = mig
 	computeState(status, gpuNodes, applyErrs, cp.Generation)
 	recordMetrics(cp.Name, status, upgrades)
 	if wait := r.coalesce(cp, status); wait > 0 {
@@ -168,9 +176,19 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 
 // activePolicy is the oldest ClusterPolicy (name breaks ties).
 func (r *PolicyReconciler) activePolicy(ctx context.Context) (string, error) {
-	list := &gpuv1alpha1.ClusterPolicyList{}
-	if err := r.List(ctx, list); err != nil {
+	cp, err := activePolicy(ctx, r.Client)
+	if cp == nil || err != nil {
 		return "", err
+	}
+	return cp.Name, nil
+}
+
+// activePolicy returns the ClusterPolicy in force: the oldest one not being
+// deleted (name breaks ties), or nil.
+func activePolicy(ctx context.Context, c client.Reader) (*gpuv1alpha1.ClusterPolicy, error) {
+	list := &gpuv1alpha1.ClusterPolicyList{}
+	if err := c.List(ctx, list); err != nil {
+		return nil, err
 	}
 	items := list.Items
 	sort.Slice(items, func(i, j int) bool {
@@ -180,12 +198,12 @@ func (r *PolicyReconciler) activePolicy(ctx context.Context) (string, error) {
 		}
 		return items[i].Name < items[j].Name
 	})
-	for _, p := range items {
-		if p.DeletionTimestamp == nil {
-			return p.Name, nil
+	for i := range items {
+		if items[i].DeletionTimestamp == nil {
+			return &items[i], nil
 		}
 	}
-	return "", nil
+	return nil, nil
 }
 
 // upgradeCounts are the GPU nodes by driver upgrade progress.
@@ -193,6 +211,8 @@ type upgradeCounts struct {
 	inProgress, failed []string
 	// firstFailure is why the first failed node (by name) failed.
 	firstFailure string
+	// migFailed are nodes whose MIG manager reports a failed layout.
+	migFailed []string
 }
 
 func (r *PolicyReconciler) countGPUNodes(ctx context.Context) (int32, upgradeCounts, error) {
@@ -203,6 +223,9 @@ func (r *PolicyReconciler) countGPUNodes(ctx context.Context) (int32, upgradeCou
 		return 0, u, err
 	}
 	for _, n := range nodes.Items {
+		if n.Labels[LabelMIGConfigState] == "failed" {
+			u.migFailed = append(u.migFailed, n.Name)
+		}
 		switch n.Labels[LabelUpgradeState] {
 		case "", UpgradeDone:
 		case UpgradeFailed:
@@ -467,4 +490,89 @@ func (r *PolicyReconciler) writeStatus(ctx context.Context, cp *gpuv1alpha1.Clus
 		r.mu.Unlock()
 	}
 	return nil
+}
+
+// migSummary summarizes MIG over the GPUNodes in the cache.
+func (r *PolicyReconciler) migSummary(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, failed []string) (*gpuv1alpha1.MIGSummary, error) {
+	list := &gpuv1alpha1.GPUNodeList{}
+	if err := r.List(ctx, list); err != nil {
+		return nil, err
+	}
+	m := summarizeMIG(list.Items, failed)
+	m.Strategy = cp.Spec.MIG.Strategy
+	if m.Strategy == "" {
+		m.Strategy = gpuv1alpha1.MIGStrategySingle
+	}
+	return m, nil
+}
+
+// summarizeMIG counts MIG-capable, MIG-enabled and pending nodes and the
+// devices by profile; node lists are sorted and capped at 20.
+func summarizeMIG(nodes []gpuv1alpha1.GPUNode, failed []string) *gpuv1alpha1.MIGSummary {
+	m := &gpuv1alpha1.MIGSummary{}
+	for i := range nodes {
+		capable, enabled, pending := false, false, false
+		for _, g := range nodes[i].Status.GPUs {
+			if g.MIG == nil {
+				continue
+			}
+			capable = capable || g.MIG.Capable
+			enabled = enabled || g.MIG.CurrentMode == gpuv1alpha1.MIGEnabled
+			pending = pending || (g.MIG.PendingMode != "" && g.MIG.PendingMode != g.MIG.CurrentMode)
+			if g.MIG.CurrentMode == gpuv1alpha1.MIGEnabled {
+				for _, d := range g.MIG.Devices {
+					if m.Devices == nil {
+						m.Devices = map[string]int32{}
+					}
+					m.Devices[d.Profile]++
+				}
+			}
+		}
+		if capable {
+			m.CapableNodes++
+		}
+		if enabled {
+			m.EnabledNodes++
+		}
+		if pending {
+			m.PendingNodes = append(m.PendingNodes, nodes[i].Name)
+		}
+	}
+	sort.Strings(m.PendingNodes)
+	m.PendingNodes = capList(m.PendingNodes)
+	m.FailedNodes = capList(append([]string(nil), failed...))
+	return m
+}
+
+func capList(s []string) []string {
+	sort.Strings(s)
+	if len(s) > 20 {
+		return s[:20]
+	}
+	return s
+}
+
+// migChanged passes GPUNode events that change what summarizeMIG reads.
+func migChanged() predicate.Funcs {
+	key := func(o client.Object) string {
+		gn, ok := o.(*gpuv1alpha1.GPUNode)
+		if !ok {
+			return ""
+		}
+		var b strings.Builder
+		for _, g := range gn.Status.GPUs {
+			if g.MIG == nil {
+				continue
+			}
+			fmt.Fprintf(&b, "%v/%s/%s:", g.MIG.Capable, g.MIG.CurrentMode, g.MIG.PendingMode)
+			for _, d := range g.MIG.Devices {
+				b.WriteString(d.Profile + ",")
+			}
+			b.WriteString(";")
+		}
+		return b.String()
+	}
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool { return key(e.ObjectOld) != key(e.ObjectNew) },
+	}
 }

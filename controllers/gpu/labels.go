@@ -18,16 +18,21 @@ const LabelPrefix = "nvidia.com/"
 
 // Label keys, as GPU feature discovery names them.
 const (
-	LabelPresent        = "nvidia.com/gpu.present"
-	LabelCount          = "nvidia.com/gpu.count"
-	LabelProduct        = "nvidia.com/gpu.product"
-	LabelMemory         = "nvidia.com/gpu.memory"
-	LabelFamily         = "nvidia.com/gpu.family"
-	LabelComputeMajor   = "nvidia.com/gpu.compute.major"
-	LabelComputeMinor   = "nvidia.com/gpu.compute.minor"
-	LabelReplicas       = "nvidia.com/gpu.replicas"
-	LabelMIGCapable     = "nvidia.com/mig.capable"
-	LabelMIGStrategy    = "nvidia.com/mig.strategy"
+	LabelPresent      = "nvidia.com/gpu.present"
+	LabelCount        = "nvidia.com/gpu.count"
+	LabelProduct      = "nvidia.com/gpu.product"
+	LabelMemory       = "nvidia.com/gpu.memory"
+	LabelFamily       = "nvidia.com/gpu.family"
+	LabelComputeMajor = "nvidia.com/gpu.compute.major"
+	LabelComputeMinor = "nvidia.com/gpu.compute.minor"
+	LabelReplicas     = "nvidia.com/gpu.replicas"
+	LabelMIGCapable   = "nvidia.com/mig.capable"
+	LabelMIGStrategy  = "nvidia.com/mig.strategy"
+	// LabelMIGConfig names the MIG layout the MIG manager applies to a node
+	// (set by people or tools); the manager reports its progress in
+	// LabelMIGConfigState (pending, success, failed).
+	LabelMIGConfig      = "nvidia.com/mig.config"
+	LabelMIGConfigState = "nvidia.com/mig.config.state"
 	LabelDriverMajor    = "nvidia.com/cuda.driver-version.major"
 	LabelDriverMinor    = "nvidia.com/cuda.driver-version.minor"
 	LabelDriverRevision = "nvidia.com/cuda.driver-version.revision"
@@ -39,18 +44,31 @@ const (
 
 // MIG strategies.
 const (
-	MIGStrategyNone  = "none"
-	MIGStrategyMixed = "mixed"
+	MIGStrategyNone   = "none"
+	MIGStrategySingle = "single"
+	MIGStrategyMixed  = "mixed"
 )
 
 // Labels computes the Node labels for a GPUNode's status. A node without
 // GPUs gets none: the labeller then removes what it set before.
 //
-// Until the ClusterPolicy decides the MIG strategy, it is "mixed" on nodes
-// with MIG devices (one nvidia.com/mig-<profile>.count label per profile)
-// and "none" elsewhere. GFD's nvidia.com/gfd.timestamp is deliberately left
-// out: it would turn every collection into a Node write.
-func Labels(st gpuv1alpha1.GPUNodeStatus) map[string]string {
+// Without a ClusterPolicy the MIG strategy is "mixed" on nodes with MIG
+// devices (one nvidia.com/mig-<profile>.count label per profile) and "none"
+// elsewhere. GFD's nvidia.com/gfd.timestamp is deliberately left out: it
+// would turn every collection into a Node write.
+func Labels(st gpuv1alpha1.GPUNodeStatus) map[string]string { return LabelsFor(st, "") }
+
+// LabelsFor computes the labels under a ClusterPolicy's MIG strategy, as
+// GFD does:
+//   - none: MIG devices are not advertised;
+//   - mixed: one nvidia.com/mig-<profile>.{count,memory} pair per profile;
+//   - single: the node's MIG devices stand in for its GPUs:
+//     nvidia.com/gpu.product=<product>-MIG-<profile>, gpu.count and
+//     gpu.memory of the devices; a node mixing profiles is labelled
+//     <product>-MIG-INVALID with count 0, so nothing lands on it by mistake.
+//
+// "" is the no-policy behaviour of Labels.
+func LabelsFor(st gpuv1alpha1.GPUNodeStatus, strategy string) map[string]string {
 	if len(st.GPUs) == 0 {
 		return map[string]string{}
 	}
@@ -88,9 +106,29 @@ func Labels(st gpuv1alpha1.GPUNodeStatus) map[string]string {
 		}
 	}
 	l[LabelMIGCapable] = strconv.FormatBool(capable)
-	l[LabelMIGStrategy] = MIGStrategyNone
-	if len(mig) > 0 {
-		l[LabelMIGStrategy] = MIGStrategyMixed
+	if strategy == "" {
+		strategy = MIGStrategyNone
+		if len(mig) > 0 {
+			strategy = MIGStrategyMixed
+		}
+	}
+	l[LabelMIGStrategy] = strategy
+	switch {
+	case len(mig) == 0 || strategy == MIGStrategyNone:
+	case strategy == MIGStrategySingle:
+		if len(mig) != 1 {
+			l[LabelProduct] = LabelValue(l[LabelProduct] + "-MIG-INVALID")
+			l[LabelCount] = "0"
+			break
+		}
+		for profile, v := range mig {
+			l[LabelProduct] = LabelValue(l[LabelProduct] + "-MIG-" + profile)
+			l[LabelCount] = strconv.FormatInt(v[0], 10)
+			if v[1] > 0 {
+				l[LabelMemory] = strconv.FormatInt(v[1], 10)
+			}
+		}
+	default: // mixed
 		for profile, v := range mig {
 			// The key's name part (mig-<profile>.memory) must fit 63 characters.
 			p := LabelValue(profile)

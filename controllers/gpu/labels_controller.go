@@ -54,6 +54,18 @@ func SetupLabels(_ context.Context, mgr ctrl.Manager, _ manager.Options) error {
 				return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetName()}}}
 			}),
 			builder.WithPredicates(metadataChanged())).
+		// The MIG strategy of the policy in force shapes the labels.
+		Watches(&gpuv1alpha1.ClusterPolicy{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+			list := &gpuv1alpha1.GPUNodeList{}
+			if err := mgr.GetClient().List(ctx, list); err != nil {
+				return nil
+			}
+			out := make([]reconcile.Request, 0, len(list.Items))
+			for _, gn := range list.Items {
+				out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Name: gn.Name}})
+			}
+			return out
+		}), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Complete(&LabelReconciler{Client: mgr.GetClient()})
 }
 
@@ -94,7 +106,18 @@ func (r *LabelReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	}
 	desired := map[string]string{}
 	if gn != nil {
-		desired = Labels(gn.Status)
+		cp, err := activePolicy(ctx, r.Client)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		strategy := ""
+		if cp != nil {
+			strategy = string(cp.Spec.MIG.Strategy)
+			if strategy == "" {
+				strategy = string(gpuv1alpha1.MIGStrategySingle) // the API's default
+			}
+		}
+		desired = LabelsFor(gn.Status, strategy)
 	}
 	if labelsUpToDate(node, desired) {
 		return ctrl.Result{}, nil

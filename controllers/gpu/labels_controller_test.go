@@ -76,8 +76,20 @@ func nodeLabels(t *testing.T, name string) (map[string]string, *corev1.Node) {
 }
 
 func TestLabellerFollowsTheInventory(t *testing.T) {
-	startManager(t)
 	ctx := context.Background()
+	// Without a ClusterPolicy the MIG strategy is mixed; remove any another
+	// test left.
+	if err := env.Client.DeleteAllOf(ctx, &gpuv1alpha1.ClusterPolicy{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		list := &gpuv1alpha1.ClusterPolicyList{}
+		if err := env.Client.List(ctx, list); err != nil || len(list.Items) > 0 {
+			return fmt.Errorf("%d ClusterPolicies left (%v)", len(list.Items), err)
+		}
+		return nil
+	})
+	startManager(t)
 	hand := map[string]string{"team": "ml", "nvidia.com/gpu.deploy.dcgm": "false"}
 	node := createNode(t, "labels-a100", hand)
 	createNode(t, "labels-cpu", map[string]string{"team": "web"})
@@ -93,6 +105,35 @@ func TestLabellerFollowsTheInventory(t *testing.T) {
 		}
 		return nil
 	})
+	// A ClusterPolicy with the single strategy: the MIG devices stand in
+	// for the GPUs, as GFD labels them.
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "labels-single"},
+		Spec: gpuv1alpha1.ClusterPolicySpec{MIG: gpuv1alpha1.MIGSpec{Strategy: gpuv1alpha1.MIGStrategySingle}}}
+	if err := env.Client.Create(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		l, _ := nodeLabels(t, node.Name)
+		for k, v := range map[string]string{LabelCount: "16", LabelProduct: "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb", LabelMIGStrategy: "single"} {
+			if l[k] != v {
+				return fmt.Errorf("%s = %q, want %q (labels %v)", k, l[k], v, l)
+			}
+		}
+		if _, ok := l["nvidia.com/mig-3g.20gb.count"]; ok {
+			return fmt.Errorf("mixed-strategy label left under single")
+		}
+		return nil
+	})
+	if err := env.Client.Delete(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if l, _ := nodeLabels(t, node.Name); l[LabelMIGStrategy] != "mixed" {
+			return fmt.Errorf("strategy %q after the policy went", l[LabelMIGStrategy])
+		}
+		return nil
+	})
+
 	l, n := nodeLabels(t, node.Name)
 	for k, v := range hand {
 		if l[k] != v {

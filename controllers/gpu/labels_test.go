@@ -107,3 +107,44 @@ func FuzzLabels(f *testing.F) {
 }
 
 func intPtr(i int) *int { return &i }
+
+// The ClusterPolicy's MIG strategy shapes the labels as GFD's does.
+func TestLabelsForMIGStrategy(t *testing.T) {
+	uniform := collect(t, inventory.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "1g.5gb:7"})
+	mixed := collect(t, inventory.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "3g.20gb:1,1g.5gb:4"})
+	tests := []struct {
+		name     string
+		st       gpuv1alpha1.GPUNodeStatus
+		strategy string
+		want     map[string]string
+		absent   []string
+	}{
+		{"single, one profile: MIG devices stand in for GPUs", uniform, "single",
+			map[string]string{LabelMIGStrategy: "single", LabelProduct: "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", LabelCount: "14", LabelMemory: "4864"},
+			[]string{"nvidia.com/mig-1g.5gb.count"}},
+		{"single, mixed profiles: invalid, nothing schedulable", mixed, "single",
+			map[string]string{LabelMIGStrategy: "single", LabelProduct: "NVIDIA-A100-SXM4-40GB-MIG-INVALID", LabelCount: "0"},
+			[]string{"nvidia.com/mig-1g.5gb.count"}},
+		{"mixed", mixed, "mixed",
+			map[string]string{LabelMIGStrategy: "mixed", LabelCount: "2", "nvidia.com/mig-3g.20gb.count": "2", "nvidia.com/mig-1g.5gb.count": "8"}, nil},
+		{"none: MIG devices not advertised", mixed, "none",
+			map[string]string{LabelMIGStrategy: "none", LabelCount: "2", LabelProduct: "NVIDIA-A100-SXM4-40GB"},
+			[]string{"nvidia.com/mig-3g.20gb.count", "nvidia.com/mig-1g.5gb.count"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := LabelsFor(tt.st, tt.strategy)
+			assertValid(t, got)
+			for k, v := range tt.want {
+				if got[k] != v {
+					t.Errorf("%s = %q, want %q", k, got[k], v)
+				}
+			}
+			for _, k := range tt.absent {
+				if _, ok := got[k]; ok {
+					t.Errorf("%s set: %q", k, got[k])
+				}
+			}
+		})
+	}
+}

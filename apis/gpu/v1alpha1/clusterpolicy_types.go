@@ -309,10 +309,38 @@ type ClusterPolicyStatus struct {
 	// +listType=map
 	// +listMapKey=name
 	Components []ComponentStatus `json:"components,omitempty"`
+	// MIG is the actual MIG state of the GPU nodes, from their GPUNode
+	// inventory.
+	// +optional
+	MIG *MIGSummary `json:"mig,omitempty"`
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// MIGSummary is the MIG state of the fleet as the node agents report it.
+type MIGSummary struct {
+	// Strategy is the policy's MIG strategy in force.
+	Strategy MIGStrategy `json:"strategy"`
+	// CapableNodes have MIG-capable GPUs.
+	CapableNodes int32 `json:"capableNodes"`
+	// EnabledNodes have at least one GPU in MIG mode.
+	EnabledNodes int32 `json:"enabledNodes"`
+	// PendingNodes have a GPU whose MIG mode changes at its next reset.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=20
+	PendingNodes []string `json:"pendingNodes,omitempty"`
+	// FailedNodes are nodes whose MIG manager reports
+	// nvidia.com/mig.config.state=failed (at most 20 named).
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=20
+	FailedNodes []string `json:"failedNodes,omitempty"`
+	// Devices counts the MIG devices of the cluster by profile.
+	// +optional
+	Devices map[string]int32 `json:"devices,omitempty"`
 }
 
 // ClusterPolicy is the desired GPU software stack of the cluster. Only one is

@@ -119,11 +119,15 @@ func run() error {
 			map[bool]string{true: " with MIG", false: ""}[spec.MIG != ""], p.PID())
 	}
 
-	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
+	// The demo's fleet mixes MIG profiles on one node: the mixed strategy
+	// advertises each profile (the API's default, single, would mark that
+	// node MIG-INVALID, as GFD does).
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Spec: gpuv1alpha1.ClusterPolicySpec{MIG: gpuv1alpha1.MIGSpec{Strategy: gpuv1alpha1.MIGStrategyMixed}}}
 	if err := cluster.Client.Create(ctx, cp); err != nil {
 		return fmt.Errorf("applying the default ClusterPolicy: %w", err)
 	}
-	logf("applied ClusterPolicy default (spec: {}); the GPU stack rolls out on the GPU nodes")
+	logf("applied ClusterPolicy default (mig.strategy mixed, all else defaulted); the GPU stack rolls out on the GPU nodes")
 	if *sampleJob != "" {
 		job, err := submitJob(ctx, cluster, *sampleJob)
 		if err != nil {
