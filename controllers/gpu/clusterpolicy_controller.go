@@ -10,6 +10,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	nodev1 "k8s.io/api/node/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -90,6 +91,10 @@ func SetupClusterPolicy(_ context.Context, mgr ctrl.Manager, opts manager.Option
 		Owns(&corev1.ServiceAccount{}).
 		Owns(&nodev1.RuntimeClass{}).
 		Owns(&corev1.ConfigMap{}).
+		Owns(&rbacv1.ClusterRole{}, builder.OnlyMetadata).
+		Owns(&rbacv1.ClusterRoleBinding{}, builder.OnlyMetadata).
+		Owns(&rbacv1.Role{}, builder.OnlyMetadata).
+		Owns(&rbacv1.RoleBinding{}, builder.OnlyMetadata).
 		// GPU nodes coming and going change the status's node count.
 		WatchesMetadata(&corev1.Node{}, all, builder.WithPredicates(metadataChanged())).
 		// MIG changes reported by the node agents change status.mig.
@@ -259,6 +264,10 @@ func (r *PolicyReconciler) ensureOperand(ctx context.Context, cp *gpuv1alpha1.Cl
 		return err
 	}
 
+	if err := r.ensureOperandRBAC(ctx, cp, op.name); err != nil {
+		return err
+	}
+
 	ds := BuildDaemonSet(op, cp, r.Namespace)
 	ds.OwnerReferences = owner
 	hash := hashOf(ds.Spec)
@@ -342,7 +351,7 @@ func (r *PolicyReconciler) removeOperand(ctx context.Context, op operand) error 
 	r.mu.Lock()
 	delete(r.applied, name)
 	r.mu.Unlock()
-	return nil
+	return r.removeOperandRBAC(ctx, op.name)
 }
 
 func (r *PolicyReconciler) apply(ctx context.Context, obj runtime.Object) error {

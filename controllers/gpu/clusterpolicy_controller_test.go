@@ -9,6 +9,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	nodev1 "k8s.io/api/node/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -90,6 +91,33 @@ func TestClusterPolicyReconciler(t *testing.T) {
 		}
 		return nil
 	})
+	// Operands that talk to the API get their own, narrow RBAC.
+	testenv.Eventually(t, 20*time.Second, func() error {
+		crb := &rbacv1.ClusterRoleBinding{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: ns + "-loom-driver"}, crb); err != nil {
+			return err
+		}
+		if len(crb.Subjects) != 1 || crb.Subjects[0].Name != "loom-driver" || crb.Subjects[0].Namespace != ns || crb.RoleRef.Name != ns+"-loom-driver" {
+			return fmt.Errorf("driver ClusterRoleBinding %+v", crb)
+		}
+		cr := &rbacv1.ClusterRole{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: ns + "-loom-driver"}, cr); err != nil {
+			return err
+		}
+		if !strings.Contains(fmt.Sprint(cr.Rules), "pods/eviction") {
+			return fmt.Errorf("driver ClusterRole rules %v", cr.Rules)
+		}
+		role := &rbacv1.Role{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "loom-mig-manager"}, role); err != nil {
+			return err
+		}
+		return nil
+	})
+	for _, none := range []string{"loom-container-toolkit", "loom-dcgm-exporter"} {
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: ns + "-" + none}, &rbacv1.ClusterRole{}); !apierrors.IsNotFound(err) {
+			t.Errorf("%s has a ClusterRole it needs none of (%v)", none, err)
+		}
+	}
 	rc := &nodev1.RuntimeClass{}
 	if err := env.Client.Get(ctx, client.ObjectKey{Name: RuntimeClassName}, rc); err != nil || rc.Handler != "nvidia" {
 		t.Errorf("RuntimeClass nvidia: %v %+v", err, rc)
@@ -203,6 +231,7 @@ func TestClusterPolicyReconciler(t *testing.T) {
 	cp = getPolicy(t, "default")
 	patch = client.MergeFrom(cp.DeepCopy())
 	cp.Spec.DCGMExporter.Enabled = new(bool)
+	cp.Spec.MIGManager.Enabled = new(bool)
 	if err := env.Client.Patch(ctx, cp, patch); err != nil {
 		t.Fatal(err)
 	}
@@ -213,6 +242,14 @@ func TestClusterPolicyReconciler(t *testing.T) {
 		err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "loom-dcgm-exporter"}, &corev1.ServiceAccount{})
 		if !apierrors.IsNotFound(err) {
 			return fmt.Errorf("dcgm-exporter ServiceAccount still there (%v)", err)
+		}
+		for _, o := range []client.Object{&rbacv1.ClusterRole{}, &rbacv1.ClusterRoleBinding{}} {
+			if err := env.Client.Get(ctx, client.ObjectKey{Name: ns + "-loom-mig-manager"}, o); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("mig-manager %T still there (%v)", o, err)
+			}
+		}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "loom-mig-manager"}, &rbacv1.Role{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("mig-manager Role still there (%v)", err)
 		}
 		return nil
 	})
