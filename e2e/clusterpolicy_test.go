@@ -442,6 +442,20 @@ func testUpgradeWaitsDrainsAndFails(t *testing.T, cp *gpuv1alpha1.ClusterPolicy)
 	for _, o := range []client.Object{pdb, stuck, stays} {
 		_ = cluster.Client.Delete(ctx, o, client.GracePeriodSeconds(0))
 	}
+	// The failed node is retried by the next version and finishes.
+	if err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
+		t.Fatal(err)
+	}
+	patch = client.MergeFrom(cp.DeepCopy())
+	cp.Spec.Driver.Image.Version = "580.105.08"
+	if err := cluster.Client.Patch(ctx, cp, patch); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 90*time.Second, func() (bool, string) {
+		n := node("cp-gpu-4")
+		s := n.Labels["nvidia.com/gpu-driver-upgrade-state"]
+		return s == "upgrade-done" && !n.Spec.Unschedulable && n.Annotations["gpu.loom.dev/driver-upgrade-failure"] == "", "cp-gpu-4 in " + s
+	})
 }
 
 func patchNode(t *testing.T, name, patch string) {

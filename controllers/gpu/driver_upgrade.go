@@ -152,8 +152,17 @@ func (r *UpgradeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			}
 		case UpgradeFailed:
 			// A failed node waits for a new driver version (or a person).
-			if outdated && policy.AutoUpgradeEnabled() && n.Annotations[AnnotationFailedTemplate] != want {
+			switch {
+			case outdated && policy.AutoUpgradeEnabled() && n.Annotations[AnnotationFailedTemplate] != want:
 				candidates = append(candidates, n.Name)
+			case pod != nil && !outdated && podReady(pod):
+				// The wanted driver runs and is ready after all (a person
+				// replaced it, or a new policy brought it): finish the
+				// upgrade, uncordoning unless someone else had cordoned.
+				if err := r.setState(ctx, n.Name, UncordonRequired, map[string]any{AnnotationFailure: nil, AnnotationFailedTemplate: nil}); err != nil {
+					return ctrl.Result{}, err
+				}
+				inProgress = append(inProgress, n.Name)
 			}
 		default:
 			inProgress = append(inProgress, n.Name)
