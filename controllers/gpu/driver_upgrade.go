@@ -141,6 +141,7 @@ func (r *UpgradeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	sort.Slice(nodes.Items, func(i, j int) bool { return nodes.Items[i].Name < nodes.Items[j].Name })
 
 	var inProgress, candidates []string
+	failed := 0
 	for _, n := range nodes.Items {
 		state := n.Labels[LabelUpgradeState]
 		pod := driverPods[n.Name]
@@ -152,6 +153,8 @@ func (r *UpgradeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			}
 		case UpgradeFailed:
 			// A failed node waits for a new driver version (or a person).
+			// It stays cordoned, so it counts against maxUnavailable.
+			failed++
 			switch {
 			case outdated && policy.AutoUpgradeEnabled() && n.Annotations[AnnotationFailedTemplate] != want:
 				candidates = append(candidates, n.Name)
@@ -168,7 +171,11 @@ func (r *UpgradeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			inProgress = append(inProgress, n.Name)
 		}
 	}
-	start := UpgradeBudget(policy, len(nodes.Items), len(inProgress))
+	start := UpgradeBudget(policy, len(nodes.Items), len(inProgress), failed)
+	if err := validSelectors(policy); err != nil && len(candidates) > 0 {
+		// Starting would cordon node after node only to fail each one.
+		return ctrl.Result{}, fmt.Errorf("not starting driver upgrades: %w", err)
+	}
 	if start > len(candidates) {
 		start = len(candidates)
 	}
@@ -189,22 +196,37 @@ func (r *UpgradeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	return ctrl.Result{}, nil
 }
 
-// UpgradeBudget is how many nodes may start upgrading now: bounded by
-// maxParallelUpgrades (0 = unlimited) and by maxUnavailable (a count, or a
-// percentage of the GPU nodes rounded up, at least 1), minus those in
-// progress.
-func UpgradeBudget(p gpuv1alpha1.DriverUpgradePolicy, gpuNodes, inProgress int) int {
-	limit := gpuNodes
+// UpgradeBudget is how many nodes may start upgrading now: maxParallelUpgrades
+// (0 = unlimited) minus those in progress, and maxUnavailable (a count, or a
+// percentage of the GPU nodes rounded up, at least 1) minus those in progress
+// and those failed (they stay cordoned): failures cannot cordon the fleet.
+func UpgradeBudget(p gpuv1alpha1.DriverUpgradePolicy, gpuNodes, inProgress, failed int) int {
+	budget := gpuNodes - inProgress
 	if n := p.Parallel(); n > 0 {
-		limit = min(limit, int(n))
+		budget = min(budget, int(n)-inProgress)
 	}
 	if p.MaxUnavailable != nil {
 		u, err := intstr.GetScaledValueFromIntOrPercent(p.MaxUnavailable, gpuNodes, true)
 		if err == nil {
-			limit = min(limit, max(u, 1))
+			budget = min(budget, max(u, 1)-inProgress-failed)
 		}
 	}
-	return max(limit-inProgress, 0)
+	return max(budget, 0)
+}
+
+// validSelectors checks the policy's pod selectors before any node starts.
+func validSelectors(p gpuv1alpha1.DriverUpgradePolicy) error {
+	if w := p.WaitForCompletion; w != nil && w.PodSelector != "" {
+		if _, err := labels.Parse(w.PodSelector); err != nil {
+			return fmt.Errorf("waitForCompletion.podSelector %q: %w", w.PodSelector, err)
+		}
+	}
+	if d := p.Drain; d != nil && d.PodSelector != "" {
+		if _, err := labels.Parse(d.PodSelector); err != nil {
+			return fmt.Errorf("drain.podSelector %q: %w", d.PodSelector, err)
+		}
+	}
+	return nil
 }
 
 func (r *UpgradeReconciler) owner(ctx context.Context, ds *appsv1.DaemonSet) (*gpuv1alpha1.ClusterPolicy, error) {

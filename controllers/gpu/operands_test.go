@@ -100,24 +100,27 @@ func TestUpgradeBudget(t *testing.T) {
 	pct := func(s string) *intstr.IntOrString { v := intstr.FromString(s); return &v }
 	n := func(i int) *intstr.IntOrString { v := intstr.FromInt32(int32(i)); return &v }
 	tests := []struct {
-		parallel          *int32
-		unavailable       *intstr.IntOrString
-		nodes, inProgress int
-		want              int
+		parallel                  *int32
+		unavailable               *intstr.IntOrString
+		nodes, inProgress, failed int
+		want                      int
 	}{
-		{nil, pct("25%"), 8, 0, 1},              // defaults: one at a time
-		{ptr.To[int32](2), pct("50%"), 6, 0, 2}, // parallel bound
-		{ptr.To[int32](2), pct("50%"), 6, 1, 1},
-		{ptr.To[int32](0), pct("25%"), 10, 0, 3}, // unlimited parallel, 25% of 10 rounds up to 3
-		{ptr.To[int32](0), n(4), 10, 4, 0},
-		{ptr.To[int32](5), pct("0%"), 10, 0, 1}, // never stall completely
-		{ptr.To[int32](2), nil, 1, 0, 1},
+		{nil, pct("25%"), 8, 0, 0, 1},              // defaults: one at a time
+		{ptr.To[int32](2), pct("50%"), 6, 0, 0, 2}, // parallel bound
+		{ptr.To[int32](2), pct("50%"), 6, 1, 0, 1},
+		{ptr.To[int32](0), pct("25%"), 10, 0, 0, 3}, // unlimited parallel, 25% of 10 rounds up to 3
+		{ptr.To[int32](0), n(4), 10, 4, 0, 0},
+		{ptr.To[int32](5), pct("0%"), 10, 0, 0, 1}, // never stall completely
+		{ptr.To[int32](2), nil, 1, 0, 0, 1},
+		{ptr.To[int32](2), pct("25%"), 8, 0, 1, 1}, // a failed, cordoned node uses unavailability
+		{ptr.To[int32](0), pct("25%"), 8, 0, 2, 0}, // failures cannot cordon the fleet
+		{ptr.To[int32](1), nil, 8, 0, 5, 1},        // without maxUnavailable, failures do not stop the rollout
 	}
 	for _, tt := range tests {
 		p := gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: tt.parallel, MaxUnavailable: tt.unavailable}
-		if got := UpgradeBudget(p, tt.nodes, tt.inProgress); got != tt.want {
-			t.Errorf("UpgradeBudget(parallel %v, unavailable %v, %d nodes, %d in progress) = %d, want %d",
-				tt.parallel, tt.unavailable, tt.nodes, tt.inProgress, got, tt.want)
+		if got := UpgradeBudget(p, tt.nodes, tt.inProgress, tt.failed); got != tt.want {
+			t.Errorf("UpgradeBudget(parallel %v, unavailable %v, %d nodes, %d in progress, %d failed) = %d, want %d",
+				tt.parallel, tt.unavailable, tt.nodes, tt.inProgress, tt.failed, got, tt.want)
 		}
 	}
 }

@@ -147,11 +147,12 @@ func decide(ctx context.Context, rc *rayv1.RayCluster, obs observed, sched strin
 		}
 	}
 
-	// Rollout: worker groups in spec order, then the head; a group's
-	// outdated pods are recreated only once every group before it is fully
-	// up to date and ready, so one group at a time restarts.
+	// Rollout: the head first (workers need its GCS), then the worker
+	// groups in spec order; a group's outdated pods are recreated only once
+	// every group before it is up to date and ready, so one group at a time
+	// restarts.
 	rolling := false
-	for _, g := range append(groups[1:], groups[0]) {
+	for _, g := range groups {
 		scale(ctx, rc, g, gangPG, &d, rolling)
 		if !groupSettled(g) {
 			rolling = true

@@ -61,8 +61,8 @@ func TestDecideCountsExpectedPods(t *testing.T) {
 	}
 }
 
-// Two worker groups and the head all outdated: only the first group rolls;
-// the second waits for it, the head waits for both.
+// Two worker groups and the head all outdated: the head rolls first (the
+// workers need its GCS); the worker groups wait for it, one after another.
 func TestRolloutIsGroupByGroup(t *testing.T) {
 	ctx := context.Background()
 	rc := normalized(sample(t, "ray-cluster.sample.yaml", "unit"))
@@ -82,15 +82,24 @@ func TestRolloutIsGroupByGroup(t *testing.T) {
 	mk(buildWorkerPod(ctx, rc, &rc.Spec.WorkerGroupSpecs[0], ""), "w1")
 	mk(buildWorkerPod(ctx, rc, &rc.Spec.WorkerGroupSpecs[1], ""), "w2")
 	d := decide(ctx, rc, observed{pods: pods, now: time.Now()}, "none")
-	if len(d.remove) != 1 || d.remove[0].Name != "w1" {
+	if len(d.remove) != 1 || d.remove[0].Name != "head" {
 		var names []string
 		for _, p := range d.remove {
 			names = append(names, p.Name)
 		}
-		t.Fatalf("removes %v, want only the first group's w1", names)
+		t.Fatalf("removes %v, want only the head", names)
 	}
-	if len(d.create) != 1 || d.create[0].Labels["ray.io/group"] != "workergroup" {
+	if len(d.create) != 1 || d.create[0].Labels["ray.io/node-type"] != "head" {
 		t.Fatalf("creates %d pods", len(d.create))
+	}
+	// The new head runs and is ready: the first worker group goes next.
+	newHead := buildHeadPod(ctx, rc, "")
+	newHead.Name, newHead.UID = "head2", "uid-head2"
+	newHead.Status.Phase = corev1.PodRunning
+	newHead.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	d = decide(ctx, rc, observed{pods: []*corev1.Pod{newHead, pods[1], pods[2]}, now: time.Now()}, "none")
+	if len(d.remove) != 1 || d.remove[0].Name != "w1" {
+		t.Fatalf("after the head: removes %d pods, want only w1", len(d.remove))
 	}
 }
 
@@ -124,4 +133,31 @@ func TestScaleDownChoosesTheLeastUseful(t *testing.T) {
 			t.Fatalf("with the autoscaler, %s went though workersToDelete names nothing", d.remove[0].Name)
 		}
 	}
+}
+
+func TestDecideRejectsDuplicateGroupNames(t *testing.T) {
+	rc := normalized(sample(t, "ray-cluster.sample.yaml", "unit"))
+	rc.Spec.WorkerGroupSpecs = append(rc.Spec.WorkerGroupSpecs, *rc.Spec.WorkerGroupSpecs[0].DeepCopy())
+	if err := validateGroupNames(rc); err == nil {
+		t.Fatal("duplicate group names accepted")
+	}
+	rc.Spec.WorkerGroupSpecs[1].GroupName = "headgroup"
+	if err := validateGroupNames(rc); err == nil {
+		t.Fatal("a worker group named headgroup accepted")
+	}
+	rc.Spec.WorkerGroupSpecs[1].GroupName = "second"
+	if err := validateGroupNames(rc); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A RayCluster without rayStartParams (optional in ray.io/v1) builds.
+func TestNoRayStartParams(t *testing.T) {
+	ctx := context.Background()
+	rc := sample(t, "ray-cluster.sample.yaml", "unit")
+	rc.Spec.HeadGroupSpec.RayStartParams = nil
+	rc.Spec.WorkerGroupSpecs[0].RayStartParams = nil
+	n := normalized(rc)
+	_ = buildHeadPod(ctx, n, "")
+	_ = buildWorkerPod(ctx, n, &n.Spec.WorkerGroupSpecs[0], "")
 }

@@ -38,8 +38,14 @@ const (
 // see nil.
 func normalized(rc *rayv1.RayCluster) *rayv1.RayCluster {
 	rc = rc.DeepCopy()
+	if rc.Spec.HeadGroupSpec.RayStartParams == nil {
+		rc.Spec.HeadGroupSpec.RayStartParams = map[string]string{}
+	}
 	for i := range rc.Spec.WorkerGroupSpecs {
 		g := &rc.Spec.WorkerGroupSpecs[i]
+		if g.RayStartParams == nil {
+			g.RayStartParams = map[string]string{}
+		}
 		if g.MinReplicas == nil {
 			g.MinReplicas = ptr.To[int32](0)
 		}
@@ -183,10 +189,7 @@ func gangSpec(ctx context.Context, rc *rayv1.RayCluster) gang.Spec {
 		desired := utils.GetWorkerGroupDesiredReplicas(ctx, *g)
 		need := desired
 		if auto {
-			need = *g.MinReplicas * g.NumOfHosts
-			if g.Suspend != nil && *g.Suspend {
-				need = 0
-			}
+			need = min(*g.MinReplicas*g.NumOfHosts, desired)
 		}
 		w := buildWorkerPod(ctx, rc, g, pg)
 		s.Tasks = append(s.Tasks, gang.Task{Name: g.GroupName, Count: desired, Min: need, Spec: &w.Spec})

@@ -192,6 +192,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 func (r *Reconciler) observe(ctx context.Context, rc *rayv1.RayCluster, sched string, now time.Time) (observed, error) {
 	obs := observed{now: now, fits: map[string]inventory.FitResult{}}
 	obs.invalid = utils.ValidateRayClusterSpec(&rc.Spec, rc.Annotations)
+	if obs.invalid == nil {
+		obs.invalid = validateGroupNames(rc)
+	}
 	var pods corev1.PodList
 	if err := r.List(ctx, &pods, client.InNamespace(rc.Namespace), client.MatchingLabels{utils.RayClusterLabelKey: rc.Name}); err != nil {
 		return obs, err
@@ -251,6 +254,23 @@ func (r *Reconciler) observe(ctx context.Context, rc *rayv1.RayCluster, sched st
 	return obs, nil
 }
 
+// validateGroupNames rejects what KubeRay's validation lets through but
+// would make two groups claim the same pods: duplicate group names, or a
+// worker group named like the head's.
+func validateGroupNames(rc *rayv1.RayCluster) error {
+	seen := map[string]bool{headGroup: true}
+	for _, g := range rc.Spec.WorkerGroupSpecs {
+		if seen[g.GroupName] {
+			if g.GroupName == headGroup {
+				return fmt.Errorf("worker group name %q is reserved for the head group", g.GroupName)
+			}
+			return fmt.Errorf("worker group name %q is used twice: each group needs its own name", g.GroupName)
+		}
+		seen[g.GroupName] = true
+	}
+	return nil
+}
+
 // applyChildren writes what the decision asks for: Services and autoscaler
 // RBAC when missing or changed, the PodGroup, then pod deletions and
 // creations.
@@ -280,6 +300,9 @@ func (r *Reconciler) applyChildren(ctx context.Context, rc *rayv1.RayCluster, ob
 		}
 	}
 	errs := []error{apply.Each(d.remove, 64, func(p *corev1.Pod) error {
+		if p.UID == "" {
+			return nil // created but not in the cache yet; deleted once it is
+		}
 		err := r.Delete(ctx, p, client.Preconditions{UID: &p.UID})
 		if err == nil || apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 			r.exp.Deleted(key, p.UID, time.Now())
@@ -371,9 +394,14 @@ func (r *Reconciler) ensureAutoscalerRBAC(ctx context.Context, rc *rayv1.RayClus
 	for _, o := range objs {
 		have := &metav1.PartialObjectMetadata{}
 		have.SetGroupVersionKind(o.GetObjectKind().GroupVersionKind())
-		if err := r.Get(ctx, client.ObjectKeyFromObject(o), have); err == nil && metav1.IsControlledBy(have, rc) {
+		switch err := r.Get(ctx, client.ObjectKeyFromObject(o), have); {
+		case err == nil && metav1.IsControlledBy(have, rc):
 			continue
-		} else if err != nil && !apierrors.IsNotFound(err) && !meta.IsNoMatchError(err) {
+		case err == nil:
+			// Someone else's (as KubeRay, never take it over: its
+			// garbage collection would follow the cluster's).
+			continue
+		case !apierrors.IsNotFound(err):
 			return err
 		}
 		o.SetOwnerReferences([]metav1.OwnerReference{ownerRef(rc)})
@@ -391,8 +419,14 @@ func serviceMatches(have, want *corev1.Service) bool {
 	if !apiequality.Semantic.DeepEqual(have.Spec.Selector, want.Spec.Selector) || len(have.Spec.Ports) != len(want.Spec.Ports) || !metav1.IsControlledBy(have, &metav1.ObjectMeta{UID: want.OwnerReferences[0].UID}) {
 		return false
 	}
-	for i := range want.Spec.Ports {
-		if have.Spec.Ports[i].Name != want.Spec.Ports[i].Name || have.Spec.Ports[i].Port != want.Spec.Ports[i].Port {
+	// As a set: KubeRay builds a custom head Service's ports from a map, in
+	// no fixed order.
+	ports := map[string]int32{}
+	for _, p := range have.Spec.Ports {
+		ports[p.Name] = p.Port
+	}
+	for _, p := range want.Spec.Ports {
+		if got, ok := ports[p.Name]; !ok || got != p.Port {
 			return false
 		}
 	}

@@ -3,6 +3,7 @@ package training
 import (
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -202,10 +203,18 @@ func decide(job *trainingv1alpha1.TrainingJob, obs observed, defScheduler traini
 	d.service = true
 	holdPods := false
 	if sched == trainingv1alpha1.GangVolcano {
-		d.podGroup = buildPodGroup(job)
-		// Like Volcano's own job controller: pods only once the group is
-		// admitted (Inqueue), so that a waiting gang holds no pods.
-		holdPods = !scheduled && (obs.podGroup == nil || obs.podGroup.Status.Phase == "" || obs.podGroup.Status.Phase == schedulingv1beta1.PodGroupPending)
+		if pg := obs.podGroup; pg != nil && pg.Labels[LabelAttempt] != strconv.Itoa(int(st.Attempt)) {
+			// An earlier attempt's group: its phase says nothing about this
+			// gang. Delete it; the next pass creates the new one.
+			d.removePodGroup = true
+			obs.podGroup = nil
+			holdPods = true
+		} else {
+			d.podGroup = buildPodGroup(job, st.Attempt)
+			// Like Volcano's own job controller: pods only once the group is
+			// admitted (Inqueue), so that a waiting gang holds no pods.
+			holdPods = !scheduled && (pg == nil || pg.Status.Phase == "" || pg.Status.Phase == schedulingv1beta1.PodGroupPending)
+		}
 	}
 	if !holdPods {
 		for _, role := range roles {
@@ -333,6 +342,8 @@ func restart(job *trainingv1alpha1.TrainingJob, obs observed, v podView, d *deci
 	for _, p := range v.current {
 		d.remove = append(d.remove, p)
 	}
+	// The PodGroup goes too: Volcano admits the new gang afresh.
+	d.removePodGroup = obs.podGroup != nil
 	d.eventReason, d.eventMessage, d.eventWarning = ReasonRetryableFailure, msg, true
 	d.restarted = true
 	st.ReplicaStatuses = trainingv1alpha1.ReplicaStatuses{}

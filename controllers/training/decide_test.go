@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/inventory"
@@ -97,7 +98,7 @@ func TestPyTorchEnv(t *testing.T) {
 func TestPartialGangPodGroup(t *testing.T) {
 	job := newJob("ns", "p", 7, 8, trainingv1alpha1.GangVolcano)
 	job.Spec.Gang.MinAvailable = ptr(int32(5))
-	pg := buildPodGroup(job)
+	pg := buildPodGroup(job, 0)
 	if pg.Spec.MinMember != 5 || pg.Spec.MinTaskMember["master"] != 1 || pg.Spec.MinTaskMember["worker"] != 4 {
 		t.Fatalf("partial gang %+v", pg.Spec)
 	}
@@ -132,5 +133,21 @@ func TestDecideWaitsForTheOldGangBeforeCreatingTheNext(t *testing.T) {
 	d := decide(job, observed{pods: []*corev1.Pod{old}, now: time.Now()}, trainingv1alpha1.GangNone)
 	if len(d.create) != 1 || d.create[0].Name != "r-master-0" || d.create[0].Labels[LabelAttempt] != "1" {
 		t.Fatalf("creates %v; want only r-master-0 of attempt 1 while r-worker-0 of attempt 0 terminates", d.create)
+	}
+}
+
+// After a restart the previous attempt's PodGroup still says Running: it
+// must not schedule the new gang; it is deleted and no pods are created.
+func TestDecideIgnoresAnEarlierAttemptsPodGroup(t *testing.T) {
+	job := newJob("ns", "v", 1, 0, trainingv1alpha1.GangVolcano)
+	job.Status.Attempt = 1
+	old := buildPodGroup(job, 0)
+	old.Status.Phase = schedulingv1beta1.PodGroupRunning
+	d := decide(job, observed{podGroup: old, volcano: true, now: time.Now()}, trainingv1alpha1.GangNone)
+	if !d.removePodGroup || d.podGroup != nil || len(d.create) != 0 {
+		t.Fatalf("stale PodGroup: remove %v apply %v creates %d", d.removePodGroup, d.podGroup != nil, len(d.create))
+	}
+	if c := cond(&trainingv1alpha1.TrainingJob{Status: d.status}, trainingv1alpha1.ConditionScheduled); c.Status == metav1.ConditionTrue {
+		t.Fatalf("the new gang counted as scheduled by the old PodGroup: %+v", c)
 	}
 }

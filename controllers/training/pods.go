@@ -196,8 +196,13 @@ func gangSpec(job *trainingv1alpha1.TrainingJob) gang.Spec {
 	return s
 }
 
-func buildPodGroup(job *trainingv1alpha1.TrainingJob) *schedulingv1beta1.PodGroup {
-	return gang.PodGroup(gangSpec(job))
+// buildPodGroup is the gang's PodGroup for an attempt. The attempt label
+// tells a PodGroup left from an earlier attempt (whose Volcano phase still
+// says Running) from the current one.
+func buildPodGroup(job *trainingv1alpha1.TrainingJob, attempt int32) *schedulingv1beta1.PodGroup {
+	pg := gang.PodGroup(gangSpec(job))
+	pg.Labels[LabelAttempt] = strconv.Itoa(int(attempt))
+	return pg
 }
 
 // gangGPUs is the job's whole GPU request and its shape for the inventory.

@@ -292,6 +292,9 @@ func (r *Reconciler) applyChildren(ctx context.Context, job *trainingv1alpha1.Tr
 		}
 	}
 	if err := parallel(d.remove, func(p *corev1.Pod) error {
+		if p.UID == "" {
+			return nil // created but not in the cache yet; deleted once it is
+		}
 		err := r.Delete(ctx, p, client.Preconditions{UID: &p.UID}, client.PropagationPolicy(metav1.DeletePropagationBackground))
 		if err == nil || apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 			r.exp.Deleted(key, p.UID, time.Now())
