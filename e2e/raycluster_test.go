@@ -3,10 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,26 +13,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/loom-dev/loom/e2e/framework"
+	"github.com/loom-dev/loom/internal/testenv"
 )
 
 func kuberaySample(t *testing.T, file, ns string) *rayv1.RayCluster {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/ray-project/kuberay/ray-operator").Output()
+	rc, err := testenv.KubeRaySample(file, ns)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(out)), "config", "samples", file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc := &rayv1.RayCluster{}
-	if err := yaml.Unmarshal(b, rc); err != nil {
-		t.Fatal(err)
-	}
-	rc.Namespace = ns
 	return rc
 }
 

@@ -28,6 +28,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/coalesce"
 	"github.com/loom-dev/loom/internal/manager"
 )
 
@@ -64,16 +65,10 @@ type PolicyReconciler struct {
 	// generation the server gave it: a cached DaemonSet with both unchanged
 	// needs no write. A hand edit bumps the generation; a restart forgets and
 	// costs one no-op apply per DaemonSet.
-	mu        sync.Mutex
-	applied   map[string]appliedState
-	lastWrite map[string]time.Time // policy -> last status write
+	mu      sync.Mutex
+	applied map[string]appliedState
+	writes  *coalesce.Writes // nil: no coalescing
 }
-
-// statusInterval is the least time between two status writes that only
-// move counts (desired/ready nodes, messages): a rollout on 500 nodes
-// changes DaemonSet status thousands of times. State changes are written at
-// once.
-const statusInterval = 2 * time.Second
 
 type appliedState struct {
 	hash       string
@@ -82,7 +77,7 @@ type appliedState struct {
 
 // SetupClusterPolicy registers the ClusterPolicy reconciler.
 func SetupClusterPolicy(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
-	r := &PolicyReconciler{Client: mgr.GetClient(), Namespace: opts.Namespace, applied: map[string]appliedState{}, lastWrite: map[string]time.Time{}}
+	r := &PolicyReconciler{Client: mgr.GetClient(), Namespace: opts.Namespace, applied: map[string]appliedState{}, writes: &coalesce.Writes{}}
 	all := handler.EnqueueRequestsFromMapFunc(r.allPolicies)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("clusterpolicy").
@@ -451,16 +446,12 @@ func countEnabled(cs []gpuv1alpha1.ComponentStatus) int {
 
 // coalesce returns how long to hold a status write that changes only
 // counts and messages, so that a large rollout costs one status write per
-// statusInterval instead of one per DaemonSet status change.
+// coalesce.Interval instead of one per DaemonSet status change (a rollout on
+// 500 nodes changes DaemonSet status thousands of times).
 func (r *PolicyReconciler) coalesce(cp *gpuv1alpha1.ClusterPolicy, st *gpuv1alpha1.ClusterPolicyStatus) time.Duration {
-	if r.lastWrite == nil || st.State != cp.Status.State || st.GPUNodes != cp.Status.GPUNodes || st.ObservedGeneration != cp.Status.ObservedGeneration {
+	if r.writes == nil || st.State != cp.Status.State || st.GPUNodes != cp.Status.GPUNodes || st.ObservedGeneration != cp.Status.ObservedGeneration ||
+		!coalesce.SameConditions(cp.Status.Conditions, st.Conditions) {
 		return 0
-	}
-	for _, c := range st.Conditions {
-		old := meta.FindStatusCondition(cp.Status.Conditions, c.Type)
-		if old == nil || old.Status != c.Status || old.Reason != c.Reason {
-			return 0
-		}
 	}
 	for _, c := range st.Components {
 		found := false
@@ -476,12 +467,7 @@ func (r *PolicyReconciler) coalesce(cp *gpuv1alpha1.ClusterPolicy, st *gpuv1alph
 			return 0
 		}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if since := time.Since(r.lastWrite[cp.Name]); since < statusInterval {
-		return statusInterval - since
-	}
-	return 0
+	return r.writes.Wait(client.ObjectKeyFromObject(cp))
 }
 
 func (r *PolicyReconciler) writeStatus(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, st *gpuv1alpha1.ClusterPolicyStatus) error {
@@ -493,10 +479,8 @@ func (r *PolicyReconciler) writeStatus(ctx context.Context, cp *gpuv1alpha1.Clus
 	if err := r.Status().Patch(ctx, cp, patch); err != nil {
 		return fmt.Errorf("writing ClusterPolicy status: %w", err)
 	}
-	if r.lastWrite != nil {
-		r.mu.Lock()
-		r.lastWrite[cp.Name] = time.Now()
-		r.mu.Unlock()
+	if r.writes != nil {
+		r.writes.Wrote(client.ObjectKeyFromObject(cp))
 	}
 	return nil
 }

@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
@@ -22,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,6 +30,7 @@ import (
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/coalesce"
 	"github.com/loom-dev/loom/internal/expect"
 	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
@@ -41,8 +40,6 @@ import (
 // FieldOwner is the server-side-apply field manager of the RayCluster
 // reconciler.
 const FieldOwner = "loom-raycluster"
-
-const statusInterval = 2 * time.Second
 
 // +kubebuilder:rbac:groups=ray.io,resources=rayclusters,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=ray.io,resources=rayclusters/status,verbs=get;update;patch
@@ -66,8 +63,7 @@ type Reconciler struct {
 	exp     *expect.Pods
 	volcano *gang.Volcano
 
-	mu        sync.Mutex
-	lastWrite map[types.NamespacedName]time.Time
+	writes coalesce.Writes
 }
 
 // Setup registers the RayCluster reconciler with the manager.
@@ -94,7 +90,6 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		DefaultScheduler: opts.GangScheduler,
 		Index:            idx,
 		exp:              expect.New(),
-		lastWrite:        map[types.NamespacedName]time.Time{},
 	}
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named("raycluster").
@@ -141,9 +136,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Get(ctx, req.NamespacedName, orig); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.exp.Forget(req.NamespacedName)
-			r.mu.Lock()
-			delete(r.lastWrite, req.NamespacedName)
-			r.mu.Unlock()
+			r.writes.Forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -293,7 +286,7 @@ func (r *Reconciler) applyChildren(ctx context.Context, rc *rayv1.RayCluster, ob
 	}
 	if d.gang {
 		want := gang.PodGroup(gangSpec(ctx, rc))
-		if obs.podGroup == nil || !podGroupMatches(obs.podGroup, want) {
+		if obs.podGroup == nil || !gang.SpecMatches(obs.podGroup, want) {
 			if _, err := apply.Apply(ctx, r.Client, want, FieldOwner); err != nil {
 				return fmt.Errorf("applying PodGroup: %w", err)
 			}
@@ -433,27 +426,16 @@ func serviceMatches(have, want *corev1.Service) bool {
 	return true
 }
 
-func podGroupMatches(have, want *schedulingv1beta1.PodGroup) bool {
-	if have.Spec.MinMember != want.Spec.MinMember || have.Spec.Queue != want.Spec.Queue || have.Spec.PriorityClassName != want.Spec.PriorityClassName ||
-		!apiequality.Semantic.DeepEqual(have.Spec.MinTaskMember, want.Spec.MinTaskMember) || (have.Spec.MinResources == nil) != (want.Spec.MinResources == nil) {
-		return false
-	}
-	return want.Spec.MinResources == nil || apiequality.Semantic.DeepEqual(*have.Spec.MinResources, *want.Spec.MinResources)
-}
-
 // writeStatus writes the status when it changed; changes of counts and
-// messages only are written at most every statusInterval.
+// messages only are written at most every coalesce.Interval.
 func (r *Reconciler) writeStatus(ctx context.Context, rc *rayv1.RayCluster, st *rayv1.RayClusterStatus) (time.Duration, error) {
 	if apiequality.Semantic.DeepEqual(&rc.Status, st) {
 		return 0, nil
 	}
 	key := client.ObjectKeyFromObject(rc)
 	if countsOnly(&rc.Status, st) {
-		r.mu.Lock()
-		since := time.Since(r.lastWrite[key])
-		r.mu.Unlock()
-		if since < statusInterval {
-			return statusInterval - since, nil
+		if wait := r.writes.Wait(key); wait > 0 {
+			return wait, nil
 		}
 	}
 	patch := client.MergeFrom(rc.DeepCopy())
@@ -463,21 +445,13 @@ func (r *Reconciler) writeStatus(ctx context.Context, rc *rayv1.RayCluster, st *
 	if err := r.Status().Patch(ctx, rc, patch); err != nil {
 		return 0, fmt.Errorf("writing RayCluster status: %w", err)
 	}
-	r.mu.Lock()
-	r.lastWrite[key] = time.Now()
-	r.mu.Unlock()
+	r.writes.Wrote(key)
 	return 0, nil
 }
 
+// countsOnly: the new status differs from the old only in counts and
+// condition messages.
 func countsOnly(old, st *rayv1.RayClusterStatus) bool {
-	if old.State != st.State || old.ObservedGeneration != st.ObservedGeneration || len(old.Conditions) != len(st.Conditions) || old.Head != st.Head {
-		return false
-	}
-	for _, c := range st.Conditions {
-		o := meta.FindStatusCondition(old.Conditions, c.Type)
-		if o == nil || o.Status != c.Status || o.Reason != c.Reason {
-			return false
-		}
-	}
-	return true
+	return old.State == st.State && old.ObservedGeneration == st.ObservedGeneration && old.Head == st.Head &&
+		coalesce.SameConditions(old.Conditions, st.Conditions)
 }

@@ -3,9 +3,6 @@ package raycluster
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -19,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	"github.com/loom-dev/loom/internal/manager"
@@ -40,23 +36,13 @@ func startManager(t *testing.T, scheduler string) {
 	env.StartManager(t, opts, reg)
 }
 
-// sample reads one of KubeRay's own sample RayClusters from the
-// ray-operator module.
+// sample is one of KubeRay's own sample RayClusters, in namespace ns.
 func sample(t *testing.T, file, ns string) *rayv1.RayCluster {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/ray-project/kuberay/ray-operator").Output()
+	rc, err := testenv.KubeRaySample(file, ns)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(out)), "config", "samples", file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc := &rayv1.RayCluster{}
-	if err := yaml.Unmarshal(b, rc); err != nil {
-		t.Fatal(err)
-	}
-	rc.Namespace = ns
 	if err := env.CreateNamespace(context.Background(), ns); err != nil {
 		t.Fatal(err)
 	}

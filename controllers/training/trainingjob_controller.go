@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,7 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -30,6 +28,7 @@ import (
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/coalesce"
 	"github.com/loom-dev/loom/internal/expect"
 	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
@@ -39,10 +38,6 @@ import (
 // FieldOwner is the server-side-apply field manager of the training
 // reconciler.
 const FieldOwner = "loom-training"
-
-// statusInterval is the least time between two status writes that change
-// only counts and messages.
-const statusInterval = 2 * time.Second
 
 // +kubebuilder:rbac:groups=training.loom.dev,resources=trainingjobs,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups=training.loom.dev,resources=trainingjobs/status,verbs=get;update;patch
@@ -62,9 +57,8 @@ type Reconciler struct {
 
 	exp *expect.Pods
 
-	mu        sync.Mutex
-	lastWrite map[types.NamespacedName]time.Time
-	volcano   *gang.Volcano
+	writes  coalesce.Writes
+	volcano *gang.Volcano
 }
 
 // Setup registers the training reconciler with the manager.
@@ -80,7 +74,6 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		DefaultScheduler: trainingv1alpha1.GangScheduler(opts.GangScheduler),
 		Index:            idx,
 		exp:              expect.New(),
-		lastWrite:        map[types.NamespacedName]time.Time{},
 	}
 	inventoryChanged := make(chan event.GenericEvent, 64)
 	c, err := ctrl.NewControllerManagedBy(mgr).
@@ -122,7 +115,7 @@ func (r *Reconciler) watchInventory(ctx context.Context, out chan<- event.Generi
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(statusInterval):
+		case <-time.After(coalesce.Interval):
 		}
 		for _, req := range r.jobsWhere(ctx, func(j *trainingv1alpha1.TrainingJob) bool {
 			return !j.Status.Finished() && !condTrue(&j.Status, trainingv1alpha1.ConditionScheduled)
@@ -159,9 +152,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Get(ctx, req.NamespacedName, job); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.exp.Forget(req.NamespacedName)
-			r.mu.Lock()
-			delete(r.lastWrite, req.NamespacedName)
-			r.mu.Unlock()
+			r.writes.Forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -278,7 +269,7 @@ func (r *Reconciler) applyChildren(ctx context.Context, job *trainingv1alpha1.Tr
 			return fmt.Errorf("deleting PodGroup: %w", err)
 		}
 	}
-	if d.podGroup != nil && (obs.podGroup == nil || !podGroupMatches(obs.podGroup, d.podGroup)) {
+	if d.podGroup != nil && (obs.podGroup == nil || !gang.SpecMatches(obs.podGroup, d.podGroup)) {
 		if _, err := apply.Apply(ctx, r.Client, d.podGroup, FieldOwner); err != nil {
 			if meta.IsNoMatchError(err) {
 				return fmt.Errorf("the PodGroup kind is not served yet: %w", err)
@@ -380,30 +371,16 @@ func serviceMatches(have, want *corev1.Service) bool {
 	return true
 }
 
-func podGroupMatches(have, want *schedulingv1beta1.PodGroup) bool {
-	if have.Spec.MinMember != want.Spec.MinMember || have.Spec.Queue != want.Spec.Queue || have.Spec.PriorityClassName != want.Spec.PriorityClassName ||
-		!apiequality.Semantic.DeepEqual(have.Spec.MinTaskMember, want.Spec.MinTaskMember) {
-		return false
-	}
-	if (have.Spec.MinResources == nil) != (want.Spec.MinResources == nil) {
-		return false
-	}
-	return want.Spec.MinResources == nil || apiequality.Semantic.DeepEqual(*have.Spec.MinResources, *want.Spec.MinResources)
-}
-
 // writeStatusCoalesced writes the status unless it changes only counts and
-// messages and the last write was under statusInterval ago; then it returns
-// how long to wait.
+// messages and the last write was under coalesce.Interval ago; then it
+// returns how long to wait.
 func (r *Reconciler) writeStatusCoalesced(ctx context.Context, job *trainingv1alpha1.TrainingJob, st *trainingv1alpha1.TrainingJobStatus) (time.Duration, error) {
 	if apiequality.Semantic.DeepEqual(&job.Status, st) {
 		return 0, nil
 	}
 	if countsOnly(&job.Status, st) {
-		r.mu.Lock()
-		since := time.Since(r.lastWrite[client.ObjectKeyFromObject(job)])
-		r.mu.Unlock()
-		if since < statusInterval {
-			return statusInterval - since, nil
+		if wait := r.writes.Wait(client.ObjectKeyFromObject(job)); wait > 0 {
+			return wait, nil
 		}
 	}
 	return 0, r.writeStatus(ctx, job, st)
@@ -412,16 +389,8 @@ func (r *Reconciler) writeStatusCoalesced(ctx context.Context, job *trainingv1al
 // countsOnly: the new status differs from the old only in counts and
 // condition messages (no state, condition status or reason changes).
 func countsOnly(old, st *trainingv1alpha1.TrainingJobStatus) bool {
-	if old.State != st.State || old.Attempt != st.Attempt || old.Restarts != st.Restarts || old.ObservedGeneration != st.ObservedGeneration || len(old.Conditions) != len(st.Conditions) {
-		return false
-	}
-	for _, c := range st.Conditions {
-		o := meta.FindStatusCondition(old.Conditions, c.Type)
-		if o == nil || o.Status != c.Status || o.Reason != c.Reason {
-			return false
-		}
-	}
-	return true
+	return old.State == st.State && old.Attempt == st.Attempt && old.Restarts == st.Restarts &&
+		old.ObservedGeneration == st.ObservedGeneration && coalesce.SameConditions(old.Conditions, st.Conditions)
 }
 
 func (r *Reconciler) writeStatus(ctx context.Context, job *trainingv1alpha1.TrainingJob, st *trainingv1alpha1.TrainingJobStatus) error {
@@ -433,9 +402,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, job *trainingv1alpha1.Trai
 	if err := r.Status().Patch(ctx, job, patch); err != nil {
 		return fmt.Errorf("writing TrainingJob status: %w", err)
 	}
-	r.mu.Lock()
-	r.lastWrite[client.ObjectKeyFromObject(job)] = time.Now()
-	r.mu.Unlock()
+	r.writes.Wrote(client.ObjectKeyFromObject(job))
 	return nil
 }
 
