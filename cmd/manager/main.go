@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/loom-dev/loom/controllers/gpu"
+	"github.com/loom-dev/loom/controllers/monitoring"
 	"github.com/loom-dev/loom/controllers/raycluster"
 	"github.com/loom-dev/loom/controllers/training"
 	"github.com/loom-dev/loom/internal/manager"
@@ -33,6 +34,7 @@ func registry() *manager.Registry {
 	reg.Add("driver-upgrade", gpu.SetupDriverUpgrade)
 	reg.Add("trainingjob", training.Setup)
 	reg.Add("raycluster", raycluster.Setup)
+	reg.Add("monitoring", monitoring.Setup)
 	return reg
 }
 

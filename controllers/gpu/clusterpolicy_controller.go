@@ -176,16 +176,16 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 
 // activePolicy is the oldest ClusterPolicy (name breaks ties).
 func (r *PolicyReconciler) activePolicy(ctx context.Context) (string, error) {
-	cp, err := activePolicy(ctx, r.Client)
+	cp, err := ActivePolicy(ctx, r.Client)
 	if cp == nil || err != nil {
 		return "", err
 	}
 	return cp.Name, nil
 }
 
-// activePolicy returns the ClusterPolicy in force: the oldest one not being
+// ActivePolicy returns the ClusterPolicy in force: the oldest one not being
 // deleted (name breaks ties), or nil.
-func activePolicy(ctx context.Context, c client.Reader) (*gpuv1alpha1.ClusterPolicy, error) {
+func ActivePolicy(ctx context.Context, c client.Reader) (*gpuv1alpha1.ClusterPolicy, error) {
 	list := &gpuv1alpha1.ClusterPolicyList{}
 	if err := c.List(ctx, list); err != nil {
 		return nil, err

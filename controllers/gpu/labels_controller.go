@@ -106,7 +106,7 @@ func (r *LabelReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	}
 	desired := map[string]string{}
 	if gn != nil {
-		cp, err := activePolicy(ctx, r.Client)
+		cp, err := ActivePolicy(ctx, r.Client)
 		if err != nil {
 			return ctrl.Result{}, err
 		}

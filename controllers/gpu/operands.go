@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/controllers/monitoring/assets"
 )
 
 // Labels on every operand object.
@@ -114,14 +115,23 @@ var operands = []operand{
 		name: gpuv1alpha1.OperandDCGMExporter, runtimeClass: true, waitFor: "toolkit-ready",
 		hostPaths: []hostPath{{"pod-resources", "/var/lib/kubelet/pod-resources", nil}},
 		ports:     []corev1.ContainerPort{{Name: "gpu-metrics", ContainerPort: 9400, Protocol: corev1.ProtocolTCP}},
-		env: func(cp *gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
-			env := []corev1.EnvVar{{Name: "DCGM_EXPORTER_LISTEN", Value: ":9400"}, {Name: "DCGM_EXPORTER_KUBERNETES", Value: "true"}}
-			if cp.Spec.DCGMExporter.MetricsConfigMapName != "" {
-				env = append(env, corev1.EnvVar{Name: "DCGM_EXPORTER_COLLECTORS", Value: "/etc/dcgm-exporter/dcgm-metrics.csv"})
-			}
-			return env
+		env: func(*gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
+			return []corev1.EnvVar{{Name: "DCGM_EXPORTER_LISTEN", Value: ":9400"}, {Name: "DCGM_EXPORTER_KUBERNETES", Value: "true"},
+				{Name: "DCGM_EXPORTER_COLLECTORS", Value: dcgmCountersDir + "/" + assets.DCGMMetricsKey}}
 		},
-		config: func(cp *gpuv1alpha1.ClusterPolicy) any { return cp.Spec.DCGMExporter.MetricsConfigMapName },
+		volumes: func(cp *gpuv1alpha1.ClusterPolicy) ([]corev1.Volume, []corev1.VolumeMount) {
+			return []corev1.Volume{{Name: "counters", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+					LocalObjectReference: corev1.LocalObjectReference{Name: DCGMCountersConfigMap(cp)}}}}},
+				[]corev1.VolumeMount{{Name: "counters", MountPath: dcgmCountersDir, ReadOnly: true}}
+		},
+		// A new Loom with other counters restarts the exporters; a user's
+		// ConfigMap is theirs to roll.
+		config: func(cp *gpuv1alpha1.ClusterPolicy) any {
+			if cp.Spec.DCGMExporter.MetricsConfigMapName != "" {
+				return cp.Spec.DCGMExporter.MetricsConfigMapName
+			}
+			return assets.DCGMMetricsCSV
+		},
 	},
 	{
 		name: gpuv1alpha1.OperandMIGManager, privileged: true, runtimeClass: true, waitFor: "toolkit-ready",
@@ -366,4 +376,26 @@ func enabledOperands(cp *gpuv1alpha1.ClusterPolicy) (on, off []operand) {
 		}
 	}
 	return on, off
+}
+
+// LoomCountersConfigMap is Loom's dcgm-exporter counters ConfigMap (written
+// by the monitoring reconciler): dcgm-exporter's defaults plus the ECC and
+// row-remapping fields Loom's alerts need.
+const LoomCountersConfigMap = "loom-dcgm-exporter-metrics"
+
+const dcgmCountersDir = "/etc/dcgm-exporter/loom"
+
+// DCGMCountersConfigMap is the counters ConfigMap dcgm-exporter mounts: the
+// policy's, or Loom's.
+func DCGMCountersConfigMap(cp *gpuv1alpha1.ClusterPolicy) string {
+	if n := cp.Spec.DCGMExporter.MetricsConfigMapName; n != "" {
+		return n
+	}
+	return LoomCountersConfigMap
+}
+
+// OperandEnabled reports whether the policy runs the named operand.
+func OperandEnabled(cp *gpuv1alpha1.ClusterPolicy, name string) bool {
+	spec := cp.Spec.Operand(name)
+	return spec != nil && spec.IsEnabled(defaultsFor(name))
 }

@@ -124,3 +124,39 @@ func TestUpgradeBudget(t *testing.T) {
 		}
 	}
 }
+
+// dcgm-exporter reads Loom's counters (with the ECC fields the alerts need)
+// unless the policy names its own ConfigMap; switching restarts it.
+func TestDCGMExporterCounters(t *testing.T) {
+	cp := &gpuv1alpha1.ClusterPolicy{}
+	ds := BuildDaemonSet(operandByName(gpuv1alpha1.OperandDCGMExporter), cp, "ns")
+	pod := ds.Spec.Template.Spec
+	var cm string
+	for _, v := range pod.Volumes {
+		if v.ConfigMap != nil {
+			cm = v.ConfigMap.Name
+		}
+	}
+	if cm != LoomCountersConfigMap {
+		t.Fatalf("counters volume from ConfigMap %q, want %q", cm, LoomCountersConfigMap)
+	}
+	var collectors string
+	for _, e := range pod.Containers[0].Env {
+		if e.Name == "DCGM_EXPORTER_COLLECTORS" {
+			collectors = e.Value
+		}
+	}
+	var mounted bool
+	for _, m := range pod.Containers[0].VolumeMounts {
+		mounted = mounted || (m.Name == "counters" && collectors == m.MountPath+"/dcgm-metrics.csv")
+	}
+	if !mounted {
+		t.Errorf("DCGM_EXPORTER_COLLECTORS=%q is not the mounted counters file (%+v)", collectors, pod.Containers[0].VolumeMounts)
+	}
+	own := cp.DeepCopy()
+	own.Spec.DCGMExporter.MetricsConfigMapName = "my-counters"
+	ds2 := BuildDaemonSet(operandByName(gpuv1alpha1.OperandDCGMExporter), own, "ns")
+	if DCGMCountersConfigMap(own) != "my-counters" || ds2.Spec.Template.Annotations[AnnotationConfigHash] == ds.Spec.Template.Annotations[AnnotationConfigHash] {
+		t.Errorf("naming a ConfigMap must switch the volume and restart the exporters")
+	}
+}

@@ -89,7 +89,7 @@ func New(ctx context.Context, cfg *rest.Config, opts Options, reg *Registry) (ct
 			// Reconcilers own only Services they label; the cluster's
 			// others (often thousands) stay out of memory.
 			ByObject: map[client.Object]cache.ByObject{
-				&corev1.Service{}: {Label: labels.SelectorFromSet(labels.Set{"app.kubernetes.io/managed-by": "loom"})},
+				&corev1.Service{}: {Label: ownedByLoom},
 			},
 		},
 		HealthProbeBindAddress:        opts.ProbeAddr,
@@ -124,6 +124,9 @@ func New(ctx context.Context, cfg *rest.Config, opts Options, reg *Registry) (ct
 	}
 	return mgr, selected, nil
 }
+
+// ownedByLoom selects the objects Loom labels as its own.
+var ownedByLoom = labels.SelectorFromSet(labels.Set{"app.kubernetes.io/managed-by": "loom"})
 
 // cacheSynced reports ready once every informer the controllers asked for has
 // synced. Replicas that are not the leader are ready too: their caches are

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"go.uber.org/zap/zapcore"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Options are the manager's settings. BindFlags maps them to command-line
@@ -44,6 +45,15 @@ type Options struct {
 	GangScheduler string
 	// InstallRayCRD applies KubeRay's RayCluster CRD when it is absent.
 	InstallRayCRD bool
+	// MonitoringLabels are set on every ServiceMonitor, PodMonitor and
+	// PrometheusRule Loom writes, so that a Prometheus selects them (e.g.
+	// release=kube-prometheus-stack). Empty: learned from the Prometheus
+	// objects' selectors.
+	MonitoringLabels map[string]string
+	// GrafanaDashboards writes the dashboards ConfigMap (label
+	// grafana_dashboard=1) into DashboardsNamespace (default: Namespace).
+	GrafanaDashboards   bool
+	DashboardsNamespace string
 
 	LogLevel  string
 	LogFormat string
@@ -87,6 +97,7 @@ func DefaultOptions() Options {
 		KubeAPIBurst:            DefaultKubeAPIBurst,
 		GangScheduler:           "volcano",
 		InstallRayCRD:           true,
+		GrafanaDashboards:       true,
 		LogLevel:                "info",
 		LogFormat:               "json",
 	}
@@ -131,6 +142,13 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "client-side burst of API requests")
 	fs.StringVar(&o.GangScheduler, "gang-scheduler", o.GangScheduler, "gang scheduler of TrainingJobs and RayClusters that name none: volcano or none")
 	fs.BoolVar(&o.InstallRayCRD, "install-ray-crd", o.InstallRayCRD, "apply KubeRay's RayCluster CRD (server-side) when it is absent; one applied by someone else is left alone")
+	fs.Func("monitoring-labels", "comma-separated key=value labels for Loom's ServiceMonitors, PodMonitors and PrometheusRules (default: learned from the Prometheus objects' selectors)", func(s string) error {
+		l, err := parseLabels(s)
+		o.MonitoringLabels = l
+		return err
+	})
+	fs.BoolVar(&o.GrafanaDashboards, "grafana-dashboards", o.GrafanaDashboards, "write Loom's Grafana dashboards ConfigMap (label grafana_dashboard=1)")
+	fs.StringVar(&o.DashboardsNamespace, "grafana-dashboards-namespace", o.DashboardsNamespace, "namespace of the dashboards ConfigMap, where Grafana's sidecar looks (default: --namespace)")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, error, or a verbosity number (higher logs more)")
 	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "log format: json or text")
 }
@@ -187,6 +205,27 @@ func ParseLogLevel(s string) (zapcore.Level, error) {
 		return zapcore.Level(-n), nil
 	}
 	return 0, fmt.Errorf("--log-level must be debug, info, warn, error or a non-negative number, got %q", s)
+}
+
+// parseLabels reads key=value,key=value, checking each as a Kubernetes
+// label.
+func parseLabels(s string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, kv := range splitList(s) {
+		k, v, ok := strings.Cut(kv, "=")
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if !ok {
+			return nil, fmt.Errorf("label %q: want key=value", kv)
+		}
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			return nil, fmt.Errorf("label key %q: %s", k, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			return nil, fmt.Errorf("label %s value %q: %s", k, v, strings.Join(errs, "; "))
+		}
+		out[k] = v
+	}
+	return out, nil
 }
 
 func splitList(s string) []string {

@@ -68,3 +68,12 @@ app.kubernetes.io/name: {{ include "loom.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: node-agent
 {{- end }}
+
+{{/* loom.labelList renders a label map as key=value,key=value (sorted). */}}
+{{- define "loom.labelList" -}}
+{{- $out := list -}}
+{{- range $k, $v := . -}}
+{{- $out = append $out (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}

@@ -1,0 +1,74 @@
+package monitoring
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+)
+
+// The inventory as metrics, for the alerts that compare it with what
+// dcgm-exporter reports (a GPU gone) and that carry the node agent's view
+// (unhealthy GPUs, an agent that stopped collecting).
+var (
+	gpusDesc      = prometheus.NewDesc("loom_gpunode_gpus", "GPUs the node agent found through NVML.", []string{"node", "product"}, nil)
+	unhealthyDesc = prometheus.NewDesc("loom_gpunode_unhealthy_gpus", "GPUs the node agent marks Unhealthy (0 when all are healthy).", []string{"node"}, nil)
+	readyDesc     = prometheus.NewDesc("loom_gpunode_ready", "1 when the node agent's last inventory collection succeeded, else 0.", []string{"node"}, nil)
+)
+
+// inventoryCollector reads the GPUNodes from the cache at scrape time.
+type inventoryCollector struct{ cache atomic.Pointer[cache.Cache] }
+
+func (c *inventoryCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- gpusDesc
+	ch <- unhealthyDesc
+	ch <- readyDesc
+}
+
+func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
+	cp := c.cache.Load()
+	if cp == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var list gpuv1alpha1.GPUNodeList
+	if err := (*cp).List(ctx, &list); err != nil {
+		return
+	}
+	for i := range list.Items {
+		n := &list.Items[i]
+		unhealthy := 0
+		for _, g := range n.Status.GPUs {
+			if g.Health.State == gpuv1alpha1.GPUUnhealthy {
+				unhealthy++
+			}
+		}
+		ready := 0.0
+		if meta.IsStatusConditionTrue(n.Status.Conditions, gpuv1alpha1.ConditionReady) {
+			ready = 1
+		}
+		ch <- prometheus.MustNewConstMetric(gpusDesc, prometheus.GaugeValue, float64(n.Status.GPUCount), n.Name, n.Status.Product)
+		ch <- prometheus.MustNewConstMetric(unhealthyDesc, prometheus.GaugeValue, float64(unhealthy), n.Name)
+		ch <- prometheus.MustNewConstMetric(readyDesc, prometheus.GaugeValue, ready, n.Name)
+	}
+}
+
+var (
+	inventoryMetrics     = &inventoryCollector{}
+	registerInventoryOne sync.Once
+)
+
+// registerInventoryMetrics registers the collector once per process and
+// points it at the newest manager's cache (tests start several).
+func registerInventoryMetrics(c cache.Cache) {
+	registerInventoryOne.Do(func() { ctrlmetrics.Registry.MustRegister(inventoryMetrics) })
+	inventoryMetrics.cache.Store(&c)
+}

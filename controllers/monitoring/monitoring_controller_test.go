@@ -1,0 +1,394 @@
+package monitoring
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/controllers/monitoring/assets"
+	"github.com/loom-dev/loom/internal/manager"
+	"github.com/loom-dev/loom/internal/testenv"
+)
+
+var env *testenv.Env
+
+// The Prometheus Operator's CRDs are left out: the first test watches Loom
+// wait for them and onboard when they are installed.
+func TestMain(m *testing.M) { testenv.MainWithout(m, &env, "monitoring.coreos.com") }
+
+var installCRDs sync.Once
+
+// withOperatorCRDs installs the Prometheus Operator CRDs (once).
+func withOperatorCRDs(t *testing.T) {
+	t.Helper()
+	var err error
+	installCRDs.Do(func() { err = env.InstallCRDs(context.Background(), "monitoring.coreos.com") })
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func startManager(t *testing.T, mutate ...func(*manager.Options)) {
+	t.Helper()
+	reg := &manager.Registry{}
+	reg.Add("monitoring", Setup)
+	opts := testenv.ManagerOptions(t)
+	opts.LeaderElect = false
+	for _, m := range mutate {
+		m(&opts)
+	}
+	env.StartManager(t, opts, reg)
+}
+
+const loomNS = "loom-system"
+
+func ctx() context.Context { return context.Background() }
+
+func createPolicy(t *testing.T, spec gpuv1alpha1.ClusterPolicySpec) *gpuv1alpha1.ClusterPolicy {
+	t.Helper()
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "cluster-policy"}, Spec: spec}
+	if err := env.Client.Create(ctx(), cp); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = env.Client.Delete(ctx(), cp)
+		// No garbage collector runs under envtest: remove the children by hand.
+		for _, o := range []client.Object{
+			&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: ExporterName}},
+			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: CountersConfigMap}},
+			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: DashboardsConfigMap}},
+			&monitoringv1.ServiceMonitor{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: ExporterName}},
+			&monitoringv1.PrometheusRule{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: RuleName}},
+		} {
+			_ = env.Client.Delete(ctx(), o)
+		}
+	})
+	return cp
+}
+
+// condition waits until obj's condition of type ct has reason, and returns
+// it.
+func condition(t *testing.T, obj client.Object, ct, reason string, conds func() []metav1.Condition) metav1.Condition {
+	t.Helper()
+	var got metav1.Condition
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if err := env.Client.Get(ctx(), client.ObjectKeyFromObject(obj), obj); err != nil {
+			return err
+		}
+		c := meta.FindStatusCondition(conds(), ct)
+		if c == nil || c.Reason != reason {
+			return fmt.Errorf("condition %s is %+v, want reason %s", ct, c, reason)
+		}
+		got = *c
+		return nil
+	})
+	return got
+}
+
+func policyCondition(t *testing.T, cp *gpuv1alpha1.ClusterPolicy, reason string) metav1.Condition {
+	t.Helper()
+	return condition(t, cp, ConditionMonitoring, reason, func() []metav1.Condition { return cp.Status.Conditions })
+}
+
+func exists(t *testing.T, obj client.Object) {
+	t.Helper()
+	testenv.Eventually(t, 20*time.Second, func() error { return env.Client.Get(ctx(), client.ObjectKeyFromObject(obj), obj) })
+}
+
+func gone(t *testing.T, obj client.Object) {
+	t.Helper()
+	testenv.Eventually(t, 20*time.Second, func() error {
+		err := env.Client.Get(ctx(), client.ObjectKeyFromObject(obj), obj)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err == nil && obj.GetDeletionTimestamp() != nil {
+			return nil
+		}
+		return fmt.Errorf("%s %s still exists (%v)", fmt.Sprintf("%T", obj), obj.GetName(), err)
+	})
+}
+
+func ownedBy(t *testing.T, obj client.Object, owner client.Object) {
+	t.Helper()
+	if ref := metav1.GetControllerOf(obj); ref == nil || ref.UID != owner.GetUID() {
+		t.Errorf("%T %s: controller %+v, want %s", obj, obj.GetName(), ref, owner.GetName())
+	}
+}
+
+func key(ns, name string) metav1.ObjectMeta { return metav1.ObjectMeta{Namespace: ns, Name: name} }
+
+// TestOnboardsWhenTheOperatorArrives: without the Prometheus Operator's CRDs
+// the policy says monitoring waits for it while the Service, counters and
+// dashboards are in place; once the CRDs are installed, the ServiceMonitor
+// and rules follow within seconds, without a restart.
+func TestOnboardsWhenTheOperatorArrives(t *testing.T) {
+	startManager(t)
+	cp := createPolicy(t, gpuv1alpha1.ClusterPolicySpec{})
+	c := policyCondition(t, cp, ReasonOperatorMissing)
+	if !strings.Contains(c.Message, "servicemonitors.monitoring.coreos.com") || c.Status != metav1.ConditionFalse {
+		t.Errorf("condition %+v does not name the missing CRD", c)
+	}
+	svc := &corev1.Service{ObjectMeta: key(loomNS, ExporterName)}
+	counters := &corev1.ConfigMap{ObjectMeta: key(loomNS, CountersConfigMap)}
+	dashboards := &corev1.ConfigMap{ObjectMeta: key(loomNS, DashboardsConfigMap)}
+	for _, o := range []client.Object{svc, counters, dashboards} {
+		exists(t, o)
+		ownedBy(t, o, cp)
+	}
+	if p := svc.Spec.Ports; len(p) != 1 || p[0].Name != "gpu-metrics" || p[0].Port != 9400 || p[0].TargetPort.StrVal != "gpu-metrics" {
+		t.Errorf("service ports %+v", p)
+	}
+	if svc.Spec.Selector[LabelComponent] != gpuv1alpha1.OperandDCGMExporter || svc.Spec.ClusterIP != corev1.ClusterIPNone {
+		t.Errorf("service spec %+v", svc.Spec)
+	}
+	if counters.Data[assets.DCGMMetricsKey] != assets.DCGMMetricsCSV || !strings.Contains(counters.Data[assets.DCGMMetricsKey], "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") {
+		t.Errorf("counters ConfigMap lacks Loom's CSV with the ECC fields")
+	}
+	if dashboards.Labels["grafana_dashboard"] != "1" || len(dashboards.Data) < 2 {
+		t.Errorf("dashboards ConfigMap labels %v, %d dashboards", dashboards.Labels, len(dashboards.Data))
+	}
+
+	installed := time.Now()
+	withOperatorCRDs(t)
+	sm := &monitoringv1.ServiceMonitor{ObjectMeta: key(loomNS, ExporterName)}
+	rule := &monitoringv1.PrometheusRule{ObjectMeta: key(loomNS, RuleName)}
+	exists(t, sm)
+	exists(t, rule)
+	t.Logf("onboarded %.1fs after the CRDs were installed", time.Since(installed).Seconds())
+	c = policyCondition(t, cp, ReasonNoPrometheus)
+	if !strings.Contains(c.Message, "ServiceMonitor loom-system/loom-dcgm-exporter") {
+		t.Errorf("message %q", c.Message)
+	}
+	if want := ExporterServiceMonitor(loomNS, nil); !apiequality.Semantic.DeepEqual(sm.Spec, want.Spec) {
+		t.Errorf("ServiceMonitor spec\n%+v\nwant\n%+v", sm.Spec, want.Spec)
+	}
+	if want := GPURule(loomNS, nil); !apiequality.Semantic.DeepEqual(rule.Spec, want.Spec) {
+		t.Errorf("PrometheusRule spec differs from assets.GPURules()")
+	}
+	ownedBy(t, sm, cp)
+	ownedBy(t, rule, cp)
+}
+
+func createProm(t *testing.T, ns, name string, spec monitoringv1.PrometheusSpec) *monitoringv1.Prometheus {
+	t.Helper()
+	if err := env.CreateNamespace(ctx(), ns); err != nil {
+		t.Fatal(err)
+	}
+	p := &monitoringv1.Prometheus{ObjectMeta: key(ns, name), Spec: spec}
+	if err := env.Client.Create(ctx(), p); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(ctx(), p) })
+	return p
+}
+
+// TestSelectedByPrometheus: a kube-prometheus-stack style Prometheus
+// (release: kps) selects Loom's monitors because Loom learns the label; the
+// condition names it. A Prometheus whose selector cannot be learned is
+// reported with what it lacks. Deleted children come back; disabling
+// dcgm-exporter removes its Service, counters and ServiceMonitor.
+func TestSelectedByPrometheus(t *testing.T) {
+	withOperatorCRDs(t)
+	startManager(t)
+	cp := createPolicy(t, gpuv1alpha1.ClusterPolicySpec{})
+	createProm(t, "monitoring", "kps", kpsSpec("kps"))
+
+	c := policyCondition(t, cp, ReasonSelected)
+	for _, want := range []string{"ServiceMonitor loom-system/loom-dcgm-exporter selected by Prometheus monitoring/kps",
+		"PrometheusRule loom-system/loom-gpu selected by Prometheus monitoring/kps", "labels release=kps learned from monitoring/kps"} {
+		if !strings.Contains(c.Message, want) {
+			t.Errorf("message %q lacks %q", c.Message, want)
+		}
+	}
+	sm := &monitoringv1.ServiceMonitor{ObjectMeta: key(loomNS, ExporterName)}
+	rule := &monitoringv1.PrometheusRule{ObjectMeta: key(loomNS, RuleName)}
+	for _, o := range []client.Object{sm, rule} {
+		exists(t, o)
+		if o.GetLabels()["release"] != "kps" {
+			t.Errorf("%T labels %v lack release=kps", o, o.GetLabels())
+		}
+	}
+
+	// Deleted by hand: restored.
+	for _, o := range []client.Object{sm, rule, &corev1.Service{ObjectMeta: key(loomNS, ExporterName)}, &corev1.ConfigMap{ObjectMeta: key(loomNS, CountersConfigMap)}} {
+		if err := env.Client.Get(ctx(), client.ObjectKeyFromObject(o), o); err != nil {
+			t.Fatal(err)
+		}
+		uid := o.GetUID()
+		if err := env.Client.Delete(ctx(), o); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 20*time.Second, func() error {
+			if err := env.Client.Get(ctx(), client.ObjectKeyFromObject(o), o); err != nil {
+				return err
+			}
+			if o.GetUID() == uid {
+				return errors.New("not recreated yet")
+			}
+			return nil
+		})
+	}
+	// Edited by hand: restored.
+	edited := sm.DeepCopy()
+	edited.Spec.Endpoints[0].Port = "metrics"
+	if err := env.Client.Update(ctx(), edited); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if err := env.Client.Get(ctx(), client.ObjectKeyFromObject(sm), sm); err != nil {
+			return err
+		}
+		if p := sm.Spec.Endpoints[0].Port; p != "gpu-metrics" {
+			return fmt.Errorf("port %q", p)
+		}
+		return nil
+	})
+
+	// A second Prometheus with an expression selector in its own namespace:
+	// reported, while kps still selects.
+	other := kpsSpec("x")
+	other.ServiceMonitorSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: "team", Operator: metav1.LabelSelectorOpIn, Values: []string{"gpu"}}}}
+	other.ServiceMonitorNamespaceSelector = nil
+	createProm(t, "team-gpu", "gpu", other)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		c := policyCondition(t, cp, ReasonSelected)
+		if !strings.Contains(c.Message, "monitoring/kps") {
+			return fmt.Errorf("message %q", c.Message)
+		}
+		return nil
+	})
+
+	// dcgm-exporter disabled: its Service, counters and ServiceMonitor go;
+	// the rules stay.
+	if err := env.Client.Get(ctx(), client.ObjectKeyFromObject(cp), cp); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Patch(ctx(), cp, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"dcgmExporter":{"enabled":false}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	gone(t, &monitoringv1.ServiceMonitor{ObjectMeta: key(loomNS, ExporterName)})
+	gone(t, &corev1.Service{ObjectMeta: key(loomNS, ExporterName)})
+	gone(t, &corev1.ConfigMap{ObjectMeta: key(loomNS, CountersConfigMap)})
+	exists(t, &monitoringv1.PrometheusRule{ObjectMeta: key(loomNS, RuleName)})
+	c = policyCondition(t, cp, ReasonExporterDisabled)
+	if c.Status != metav1.ConditionFalse {
+		t.Errorf("condition %+v", c)
+	}
+}
+
+// TestMismatchedPrometheusIsReported: with configured labels that the only
+// Prometheus does not select, the condition names the label it needs.
+func TestMismatchedPrometheusIsReported(t *testing.T) {
+	withOperatorCRDs(t)
+	startManager(t, func(o *manager.Options) { o.MonitoringLabels = map[string]string{"release": "prom"} })
+	cp := createPolicy(t, gpuv1alpha1.ClusterPolicySpec{})
+	createProm(t, "monitoring", "kps", kpsSpec("kps"))
+	c := policyCondition(t, cp, ReasonNotSelected)
+	for _, want := range []string{"no Prometheus selects ServiceMonitor loom-system/loom-dcgm-exporter",
+		"Prometheus monitoring/kps: serviceMonitorSelector {release=kps} needs label release=kps"} {
+		if !strings.Contains(c.Message, want) {
+			t.Errorf("message %q lacks %q", c.Message, want)
+		}
+	}
+	sm := &monitoringv1.ServiceMonitor{ObjectMeta: key(loomNS, ExporterName)}
+	exists(t, sm)
+	if sm.Labels["release"] != "prom" {
+		t.Errorf("labels %v: the configured label must be kept", sm.Labels)
+	}
+}
+
+func trainingJob(ns, name string, metricsPort bool) *trainingv1alpha1.TrainingJob {
+	tmpl := corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+		Containers: []corev1.Container{{Name: "pytorch", Image: "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"}}}}
+	if metricsPort {
+		tmpl.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9090}}
+	}
+	workers := int32(1)
+	return &trainingv1alpha1.TrainingJob{
+		ObjectMeta: key(ns, name),
+		Spec: trainingv1alpha1.TrainingJobSpec{ReplicaSpecs: trainingv1alpha1.ReplicaSpecs{
+			Master: trainingv1alpha1.ReplicaSpec{Template: tmpl},
+			Worker: &trainingv1alpha1.ReplicaSpec{Replicas: &workers, Template: tmpl},
+		}},
+	}
+}
+
+// TestWorkloadPodMonitors: a TrainingJob with a metrics port and a
+// RayCluster get a PodMonitor, owned, with the learned label, and a
+// condition naming the Prometheus; a job without a port says so; the
+// opt-out annotation removes the PodMonitor.
+func TestWorkloadPodMonitors(t *testing.T) {
+	withOperatorCRDs(t)
+	startManager(t)
+	createProm(t, "monitoring", "kps", kpsSpec("kps"))
+	if err := env.CreateNamespace(ctx(), "ml"); err != nil {
+		t.Fatal(err)
+	}
+
+	job := trainingJob("ml", "bert", true)
+	if err := env.Client.Create(ctx(), job); err != nil {
+		t.Fatal(err)
+	}
+	jobConds := func() []metav1.Condition { return job.Status.Conditions }
+	c := condition(t, job, ConditionMonitoring, ReasonSelected, jobConds)
+	if !strings.Contains(c.Message, "PodMonitor ml/loom-trainingjob-bert selected by Prometheus monitoring/kps") {
+		t.Errorf("message %q", c.Message)
+	}
+	pm := &monitoringv1.PodMonitor{ObjectMeta: key("ml", "loom-trainingjob-bert")}
+	exists(t, pm)
+	ownedBy(t, pm, job)
+	if want := TrainingJobPodMonitor(job, nil); !apiequality.Semantic.DeepEqual(pm.Spec, want.Spec) || pm.Labels["release"] != "kps" {
+		t.Errorf("PodMonitor %+v %v", pm.Spec, pm.Labels)
+	}
+	if got := pm.Spec.Selector.MatchLabels["training.loom.dev/job-name"]; got != "bert" {
+		t.Errorf("selector %v", pm.Spec.Selector)
+	}
+
+	// Opt out: the PodMonitor goes and the condition says why.
+	if err := env.Client.Patch(ctx(), job, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"monitoring.loom.dev/scrape":"false"}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	gone(t, pm)
+	condition(t, job, ConditionMonitoring, ReasonOptedOut, jobConds)
+
+	plain := trainingJob("ml", "plain", false)
+	if err := env.Client.Create(ctx(), plain); err != nil {
+		t.Fatal(err)
+	}
+	condition(t, plain, ConditionMonitoring, ReasonNoMetricsPort, func() []metav1.Condition { return plain.Status.Conditions })
+	if err := env.Client.Get(ctx(), client.ObjectKey{Namespace: "ml", Name: "loom-trainingjob-plain"}, &monitoringv1.PodMonitor{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a job without a metrics port got a PodMonitor (%v)", err)
+	}
+
+	rc, err := testenv.KubeRaySample("ray-cluster.sample.yaml", "ml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Create(ctx(), rc); err != nil {
+		t.Fatal(err)
+	}
+	condition(t, rc, RayConditionMonitoring, ReasonSelected, func() []metav1.Condition { return rc.Status.Conditions })
+	rpm := &monitoringv1.PodMonitor{ObjectMeta: key("ml", RayClusterPodMonitorName(rc.Name))}
+	exists(t, rpm)
+	ownedBy(t, rpm, rc)
+	if rpm.Spec.Selector.MatchLabels["ray.io/cluster"] != rc.Name || *rpm.Spec.PodMetricsEndpoints[0].Port != "metrics" {
+		t.Errorf("Ray PodMonitor %+v", rpm.Spec)
+	}
+}

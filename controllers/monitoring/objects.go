@@ -1,0 +1,206 @@
+package monitoring
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"maps"
+	"slices"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/controllers/gpu"
+	"github.com/loom-dev/loom/controllers/monitoring/assets"
+	"github.com/loom-dev/loom/controllers/training"
+)
+
+// Names and labels of the objects the monitoring reconcilers write.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	LabelComponent = "app.kubernetes.io/component"
+	managedBy      = "loom"
+
+	// AnnotationHash is the hash of what Loom applied; a child whose hash
+	// differs from the desired one is re-applied.
+	AnnotationHash = "monitoring.loom.dev/hash"
+	// AnnotationScrape: "false" on a TrainingJob or RayCluster opts it out
+	// of its PodMonitor.
+	AnnotationScrape = "monitoring.loom.dev/scrape"
+
+	// ExporterName names dcgm-exporter's Service and ServiceMonitor, like
+	// its DaemonSet; it is also the scrape job.
+	ExporterName = assets.ExporterJob
+	// ExporterPortName is GPU Operator's port name (the standalone chart's
+	// "metrics" is a known cause of broken scrapes).
+	ExporterPortName = "gpu-metrics"
+	ExporterPort     = 9400
+	// CountersConfigMap holds Loom's dcgm-exporter counters (with the ECC
+	// fields the alerts need) unless the policy names its own.
+	CountersConfigMap = gpu.LoomCountersConfigMap
+	// RuleName is the PrometheusRule with Loom's GPU alerts and recordings.
+	RuleName = "loom-gpu"
+	// DashboardsConfigMap carries the Grafana dashboards (sidecar label
+	// grafana_dashboard=1).
+	DashboardsConfigMap = "loom-grafana-dashboards"
+	// MetricsPortName is the container port a TrainingJob declares to be
+	// scraped (Ray's is "metrics" too, on 8080).
+	MetricsPortName = "metrics"
+)
+
+func ownedLabels(component string) map[string]string {
+	return map[string]string{LabelManagedBy: managedBy, LabelComponent: component}
+}
+
+// exporterSelector selects the dcgm-exporter pods of the gpu reconciler's
+// DaemonSet (its pod labels).
+func exporterSelector() map[string]string {
+	return map[string]string{LabelManagedBy: managedBy, LabelComponent: gpuv1alpha1.OperandDCGMExporter}
+}
+
+// ExporterService is dcgm-exporter's Service: headless, since only
+// Prometheus reads it, through its endpoints.
+func ExporterService(namespace string) *corev1.Service {
+	return &corev1.Service{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: metav1.ObjectMeta{Name: ExporterName, Namespace: namespace, Labels: ownedLabels(gpuv1alpha1.OperandDCGMExporter)},
+		Spec: corev1.ServiceSpec{
+			ClusterIP: corev1.ClusterIPNone,
+			Selector:  exporterSelector(),
+			Ports: []corev1.ServicePort{{Name: ExporterPortName, Port: ExporterPort, TargetPort: intstr.FromString(ExporterPortName),
+				Protocol: corev1.ProtocolTCP}},
+		},
+	}
+}
+
+// CountersConfig is Loom's dcgm-exporter counters ConfigMap.
+func CountersConfig(namespace string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Name: CountersConfigMap, Namespace: namespace, Labels: ownedLabels(gpuv1alpha1.OperandDCGMExporter)},
+		Data:       map[string]string{assets.DCGMMetricsKey: assets.DCGMMetricsCSV},
+	}
+}
+
+// Dashboards is the Grafana dashboards ConfigMap.
+func Dashboards(namespace string) *corev1.ConfigMap {
+	l := ownedLabels("dashboards")
+	l["grafana_dashboard"] = "1"
+	return &corev1.ConfigMap{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Name: DashboardsConfigMap, Namespace: namespace, Labels: l},
+		Data:       assets.Dashboards(),
+	}
+}
+
+// ExporterServiceMonitor scrapes dcgm-exporter. honorLabels keeps the
+// namespace/pod/container of the workload that uses a GPU (dcgm-exporter's
+// pod mapping); the exporter's own target namespace/pod/container are
+// dropped so that a free GPU carries none, and node is the exporter pod's
+// node.
+func ExporterServiceMonitor(namespace string, selection map[string]string) *monitoringv1.ServiceMonitor {
+	labels := ownedLabels(gpuv1alpha1.OperandDCGMExporter)
+	maps.Copy(labels, selection)
+	return &monitoringv1.ServiceMonitor{
+		TypeMeta:   metav1.TypeMeta{APIVersion: monitoringv1.SchemeGroupVersion.String(), Kind: monitoringv1.ServiceMonitorsKind},
+		ObjectMeta: metav1.ObjectMeta{Name: ExporterName, Namespace: namespace, Labels: labels},
+		Spec: monitoringv1.ServiceMonitorSpec{
+			Selector:          metav1.LabelSelector{MatchLabels: ownedLabels(gpuv1alpha1.OperandDCGMExporter)},
+			NamespaceSelector: monitoringv1.NamespaceSelector{MatchNames: []string{namespace}},
+			Endpoints: []monitoringv1.Endpoint{{
+				Port:        ExporterPortName,
+				Path:        "/metrics",
+				HonorLabels: true,
+				RelabelConfigs: []monitoringv1.RelabelConfig{
+					{SourceLabels: []monitoringv1.LabelName{"__meta_kubernetes_pod_node_name"}, TargetLabel: "node", Action: "replace"},
+					{Action: "labeldrop", Regex: "namespace|pod|container"},
+				},
+			}},
+		},
+	}
+}
+
+// GPURule is the PrometheusRule with Loom's GPU alerts and recording rules.
+func GPURule(namespace string, selection map[string]string) *monitoringv1.PrometheusRule {
+	labels := ownedLabels("alerts")
+	maps.Copy(labels, selection)
+	return &monitoringv1.PrometheusRule{
+		TypeMeta:   metav1.TypeMeta{APIVersion: monitoringv1.SchemeGroupVersion.String(), Kind: monitoringv1.PrometheusRuleKind},
+		ObjectMeta: metav1.ObjectMeta{Name: RuleName, Namespace: namespace, Labels: labels},
+		Spec:       assets.GPURules(),
+	}
+}
+
+// TrainingJobPodMonitorName and RayClusterPodMonitorName are the workload
+// PodMonitors' names; the prefix keeps them apart from a user's own.
+func TrainingJobPodMonitorName(job string) string    { return "loom-trainingjob-" + job }
+func RayClusterPodMonitorName(cluster string) string { return "loom-raycluster-" + cluster }
+
+// OptedOut reports the opt-out annotation.
+func OptedOut(o metav1.Object) bool { return o.GetAnnotations()[AnnotationScrape] == "false" }
+
+// TrainingJobPodMonitor scrapes the job's pods on their "metrics" port; nil
+// when no container of the job declares one.
+func TrainingJobPodMonitor(job *trainingv1alpha1.TrainingJob, selection map[string]string) *monitoringv1.PodMonitor {
+	templates := []*corev1.PodTemplateSpec{&job.Spec.ReplicaSpecs.Master.Template}
+	if r := job.Spec.ReplicaSpecs.Worker; r != nil {
+		templates = append(templates, &r.Template)
+	}
+	if !slices.ContainsFunc(templates, declaresMetricsPort) {
+		return nil
+	}
+	return podMonitor(TrainingJobPodMonitorName(job.Name), job.Namespace, "trainingjob", selection,
+		map[string]string{training.LabelJobName: job.Name},
+		[]string{training.LabelJobName, training.LabelReplicaType, training.LabelReplicaIndex})
+}
+
+// RayClusterPodMonitor scrapes Ray's metrics port (8080, named "metrics"
+// by KubeRay's pod builder) on the head and every worker.
+func RayClusterPodMonitor(rc *rayv1.RayCluster, selection map[string]string) *monitoringv1.PodMonitor {
+	return podMonitor(RayClusterPodMonitorName(rc.Name), rc.Namespace, "raycluster", selection,
+		map[string]string{"ray.io/cluster": rc.Name},
+		[]string{"ray.io/cluster", "ray.io/node-type", "ray.io/group"})
+}
+
+func declaresMetricsPort(t *corev1.PodTemplateSpec) bool {
+	for _, c := range t.Spec.Containers {
+		for _, p := range c.Ports {
+			if p.Name == MetricsPortName {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func podMonitor(name, namespace, component string, selection, podSelector map[string]string, targetLabels []string) *monitoringv1.PodMonitor {
+	labels := ownedLabels(component)
+	maps.Copy(labels, selection)
+	return &monitoringv1.PodMonitor{
+		TypeMeta:   metav1.TypeMeta{APIVersion: monitoringv1.SchemeGroupVersion.String(), Kind: monitoringv1.PodMonitorsKind},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: labels},
+		Spec: monitoringv1.PodMonitorSpec{
+			Selector:            metav1.LabelSelector{MatchLabels: podSelector},
+			NamespaceSelector:   monitoringv1.NamespaceSelector{MatchNames: []string{namespace}},
+			PodTargetLabels:     targetLabels,
+			PodMetricsEndpoints: []monitoringv1.PodMetricsEndpoint{{Port: ptr.To(MetricsPortName), Path: "/metrics"}},
+		},
+	}
+}
+
+// hashOf is the hash of a desired child's labels and content, stored in
+// AnnotationHash.
+func hashOf(labels map[string]string, content any) string {
+	b, _ := json.Marshal(struct {
+		L map[string]string
+		C any
+	}{labels, content})
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}

@@ -1,0 +1,161 @@
+// Package monitoring onboards GPU and workload monitoring into the
+// Prometheus Operator: dcgm-exporter's Service, counters and ServiceMonitor,
+// Loom's GPU alert and recording rules, Grafana dashboards, and a PodMonitor
+// per TrainingJob and RayCluster. Each object carries the labels a
+// Prometheus needs to select it (configured, or learned from the Prometheus
+// objects' selectors), and a Monitoring condition on the onboarded object
+// says which Prometheus selects it, or which label or namespace is missing.
+// Without the Prometheus Operator's CRDs the condition says so, and
+// onboarding starts when they are installed, without a restart.
+package monitoring
+
+import (
+	"context"
+	"slices"
+	"strings"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/controllers/raycluster"
+	"github.com/loom-dev/loom/internal/manager"
+)
+
+// +kubebuilder:rbac:groups=monitoring.coreos.com,resources=servicemonitors;podmonitors;prometheusrules,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=monitoring.coreos.com,resources=prometheuses,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=services;configmaps,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=training.loom.dev,resources=trainingjobs/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=ray.io,resources=rayclusters/status,verbs=get;update;patch
+
+// Setup registers the GPU, TrainingJob and RayCluster monitoring
+// reconcilers.
+func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
+	gr := &GPUReconciler{Client: mgr.GetClient(), Namespace: opts.Namespace, Labels: opts.MonitoringLabels}
+	if opts.GrafanaDashboards {
+		gr.DashboardsNamespace = opts.DashboardsNamespace
+		if gr.DashboardsNamespace == "" {
+			gr.DashboardsNamespace = opts.Namespace
+		}
+	}
+	one := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []ctrl.Request {
+		return []ctrl.Request{{NamespacedName: client.ObjectKey{Name: "gpu"}}}
+	})
+	gc, err := ctrl.NewControllerManagedBy(mgr).
+		Named("gpu-monitoring").
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		Watches(&gpuv1alpha1.ClusterPolicy{}, one, builder.WithPredicates(specOrCondition(policyConditions, ConditionMonitoring))).
+		Watches(&corev1.Service{}, one, builder.WithPredicates(loomComponent)).
+		Watches(&corev1.ConfigMap{}, one, builder.WithPredicates(loomComponent)).
+		WatchesMetadata(&apiextensionsv1.CustomResourceDefinition{}, one, builder.WithPredicates(isOperatorCRD)).
+		WatchesMetadata(&corev1.Namespace{}, one, builder.WithPredicates(predicate.LabelChangedPredicate{},
+			predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetName() == opts.Namespace }))).
+		Build(gr)
+	if err != nil {
+		return err
+	}
+	watch := func(c controller.Controller, obj client.Object, h handler.EventHandler, p ...predicate.Predicate) func() error {
+		return func() error { return c.Watch(source.Kind(mgr.GetCache(), obj, h, p...)) }
+	}
+	gr.crds = operatorCRDs{
+		crdKind("servicemonitors", monitoringv1.ServiceMonitorsKind, watch(gc, &monitoringv1.ServiceMonitor{}, one, loomComponent)),
+		crdKind("prometheusrules", monitoringv1.PrometheusRuleKind, watch(gc, &monitoringv1.PrometheusRule{}, one, loomComponent)),
+		crdKind("prometheuses", monitoringv1.PrometheusesKind, watch(gc, &monitoringv1.Prometheus{}, one, selectorsChanged)),
+	}
+	registerInventoryMetrics(mgr.GetCache())
+	if err := setupWorkloads(mgr, opts, trainingJobs, watch); err != nil {
+		return err
+	}
+	rayServed, err := raycluster.EnsureCRD(ctx, mgr.GetClient(), mgr.GetAPIReader(), opts.InstallRayCRD && selects(opts.Controllers, "raycluster"))
+	if err != nil {
+		return err
+	}
+	if !rayServed {
+		ctrl.Log.WithName("monitoring").Info("the RayCluster CRD is not installed: RayClusters are not onboarded")
+		return nil
+	}
+	return setupWorkloads(mgr, opts, rayClusters, watch)
+}
+
+func setupWorkloads(mgr ctrl.Manager, opts manager.Options, kind workloadKind,
+	watch func(controller.Controller, client.Object, handler.EventHandler, ...predicate.Predicate) func() error) error {
+	r := &WorkloadReconciler{Client: mgr.GetClient(), Labels: opts.MonitoringLabels, kind: kind}
+	all := handler.EnqueueRequestsFromMapFunc(r.all)
+	c, err := ctrl.NewControllerManagedBy(mgr).
+		Named(kind.name).
+		For(kind.newObject(), builder.WithPredicates(specOrCondition(kind.conditions, kind.conditionType))).
+		WatchesMetadata(&apiextensionsv1.CustomResourceDefinition{}, all, builder.WithPredicates(isOperatorCRD)).
+		WatchesMetadata(&corev1.Namespace{}, all, builder.WithPredicates(predicate.LabelChangedPredicate{}, noCreate)).
+		Build(r)
+	if err != nil {
+		return err
+	}
+	owner := handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), kind.newObject(), handler.OnlyControllerOwner())
+	r.crds = operatorCRDs{
+		crdKind("podmonitors", monitoringv1.PodMonitorsKind, watch(c, &monitoringv1.PodMonitor{}, owner, loomComponent)),
+		crdKind("prometheuses", monitoringv1.PrometheusesKind, watch(c, &monitoringv1.Prometheus{}, all, selectorsChanged)),
+	}
+	return nil
+}
+
+// operatorCRDNames are the Prometheus Operator CRDs Loom uses.
+var operatorCRDNames = []string{"servicemonitors", "podmonitors", "prometheusrules", "prometheuses"}
+
+var isOperatorCRD = predicate.NewPredicateFuncs(func(o client.Object) bool {
+	plural, group, _ := strings.Cut(o.GetName(), ".")
+	return group == monitoringv1.SchemeGroupVersion.Group && slices.Contains(operatorCRDNames, plural)
+})
+
+// loomComponent selects the monitoring children (Loom's, by label).
+var loomComponent = predicate.NewPredicateFuncs(func(o client.Object) bool {
+	return o.GetLabels()[LabelManagedBy] == managedBy && o.GetLabels()[LabelComponent] != ""
+})
+
+var noCreate = predicate.Funcs{CreateFunc: func(event.CreateEvent) bool { return false }}
+
+// selectorsChanged passes Prometheus objects whose spec (selectors)
+// changed, not their frequent status updates.
+var selectorsChanged = predicate.GenerationChangedPredicate{}
+
+// specOrCondition passes spec and annotation changes of an onboarded
+// object, and changes of the monitoring condition (another writer may have
+// dropped it), but not the owner's own status updates.
+func specOrCondition(conditions func(client.Object) []metav1.Condition, conditionType string) predicate.Predicate {
+	return predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{},
+		predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+			return !apiequality.Semantic.DeepEqual(meta.FindStatusCondition(conditions(e.ObjectOld), conditionType),
+				meta.FindStatusCondition(conditions(e.ObjectNew), conditionType))
+		}})
+}
+
+func policyConditions(o client.Object) []metav1.Condition {
+	return o.(*gpuv1alpha1.ClusterPolicy).Status.Conditions
+}
+
+// selects reports whether a --controllers value runs the named controller.
+func selects(spec, name string) bool {
+	spec = strings.TrimSpace(spec)
+	if spec == "" || spec == "*" || spec == "all" {
+		return true
+	}
+	for _, n := range strings.Split(spec, ",") {
+		if strings.TrimSpace(n) == name {
+			return true
+		}
+	}
+	return false
+}
