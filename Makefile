@@ -44,7 +44,7 @@ build: ## Build the loom binary into bin/.
 
 .PHONY: tools
 tools: ## Build every pinned tool into the cache (once per version).
-	$(TOOLS) kube kwok helm controller-gen golangci-lint >/dev/null
+	$(TOOLS) kube kwok helm controller-gen golangci-lint prometheus-operator >/dev/null
 
 ##@ Generate
 
@@ -70,7 +70,7 @@ manifests: ## Generate CRDs and RBAC into the chart, and the third-party CRDs te
 
 .PHONY: verify
 verify: generate manifests ## Fail when generated files or go.mod are stale.
-	go mod tidy && (cd hack/tools && go mod tidy)
+	go mod tidy && (cd hack/tools && go mod tidy) && (cd hack/tools/prometheus-operator && go mod tidy)
 	@if [ -n "$$(git status --porcelain -- . )" ]; then \
 		echo "generated files are stale; run 'make generate manifests' and 'go mod tidy', then commit:"; \
 		git status --porcelain -- .; git --no-pager diff --stat; exit 1; fi

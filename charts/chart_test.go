@@ -245,3 +245,34 @@ func TestServiceMonitorIsOptional(t *testing.T) {
 		t.Errorf("enabling the ServiceMonitor without its CRD did not fail clearly: %v\n%.300s", err, out)
 	}
 }
+
+// The manager's alert rules are off by default, need the CRD, and carry the
+// monitoring labels; monitoring.labels reach the manager as
+// --monitoring-labels.
+func TestManagerAlertRulesAndMonitoringLabels(t *testing.T) {
+	out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "kind: PrometheusRule") || strings.Contains(out, "--monitoring-labels") {
+		t.Error("PrometheusRule or --monitoring-labels rendered by default")
+	}
+	if !strings.Contains(out, "--grafana-dashboards=true") {
+		t.Error("dashboards not on by default")
+	}
+	out, err = helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", "metrics.prometheusRule.enabled=true",
+		"--set", "monitoring.labels.release=kps", "--set", "monitoring.labels.team=gpu", "--api-versions", "monitoring.coreos.com/v1/PrometheusRule")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"kind: PrometheusRule", "release: kps", "alert: LoomManagerReconcileErrors", "alert: LoomManagerDown",
+		"controller_runtime_reconcile_errors_total", "- --monitoring-labels=release=kps,team=gpu", "$labels.controller"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("rendered chart lacks %q", want)
+		}
+	}
+	out, err = helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", "metrics.prometheusRule.enabled=true")
+	if err == nil || !strings.Contains(out, "needs the Prometheus Operator's PrometheusRule CRD") {
+		t.Errorf("enabling the rules without their CRD did not fail clearly: %v\n%.300s", err, out)
+	}
+}

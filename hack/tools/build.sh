@@ -5,6 +5,7 @@
 #
 #   hack/tools/build.sh kube      -> etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
 #   hack/tools/build.sh kwok helm controller-gen golangci-lint
+#   hack/tools/build.sh prometheus-operator -> operator, crds/ (its own CRDs)
 #
 # LOOM_TOOLS_DIR overrides the cache root (default: ~/.cache/loom/tools).
 set -euo pipefail
@@ -72,7 +73,37 @@ kwok_stages() {
 	mv "$dir/stages.yaml.tmp" "$dir/stages.yaml"
 }
 
-[[ $# -gt 0 ]] || set -- kube kwok helm controller-gen golangci-lint
+# build_prometheus_operator: the operator binary, built in its own wrapper
+# module (prometheus-operator/), and the CRDs of that version from the
+# module's example/prometheus-operator-crd into DIR/crds.
+build_prometheus_operator() {
+	local dir="$root/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION"
+	if [[ ! -x "$dir/operator" || ! -d "$dir/crds" ]]; then
+		log "building prometheus-operator $PROMETHEUS_OPERATOR_VERSION (once; cached in $dir)"
+		rm -rf "$dir.tmp" && mkdir -p "$dir.tmp/crds"
+		(
+			cd "$here/prometheus-operator"
+			local mod="github.com/prometheus-operator/prometheus-operator" src
+			[[ "$(go list -m -f '{{.Version}}' "$mod")" == "$PROMETHEUS_OPERATOR_VERSION" ]] || {
+				log "prometheus-operator/go.mod does not require $mod $PROMETHEUS_OPERATOR_VERSION"
+				exit 1
+			}
+			# The version, as upstream's Makefile sets it, names the config
+			# reloader image the operator puts into Prometheus pods.
+			go build -ldflags "-s -w -X github.com/prometheus/common/version.Version=${PROMETHEUS_OPERATOR_VERSION#v}" \
+				-o "$dir.tmp/operator" "$mod/cmd/operator"
+			# After the build, so that the module is downloaded.
+			src="$(go list -m -f '{{.Dir}}' "$mod")"
+			cp "$src"/example/prometheus-operator-crd/*.yaml "$dir.tmp/crds/"
+			chmod 644 "$dir.tmp"/crds/*.yaml
+		)
+		rm -rf "$dir" && mv "$dir.tmp" "$dir"
+	fi
+	echo "$dir"
+}
+
+all=(kube kwok helm controller-gen golangci-lint prometheus-operator)
+[[ $# -gt 0 ]] || set -- "${all[@]}"
 for t in "$@"; do
 	case "$t" in
 	kube) build_kube ;;
@@ -80,6 +111,7 @@ for t in "$@"; do
 	helm) install_tool helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm ;;
 	controller-gen) install_tool controller-gen "$CONTROLLER_TOOLS_VERSION" sigs.k8s.io/controller-tools/cmd/controller-gen ;;
 	golangci-lint) install_tool golangci-lint "$GOLANGCI_LINT_VERSION" github.com/golangci/golangci-lint/v2/cmd/golangci-lint ;;
-	*) log "unknown tool $t (known: kube kwok helm controller-gen golangci-lint)"; exit 2 ;;
+	prometheus-operator) build_prometheus_operator ;;
+	*) log "unknown tool $t (known: ${all[*]})"; exit 2 ;;
 	esac
 done

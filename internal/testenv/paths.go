@@ -38,9 +38,9 @@ func RepoRoot() (string, error) {
 var toolDirs sync.Map // tool name -> directory
 
 // ToolDir returns the cache directory holding a tool built by
-// hack/tools/build.sh (kube, kwok, helm, controller-gen, golangci-lint),
-// building it first if the cache lacks it. For "kube", a set
-// KUBEBUILDER_ASSETS wins.
+// hack/tools/build.sh (kube, kwok, helm, controller-gen, golangci-lint,
+// prometheus-operator), building it first if the cache lacks it. For "kube",
+// a set KUBEBUILDER_ASSETS wins.
 func ToolDir(tool string) (string, error) {
 	if tool == "kube" {
 		if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
