@@ -183,27 +183,14 @@ func (r *PolicyReconciler) activePolicy(ctx context.Context) (string, error) {
 	return cp.Name, nil
 }
 
-// ActivePolicy returns the ClusterPolicy in force: the oldest one not being
-// deleted (name breaks ties), or nil.
+// ActivePolicy returns the ClusterPolicy in force (gpuv1alpha1.Active), or
+// nil.
 func ActivePolicy(ctx context.Context, c client.Reader) (*gpuv1alpha1.ClusterPolicy, error) {
 	list := &gpuv1alpha1.ClusterPolicyList{}
 	if err := c.List(ctx, list); err != nil {
 		return nil, err
 	}
-	items := list.Items
-	sort.Slice(items, func(i, j int) bool {
-		ti, tj := items[i].CreationTimestamp, items[j].CreationTimestamp
-		if !ti.Equal(&tj) {
-			return ti.Before(&tj)
-		}
-		return items[i].Name < items[j].Name
-	})
-	for i := range items {
-		if items[i].DeletionTimestamp == nil {
-			return &items[i], nil
-		}
-	}
-	return nil, nil
+	return gpuv1alpha1.Active(list.Items), nil
 }
 
 // upgradeCounts are the GPU nodes by driver upgrade progress.

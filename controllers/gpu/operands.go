@@ -121,7 +121,7 @@ var operands = []operand{
 		},
 		volumes: func(cp *gpuv1alpha1.ClusterPolicy) ([]corev1.Volume, []corev1.VolumeMount) {
 			return []corev1.Volume{{Name: "counters", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
-					LocalObjectReference: corev1.LocalObjectReference{Name: DCGMCountersConfigMap(cp)}}}}},
+					LocalObjectReference: corev1.LocalObjectReference{Name: cp.Spec.DCGMExporter.CountersConfigMap()}}}}},
 				[]corev1.VolumeMount{{Name: "counters", MountPath: dcgmCountersDir, ReadOnly: true}}
 		},
 		// A new Loom with other counters restarts the exporters; a user's
@@ -378,24 +378,4 @@ func enabledOperands(cp *gpuv1alpha1.ClusterPolicy) (on, off []operand) {
 	return on, off
 }
 
-// LoomCountersConfigMap is Loom's dcgm-exporter counters ConfigMap (written
-// by the monitoring reconciler): dcgm-exporter's defaults plus the ECC and
-// row-remapping fields Loom's alerts need.
-const LoomCountersConfigMap = "loom-dcgm-exporter-metrics"
-
 const dcgmCountersDir = "/etc/dcgm-exporter/loom"
-
-// DCGMCountersConfigMap is the counters ConfigMap dcgm-exporter mounts: the
-// policy's, or Loom's.
-func DCGMCountersConfigMap(cp *gpuv1alpha1.ClusterPolicy) string {
-	if n := cp.Spec.DCGMExporter.MetricsConfigMapName; n != "" {
-		return n
-	}
-	return LoomCountersConfigMap
-}
-
-// OperandEnabled reports whether the policy runs the named operand.
-func OperandEnabled(cp *gpuv1alpha1.ClusterPolicy, name string) bool {
-	spec := cp.Spec.Operand(name)
-	return spec != nil && spec.IsEnabled(defaultsFor(name))
-}

@@ -137,8 +137,8 @@ func TestDCGMExporterCounters(t *testing.T) {
 			cm = v.ConfigMap.Name
 		}
 	}
-	if cm != LoomCountersConfigMap {
-		t.Fatalf("counters volume from ConfigMap %q, want %q", cm, LoomCountersConfigMap)
+	if cm != gpuv1alpha1.DefaultDCGMCountersConfigMap {
+		t.Fatalf("counters volume from ConfigMap %q, want %q", cm, gpuv1alpha1.DefaultDCGMCountersConfigMap)
 	}
 	var collectors string
 	for _, e := range pod.Containers[0].Env {
@@ -156,7 +156,7 @@ func TestDCGMExporterCounters(t *testing.T) {
 	own := cp.DeepCopy()
 	own.Spec.DCGMExporter.MetricsConfigMapName = "my-counters"
 	ds2 := BuildDaemonSet(operandByName(gpuv1alpha1.OperandDCGMExporter), own, "ns")
-	if DCGMCountersConfigMap(own) != "my-counters" || ds2.Spec.Template.Annotations[AnnotationConfigHash] == ds.Spec.Template.Annotations[AnnotationConfigHash] {
+	if own.Spec.DCGMExporter.CountersConfigMap() != "my-counters" || ds2.Spec.Template.Annotations[AnnotationConfigHash] == ds.Spec.Template.Annotations[AnnotationConfigHash] {
 		t.Errorf("naming a ConfigMap must switch the volume and restart the exporters")
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
-	"github.com/loom-dev/loom/controllers/gpu"
 	"github.com/loom-dev/loom/internal/optional"
 )
 
@@ -41,12 +40,16 @@ var clusterPolicyGVK = gpuv1alpha1.GroupVersion.WithKind("ClusterPolicy")
 // Reconcile works on the policy in force whatever the request names: there
 // is one, and its children go with it by garbage collection.
 func (r *GPUReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
-	cp, err := gpu.ActivePolicy(ctx, r.Client)
-	if err != nil || cp == nil {
+	policies := &gpuv1alpha1.ClusterPolicyList{}
+	if err := r.List(ctx, policies); err != nil {
 		return ctrl.Result{}, err
 	}
+	cp := gpuv1alpha1.Active(policies.Items)
+	if cp == nil {
+		return ctrl.Result{}, nil
+	}
 	owner := *metav1.NewControllerRef(cp, clusterPolicyGVK)
-	exporter := gpu.OperandEnabled(cp, gpuv1alpha1.OperandDCGMExporter)
+	exporter := cp.Spec.OperandEnabled(gpuv1alpha1.OperandDCGMExporter)
 	key := func(name string) client.ObjectKey { return client.ObjectKey{Namespace: r.Namespace, Name: name} }
 
 	var errs []error

@@ -16,9 +16,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
-	"github.com/loom-dev/loom/controllers/gpu"
 	"github.com/loom-dev/loom/controllers/monitoring/assets"
-	"github.com/loom-dev/loom/controllers/training"
 )
 
 // Names and labels of the objects the monitoring reconcilers write.
@@ -43,7 +41,7 @@ const (
 	ExporterPort     = 9400
 	// CountersConfigMap holds Loom's dcgm-exporter counters (with the ECC
 	// fields the alerts need) unless the policy names its own.
-	CountersConfigMap = gpu.LoomCountersConfigMap
+	CountersConfigMap = gpuv1alpha1.DefaultDCGMCountersConfigMap
 	// RuleName is the PrometheusRule with Loom's GPU alerts and recordings.
 	RuleName = "loom-gpu"
 	// DashboardsConfigMap carries the Grafana dashboards (sidecar label
@@ -156,8 +154,8 @@ func TrainingJobPodMonitor(job *trainingv1alpha1.TrainingJob, selection map[stri
 		return nil
 	}
 	return podMonitor(TrainingJobPodMonitorName(job.Name), job.Namespace, "trainingjob", selection,
-		map[string]string{training.LabelJobName: job.Name},
-		[]string{training.LabelJobName, training.LabelReplicaType, training.LabelReplicaIndex})
+		map[string]string{trainingv1alpha1.LabelJobName: job.Name},
+		[]string{trainingv1alpha1.LabelJobName, trainingv1alpha1.LabelReplicaType, trainingv1alpha1.LabelReplicaIndex})
 }
 
 // RayClusterPodMonitor scrapes Ray's metrics port (8080, named "metrics"

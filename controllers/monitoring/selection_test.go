@@ -96,7 +96,7 @@ func TestSelect(t *testing.T) {
 			name: "namespace not selected is named, even with the label", obj: pm,
 			proms:      []*monitoringv1.Prometheus{prom("monitoring", "kps", time.Hour, teamNS)},
 			wantLabels: map[string]string{"release": "kps"}, learned: "monitoring/kps",
-			why:        []string{"podMonitorNamespaceSelector {team=infra} does not select namespace ml"},
+			why: []string{"podMonitorNamespaceSelector {team=infra} does not select namespace ml"},
 		},
 	}
 	for _, tt := range tests {

@@ -30,8 +30,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
-	"github.com/loom-dev/loom/controllers/raycluster"
 	"github.com/loom-dev/loom/internal/manager"
+	"github.com/loom-dev/loom/internal/optional"
 )
 
 // +kubebuilder:rbac:groups=monitoring.coreos.com,resources=servicemonitors;podmonitors;prometheusrules,verbs=get;list;watch;create;update;patch;delete
@@ -80,14 +80,6 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	if err := setupWorkloads(mgr, opts, trainingJobs, watch); err != nil {
 		return err
 	}
-	rayServed, err := raycluster.EnsureCRD(ctx, mgr.GetClient(), mgr.GetAPIReader(), opts.InstallRayCRD && selects(opts.Controllers, "raycluster"))
-	if err != nil {
-		return err
-	}
-	if !rayServed {
-		ctrl.Log.WithName("monitoring").Info("the RayCluster CRD is not installed: RayClusters are not onboarded")
-		return nil
-	}
 	return setupWorkloads(mgr, opts, rayClusters, watch)
 }
 
@@ -95,14 +87,27 @@ func setupWorkloads(mgr ctrl.Manager, opts manager.Options, kind workloadKind,
 	watch func(controller.Controller, client.Object, handler.EventHandler, ...predicate.Predicate) func() error) error {
 	r := &WorkloadReconciler{Client: mgr.GetClient(), Labels: opts.MonitoringLabels, kind: kind}
 	all := handler.EnqueueRequestsFromMapFunc(r.all)
-	c, err := ctrl.NewControllerManagedBy(mgr).
+	var crds predicate.Predicate = isOperatorCRD
+	if kind.crd != "" {
+		crds = predicate.Or(isOperatorCRD, optional.IsCRD(kind.crd))
+	}
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named(kind.name).
-		For(kind.newObject(), builder.WithPredicates(specOrCondition(kind.conditions, kind.conditionType))).
-		WatchesMetadata(&apiextensionsv1.CustomResourceDefinition{}, all, builder.WithPredicates(isOperatorCRD)).
-		WatchesMetadata(&corev1.Namespace{}, all, builder.WithPredicates(predicate.LabelChangedPredicate{}, noCreate)).
-		Build(r)
+		WatchesMetadata(&apiextensionsv1.CustomResourceDefinition{}, all, builder.WithPredicates(crds)).
+		WatchesMetadata(&corev1.Namespace{}, all, builder.WithPredicates(predicate.LabelChangedPredicate{}, noCreate))
+	changes := specOrCondition(kind.conditions, kind.conditionType)
+	if kind.crd == "" {
+		b = b.For(kind.newObject(), builder.WithPredicates(changes))
+	}
+	c, err := b.Build(r)
 	if err != nil {
 		return err
+	}
+	if kind.crd != "" {
+		// A kind another component may install (KubeRay's CRD, by Loom's
+		// raycluster controller or KubeRay): watched once served.
+		r.workload = &optional.Kind{CRD: kind.crd, GVK: kind.gvk,
+			Watch: watch(c, kind.newObject(), &handler.EnqueueRequestForObject{}, changes)}
 	}
 	owner := handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), kind.newObject(), handler.OnlyControllerOwner())
 	r.crds = operatorCRDs{
@@ -144,18 +149,4 @@ func specOrCondition(conditions func(client.Object) []metav1.Condition, conditio
 
 func policyConditions(o client.Object) []metav1.Condition {
 	return o.(*gpuv1alpha1.ClusterPolicy).Status.Conditions
-}
-
-// selects reports whether a --controllers value runs the named controller.
-func selects(spec, name string) bool {
-	spec = strings.TrimSpace(spec)
-	if spec == "" || spec == "*" || spec == "all" {
-		return true
-	}
-	for _, n := range strings.Split(spec, ",") {
-		if strings.TrimSpace(n) == name {
-			return true
-		}
-	}
-	return false
 }

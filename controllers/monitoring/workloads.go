@@ -21,7 +21,10 @@ import (
 // workloadKind is what the workload reconciler needs to know of one kind of
 // workload (TrainingJob, RayCluster).
 type workloadKind struct {
-	name          string
+	name string
+	// crd names the kind's CRD when it may be missing at start (then the
+	// kind is watched once served).
+	crd           string
 	gvk           schema.GroupVersionKind
 	conditionType string
 	newObject     func() client.Object
@@ -45,7 +48,7 @@ var trainingJobs = workloadKind{
 }
 
 var rayClusters = workloadKind{
-	name: "raycluster-monitoring", gvk: rayv1.SchemeGroupVersion.WithKind("RayCluster"), conditionType: RayConditionMonitoring,
+	name: "raycluster-monitoring", crd: "rayclusters.ray.io", gvk: rayv1.SchemeGroupVersion.WithKind("RayCluster"), conditionType: RayConditionMonitoring,
 	newObject:   func() client.Object { return &rayv1.RayCluster{} },
 	newList:     func() client.ObjectList { return &rayv1.RayClusterList{} },
 	conditions:  func(o client.Object) []metav1.Condition { return o.(*rayv1.RayCluster).Status.Conditions },
@@ -62,9 +65,20 @@ type WorkloadReconciler struct {
 	Labels map[string]string
 	kind   workloadKind
 	crds   operatorCRDs
+	// workload is set when the kind's own CRD may be missing.
+	workload *optional.Kind
 }
 
 func (r *WorkloadReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if r.workload != nil {
+		served, err := r.workload.Served(ctx, r.Client)
+		if errors.Is(err, optional.ErrNotServedYet) {
+			return ctrl.Result{RequeueAfter: time.Second}, nil
+		}
+		if err != nil || !served || req.Name == "" {
+			return ctrl.Result{}, err // the kind's watch, once started, brings every object
+		}
+	}
 	obj := r.kind.newObject()
 	if err := r.Get(ctx, req.NamespacedName, obj); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err) // the PodMonitor goes by garbage collection
@@ -119,6 +133,9 @@ func (r *WorkloadReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 
 // all lists every workload of the kind (a Prometheus or a CRD changed).
 func (r *WorkloadReconciler) all(ctx context.Context, _ client.Object) []ctrl.Request {
+	if r.workload != nil && !r.workload.Watching() {
+		return []ctrl.Request{{}} // Reconcile starts the kind's watch when served
+	}
 	list := r.kind.newList()
 	if err := r.List(ctx, list); err != nil {
 		return nil

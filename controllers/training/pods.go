@@ -19,11 +19,11 @@ import (
 // Labels on every pod (and the Service and PodGroup) of a job; the shape of
 // Kubeflow's training.kubeflow.org/* labels under Loom's prefix.
 const (
-	LabelJobName      = "training.loom.dev/job-name"
-	LabelReplicaType  = "training.loom.dev/replica-type"
-	LabelReplicaIndex = "training.loom.dev/replica-index"
-	LabelJobRole      = "training.loom.dev/job-role"
-	LabelAttempt      = "training.loom.dev/attempt"
+	LabelJobName      = trainingv1alpha1.LabelJobName
+	LabelReplicaType  = trainingv1alpha1.LabelReplicaType
+	LabelReplicaIndex = trainingv1alpha1.LabelReplicaIndex
+	LabelJobRole      = trainingv1alpha1.LabelJobRole
+	LabelAttempt      = trainingv1alpha1.LabelAttempt
 	LabelManagedBy    = "app.kubernetes.io/managed-by"
 	managedBy         = "loom"
 )

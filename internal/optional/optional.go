@@ -73,3 +73,10 @@ func IsCRD(names ...string) predicate.Predicate {
 		return false
 	})
 }
+
+// Watching reports whether the kind's watch has started.
+func (k *Kind) Watching() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.watching
+}

@@ -99,3 +99,48 @@ func (p *DriverUpgradePolicy) Parallel() int32 {
 	}
 	return *p.MaxParallelUpgrades
 }
+
+// OperandEnabled reports whether the policy runs the named operand.
+func (s *ClusterPolicySpec) OperandEnabled(name string) bool {
+	o := s.Operand(name)
+	if o == nil {
+		return false
+	}
+	for _, d := range Defaults {
+		if d.Name == name {
+			return o.IsEnabled(d.OperandDefaults)
+		}
+	}
+	return o.IsEnabled(OperandDefaults{})
+}
+
+// DefaultDCGMCountersConfigMap is Loom's dcgm-exporter counters ConfigMap
+// (written by the monitoring reconciler): dcgm-exporter's defaults plus the
+// ECC and row-remapping fields Loom's alerts need.
+const DefaultDCGMCountersConfigMap = "loom-dcgm-exporter-metrics"
+
+// CountersConfigMap is the counters ConfigMap dcgm-exporter mounts: the
+// policy's, or Loom's.
+func (s *DCGMExporterSpec) CountersConfigMap() string {
+	if s.MetricsConfigMapName != "" {
+		return s.MetricsConfigMapName
+	}
+	return DefaultDCGMCountersConfigMap
+}
+
+// Active returns the ClusterPolicy in force among items: the oldest one not
+// being deleted (name breaks ties), or nil. Others are ignored.
+func Active(items []ClusterPolicy) *ClusterPolicy {
+	var best *ClusterPolicy
+	for i := range items {
+		cp := &items[i]
+		if cp.DeletionTimestamp != nil {
+			continue
+		}
+		if best == nil || cp.CreationTimestamp.Before(&best.CreationTimestamp) ||
+			(cp.CreationTimestamp.Equal(&best.CreationTimestamp) && cp.Name < best.Name) {
+			best = cp
+		}
+	}
+	return best
+}
