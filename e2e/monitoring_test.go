@@ -73,10 +73,10 @@ func TestMonitoringSelectedByTheRealPrometheusOperator(t *testing.T) {
 		return p
 	}
 	prom("monitoring", "kps", "kps", &metav1.LabelSelector{})
-	// Created later, so Loom learns kps's label; it reads only its own
-	// namespace.
+	// Created later, so Loom learns kps's label; it reads every namespace
+	// but selects release=team.
 	time.Sleep(1100 * time.Millisecond)
-	prom("team", "team", "team", nil)
+	prom("team", "team", "team", &metav1.LabelSelector{})
 
 	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "monitoring-stack"}}
 	if err := cluster.Client.Create(ctx, cp); err != nil {
@@ -148,7 +148,9 @@ func TestMonitoringSelectedByTheRealPrometheusOperator(t *testing.T) {
 		t.Fatalf("Loom's GPU rules are not in monitoring/kps's rule files: %v (files %v)", err, keys(files))
 	}
 	// The other Prometheus selects nothing of Loom's.
-	other, err := cluster.PrometheusConfig(ctx, "team", "team", 60*time.Second, func(string) bool { return true })
+	other, err := cluster.PrometheusConfig(ctx, "team", "team", 60*time.Second, func(cfg string) bool {
+		return strings.Contains(cfg, "scrape_configs") || strings.Contains(cfg, "global:")
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

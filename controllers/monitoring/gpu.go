@@ -9,6 +9,7 @@ import (
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,6 +25,8 @@ import (
 // does.
 type GPUReconciler struct {
 	client.Client
+	// APIReader reads around the cache (Services outside Loom's label).
+	APIReader client.Reader
 	// Namespace holds the operands and so these children.
 	Namespace string
 	// Labels are the configured selection labels (--monitoring-labels).
@@ -63,12 +66,23 @@ func (r *GPUReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Res
 	if r.DashboardsNamespace != "" {
 		dashboards = Dashboards(r.DashboardsNamespace)
 	}
+	if svc != nil && r.APIReader != nil {
+		// The cache holds only Loom's Services: before creating, make sure
+		// the name is not someone else's.
+		if err := r.Get(ctx, key(ExporterName), &corev1.Service{}); apierrors.IsNotFound(err) {
+			if err := r.APIReader.Get(ctx, key(ExporterName), &corev1.Service{}); err == nil {
+				errs = append(errs, errConflict{kind: "Service", key: key(ExporterName).String()})
+				svc = nil
+			}
+		}
+	}
 	errs = append(errs,
 		ensure(ctx, r.Client, &corev1.Service{}, key(ExporterName), svc, owner),
 		ensure(ctx, r.Client, &corev1.ConfigMap{}, key(CountersConfigMap), counters, owner))
 	if r.DashboardsNamespace != "" {
 		errs = append(errs, ensure(ctx, r.Client, &corev1.ConfigMap{}, client.ObjectKey{Namespace: r.DashboardsNamespace, Name: DashboardsConfigMap}, dashboards, owner))
 	}
+	errs = append(errs, r.removeStaleDashboards(ctx))
 
 	missing, err := r.crds.missing(ctx, r.Client)
 	if errors.Is(err, optional.ErrNotServedYet) {
@@ -104,13 +118,38 @@ func (r *GPUReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Res
 			cond.Message = "dcgm-exporter is disabled in the policy, so there are no GPU metrics; " + cond.Message
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		cond = conflictOr(err, cond)
-		if cond.Reason != ReasonConflict {
-			return ctrl.Result{}, err
+	// A name conflict needs a person and goes into the condition; other
+	// errors are retried after the condition is written.
+	var retry []error
+	for _, err := range errs {
+		var c errConflict
+		if errors.As(err, &c) {
+			cond = metav1.Condition{Type: cond.Type, Status: metav1.ConditionFalse, Reason: ReasonConflict, Message: c.Error()}
+		} else if err != nil {
+			retry = append(retry, err)
 		}
 	}
-	return ctrl.Result{}, setCondition(ctx, r.Client, cp, clusterPolicyGVK, cp.Status.Conditions, cond)
+	if err := setCondition(ctx, r.Client, cp, clusterPolicyGVK, cp.Status.Conditions, cond); err != nil {
+		retry = append(retry, err)
+	}
+	return ctrl.Result{}, errors.Join(retry...)
+}
+
+// removeStaleDashboards deletes Loom's dashboards ConfigMaps outside the
+// configured namespace (dashboards turned off, or moved).
+func (r *GPUReconciler) removeStaleDashboards(ctx context.Context) error {
+	list := &corev1.ConfigMapList{}
+	if err := r.List(ctx, list, client.MatchingLabels(ownedLabels("dashboards"))); err != nil {
+		return err
+	}
+	var errs []error
+	for i := range list.Items {
+		cm := &list.Items[i]
+		if cm.Name == DashboardsConfigMap && cm.Namespace != r.DashboardsNamespace && cm.DeletionTimestamp == nil {
+			errs = append(errs, client.IgnoreNotFound(r.Delete(ctx, cm)))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // selected is one object and its selection, for the condition message.
@@ -141,7 +180,7 @@ func selectionCondition(prometheuses int, parts []selected) metav1.Condition {
 	var ok, notOK []string
 	for _, p := range parts {
 		if len(p.sel.SelectedBy) == 0 {
-			notOK = append(notOK, fmt.Sprintf("no Prometheus selects %s %s (%s)", p.kind, p.key, strings.Join(p.sel.Why, "; ")))
+			notOK = append(notOK, fmt.Sprintf("no Prometheus selects %s %s (%s)", p.kind, p.key, joinCapped(p.sel.Why, "; ")))
 			continue
 		}
 		s := fmt.Sprintf("%s %s selected by Prometheus %s", p.kind, p.key, strings.Join(p.sel.SelectedBy, ", "))
@@ -149,7 +188,7 @@ func selectionCondition(prometheuses int, parts []selected) metav1.Condition {
 			s += fmt.Sprintf(" (labels %s learned from %s)", formatLabels(p.sel.Labels), p.sel.Learned)
 		}
 		if len(p.sel.Why) > 0 {
-			s += " but not by " + strings.Join(p.sel.Why, ", nor ")
+			s += " but not by " + joinCapped(p.sel.Why, ", nor ")
 		}
 		ok = append(ok, s)
 	}
@@ -197,6 +236,17 @@ func namespaceLabels(ctx context.Context, c client.Reader) func(string) map[stri
 		}
 		return ns.Labels
 	}
+}
+
+// maxReasons caps the per-Prometheus reasons in a message, so that a
+// cluster with many Prometheus objects keeps conditions short.
+const maxReasons = 3
+
+func joinCapped(items []string, sep string) string {
+	if len(items) <= maxReasons {
+		return strings.Join(items, sep)
+	}
+	return strings.Join(items[:maxReasons], sep) + fmt.Sprintf("%sand %d more", sep, len(items)-maxReasons)
 }
 
 func formatLabels(l map[string]string) string {

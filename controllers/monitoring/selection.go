@@ -56,21 +56,19 @@ func judge(p *monitoringv1.Prometheus, o Object, nsLabels map[string]string) (bo
 	if !s.Matches(labels.Set(o.Labels)) {
 		return false, fmt.Sprintf("%s %s needs %s", selField, describeSelector(sel), missing(sel, o.Labels))
 	}
-	if !p.Spec.IgnoreNamespaceSelectors {
-		switch {
-		case nsSel == nil && o.Namespace != p.Namespace:
-			return false, fmt.Sprintf("its %s is unset, so it reads %ss only in its own namespace %s, not %s", nsField, o.Kind, p.Namespace, o.Namespace)
-		case nsSel != nil:
-			ns, err := metav1.LabelSelectorAsSelector(nsSel)
-			if err != nil {
-				return false, fmt.Sprintf("its %s is invalid: %v", nsField, err)
-			}
-			if !ns.Matches(labels.Set(nsLabels)) {
-				return false, fmt.Sprintf("its %s %s does not select namespace %s", nsField, describeSelector(nsSel), o.Namespace)
-			}
+	// ignoreNamespaceSelectors concerns the monitors' own
+	// spec.namespaceSelector, not which namespaces p reads them from.
+	switch {
+	case nsSel == nil && o.Namespace != p.Namespace:
+		return false, fmt.Sprintf("its %s is unset, so it reads %ss only in its own namespace %s, not %s", nsField, o.Kind, p.Namespace, o.Namespace)
+	case nsSel != nil:
+		ns, err := metav1.LabelSelectorAsSelector(nsSel)
+		if err != nil {
+			return false, fmt.Sprintf("its %s is invalid: %v", nsField, err)
 		}
-	} else if o.Namespace != p.Namespace {
-		return false, fmt.Sprintf("ignoreNamespaceSelectors is set, so it reads %ss only in its own namespace %s, not %s", o.Kind, p.Namespace, o.Namespace)
+		if !ns.Matches(labels.Set(nsLabels)) {
+			return false, fmt.Sprintf("its %s %s does not select namespace %s", nsField, describeSelector(nsSel), o.Namespace)
+		}
 	}
 	return true, ""
 }

@@ -39,6 +39,8 @@ func TestSelect(t *testing.T) {
 	expr := kpsSpec("x")
 	expr.ServiceMonitorSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
 		{Key: "team", Operator: metav1.LabelSelectorOpIn, Values: []string{"gpu"}}}}
+	ignoring := kpsSpec("kps")
+	ignoring.IgnoreNamespaceSelectors = true
 	teamNS := kpsSpec("kps")
 	teamNS.PodMonitorNamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"team": "infra"}}
 
@@ -66,6 +68,11 @@ func TestSelect(t *testing.T) {
 			},
 			wantLabels: map[string]string{"release": "old"}, wantBy: []string{"monitoring/old"}, learned: "monitoring/old",
 			why: []string{"Prometheus monitoring/new: serviceMonitorSelector {release=new} needs label release=new"},
+		},
+		{
+			name: "ignoreNamespaceSelectors concerns the monitors' own selectors, not the Prometheus's", obj: sm,
+			proms:      []*monitoringv1.Prometheus{prom("monitoring", "kps", time.Hour, ignoring)},
+			wantLabels: map[string]string{"release": "kps"}, wantBy: []string{"monitoring/kps"}, learned: "monitoring/kps",
 		},
 		{
 			name: "an empty selector selects already: nothing learned", obj: sm,

@@ -39,13 +39,16 @@ import (
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=services;configmaps,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies/finalizers,verbs=update
+// +kubebuilder:rbac:groups=training.loom.dev,resources=trainingjobs/finalizers,verbs=update
+// +kubebuilder:rbac:groups=ray.io,resources=rayclusters/finalizers,verbs=update
 // +kubebuilder:rbac:groups=training.loom.dev,resources=trainingjobs/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=ray.io,resources=rayclusters/status,verbs=get;update;patch
 
 // Setup registers the GPU, TrainingJob and RayCluster monitoring
 // reconcilers.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
-	gr := &GPUReconciler{Client: mgr.GetClient(), Namespace: opts.Namespace, Labels: opts.MonitoringLabels}
+	gr := &GPUReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: opts.Namespace, Labels: opts.MonitoringLabels}
 	if opts.GrafanaDashboards {
 		gr.DashboardsNamespace = opts.DashboardsNamespace
 		if gr.DashboardsNamespace == "" {
