@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
-	"github.com/loom-dev/loom/controllers/monitoring/assets"
 )
 
 // Labels on every operand object.
@@ -117,21 +116,16 @@ var operands = []operand{
 		ports:     []corev1.ContainerPort{{Name: "gpu-metrics", ContainerPort: 9400, Protocol: corev1.ProtocolTCP}},
 		env: func(*gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
 			return []corev1.EnvVar{{Name: "DCGM_EXPORTER_LISTEN", Value: ":9400"}, {Name: "DCGM_EXPORTER_KUBERNETES", Value: "true"},
-				{Name: "DCGM_EXPORTER_COLLECTORS", Value: dcgmCountersDir + "/" + assets.DCGMMetricsKey}}
+				{Name: "DCGM_EXPORTER_COLLECTORS", Value: dcgmCountersDir + "/" + gpuv1alpha1.DCGMCountersKey}}
 		},
 		volumes: func(cp *gpuv1alpha1.ClusterPolicy) ([]corev1.Volume, []corev1.VolumeMount) {
 			return []corev1.Volume{{Name: "counters", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 					LocalObjectReference: corev1.LocalObjectReference{Name: cp.Spec.DCGMExporter.CountersConfigMap()}}}}},
 				[]corev1.VolumeMount{{Name: "counters", MountPath: dcgmCountersDir, ReadOnly: true}}
 		},
-		// A new Loom with other counters restarts the exporters; a user's
-		// ConfigMap is theirs to roll.
-		config: func(cp *gpuv1alpha1.ClusterPolicy) any {
-			if cp.Spec.DCGMExporter.MetricsConfigMapName != "" {
-				return cp.Spec.DCGMExporter.MetricsConfigMapName
-			}
-			return assets.DCGMMetricsCSV
-		},
+		// Switching ConfigMaps restarts the exporters (they read the CSV at
+		// start).
+		config: func(cp *gpuv1alpha1.ClusterPolicy) any { return cp.Spec.DCGMExporter.CountersConfigMap() },
 	},
 	{
 		name: gpuv1alpha1.OperandMIGManager, privileged: true, runtimeClass: true, waitFor: "toolkit-ready",

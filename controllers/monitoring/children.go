@@ -65,15 +65,6 @@ func (ks operatorCRDs) missing(ctx context.Context, c client.Client) ([]string, 
 	return out, nil
 }
 
-// names lists every CRD name (for the CRD watch predicate).
-func (ks operatorCRDs) names() []string {
-	out := make([]string, len(ks))
-	for i, k := range ks {
-		out[i] = k.CRD
-	}
-	return out
-}
-
 // errConflict: an object of the child's name exists and is not Loom's.
 type errConflict struct{ kind, key string }
 

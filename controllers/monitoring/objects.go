@@ -1,9 +1,6 @@
 package monitoring
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"maps"
 	"slices"
 
@@ -25,9 +22,6 @@ const (
 	LabelComponent = "app.kubernetes.io/component"
 	managedBy      = "loom"
 
-	// AnnotationHash is the hash of what Loom applied; a child whose hash
-	// differs from the desired one is re-applied.
-	AnnotationHash = "monitoring.loom.dev/hash"
 	// AnnotationScrape: "false" on a TrainingJob or RayCluster opts it out
 	// of its PodMonitor.
 	AnnotationScrape = "monitoring.loom.dev/scrape"
@@ -190,15 +184,4 @@ func podMonitor(name, namespace, component string, selection, podSelector map[st
 			PodMetricsEndpoints: []monitoringv1.PodMetricsEndpoint{{Port: ptr.To(MetricsPortName), Path: "/metrics"}},
 		},
 	}
-}
-
-// hashOf is the hash of a desired child's labels and content, stored in
-// AnnotationHash.
-func hashOf(labels map[string]string, content any) string {
-	b, _ := json.Marshal(struct {
-		L map[string]string
-		C any
-	}{labels, content})
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:8])
 }

@@ -119,6 +119,10 @@ func (s *ClusterPolicySpec) OperandEnabled(name string) bool {
 // ECC and row-remapping fields Loom's alerts need.
 const DefaultDCGMCountersConfigMap = "loom-dcgm-exporter-metrics"
 
+// DCGMCountersKey is the counters CSV's key in that ConfigMap (and in one
+// the policy names).
+const DCGMCountersKey = "dcgm-metrics.csv"
+
 // CountersConfigMap is the counters ConfigMap dcgm-exporter mounts: the
 // policy's, or Loom's.
 func (s *DCGMExporterSpec) CountersConfigMap() string {
