@@ -11,6 +11,9 @@ GO_TEST_FLAGS ?=
 BIN := bin
 
 EXTERNAL_CRDS := config/crd/external
+# The GPU rules evaluated by Prometheus's own engine: a test-only module, so
+# that Prometheus's dependencies stay out of Loom's go.mod.
+RULETEST := controllers/monitoring/assets/ruletest
 MONITORING_CRDS := podmonitors servicemonitors prometheusrules prometheuses
 
 .PHONY: help
@@ -70,7 +73,7 @@ manifests: ## Generate CRDs and RBAC into the chart, and the third-party CRDs te
 
 .PHONY: verify
 verify: generate manifests ## Fail when generated files or go.mod are stale.
-	go mod tidy && (cd hack/tools && go mod tidy) && (cd hack/tools/prometheus-operator && go mod tidy)
+	go mod tidy && (cd hack/tools && go mod tidy) && (cd hack/tools/prometheus-operator && go mod tidy) && (cd $(RULETEST) && go mod tidy)
 	@if [ -n "$$(git status --porcelain -- . )" ]; then \
 		echo "generated files are stale; run 'make generate manifests' and 'go mod tidy', then commit:"; \
 		git status --porcelain -- .; git --no-pager diff --stat; exit 1; fi
@@ -88,14 +91,17 @@ vet: ## go vet.
 .PHONY: lint
 lint: ## golangci-lint (includes import-direction rules).
 	$(GOLANGCI_LINT) run ./...
+	cd $(RULETEST) && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 
 .PHONY: test
 test: tools ## Every tier: unit, integration (envtest) and end to end (simulated cluster).
 	KUBEBUILDER_ASSETS="$$($(TOOLS) kube)" go test $(GO_TEST_FLAGS) ./...
+	cd $(RULETEST) && go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-unit
 test-unit: ## Unit and integration tests only (skips e2e/).
 	KUBEBUILDER_ASSETS="$$($(TOOLS) kube)" go test $(GO_TEST_FLAGS) $$(go list ./... | grep -v /e2e)
+	cd $(RULETEST) && go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: e2e
 e2e: tools build ## End-to-end tests only.

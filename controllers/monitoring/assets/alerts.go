@@ -9,10 +9,10 @@ import (
 
 // Thresholds of the alerts.
 const (
-	// GPUTempHighCelsius: datacenter GPUs start to slow their clocks at
-	// their slowdown temperature, 87-92 °C on A100/H100 (nvidia-smi -q -d
-	// TEMPERATURE); 85 °C held for GPUTempHighFor means the cooling is
-	// failing before throughput suffers.
+	// GPUTempHighCelsius: datacenter GPUs slow their clocks from their
+	// slowdown temperature, around 90 °C (nvidia-smi -q -d TEMPERATURE shows
+	// it); 85 °C held for GPUTempHighFor means the cooling is failing before
+	// throughput suffers.
 	GPUTempHighCelsius = 85
 	// FBUsedHighRatio of the framebuffer (used / (used + free)): at this
 	// level the next allocation usually fails with CUDA out of memory.
@@ -39,9 +39,10 @@ const (
 	// finish quietly.
 	RowRemapPendingFor = "5m"
 	// IdleWindow and IdleFor: an allocated GPU is idle when its utilisation
-	// stayed below IdleUtilizationPercent over every IdleWindow for IdleFor,
-	// that is for IdleWindow+IdleFor in all. The for: part keeps a pod that
-	// has just started (and has no history yet) from alerting.
+	// stayed below IdleUtilizationPercent over every IdleWindow for IdleFor:
+	// IdleFor after a pod got it, IdleWindow+IdleFor after its last busy
+	// moment. The for: part keeps a pod that has just started (and has no
+	// history yet) from alerting.
 	IdleWindow = "15m"
 	IdleFor    = "1h"
 	// ExporterDownFor covers a dcgm-exporter restart (DCGM takes a minute
@@ -86,8 +87,9 @@ var criticalXids = []int{48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 154}
 // to them, so that a GPU split by MIG alerts once, not once per instance.
 const gpuID = "node, gpu, UUID, modelName"
 
-// xidLabels add, to a GPU, the Xid (err_code, err_msg: dcgm-exporter 3.3.6
-// and later) and the pod it hit.
+// xidLabels add, to a GPU, the Xid (err_code, err_msg: labels of recent
+// dcgm-exporters, so that each Xid is a series of its own) and the pod it
+// hit.
 const xidLabels = gpuID + ", err_code, err_msg, namespace, pod"
 
 const xid = `DCGM_FI_DEV_XID_ERRORS{` + exporter + `}`
@@ -107,7 +109,7 @@ const (
 	// inPod names the workload on the GPU, if any.
 	inPod = `{{ with $labels.pod }} (pod {{ $labels.namespace }}/{{ . }}){{ end }}`
 	// migInstance names the MIG device, if the series is one.
-	migInstance = `{{ with $labels.GPU_I_ID }}, MIG instance {{ . }} ({{ $labels.GPU_I_PROFILE }}),{{ end }}`
+	migInstance = `{{ with $labels.GPU_I_ID }} (MIG instance {{ . }}, {{ $labels.GPU_I_PROFILE }}){{ end }}`
 	drainNode   = `kubectl cordon {{ $labels.node }} and drain it (kubectl drain {{ $labels.node }} --ignore-daemonsets --delete-emptydir-data)`
 )
 
@@ -179,8 +181,8 @@ func healthAlerts() []alert {
 			exporter, FBUsedHighRatio),
 		holdFor: FBUsedHighFor,
 		summary: `GPU {{ $labels.gpu }} on {{ $labels.node }} has used {{ $value | humanizePercentage }} of its memory.`,
-		description: gpuOnNode + migInstance + inPod + ` has used {{ $value | humanizePercentage }} of its framebuffer for ` +
-			FBUsedHighFor + `; its next allocation is likely to fail with CUDA out of memory.`,
+		description: gpuOnNode + migInstance + ` has used {{ $value | humanizePercentage }} of its framebuffer for ` +
+			FBUsedHighFor + inPod + `; its next allocation is likely to fail with CUDA out of memory.`,
 		runbook: `Tell the owner of the workload: lower its batch size or enable activation checkpointing. ` +
 			`A GPU full while nothing is allocated to it holds memory of a process that did not exit: ` +
 			`find it with nvidia-smi on the node.`,

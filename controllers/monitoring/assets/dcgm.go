@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 )
 
-// DCGMMetricsKey is the key of the counters ConfigMap that dcgm-exporter
-// reads (DCGM_EXPORTER_COLLECTORS points at the mounted file).
-const DCGMMetricsKey = "dcgm-metrics.csv"
+// DCGMMetricsKey ("dcgm-metrics.csv") is the key of the counters ConfigMap
+// that dcgm-exporter reads (DCGM_EXPORTER_COLLECTORS points at the mounted
+// file): the API's, which the gpu reconciler mounts.
+const DCGMMetricsKey = gpuv1alpha1.DCGMCountersKey
 
 // DCGMMetricsCSV is Loom's dcgm-exporter counters file: dcgm-exporter's
 // default counters plus the ECC and row-remapping fields the alerts read.

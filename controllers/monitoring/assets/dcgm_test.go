@@ -29,6 +29,9 @@ var loomAdditions = []string{
 }
 
 func TestDCGMMetricsCSV(t *testing.T) {
+	if DCGMMetricsKey != "dcgm-metrics.csv" {
+		t.Errorf("key %q: dcgm-exporter's and GPU Operator's is dcgm-metrics.csv", DCGMMetricsKey)
+	}
 	counters, err := ParseCounters(DCGMMetricsCSV)
 	if err != nil {
 		t.Fatal(err)

@@ -215,15 +215,7 @@ func (g gpu) id() map[string]string {
 
 // series is the load line of metric for g with values.
 func (g gpu) series(metric, values string) string {
-	return selectorText(metric, g.labels()) + " " + values
-}
-
-func selectorText(metric string, l map[string]string) string {
-	var parts []string
-	for _, k := range slices.Sorted(maps.Keys(l)) {
-		parts = append(parts, fmt.Sprintf("%s=%q", k, l[k]))
-	}
-	return metric + "{" + strings.Join(parts, ", ") + "}"
+	return metric + labelText(g.labels()) + " " + values
 }
 
 // upSeries is the up series of node's dcgm-exporter target.
