@@ -1,7 +1,36 @@
 package e2e
 
-import "k8s.io/apimachinery/pkg/runtime/schema"
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+)
 
 func schemaGVK(group, version, kind string) schema.GroupVersionKind {
 	return schema.GroupVersionKind{Group: group, Version: version, Kind: kind}
+}
+
+// createPolicy creates cp and, when the test ends, deletes it and waits
+// until its operand DaemonSets are gone, so the next test starts clean.
+func createPolicy(t *testing.T, cp *gpuv1alpha1.ClusterPolicy) {
+	t.Helper()
+	ctx := context.Background()
+	if err := cluster.Client.Create(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cluster.Client.Delete(ctx, cp)
+		eventually(t, 60*time.Second, func() (bool, string) {
+			list := &appsv1.DaemonSetList{}
+			_ = cluster.Client.List(ctx, list, client.InNamespace(loomNS), client.MatchingLabels{"app.kubernetes.io/managed-by": "loom"})
+			return len(list.Items) == 0, fmt.Sprintf("%d operand DaemonSets left", len(list.Items))
+		})
+	})
 }

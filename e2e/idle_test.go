@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -24,17 +23,7 @@ func TestIdleFleetOfFiftyGPUNodesWritesNothing(t *testing.T) {
 	}
 	_, mgr := startLoomManager(t)
 	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "idle-stack"}}
-	if err := cluster.Client.Create(ctx, cp); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cluster.Client.Delete(ctx, cp)
-		eventually(t, 60*time.Second, func() (bool, string) {
-			list := &appsv1.DaemonSetList{}
-			_ = cluster.Client.List(ctx, list, client.InNamespace(loomNS), client.MatchingLabels{"app.kubernetes.io/managed-by": "loom"})
-			return len(list.Items) == 0, fmt.Sprintf("%d operand DaemonSets left", len(list.Items))
-		})
-	})
+	createPolicy(t, cp)
 	eventually(t, 180*time.Second, func() (bool, string) {
 		if err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
 			return false, err.Error()

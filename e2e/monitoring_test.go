@@ -8,7 +8,6 @@ import (
 	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -79,17 +78,7 @@ func TestMonitoringSelectedByTheRealPrometheusOperator(t *testing.T) {
 	prom("team", "team", "team", &metav1.LabelSelector{})
 
 	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "monitoring-stack"}}
-	if err := cluster.Client.Create(ctx, cp); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cluster.Client.Delete(ctx, cp)
-		eventually(t, 60*time.Second, func() (bool, string) {
-			list := &appsv1.DaemonSetList{}
-			_ = cluster.Client.List(ctx, list, client.InNamespace(loomNS), client.MatchingLabels{"app.kubernetes.io/managed-by": "loom"})
-			return len(list.Items) == 0, fmt.Sprintf("%d operand DaemonSets left", len(list.Items))
-		})
-	})
+	createPolicy(t, cp)
 	msg := monitoringCondition(t, cp, monitoring.ConditionMonitoring, monitoring.ReasonSelected, func() []metav1.Condition { return cp.Status.Conditions })
 	for _, want := range []string{"ServiceMonitor loom-system/loom-dcgm-exporter selected by Prometheus monitoring/kps",
 		"labels release=kps learned from monitoring/kps",
