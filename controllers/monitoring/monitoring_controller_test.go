@@ -453,3 +453,31 @@ func TestSteadyStateWritesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestNamespaceLabelsAreWatched: a Prometheus that reads PodMonitors only
+// from namespaces labelled team=ml selects a job's PodMonitor once its
+// namespace gets the label, and the condition follows.
+func TestNamespaceLabelsAreWatched(t *testing.T) {
+	withOperatorCRDs(t)
+	startManager(t)
+	spec := kpsSpec("kps")
+	spec.PodMonitorNamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"team": "ml"}}
+	createProm(t, "monitoring", "kps", spec)
+	if err := env.CreateNamespace(ctx(), "nslabels"); err != nil {
+		t.Fatal(err)
+	}
+	job := trainingJob("nslabels", "bert", true)
+	if err := env.Client.Create(ctx(), job); err != nil {
+		t.Fatal(err)
+	}
+	conds := func() []metav1.Condition { return job.Status.Conditions }
+	c := condition(t, job, ConditionMonitoring, ReasonNotSelected, conds)
+	if !strings.Contains(c.Message, "podMonitorNamespaceSelector {team=ml} does not select namespace nslabels") {
+		t.Errorf("message %q", c.Message)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nslabels"}}
+	if err := env.Client.Patch(ctx(), ns, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"team":"ml"}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	condition(t, job, ConditionMonitoring, ReasonSelected, conds)
+}

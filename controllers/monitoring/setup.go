@@ -97,7 +97,7 @@ func setupWorkloads(mgr ctrl.Manager, opts manager.Options, kind workloadKind,
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named(kind.name).
 		WatchesMetadata(&apiextensionsv1.CustomResourceDefinition{}, all, builder.WithPredicates(crds)).
-		WatchesMetadata(&corev1.Namespace{}, all, builder.WithPredicates(predicate.LabelChangedPredicate{}, noCreate))
+		WatchesMetadata(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.inNamespace), builder.WithPredicates(predicate.LabelChangedPredicate{}, noCreate))
 	changes := specOrCondition(kind.conditions, kind.conditionType)
 	if kind.crd == "" {
 		b = b.For(kind.newObject(), builder.WithPredicates(changes))

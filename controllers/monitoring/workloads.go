@@ -133,11 +133,21 @@ func (r *WorkloadReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 
 // all lists every workload of the kind (a Prometheus or a CRD changed).
 func (r *WorkloadReconciler) all(ctx context.Context, _ client.Object) []ctrl.Request {
+	return r.list(ctx)
+}
+
+// inNamespace lists the workloads of a namespace whose labels changed (a
+// Prometheus's namespace selector may now admit or refuse them).
+func (r *WorkloadReconciler) inNamespace(ctx context.Context, ns client.Object) []ctrl.Request {
+	return r.list(ctx, client.InNamespace(ns.GetName()))
+}
+
+func (r *WorkloadReconciler) list(ctx context.Context, opts ...client.ListOption) []ctrl.Request {
 	if r.workload != nil && !r.workload.Watching() {
 		return []ctrl.Request{{}} // Reconcile starts the kind's watch when served
 	}
 	list := r.kind.newList()
-	if err := r.List(ctx, list); err != nil {
+	if err := r.List(ctx, list, opts...); err != nil {
 		return nil
 	}
 	var reqs []ctrl.Request
