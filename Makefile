@@ -27,6 +27,10 @@ demo: build ## Run Loom on a local simulated GPU cluster until Ctrl-C.
 	go build -o $(BIN)/loom-demo ./e2e/cmd/demo
 	exec $(BIN)/loom-demo --loom $(BIN)/loom
 
+.PHONY: bench
+bench: tools ## The fleet benchmark: NODES simulated GPU nodes (default 1000; 5000 needs a bigger machine), gang, jobs, RayClusters, idle; one table.
+	go run ./e2e/cmd/bench --nodes $(or $(NODES),1000)
+
 .PHONY: bench-gpu-stack
 bench-gpu-stack: ## ClusterPolicy apply-to-Ready and API requests on NODES simulated GPU nodes (default 500).
 	go run ./e2e/cmd/bench-gpu-stack --nodes $(or $(NODES),500)

@@ -461,11 +461,10 @@ func (r *PolicyReconciler) writeStatus(ctx context.Context, cp *gpuv1alpha1.Clus
 	if apiequality.Semantic.DeepEqual(&cp.Status, st) {
 		return nil
 	}
-	patch := client.MergeFrom(cp.DeepCopy())
-	cp.Status = *st
-	if err := r.Status().Patch(ctx, cp, patch); err != nil {
+	if err := apply.Status(ctx, r.Client, cp, st, PolicyFieldOwner); err != nil {
 		return fmt.Errorf("writing ClusterPolicy status: %w", err)
 	}
+	cp.Status = *st
 	if r.writes != nil {
 		r.writes.Wrote(client.ObjectKeyFromObject(cp))
 	}

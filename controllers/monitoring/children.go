@@ -28,8 +28,8 @@ const FieldOwner = "loom-monitoring"
 // Condition types the monitoring reconcilers own. RayClusters carry
 // KubeRay's condition types, so Loom's own are prefixed.
 const (
-	ConditionMonitoring    = "Monitoring"
-	RayConditionMonitoring = "loom.dev/Monitoring"
+	ConditionMonitoring    = apply.ConditionMonitoring
+	RayConditionMonitoring = apply.RayConditionMonitoring
 
 	ReasonSelected         = "Selected"
 	ReasonNotSelected      = "NotSelected"

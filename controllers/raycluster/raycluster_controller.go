@@ -438,13 +438,12 @@ func (r *Reconciler) writeStatus(ctx context.Context, rc *rayv1.RayCluster, st *
 			return wait, nil
 		}
 	}
-	patch := client.MergeFrom(rc.DeepCopy())
-	rc.Status = *st
 	t := metav1.Now()
-	rc.Status.LastUpdateTime = &t
-	if err := r.Status().Patch(ctx, rc, patch); err != nil {
+	st.LastUpdateTime = &t
+	if err := apply.Status(ctx, r.Client, rc, st, FieldOwner); err != nil {
 		return 0, fmt.Errorf("writing RayCluster status: %w", err)
 	}
+	rc.Status = *st
 	r.writes.Wrote(key)
 	return 0, nil
 }

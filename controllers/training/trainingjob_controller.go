@@ -397,11 +397,10 @@ func (r *Reconciler) writeStatus(ctx context.Context, job *trainingv1alpha1.Trai
 	if apiequality.Semantic.DeepEqual(&job.Status, st) {
 		return nil
 	}
-	patch := client.MergeFrom(job.DeepCopy())
-	job.Status = *st
-	if err := r.Status().Patch(ctx, job, patch); err != nil {
+	if err := apply.Status(ctx, r.Client, job, st, FieldOwner); err != nil {
 		return fmt.Errorf("writing TrainingJob status: %w", err)
 	}
+	job.Status = *st
 	r.writes.Wrote(client.ObjectKeyFromObject(job))
 	return nil
 }

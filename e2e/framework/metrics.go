@@ -68,3 +68,41 @@ func (m *Manager) APIRequests(token string) (map[APIRequest]float64, error) {
 	}
 	return out, nil
 }
+
+// MetricSum adds up every sample of the metric called name (any labels) in
+// a Prometheus text exposition; false when there is none.
+func MetricSum(text, name string) (float64, bool) {
+	sum, found := 0.0, false
+	for _, line := range strings.Split(text, "\n") {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || (rest != "" && rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		if i := strings.LastIndexByte(rest, '}'); i >= 0 {
+			rest = rest[i+1:]
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(f[0], 64); err == nil {
+			sum, found = sum+v, true
+		}
+	}
+	return sum, found
+}
+
+// HTTPMetrics reads a plain-HTTP /metrics endpoint (the node agent's).
+func HTTPMetrics(url string) (string, error) {
+	hc := &http.Client{Timeout: 10 * time.Second}
+	resp, err := hc.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}

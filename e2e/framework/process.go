@@ -93,3 +93,12 @@ func (p *Process) Tail(n int64) string {
 	b, _ := io.ReadAll(f)
 	return string(b)
 }
+
+// FreePort returns a loopback port that was free a moment ago.
+func FreePort() (int, error) {
+	p, err := freePorts(1)
+	if err != nil {
+		return 0, err
+	}
+	return p[0], nil
+}

@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/signal"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -82,7 +81,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	rssBefore, _ := rss(m.PID())
+	rssBefore, _ := framework.RSS(m.PID())
 	start := time.Now()
 	for i := range *n {
 		if err := c.Client.Create(ctx, rayCluster(fmt.Sprintf("rc-%d", i))); err != nil {
@@ -131,13 +130,13 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	peak, _ := hwm(m.PID())
+	peak, _ := framework.PeakRSS(m.PID())
 	time.Sleep(*idle)
 	after, err := m.APIRequests(token)
 	if err != nil {
 		return err
 	}
-	settled, _ := rss(m.PID())
+	settled, _ := framework.RSS(m.PID())
 
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "RayClusters (1 head + 3 workers)\t%d (%d pods) on %d nodes\n", *n, 4**n, *n)
@@ -185,23 +184,4 @@ func rayCluster(name string) *rayv1.RayCluster {
 			}},
 		},
 	}
-}
-
-// rss and hwm read a process's resident and peak resident set (bytes).
-func rss(pid int) (int64, error) { return procStatus(pid, "VmRSS:") }
-func hwm(pid int) (int64, error) { return procStatus(pid, "VmHWM:") }
-
-func procStatus(pid int, key string) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, key) {
-			f := strings.Fields(line)
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, fmt.Errorf("%s not in /proc/%d/status", key, pid)
 }

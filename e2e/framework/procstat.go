@@ -1,0 +1,49 @@
+package framework
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// RSS is a process's resident set, PeakRSS its high-water mark (bytes), as
+// /proc/<pid>/status reports them (VmRSS, VmHWM).
+func RSS(pid int) (int64, error)     { return procStatus(pid, "VmRSS:") }
+func PeakRSS(pid int) (int64, error) { return procStatus(pid, "VmHWM:") }
+
+func procStatus(pid int, key string) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, key) {
+			f := strings.Fields(line)
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("%s not in /proc/%d/status", key, pid)
+}
+
+// CPUSeconds is the user+system CPU time a process has used
+// (/proc/<pid>/stat, in clock ticks of 1/100 s, Linux's USER_HZ).
+func CPUSeconds(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces; fields after its ")".
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("short /proc/%d/stat", pid)
+	}
+	utime, err1 := strconv.ParseFloat(f[11], 64)
+	stime, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("parsing /proc/%d/stat", pid)
+	}
+	return (utime + stime) / 100, nil
+}
