@@ -19,6 +19,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -321,7 +322,9 @@ func publishInventory(ctx context.Context, c *framework.Cluster, nodes []string)
 		if err != nil {
 			return err
 		}
-		sim.Init()
+		if ret := sim.Init(); ret != nvml.SUCCESS {
+			return fmt.Errorf("simulated NVML: %v", ret)
+		}
 		st, err := inventory.Collect(sim, nil)
 		if err != nil {
 			return err
