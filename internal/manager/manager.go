@@ -90,6 +90,8 @@ func New(ctx context.Context, cfg *rest.Config, opts Options, reg *Registry) (ct
 			// others (often thousands) stay out of memory.
 			ByObject: map[client.Object]cache.ByObject{
 				&corev1.Service{}: {Label: ownedByLoom},
+				// Every pod of the cluster, without what no reconciler reads.
+				&corev1.Pod{}: {Transform: TrimPod},
 			},
 		},
 		HealthProbeBindAddress:        opts.ProbeAddr,
