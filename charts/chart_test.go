@@ -260,6 +260,9 @@ func TestManagerAlertRulesAndMonitoringLabels(t *testing.T) {
 	if !strings.Contains(out, "--grafana-dashboards=true") {
 		t.Error("dashboards not on by default")
 	}
+	if !strings.Contains(out, "name: GOMEMLIMIT") || !strings.Contains(out, "resource: limits.memory") {
+		t.Error("the manager's GOMEMLIMIT does not follow its memory limit")
+	}
 	out, err = helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", "metrics.prometheusRule.enabled=true",
 		"--set", "monitoring.labels.release=kps", "--set", "monitoring.labels.team=gpu", "--api-versions", "monitoring.coreos.com/v1/PrometheusRule")
 	if err != nil {
