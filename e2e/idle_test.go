@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -33,6 +34,13 @@ func TestFleetBenchmarkIdleWritesAndReadsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("fleet benchmark at CI size (make bench runs 1,000 nodes):\n%s", b.String())
+	// .ci/run prints this file, since go test shows a passing test's log
+	// only with -v.
+	if path := os.Getenv("LOOM_BENCH_REPORT"); path != "" {
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			t.Error(err)
+		}
+	}
 	for k, v := range r.IdleWrites() {
 		t.Errorf("idle write: %s %s ×%v", k.Verb, k.Resource, v)
 	}
