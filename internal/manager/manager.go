@@ -95,6 +95,7 @@ func New(ctx context.Context, cfg *rest.Config, opts Options, reg *Registry) (ct
 			},
 		},
 		HealthProbeBindAddress:        opts.ProbeAddr,
+		PprofBindAddress:              opts.PprofAddr,
 		LeaderElection:                opts.LeaderElect,
 		LeaderElectionID:              opts.LeaderElectionID,
 		LeaderElectionNamespace:       leNamespace,

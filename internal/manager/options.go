@@ -28,6 +28,9 @@ type Options struct {
 	MetricsCertDir string
 	EnableHTTP2    bool
 	ProbeAddr      string
+	// PprofAddr serves net/http/pprof (heap profiles for the fleet
+	// benchmark); empty or "0" turns it off.
+	PprofAddr string
 
 	LeaderElect             bool
 	LeaderElectionID        string
@@ -129,6 +132,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.MetricsSecure, "metrics-secure", o.MetricsSecure, "serve metrics over HTTPS with Kubernetes authentication and authorization")
 	fs.StringVar(&o.MetricsCertDir, "metrics-cert-dir", o.MetricsCertDir, "directory with tls.crt and tls.key for the metrics endpoint (default: self-signed)")
 	fs.BoolVar(&o.EnableHTTP2, "enable-http2", o.EnableHTTP2, "allow HTTP/2 on the metrics endpoint (off: HTTP/2 rapid-reset CVEs)")
+	fs.StringVar(&o.PprofAddr, "pprof-bind-address", o.PprofAddr, "address of net/http/pprof; empty or \"0\" (default) turns it off")
 	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", o.ProbeAddr, "address of /healthz and /readyz")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "elect a leader so that only one replica reconciles")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "name of the leader-election Lease")
