@@ -216,10 +216,10 @@ func Run(ctx context.Context, c *framework.Cluster, loomBin string, rel *framewo
 		return nil, err
 	}
 
+	defer removeWorkloads(c, ns)
 	if err := runWorkloads(ctx, c, ns, cfg, r, logf); err != nil {
 		return nil, err
 	}
-	defer removeWorkloads(c, ns)
 	time.Sleep(3 * time.Second)
 	r2, err := reqs()
 	if err != nil {
