@@ -70,9 +70,18 @@ type Report struct {
 	Config Config
 	Pods   int // in the cluster at the end
 
-	PolicyReady     time.Duration
-	GangCreated     time.Duration
-	GangPodsPerSec  float64
+	PolicyReady time.Duration
+	// PolicyStalled, when set, says why the policy never reported Ready:
+	// the DaemonSets' status stopped following their pods, and PolicyReady
+	// is when every operand pod was seen ready instead.
+	PolicyStalled  string
+	GangCreated    time.Duration
+	GangPodsPerSec float64
+	// GangThrottled is how long the manager's requests waited for its own
+	// client rate limit while the gang's pods were created, over
+	// GangRequests requests.
+	GangThrottled   time.Duration
+	GangRequests    float64
 	RayReady        time.Duration
 	ClientQPS       string
 	ManagerRSSStart int64
@@ -199,17 +208,29 @@ func Run(ctx context.Context, c *framework.Cluster, loomBin string, rel *framewo
 		return nil, err
 	}
 	defer removePolicy(c, cp, rel.Namespace, logf)
+	stall := &statusStall{}
 	if err := poll(ctx, c, 20*time.Minute, func() (bool, string, error) {
 		if err := c.Client.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
 			return false, "", err
 		}
-		return cp.Status.State == gpuv1alpha1.PolicyReady && int(cp.Status.GPUNodes) >= cfg.Nodes,
-			fmt.Sprintf("policy %s on %d GPU nodes", cp.Status.State, cp.Status.GPUNodes), nil
+		if cp.Status.State == gpuv1alpha1.PolicyReady && int(cp.Status.GPUNodes) >= cfg.Nodes {
+			return true, "", nil
+		}
+		if stalled, err := stall.check(ctx, c, rel.Namespace); err != nil || stalled {
+			return stalled, "", err
+		}
+		return false, fmt.Sprintf("policy %s on %d GPU nodes", cp.Status.State, cp.Status.GPUNodes), nil
 	}); err != nil {
 		return nil, err
 	}
 	r.PolicyReady = time.Since(applied)
-	logf("ClusterPolicy Ready on %d nodes after %s", cp.Status.GPUNodes, r.PolicyReady.Round(10*time.Millisecond))
+	if stall.stalled {
+		r.PolicyReady = stall.allReady.Sub(applied)
+		r.PolicyStalled = stall.what
+		logf("every operand pod ready after %s, but %s", r.PolicyReady.Round(10*time.Millisecond), stall.what)
+	} else {
+		logf("ClusterPolicy Ready on %d nodes after %s", cp.Status.GPUNodes, r.PolicyReady.Round(10*time.Millisecond))
+	}
 	time.Sleep(3 * time.Second) // the rollout's last coalesced status write
 	r1, err := reqs()
 	if err != nil {
@@ -217,7 +238,8 @@ func Run(ctx context.Context, c *framework.Cluster, loomBin string, rel *framewo
 	}
 
 	defer removeWorkloads(c, ns)
-	if err := runWorkloads(ctx, c, ns, cfg, r, logf); err != nil {
+	scrape := func() string { text, _ := m.Metrics(token); return text }
+	if err := runWorkloads(ctx, c, ns, cfg, r, scrape, logf); err != nil {
 		return nil, err
 	}
 	time.Sleep(3 * time.Second)
@@ -245,6 +267,68 @@ func Run(ctx context.Context, c *framework.Cluster, loomBin string, rel *framewo
 		r.Pods = len(pods.Items)
 	}
 	return r, nil
+}
+
+// statusStall notices kube-controller-manager's DaemonSet status freezing
+// behind pods that are all ready, which this simulated control plane does at
+// about 1,000 nodes on two cores: the policy, rightly, follows the
+// DaemonSets' status and never turns Ready.
+type statusStall struct {
+	lastReady  int32
+	since      time.Time
+	lastPodChk time.Time
+	allReady   time.Time
+	stalled    bool
+	what       string
+}
+
+// stallAfter is how long the DaemonSets' ready counts must stand still
+// before the pods are listed to compare.
+const stallAfter = 90 * time.Second
+
+func (s *statusStall) check(ctx context.Context, c *framework.Cluster, ns string) (bool, error) {
+	dss := &appsv1.DaemonSetList{}
+	if err := c.Client.List(ctx, dss, client.InNamespace(ns), client.MatchingLabels{"app.kubernetes.io/managed-by": "loom"}); err != nil {
+		return false, err
+	}
+	var ready, desired int32
+	for _, ds := range dss.Items {
+		ready += ds.Status.NumberReady
+		desired += ds.Status.DesiredNumberScheduled
+	}
+	now := time.Now()
+	if ready != s.lastReady || s.since.IsZero() {
+		s.lastReady, s.since = ready, now
+		return false, nil
+	}
+	if desired == 0 || ready >= desired || now.Sub(s.since) < stallAfter || now.Sub(s.lastPodChk) < 30*time.Second {
+		return false, nil
+	}
+	s.lastPodChk = now
+	pods := &corev1.PodList{}
+	if err := c.Client.List(ctx, pods, client.InNamespace(ns), client.MatchingLabels{"app.kubernetes.io/managed-by": "loom"}); err != nil {
+		return false, err
+	}
+	podsReady, last := 0, time.Time{}
+	for i := range pods.Items {
+		for _, cond := range pods.Items[i].Status.Conditions {
+			if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+				podsReady++
+				if cond.LastTransitionTime.After(last) {
+					last = cond.LastTransitionTime.Time
+				}
+			}
+		}
+	}
+	if podsReady < int(desired) {
+		return false, nil
+	}
+	// The last pod's Ready transition (to the second) is when the rollout
+	// was done.
+	s.stalled, s.allReady = true, last
+	s.what = fmt.Sprintf("the DaemonSets' status stood at %d of %d ready for %s while all %d operand pods were ready "+
+		"(kube-controller-manager behind on this machine), so the policy did not report Ready", ready, desired, now.Sub(s.since).Round(time.Second), podsReady)
+	return true, nil
 }
 
 func diff(after, before map[framework.APIRequest]float64) map[framework.APIRequest]float64 {
@@ -437,7 +521,14 @@ func rayCluster(ns, name string) *rayv1.RayCluster {
 // runWorkloads submits the small jobs, then the gang, timing its pod
 // creation, then the RayClusters, and waits until every job's pods run and every
 // RayCluster is ready.
-func runWorkloads(ctx context.Context, c *framework.Cluster, ns string, cfg Config, r *Report, logf func(string, ...any)) error {
+func runWorkloads(ctx context.Context, c *framework.Cluster, ns string, cfg Config, r *Report, scrape func() string, logf func(string, ...any)) error {
+	// The client's rate limiter records every request's wait.
+	limiter := func() (wait, n float64) {
+		text := scrape()
+		wait, _ = framework.MetricSum(text, "rest_client_rate_limiter_duration_seconds_sum")
+		n, _ = framework.MetricSum(text, "rest_client_rate_limiter_duration_seconds_count")
+		return wait, n
+	}
 	countPods := func(sel client.MatchingLabels) (int, error) {
 		list := &metav1.PartialObjectMetadataList{}
 		list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
@@ -458,6 +549,7 @@ func runWorkloads(ctx context.Context, c *framework.Cluster, ns string, cfg Conf
 		return err
 	}
 	gang := trainingJob(ns, "gang", int32(cfg.GangPods-1), "1")
+	wait0, n0 := limiter()
 	start := time.Now()
 	if err := c.Client.Create(ctx, gang); err != nil {
 		return err
@@ -470,6 +562,8 @@ func runWorkloads(ctx context.Context, c *framework.Cluster, ns string, cfg Conf
 	}
 	r.GangCreated = time.Since(start)
 	r.GangPodsPerSec = float64(cfg.GangPods) / r.GangCreated.Seconds()
+	wait1, n1 := limiter()
+	r.GangThrottled, r.GangRequests = time.Duration((wait1-wait0)*float64(time.Second)), n1-n0
 	logf("gang of %d pods created after %s (%.0f pods/s)", cfg.GangPods, r.GangCreated.Round(10*time.Millisecond), r.GangPodsPerSec)
 
 	rayStart := time.Now()
@@ -538,8 +632,13 @@ func (r *Report) Print(w io.Writer) error {
 	mib := func(b int64) string { return fmt.Sprintf("%d MiB", b>>20) }
 	fmt.Fprintf(tw, "fleet\t%d simulated 8-GPU nodes, %d pods in the cluster (%d background)\n", cfg.Nodes, r.Pods, cfg.BackgroundPods)
 	fmt.Fprintf(tw, "workloads\t1 gang of %d pods, %d jobs of 2 × 8 GPUs, %d RayClusters of 4 pods\n", cfg.GangPods, cfg.SmallJobs, cfg.RayClusters)
-	fmt.Fprintf(tw, "ClusterPolicy apply -> Ready\t%s\n", r.PolicyReady.Round(10*time.Millisecond))
+	if r.PolicyStalled != "" {
+		fmt.Fprintf(tw, "ClusterPolicy apply -> all operand pods ready\t%s; %s\n", r.PolicyReady.Round(10*time.Millisecond), r.PolicyStalled)
+	} else {
+		fmt.Fprintf(tw, "ClusterPolicy apply -> Ready\t%s\n", r.PolicyReady.Round(10*time.Millisecond))
+	}
 	fmt.Fprintf(tw, "gang: all pods created\t%s (%.0f pods/s; client limit %s)\n", r.GangCreated.Round(10*time.Millisecond), r.GangPodsPerSec, r.ClientQPS)
+	fmt.Fprintf(tw, "gang: waits for the client limit\t%s over %.0f requests\n", r.GangThrottled.Round(time.Millisecond), r.GangRequests)
 	fmt.Fprintf(tw, "RayClusters: all ready\t%s\n", r.RayReady.Round(10*time.Millisecond))
 	fmt.Fprintf(tw, "manager RSS start / peak / settled\t%s / %s / %s\n", mib(r.ManagerRSSStart), mib(r.ManagerRSSPeak), mib(r.ManagerRSS))
 	fmt.Fprintf(tw, "manager heap in use (settled)\t%s\n", mib(int64(r.ManagerHeap)))

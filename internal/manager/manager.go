@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 )
@@ -49,6 +50,10 @@ func New(ctx context.Context, cfg *rest.Config, opts Options, reg *Registry) (ct
 		cfg.UserAgent = "loom-manager"
 	}
 	countRequests(cfg)
+	// rest_client_rate_limiter_duration_seconds: time requests waited for
+	// the client's own QPS limit, so throttling by --kube-api-qps shows
+	// apart from a slow API server.
+	crmetrics.RegisterRESTClientMetrics(crmetrics.MetricRateLimiterLatency)
 
 	var cacheNamespaces map[string]cache.Config
 	if len(opts.WatchNamespaces) > 0 {

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -11,54 +12,103 @@ import (
 	"github.com/loom-dev/loom/internal/inventory"
 )
 
-// What the reconcilers read of a pod survives the cache's trim; the rest
-// goes.
-func TestTrimPodKeepsWhatReconcilersRead(t *testing.T) {
-	gpu := corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("2")}}
-	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "w", Labels: map[string]string{"a": "b"},
+func bigPod(owner metav1.OwnerReference) *corev1.Pod {
+	gpu := corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("2"), "cpu": resource.MustParse("1")}}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "w", Namespace: "ns", UID: "u1", ResourceVersion: "7", Labels: map[string]string{"a": "b"},
 			Annotations:     map[string]string{"loom.dev/ray-template-hash": "h", lastApplied: "{...}"},
-			OwnerReferences: []metav1.OwnerReference{{Kind: "DaemonSet", Name: "ds", Controller: ptr.To(true)}},
+			OwnerReferences: []metav1.OwnerReference{owner},
 			ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "x"}}},
 		Spec: corev1.PodSpec{
 			NodeName: "n1",
 			InitContainers: []corev1.Container{{Name: "sidecar", Image: "i", Resources: gpu, RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
-				Env: []corev1.EnvVar{{Name: "A", Value: "1"}}}},
+				Env: []corev1.EnvVar{{Name: "A", Value: "1"}}}, {Name: "setup", Image: "i"}},
 			Containers: []corev1.Container{{Name: "main", Image: "big", Command: []string{"python"}, Resources: gpu,
 				Ports:         []corev1.ContainerPort{{Name: "metrics", ContainerPort: 8080}},
-				LivenessProbe: &corev1.Probe{}, Env: []corev1.EnvVar{{Name: "B", Value: "2"}}}},
+				LivenessProbe: &corev1.Probe{}, Env: []corev1.EnvVar{{Name: "B", Value: "2"}}},
+				{Name: "log", Image: "fluent"}},
 			Volumes: []corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: "Memory"}}},
 				{Name: "cfg", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{}}}},
-			Affinity: &corev1.Affinity{},
+			Affinity:    &corev1.Affinity{},
+			Tolerations: []corev1.Toleration{{Key: "k", Operator: corev1.TolerationOpExists}},
 		},
-		Status: corev1.PodStatus{Phase: corev1.PodFailed, PodIP: "10.0.0.1",
+		Status: corev1.PodStatus{Phase: corev1.PodFailed, PodIP: "10.0.0.1", Reason: "Evicted", Message: "m",
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}},
 			ContainerStatuses: []corev1.ContainerStatus{{Name: "main", Image: "big", ImageID: "sha", RestartCount: 1,
 				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137}}}}},
 	}
-	gpusBefore := inventory.PodGPUs(&p.Spec)
-	o, err := TrimPod(p)
-	if err != nil {
-		t.Fatal(err)
+}
+
+// A TrainingJob's or RayCluster's pod keeps what their reconcilers read;
+// the rest goes.
+func TestTrimPodKeepsWhatWorkloadReconcilersRead(t *testing.T) {
+	for _, owner := range []metav1.OwnerReference{
+		{APIVersion: "training.loom.dev/v1alpha1", Kind: "TrainingJob", Name: "job", Controller: ptr.To(true)},
+		{APIVersion: "ray.io/v1", Kind: "RayCluster", Name: "rc", Controller: ptr.To(true)},
+	} {
+		p := bigPod(owner)
+		o, err := TrimPod(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := o.(*corev1.Pod)
+		if n := inventory.PodGPUs(&got.Spec); n != 4 {
+			t.Errorf("%s: GPUs %d, want 4", owner.Kind, n)
+		}
+		if got.Spec.NodeName != "n1" || got.Labels["a"] != "b" || got.Annotations["loom.dev/ray-template-hash"] != "h" ||
+			len(got.OwnerReferences) != 1 || got.Status.PodIP != "10.0.0.1" || got.Status.Phase != corev1.PodFailed ||
+			got.Status.Reason != "Evicted" || got.Status.Message != "m" ||
+			len(got.Status.Conditions) != 1 || got.Spec.Containers[0].Ports[0].Name != "metrics" {
+			t.Errorf("%s: lost what reconcilers read: %+v", owner.Kind, got)
+		}
+		if cs := got.Status.ContainerStatuses[0]; cs.State.Terminated == nil || cs.State.Terminated.ExitCode != 137 || cs.RestartCount != 1 || cs.Image != "" {
+			t.Errorf("%s: container status %+v", owner.Kind, cs)
+		}
+		c := got.Spec.Containers[0]
+		if c.Image != "" || c.Command != nil || c.Env != nil || c.LivenessProbe != nil || got.Spec.Affinity != nil ||
+			got.Spec.Volumes != nil || got.Spec.Tolerations != nil ||
+			got.ManagedFields != nil || got.Annotations[lastApplied] != "" || got.Spec.InitContainers[0].Env != nil {
+			t.Errorf("%s: kept what nobody reads: %+v", owner.Kind, got)
+		}
 	}
-	got := o.(*corev1.Pod)
-	if inventory.PodGPUs(&got.Spec) != gpusBefore || gpusBefore != 4 {
-		t.Errorf("GPUs %d, want %d", inventory.PodGPUs(&got.Spec), gpusBefore)
+}
+
+// Every other pod keeps only what the inventory reads: name, node, phase and
+// GPU requests, sidecars included.
+func TestTrimPodReducesOtherPodsToTheirGPUs(t *testing.T) {
+	for _, owner := range []metav1.OwnerReference{
+		{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "ds", Controller: ptr.To(true)},
+		{APIVersion: "batch/v1", Kind: "Job", Name: "TrainingJob", Controller: ptr.To(true)},
+		{APIVersion: "training.loom.dev/v1alpha1", Kind: "TrainingJob", Name: "adopted-not"}, // not its controller
+		{APIVersion: "example.com/v1", Kind: "RayCluster", Name: "other-group", Controller: ptr.To(true)},
+	} {
+		p := bigPod(owner)
+		o, err := TrimPod(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := o.(*corev1.Pod)
+		want := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "w", Namespace: "ns", UID: "u1", ResourceVersion: "7"},
+			Spec: corev1.PodSpec{NodeName: "n1",
+				InitContainers: []corev1.Container{{Name: "sidecar", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
+					Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("2")}}}},
+				Containers: []corev1.Container{{Name: "main",
+					Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("2")}}}}},
+			Status: corev1.PodStatus{Phase: corev1.PodFailed},
+		}
+		if !apiequality.Semantic.DeepEqual(got, want) {
+			t.Errorf("%s/%s: got %+v\nwant %+v", owner.Kind, owner.Name, got, want)
+		}
+		if inventory.PodGPUs(&got.Spec) != inventory.PodGPUs(&bigPod(owner).Spec) {
+			t.Errorf("%s: GPUs changed", owner.Kind)
+		}
 	}
-	if got.Spec.NodeName != "n1" || got.Labels["a"] != "b" || got.Annotations["loom.dev/ray-template-hash"] != "h" ||
-		len(got.OwnerReferences) != 1 || got.Status.PodIP != "10.0.0.1" || got.Status.Phase != corev1.PodFailed ||
-		len(got.Status.Conditions) != 1 || got.Spec.Containers[0].Ports[0].Name != "metrics" {
-		t.Errorf("lost what reconcilers read: %+v", got)
-	}
-	if cs := got.Status.ContainerStatuses[0]; cs.State.Terminated == nil || cs.State.Terminated.ExitCode != 137 || cs.RestartCount != 1 || cs.Image != "" {
-		t.Errorf("container status %+v", cs)
-	}
-	if v := got.Spec.Volumes; v[0].EmptyDir == nil || v[1].EmptyDir != nil || v[1].ConfigMap != nil {
-		t.Errorf("volumes %+v", v)
-	}
-	c := got.Spec.Containers[0]
-	if c.Image != "" || c.Command != nil || c.Env != nil || c.LivenessProbe != nil || got.Spec.Affinity != nil ||
-		got.ManagedFields != nil || got.Annotations[lastApplied] != "" || got.Spec.InitContainers[0].Env != nil {
-		t.Errorf("kept what nobody reads: %+v", got)
+	// A pod without GPUs keeps no containers at all.
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web"}, Spec: corev1.PodSpec{NodeName: "n2",
+		Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{"cpu": resource.MustParse("1")}}}}}}
+	o, _ := TrimPod(p)
+	if got := o.(*corev1.Pod); got.Spec.Containers != nil || got.Spec.NodeName != "n2" {
+		t.Errorf("non-GPU pod: %+v", got.Spec)
 	}
 }
