@@ -12,6 +12,10 @@ import (
 func RSS(pid int) (int64, error)     { return procStatus(pid, "VmRSS:") }
 func PeakRSS(pid int) (int64, error) { return procStatus(pid, "VmHWM:") }
 
+// FileRSS is the part of the resident set backed by files (the binary's
+// pages; the kernel can drop and reread them), RssFile in /proc/<pid>/status.
+func FileRSS(pid int) (int64, error) { return procStatus(pid, "RssFile:") }
+
 func procStatus(pid int, key string) (int64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {

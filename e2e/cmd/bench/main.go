@@ -36,7 +36,7 @@ func run() error {
 	flag.IntVar(&cfg.GangPods, "gang", 512, "pods of the large TrainingJob (1 GPU each)")
 	flag.IntVar(&cfg.SmallJobs, "jobs", 8, "small TrainingJobs (2 pods × 8 GPUs)")
 	flag.IntVar(&cfg.RayClusters, "rayclusters", 20, "RayClusters of 1 head + 3 workers")
-	flag.IntVar(&cfg.BackgroundPods, "background-pods", 2000, "other pods in the cluster")
+	flag.IntVar(&cfg.BackgroundPods, "background-pods", 2400, "other pods in the cluster (with the defaults, 10,000 pods in all)")
 	flag.DurationVar(&cfg.Idle, "idle", 60*time.Second, "idle window after everything settled")
 	loomBin := flag.String("loom", "", "loom binary (default: build ./cmd/manager)")
 	flag.Parse()
