@@ -209,7 +209,8 @@ func Run(ctx context.Context, c *framework.Cluster, loomBin string, rel *framewo
 		return nil, err
 	}
 	defer removePolicy(c, cp, rel.Namespace, logf)
-	if err := poll(ctx, c, 20*time.Minute, func() (bool, string, error) {
+	// About 3 minutes per 1,000 nodes on two cores; much more to spare.
+	if err := poll(ctx, c, 10*time.Minute+time.Duration(cfg.Nodes)*600*time.Millisecond, func() (bool, string, error) {
 		if err := c.Client.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
 			return false, "", err
 		}

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -41,6 +42,11 @@ func run() error {
 	loomBin := flag.String("loom", "", "loom binary (default: build ./cmd/manager)")
 	flag.Parse()
 	cfg.ManagerArgs = flag.Args()
+	if cfg.Nodes > 1000 && runtime.NumCPU() < 8 {
+		fmt.Fprintf(os.Stderr, "bench: %d nodes on %d CPUs: the simulated control plane (API server, scheduler, kwok), "+
+			"not Loom, bounds the rollout and gang timings at this size; the manager's memory and API requests still hold\n",
+			cfg.Nodes, runtime.NumCPU())
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	t0 := time.Now()
