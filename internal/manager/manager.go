@@ -95,7 +95,8 @@ func New(ctx context.Context, cfg *rest.Config, opts Options, reg *Registry) (ct
 			// others (often thousands) stay out of memory.
 			ByObject: map[client.Object]cache.ByObject{
 				&corev1.Service{}: {Label: ownedByLoom},
-				// Every pod of the cluster, without what no reconciler reads.
+				// Every pod of the cluster (the inventory counts their
+				// GPUs), but only workloads' own pods in full; see TrimPod.
 				&corev1.Pod{}: {Transform: TrimPod},
 			},
 		},

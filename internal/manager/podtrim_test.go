@@ -104,6 +104,24 @@ func TestTrimPodReducesOtherPodsToTheirGPUs(t *testing.T) {
 			t.Errorf("%s: GPUs changed", owner.Kind)
 		}
 	}
+	// Requests, limits or both, a zero request beside a limit, and a plain
+	// init container: the skeleton counts what the pod does.
+	q := resource.MustParse
+	for _, spec := range []corev1.PodSpec{
+		{Containers: []corev1.Container{{Name: "a", Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{"nvidia.com/gpu": q("3"), "cpu": q("1")}}}}},
+		{Containers: []corev1.Container{{Name: "a", Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{"nvidia.com/gpu": q("0")}, Limits: corev1.ResourceList{"nvidia.com/gpu": q("1")}}}}},
+		{InitContainers: []corev1.Container{{Name: "init", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": q("4")}}}},
+			Containers: []corev1.Container{{Name: "a", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": q("2")}}}, {Name: "b"}}},
+	} {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"}, Spec: *spec.DeepCopy()}
+		p.Spec.NodeName = "n"
+		before := inventory.PodGPUs(&p.Spec)
+		o, _ := TrimPod(p)
+		if got := inventory.PodGPUs(&o.(*corev1.Pod).Spec); got != before {
+			t.Errorf("%+v: GPUs %d after the trim, %d before", spec, got, before)
+		}
+	}
 	// A pod without GPUs keeps no containers at all.
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web"}, Spec: corev1.PodSpec{NodeName: "n2",
 		Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{"cpu": resource.MustParse("1")}}}}}}
