@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 
 	"go.uber.org/zap/zapcore"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -65,6 +66,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 }
 
+// managerGCPercent is the manager's GOGC unless the environment sets one. Its
+// heap is mostly caches that change slowly and its CPU is idle most of the
+// time, so it collects at 50% heap growth instead of Go's 100%: at 1,000
+// nodes and 10,000 pods (make bench) that held 132 MiB settled RSS instead
+// of 141–160 MiB, for about 15% more CPU while busy.
+const managerGCPercent = 50
+
 func runManager(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("loom manager", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -88,6 +96,9 @@ func runManager(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	setupLogging(opts.LogLevel, opts.LogFormat, stderr)
 	log := ctrl.Log.WithName("setup")
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(managerGCPercent)
+	}
 
 	cfg, err := ctrl.GetConfig()
 	if err != nil {

@@ -59,8 +59,10 @@ type Config struct {
 	// Loom's pod informer sees too.
 	BackgroundPods int
 	Idle           time.Duration
-	// ManagerArgs are extra manager flags.
+	// ManagerArgs are extra manager flags, ManagerEnv extra environment
+	// variables (GOGC=…).
 	ManagerArgs []string
+	ManagerEnv  []string
 	// Prefix keeps the run's nodes and namespaces apart from others'.
 	Prefix string
 }
@@ -166,7 +168,7 @@ func Run(ctx context.Context, c *framework.Cluster, loomBin string, rel *framewo
 	for i := range nodes {
 		nodes[i] = fmt.Sprintf("%s-gpu-%d", cfg.Prefix, i)
 	}
-	m, err := c.RunManager(ctx, loomBin, rel, append([]string{"--gang-scheduler=none"}, cfg.ManagerArgs...)...)
+	m, err := c.RunManagerEnv(ctx, loomBin, rel, cfg.ManagerEnv, append([]string{"--gang-scheduler=none"}, cfg.ManagerArgs...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -566,6 +568,9 @@ func (r *Report) Print(w io.Writer) error {
 	cfg := r.Config
 	mib := func(b int64) string { return fmt.Sprintf("%d MiB", b>>20) }
 	fmt.Fprintf(tw, "fleet\t%d simulated 8-GPU nodes, %d pods in the cluster (%d background)\n", cfg.Nodes, r.Pods, cfg.BackgroundPods)
+	if len(cfg.ManagerEnv) > 0 || len(cfg.ManagerArgs) > 0 {
+		fmt.Fprintf(tw, "manager run with\t%s\n", strings.Join(append(append([]string{}, cfg.ManagerEnv...), cfg.ManagerArgs...), " "))
+	}
 	fmt.Fprintf(tw, "workloads\t1 gang of %d pods, %d jobs of 2 × 8 GPUs, %d RayClusters of 4 pods\n", cfg.GangPods, cfg.SmallJobs, cfg.RayClusters)
 	fmt.Fprintf(tw, "ClusterPolicy apply -> Ready\t%s\n", r.PolicyReady.Round(10*time.Millisecond))
 	fmt.Fprintf(tw, "gang: all pods created\t%s (%.0f pods/s; client limit %s)\n", r.GangCreated.Round(10*time.Millisecond), r.GangPodsPerSec, r.ClientQPS)

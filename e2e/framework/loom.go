@@ -91,6 +91,11 @@ type Manager struct {
 // token of the release's own service account (TokenRequest), so that the
 // chart's RBAC is what the manager runs with.
 func (c *Cluster) RunManager(ctx context.Context, loomBin string, rel *Release, args ...string) (*Manager, error) {
+	return c.RunManagerEnv(ctx, loomBin, rel, nil, args...)
+}
+
+// RunManagerEnv is RunManager with extra environment variables (GOGC=…).
+func (c *Cluster) RunManagerEnv(ctx context.Context, loomBin string, rel *Release, env []string, args ...string) (*Manager, error) {
 	tr, err := c.Clientset.CoreV1().ServiceAccounts(rel.Namespace).CreateToken(ctx, rel.ServiceAccount,
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](24 * 3600)}},
 		metav1.CreateOptions{})
@@ -114,7 +119,7 @@ func (c *Cluster) RunManager(ctx context.Context, loomBin string, rel *Release, 
 	}, args...)
 	started := time.Now()
 	p, err := c.StartProcess("loom-manager", loomBin,
-		[]string{"KUBECONFIG=" + kubeconfig, "POD_NAMESPACE=" + rel.Namespace}, all...)
+		append([]string{"KUBECONFIG=" + kubeconfig, "POD_NAMESPACE=" + rel.Namespace}, env...), all...)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 
@@ -40,6 +41,13 @@ func run() error {
 	flag.IntVar(&cfg.BackgroundPods, "background-pods", 2400, "other pods in the cluster (with the defaults, 10,000 pods in all)")
 	flag.DurationVar(&cfg.Idle, "idle", 60*time.Second, "idle window after everything settled")
 	loomBin := flag.String("loom", "", "loom binary (default: build ./cmd/manager)")
+	flag.Func("manager-env", "KEY=VALUE for the manager's environment (repeatable), e.g. GOGC=50", func(v string) error {
+		if !strings.Contains(v, "=") {
+			return fmt.Errorf("want KEY=VALUE, got %q", v)
+		}
+		cfg.ManagerEnv = append(cfg.ManagerEnv, v)
+		return nil
+	})
 	flag.Parse()
 	cfg.ManagerArgs = flag.Args()
 	if cfg.Nodes > 1000 && runtime.NumCPU() < 8 {
