@@ -571,6 +571,8 @@ func (r *Report) Print(w io.Writer) error {
 	if len(cfg.ManagerEnv) > 0 || len(cfg.ManagerArgs) > 0 {
 		fmt.Fprintf(tw, "manager run with\t%s\n", strings.Join(append(append([]string{}, cfg.ManagerEnv...), cfg.ManagerArgs...), " "))
 	}
+	fmt.Fprintf(tw, "inventory\t%d GPUNodes from node-agent processes (measured below), %d published by the benchmark (scaled down: %d agent processes do not fit)\n",
+		min(cfg.Agents, cfg.Nodes), cfg.Nodes-min(cfg.Agents, cfg.Nodes), cfg.Nodes)
 	fmt.Fprintf(tw, "workloads\t1 gang of %d pods, %d jobs of 2 × 8 GPUs, %d RayClusters of 4 pods\n", cfg.GangPods, cfg.SmallJobs, cfg.RayClusters)
 	fmt.Fprintf(tw, "ClusterPolicy apply -> Ready\t%s\n", r.PolicyReady.Round(10*time.Millisecond))
 	fmt.Fprintf(tw, "gang: all pods created\t%s (%.0f pods/s; client limit %s)\n", r.GangCreated.Round(10*time.Millisecond), r.GangPodsPerSec, r.ClientQPS)
