@@ -28,7 +28,7 @@ demo: build ## Run Loom on a local simulated GPU cluster until Ctrl-C.
 	exec $(BIN)/loom-demo --loom $(BIN)/loom
 
 .PHONY: bench
-bench: tools ## The fleet benchmark: NODES simulated GPU nodes (default 1000; 5000 needs a bigger machine), gang, jobs, RayClusters, idle; one table.
+bench: tools ## The fleet benchmark: NODES simulated GPU nodes (default 1000, 10,000 pods; 5000 needs a bigger machine), gang, jobs, RayClusters, idle; one table (~7 min).
 	go run ./e2e/cmd/bench --nodes $(or $(NODES),1000)
 
 .PHONY: bench-gpu-stack
