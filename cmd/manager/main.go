@@ -73,6 +73,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // of 141–160 MiB, for about 15% more CPU while busy.
 const managerGCPercent = 50
 
+// setGCPercent applies managerGCPercent unless GOGC is set.
+func setGCPercent(getenv func(string) string) {
+	if getenv("GOGC") == "" {
+		debug.SetGCPercent(managerGCPercent)
+	}
+}
+
 func runManager(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("loom manager", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -96,9 +103,7 @@ func runManager(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	setupLogging(opts.LogLevel, opts.LogFormat, stderr)
 	log := ctrl.Log.WithName("setup")
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(managerGCPercent)
-	}
+	setGCPercent(os.Getenv)
 
 	cfg, err := ctrl.GetConfig()
 	if err != nil {

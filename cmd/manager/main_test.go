@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"runtime/debug"
 	"strings"
 	"testing"
 )
@@ -31,5 +32,19 @@ func TestCommandLine(t *testing.T) {
 				t.Errorf("stderr lacks %q:\n%s", tt.wantErr, stderr.String())
 			}
 		})
+	}
+}
+
+// The manager collects at 50% heap growth unless GOGC says otherwise.
+func TestManagerGCPercent(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	setGCPercent(func(string) string { return "" })
+	if got := debug.SetGCPercent(150); got != managerGCPercent {
+		t.Errorf("GOGC unset: GC percent %d, want %d", got, managerGCPercent)
+	}
+	// 150 stands for what the runtime read from GOGC=150.
+	setGCPercent(func(k string) string { return map[string]string{"GOGC": "150"}[k] })
+	if got := debug.SetGCPercent(100); got != 150 {
+		t.Errorf("GOGC=150: GC percent %d, want 150 kept", got)
 	}
 }

@@ -10,12 +10,9 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"sort"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -34,6 +31,7 @@ import (
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/e2e/framework"
+	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/inventory"
 )
 
@@ -302,24 +300,11 @@ func poll(ctx context.Context, c *framework.Cluster, timeout time.Duration, cond
 
 // parallel runs f(i) for i in [0, n) with 32 in flight.
 func parallel(n int, f func(i int) error) error {
-	var mu sync.Mutex
-	var errs []error
-	sem := make(chan struct{}, 32)
-	var wg sync.WaitGroup
-	for i := range n {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			if err := f(i); err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-			}
-		}()
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
 	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return apply.Each(idx, 32, f)
 }
 
 func createBackgroundPods(ctx context.Context, c *framework.Cluster, ns string, n int) error {
@@ -434,7 +419,8 @@ func trainingJob(ns, name string, workers int32, gpus string) *trainingv1alpha1.
 	}
 }
 
-func rayCluster(ns, name string) *rayv1.RayCluster {
+// RayCluster is the benchmark's cluster: a head and 3 CPU workers.
+func RayCluster(ns, name string) *rayv1.RayCluster {
 	res := func(cpu, mem string) corev1.ResourceRequirements {
 		l := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu), corev1.ResourceMemory: resource.MustParse(mem)}
 		return corev1.ResourceRequirements{Requests: l, Limits: l}
@@ -505,7 +491,7 @@ func runWorkloads(ctx context.Context, c *framework.Cluster, ns string, cfg Conf
 
 	rayStart := time.Now()
 	for i := range cfg.RayClusters {
-		if err := c.Client.Create(ctx, rayCluster(ns, fmt.Sprintf("rc-%d", i))); err != nil {
+		if err := c.Client.Create(ctx, RayCluster(ns, fmt.Sprintf("rc-%d", i))); err != nil {
 			return err
 		}
 	}
@@ -590,20 +576,7 @@ func (r *Report) Print(w io.Writer) error {
 	fmt.Fprintf(tw, "KubeRay (REFERENCE.md)\t\"500 MB for 500 Ray pods\"\n")
 	minutes := cfg.Idle.Minutes()
 	fmt.Fprintf(tw, "\nmanager API requests\trollout\tworkloads\tidle per minute\n")
-	keys := map[framework.APIRequest]bool{}
-	for _, m := range []map[framework.APIRequest]float64{r.Rollout, r.Workloads, r.Idle} {
-		for k := range m {
-			keys[k] = true
-		}
-	}
-	var sorted []framework.APIRequest
-	for k := range keys {
-		sorted = append(sorted, k)
-	}
-	sort.Slice(sorted, func(i, j int) bool {
-		return sorted[i].Verb+" "+sorted[i].Resource < sorted[j].Verb+" "+sorted[j].Resource
-	})
-	for _, k := range sorted {
+	for _, k := range framework.SortedRequests(r.Rollout, r.Workloads, r.Idle) {
 		fmt.Fprintf(tw, "%s %s\t%.0f\t%.0f\t%.1f\n", k.Verb, k.Resource, r.Rollout[k], r.Workloads[k], r.Idle[k]/minutes)
 	}
 	total := func(m map[framework.APIRequest]float64) (n float64) {

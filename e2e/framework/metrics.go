@@ -2,10 +2,12 @@ package framework
 
 import (
 	"bufio"
+	"cmp"
 	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,6 +35,25 @@ func (m *Manager) Metrics(token string) (string, error) {
 
 // APIRequest is a verb and resource of loom_api_requests_total.
 type APIRequest struct{ Verb, Resource string }
+
+// SortedRequests is every request kind with a count in any of ms, by verb,
+// then resource: a benchmark table's rows.
+func SortedRequests(ms ...map[APIRequest]float64) []APIRequest {
+	seen := map[APIRequest]bool{}
+	var out []APIRequest
+	for _, m := range ms {
+		for k, v := range m {
+			if v != 0 && !seen[k] {
+				seen[k] = true
+				out = append(out, k)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b APIRequest) int {
+		return cmp.Or(strings.Compare(a.Verb, b.Verb), strings.Compare(a.Resource, b.Resource))
+	})
+	return out
+}
 
 // APIRequests reads the manager's own request counters
 // (loom_api_requests_total) by verb and resource.

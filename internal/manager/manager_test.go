@@ -94,9 +94,14 @@ func TestManagerLeadsServesProbesAndSecuredMetrics(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		want := fmt.Sprintf(`leader_election_master_status{name="%s"} 1`, opts.LeaderElectionID)
-		if !strings.Contains(body, want) {
-			return fmt.Errorf("metrics lack %s", want)
+		for _, want := range []string{
+			fmt.Sprintf(`leader_election_master_status{name="%s"} 1`, opts.LeaderElectionID),
+			// Time requests waited for the client's own QPS limit.
+			"rest_client_rate_limiter_duration_seconds_count",
+		} {
+			if !strings.Contains(body, want) {
+				return fmt.Errorf("metrics lack %s", want)
+			}
 		}
 		return nil
 	})

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"sort"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -115,14 +114,7 @@ func run() error {
 	fmt.Fprintf(w, "ClusterPolicy apply -> Ready\t%s\n", ready.Round(10*time.Millisecond))
 	fmt.Fprintf(w, "operand pods\t%d\n", 6**nodes)
 	fmt.Fprintf(w, "\nmanager API requests\tapply -> Ready\tidle %s\n", *idle)
-	var keys []framework.APIRequest
-	for k := range after {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		return keys[i].Verb+" "+keys[i].Resource < keys[j].Verb+" "+keys[j].Resource
-	})
-	for _, k := range keys {
+	for _, k := range framework.SortedRequests(after) {
 		b, i := busy[k]-before[k], after[k]-busy[k]
 		if b == 0 && i == 0 {
 			continue

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"sort"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -21,11 +20,10 @@ import (
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/loom-dev/loom/e2e/bench"
 	"github.com/loom-dev/loom/e2e/framework"
 )
 
@@ -84,7 +82,7 @@ func run() error {
 	rssBefore, _ := framework.RSS(m.PID())
 	start := time.Now()
 	for i := range *n {
-		if err := c.Client.Create(ctx, rayCluster(fmt.Sprintf("rc-%d", i))); err != nil {
+		if err := c.Client.Create(ctx, bench.RayCluster("bench", fmt.Sprintf("rc-%d", i))); err != nil {
 			return err
 		}
 	}
@@ -145,13 +143,8 @@ func run() error {
 	fmt.Fprintf(w, "manager RSS before / peak / settled\t%d / %d / %d MiB\n", rssBefore>>20, peak>>20, settled>>20)
 	fmt.Fprintf(w, "KubeRay v1.5.0, same machine type (REFERENCE.md)\t100 clusters: 9 s, RSS 68 MiB, 1,232 writes\n")
 	fmt.Fprintf(w, "\nmanager API requests\tbusy\tidle %s\n", *idle)
-	var keys []framework.APIRequest
-	for k := range after {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i].Verb+keys[i].Resource < keys[j].Verb+keys[j].Resource })
 	writes := 0.0
-	for _, k := range keys {
+	for _, k := range framework.SortedRequests(after) {
 		b, i := busy[k]-before[k], after[k]-busy[k]
 		if b == 0 && i == 0 {
 			continue
@@ -163,25 +156,4 @@ func run() error {
 	}
 	fmt.Fprintf(w, "writes (busy, without the lease)\t%.0f\t\n", writes)
 	return w.Flush()
-}
-
-func rayCluster(name string) *rayv1.RayCluster {
-	res := func(cpu, mem string) corev1.ResourceRequirements {
-		l := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu), corev1.ResourceMemory: resource.MustParse(mem)}
-		return corev1.ResourceRequirements{Requests: l, Limits: l}
-	}
-	return &rayv1.RayCluster{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "bench"},
-		Spec: rayv1.RayClusterSpec{
-			RayVersion: "2.46.0",
-			HeadGroupSpec: rayv1.HeadGroupSpec{RayStartParams: map[string]string{}, Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
-				Containers: []corev1.Container{{Name: "ray-head", Image: "rayproject/ray:2.46.0", Resources: res("1", "2Gi")}}}}},
-			WorkerGroupSpecs: []rayv1.WorkerGroupSpec{{
-				GroupName: "workers", Replicas: ptr.To[int32](3), MinReplicas: ptr.To[int32](0), MaxReplicas: ptr.To[int32](10),
-				RayStartParams: map[string]string{},
-				Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
-					Containers: []corev1.Container{{Name: "ray-worker", Image: "rayproject/ray:2.46.0", Resources: res("1", "1Gi")}}}},
-			}},
-		},
-	}
 }

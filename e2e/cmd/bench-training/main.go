@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"sort"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -109,14 +108,7 @@ func run() error {
 	}
 	for _, r := range results {
 		fmt.Fprintf(w, "\nAPI requests: %s\t\n", r.name)
-		var keys []framework.APIRequest
-		for k, v := range r.requests {
-			if v > 0 {
-				keys = append(keys, k)
-			}
-		}
-		sort.Slice(keys, func(i, j int) bool { return keys[i].Verb+keys[i].Resource < keys[j].Verb+keys[j].Resource })
-		for _, k := range keys {
+		for _, k := range framework.SortedRequests(r.requests) {
 			fmt.Fprintf(w, "  %s %s\t%.0f\n", k.Verb, k.Resource, r.requests[k])
 		}
 	}
