@@ -2,52 +2,96 @@ package apply
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 )
 
-// Conditions the monitoring reconciler writes onto objects whose status
-// their owner's reconciler writes (ClusterPolicy, TrainingJob; RayCluster's
-// is prefixed like Loom's other RayCluster conditions).
-const (
-	ConditionMonitoring    = "Monitoring"
-	RayConditionMonitoring = "loom.dev/Monitoring"
-)
+// StatusOption changes one status write.
+type StatusOption func(*statusWrite)
 
-// foreign are the condition types an owner's status write leaves alone.
-var foreign = []string{ConditionMonitoring, RayConditionMonitoring}
+type statusWrite struct {
+	countsOnly bool
+	guarded    bool
+}
 
-// Status server-side applies status as obj's status under fieldOwner,
-// leaving out the conditions other reconcilers write. Conditions are a map
-// by type, so a condition another field owner applied survives this write
-// even when the writer's cached copy of obj predates it (a JSON merge patch
-// would replace the whole list). Fields the writer no longer sets are
-// removed, as with any apply.
-func Status(ctx context.Context, c client.Client, obj client.Object, status any, fieldOwner string) error {
-	gvk, err := apiutil.GVKForObject(obj, c.Scheme())
-	if err != nil {
-		return err
+// CountsOnly marks a change that moves only counts and messages: it waits
+// until CoalesceInterval has passed since the object's last status write.
+func CountsOnly(yes bool) StatusOption { return func(s *statusWrite) { s.countsOnly = yes } }
+
+// Guarded sends obj's resourceVersion with the write, so that it fails
+// with a conflict when obj changed since it was read: for a status that
+// must not be computed from a stale copy.
+func Guarded() StatusOption { return func(s *statusWrite) { s.guarded = true } }
+
+// Status makes obj's status want, where old is the status obj carries (the
+// cache's copy): nothing is written when they are equal, a count-only
+// change may be held back (the returned duration is how long to wait
+// before asking again), and the write is a server-side apply of want under
+// the writer's field owner with only the conditions the writer owns.
+// Conditions are a map by type, so another writer's condition survives
+// this write even when the cached copy predates it; fields the writer no
+// longer sets are removed, as with any apply.
+func (w *Writer) Status(ctx context.Context, obj client.Object, old, want any, opts ...StatusOption) (time.Duration, error) {
+	var s statusWrite
+	for _, o := range opts {
+		o(&s)
 	}
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(status)
+	gvk, err := apiutil.GVKForObject(obj, w.c.Scheme())
 	if err != nil {
-		return err
+		return 0, err
+	}
+	key := client.ObjectKeyFromObject(obj)
+	if equality.Semantic.DeepEqual(old, want) {
+		count(gvk.Kind, w.fieldOwner, "status", "skipped")
+		return 0, nil
+	}
+	if s.countsOnly {
+		if wait := w.statuses.wait(key); wait > 0 {
+			count(gvk.Kind, w.fieldOwner, "status", "coalesced")
+			return wait, nil
+		}
+	}
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(want)
+	if err != nil {
+		return 0, err
 	}
 	dropNulls(m)
 	if conds, ok := m["conditions"].([]any); ok {
 		m["conditions"] = slices.DeleteFunc(conds, func(c any) bool {
 			t, _ := c.(map[string]any)["type"].(string)
-			return slices.Contains(foreign, t)
+			return !slices.Contains(w.opts.Conditions, t)
 		})
 	}
 	u := &unstructured.Unstructured{Object: map[string]any{"status": m}}
 	u.SetGroupVersionKind(gvk)
 	u.SetName(obj.GetName())
 	u.SetNamespace(obj.GetNamespace())
-	return c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(fieldOwner), client.ForceOwnership)
+	if s.guarded {
+		u.SetResourceVersion(obj.GetResourceVersion())
+	}
+	log.FromContext(ctx).V(1).Info("status", "kind", gvk.Kind, "object", key, "fieldOwner", w.fieldOwner, "why", statusWhy(s))
+	if err := w.c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(w.fieldOwner), client.ForceOwnership); err != nil {
+		count(gvk.Kind, w.fieldOwner, "status", "error")
+		return 0, fmt.Errorf("writing %s status: %w", gvk.Kind, err)
+	}
+	count(gvk.Kind, w.fieldOwner, "status", "written")
+	w.statuses.wrote(key)
+	return 0, nil
+}
+
+func statusWhy(s statusWrite) string {
+	if s.countsOnly {
+		return "counts changed"
+	}
+	return "status changed"
 }
 
 // dropNulls removes null fields (nil pointers without omitempty) and empty

@@ -1,4 +1,4 @@
-package coalesce
+package apply
 
 import (
 	"testing"
@@ -7,18 +7,18 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-func TestWrites(t *testing.T) {
-	var w Writes
+func TestCoalesceWrites(t *testing.T) {
+	var w coalesceWrites
 	k := types.NamespacedName{Namespace: "ns", Name: "a"}
-	if w.Wait(k) != 0 {
+	if w.wait(k) != 0 {
 		t.Fatal("a never-written object waits")
 	}
-	w.Wrote(k)
-	if d := w.Wait(k); d <= 0 || d > Interval {
+	w.wrote(k)
+	if d := w.wait(k); d <= 0 || d > CoalesceInterval {
 		t.Fatalf("just written: wait %s", d)
 	}
-	w.Forget(k)
-	if w.Wait(k) != 0 {
+	w.forget(k)
+	if w.wait(k) != 0 {
 		t.Fatal("a forgotten object waits")
 	}
 }

@@ -1,0 +1,53 @@
+// Legacy writers, removed once every reconciler writes through Writer.
+package apply
+
+import (
+	"context"
+	"slices"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+)
+
+// Conditions the monitoring reconciler writes onto objects whose status
+// their owner's reconciler writes (ClusterPolicy, TrainingJob; RayCluster's
+// is prefixed like Loom's other RayCluster conditions).
+const (
+	ConditionMonitoring    = "Monitoring"
+	RayConditionMonitoring = "loom.dev/Monitoring"
+)
+
+// legacyForeign are the condition types an owner's status write leaves alone.
+var legacyForeign = []string{ConditionMonitoring, RayConditionMonitoring}
+
+// Status server-side applies status as obj's status under fieldOwner,
+// leaving out the conditions other reconcilers write. Conditions are a map
+// by type, so a condition another field owner applied survives this write
+// even when the writer's cached copy of obj predates it (a JSON merge patch
+// would replace the whole list). Fields the writer no longer sets are
+// removed, as with any apply.
+func Status(ctx context.Context, c client.Client, obj client.Object, status any, fieldOwner string) error {
+	gvk, err := apiutil.GVKForObject(obj, c.Scheme())
+	if err != nil {
+		return err
+	}
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(status)
+	if err != nil {
+		return err
+	}
+	dropNulls(m)
+	if conds, ok := m["conditions"].([]any); ok {
+		m["conditions"] = slices.DeleteFunc(conds, func(c any) bool {
+			t, _ := c.(map[string]any)["type"].(string)
+			return slices.Contains(legacyForeign, t)
+		})
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{"status": m}}
+	u.SetGroupVersionKind(gvk)
+	u.SetName(obj.GetName())
+	u.SetNamespace(obj.GetNamespace())
+	return c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(fieldOwner), client.ForceOwnership)
+}
+

@@ -1,0 +1,343 @@
+package apply
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+)
+
+// The label every object Loom creates carries, for the whole project: the
+// manager's cache selects Loom's Services by it, and a child without it (or
+// without Loom's controller reference) is never overwritten or deleted.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagedBy      = "loom"
+)
+
+// AnnotationHash is the hash of everything a writer applied to a child
+// (labels, annotations, owner references, spec or data): the cache shows
+// whether the child is what the writer wants without comparing fields.
+const AnnotationHash = "loom.dev/applied-hash"
+
+// Hash is Loom's one hash: a short, stable digest of v's JSON (sha256,
+// 16 hex digits). Pod template hashes, config hashes and children's
+// applied hashes all use it.
+func Hash(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		// Only plain API data is hashed; a value that cannot be encoded
+		// is a programming error, and a distinct hash keeps it visible.
+		b = []byte(err.Error())
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
+
+// Options configure a Writer.
+type Options struct {
+	// Live reads around the cache when the cache does not show a child
+	// about to be created: the cache may hold only Loom's objects of a
+	// kind (Services), and a user's object of the same name must not be
+	// taken over. Nil trusts the cache.
+	Live client.Reader
+	// Conditions are the status condition types this writer owns. A status
+	// write applies these and leaves every other type to its own writer.
+	Conditions []string
+	// MetadataOnly are the kinds the manager caches as metadata only: the
+	// writer reads them as PartialObjectMetadata.
+	MetadataOnly []schema.GroupKind
+}
+
+// Writer is the one way a reconciler writes: its children (Ensure, Remove)
+// and its status (Status), all under one field owner, each write logged at
+// debug level with its reason and counted in loom_writes_total.
+type Writer struct {
+	c          client.Client
+	fieldOwner string
+	opts       Options
+	statuses   coalesceWrites
+
+	mu      sync.Mutex
+	applied map[childKey]record
+}
+
+type childKey struct {
+	gk  schema.GroupKind
+	key types.NamespacedName
+}
+
+// record is what the server answered to the writer's last apply of a
+// child: a later difference means another writer changed it since.
+type record struct {
+	owner      types.UID
+	hash       string
+	generation int64
+	version    string
+}
+
+// NewWriter returns a writer for fieldOwner.
+func NewWriter(c client.Client, fieldOwner string, opts Options) *Writer {
+	return &Writer{c: c, fieldOwner: fieldOwner, opts: opts, applied: map[childKey]record{}}
+}
+
+// FieldOwner is the writer's server-side apply field owner.
+func (w *Writer) FieldOwner() string { return w.fieldOwner }
+
+// ForeignError: an object of a child's name exists and Loom does not
+// control it. Loom leaves it alone; the reconciler reports the conflict.
+type ForeignError struct {
+	Kind, Key, Reason string
+}
+
+func (e *ForeignError) Error() string {
+	return fmt.Sprintf("%s %s exists and %s; Loom leaves it alone", e.Kind, e.Key, e.Reason)
+}
+
+// IsForeign reports whether err is (or wraps) a ForeignError.
+func IsForeign(err error) bool {
+	var f *ForeignError
+	return errors.As(err, &f)
+}
+
+// Ensure makes the child named like want match want, controlled by owner
+// (nil: no owner reference). It writes only when the cache shows the child
+// missing, different from what this writer last applied, or changed by
+// another writer since; an object of the name that Loom does not control is
+// a ForeignError and is not touched.
+func (w *Writer) Ensure(ctx context.Context, owner, want client.Object) error {
+	gvk, err := apiutil.GVKForObject(want, w.c.Scheme())
+	if err != nil {
+		return err
+	}
+	if owner != nil {
+		ref, err := controllerRef(w.c, owner)
+		if err != nil {
+			return err
+		}
+		want.SetOwnerReferences([]metav1.OwnerReference{ref})
+	}
+	labels := want.GetLabels()
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[LabelManagedBy] = ManagedBy
+	want.SetLabels(labels)
+	annotations := want.GetAnnotations()
+	delete(annotations, AnnotationHash)
+	hash := Hash(want)
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	annotations[AnnotationHash] = hash
+	want.SetAnnotations(annotations)
+
+	ck := childKey{gk: gvk.GroupKind(), key: client.ObjectKeyFromObject(want)}
+	cur, err := w.observe(ctx, gvk, ck.key)
+	if err != nil {
+		return err
+	}
+	why := "create"
+	if cur != nil {
+		if reason := foreign(cur, owner); reason != "" {
+			return &ForeignError{Kind: gvk.Kind, Key: ck.key.String(), Reason: reason}
+		}
+		if why = w.stale(ck, cur, want, hash); why == "" {
+			count(gvk.Kind, w.fieldOwner, "apply", "skipped")
+			return nil
+		}
+	}
+	log.FromContext(ctx).V(1).Info("apply", "kind", gvk.Kind, "object", ck.key, "fieldOwner", w.fieldOwner, "why", why)
+	u, err := ToUnstructured(want)
+	if err != nil {
+		return err
+	}
+	u.SetGroupVersionKind(gvk)
+	if err := w.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(w.fieldOwner), client.ForceOwnership); err != nil {
+		count(gvk.Kind, w.fieldOwner, "apply", "error")
+		return fmt.Errorf("applying %s %s: %w", gvk.Kind, ck.key, err)
+	}
+	count(gvk.Kind, w.fieldOwner, "apply", "written")
+	w.mu.Lock()
+	w.applied[ck] = record{owner: uidOf(owner), hash: hash, generation: u.GetGeneration(), version: u.GetResourceVersion()}
+	w.mu.Unlock()
+	return nil
+}
+
+// stale says why the cached child cur needs a write, or "" when it is
+// exactly what this writer wants.
+func (w *Writer) stale(ck childKey, cur, want client.Object, hash string) string {
+	if cur.GetAnnotations()[AnnotationHash] != hash {
+		return "desired state changed"
+	}
+	if !sameOwners(cur.GetOwnerReferences(), want.GetOwnerReferences()) {
+		return "owner references differ"
+	}
+	for k, v := range want.GetLabels() {
+		if cur.GetLabels()[k] != v {
+			return "labels differ"
+		}
+	}
+	w.mu.Lock()
+	rec, known := w.applied[ck]
+	w.mu.Unlock()
+	switch {
+	case !known || rec.hash != hash:
+		return "" // applied before a restart (or by another replica): the hash says it is ours as wanted
+	case cur.GetGeneration() > 0 && cur.GetGeneration() != rec.generation:
+		return "spec changed by another writer"
+	case cur.GetGeneration() == 0 && cur.GetResourceVersion() != rec.version:
+		return "changed by another writer"
+	}
+	return ""
+}
+
+// Remove deletes obj's namesake (obj names the kind and key) when Loom
+// controls it: owned by owner, or labelled Loom's with no controller. The
+// delete carries the cached UID as a precondition and propagates in the
+// background.
+func (w *Writer) Remove(ctx context.Context, owner, obj client.Object) error {
+	gvk, err := apiutil.GVKForObject(obj, w.c.Scheme())
+	if err != nil {
+		return err
+	}
+	key := client.ObjectKeyFromObject(obj)
+	cur, err := w.read(ctx, w.c, gvk, key)
+	if err != nil || cur == nil {
+		return err
+	}
+	if foreign(cur, owner) != "" || cur.GetDeletionTimestamp() != nil {
+		return nil
+	}
+	return w.Delete(ctx, cur, "no longer desired")
+}
+
+// Delete deletes cur (an object the caller has checked is Loom's) with its
+// UID as a precondition, in the background. A child already gone, or
+// replaced since it was read, is not an error.
+func (w *Writer) Delete(ctx context.Context, cur client.Object, why string) error {
+	gvk, err := apiutil.GVKForObject(cur, w.c.Scheme())
+	if err != nil {
+		return err
+	}
+	key := client.ObjectKeyFromObject(cur)
+	log.FromContext(ctx).V(1).Info("delete", "kind", gvk.Kind, "object", key, "fieldOwner", w.fieldOwner, "why", why)
+	uid := cur.GetUID()
+	err = w.c.Delete(ctx, cur, client.Preconditions{UID: &uid}, client.PropagationPolicy(metav1.DeletePropagationBackground))
+	if client.IgnoreNotFound(err) != nil && !apierrors.IsConflict(err) {
+		count(gvk.Kind, w.fieldOwner, "delete", "error")
+		return fmt.Errorf("deleting %s %s: %w", gvk.Kind, key, err)
+	}
+	count(gvk.Kind, w.fieldOwner, "delete", "written")
+	w.mu.Lock()
+	delete(w.applied, childKey{gk: gvk.GroupKind(), key: key})
+	w.mu.Unlock()
+	return nil
+}
+
+// Forget drops what the writer remembers of owner and its children (the
+// owner is gone; its children go with it).
+func (w *Writer) Forget(owner client.Object) {
+	w.statuses.forget(client.ObjectKeyFromObject(owner))
+	uid := owner.GetUID()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for k, rec := range w.applied {
+		if rec.owner == uid {
+			delete(w.applied, k)
+		}
+	}
+}
+
+// observe reads a child from the cache and, when the cache does not show
+// it and a live reader is set, around the cache; nil means it does not
+// exist.
+func (w *Writer) observe(ctx context.Context, gvk schema.GroupVersionKind, key types.NamespacedName) (client.Object, error) {
+	cur, err := w.read(ctx, w.c, gvk, key)
+	if err != nil || cur != nil || w.opts.Live == nil {
+		return cur, err
+	}
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(gvk)
+	if err := w.opts.Live.Get(ctx, key, m); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	return m, nil
+}
+
+func (w *Writer) read(ctx context.Context, r client.Reader, gvk schema.GroupVersionKind, key types.NamespacedName) (client.Object, error) {
+	var cur client.Object
+	if w.metadataOnly(gvk.GroupKind()) {
+		m := &metav1.PartialObjectMetadata{}
+		m.SetGroupVersionKind(gvk)
+		cur = m
+	} else {
+		obj, err := w.c.Scheme().New(gvk)
+		if err != nil {
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(gvk)
+			obj = u
+		}
+		cur = obj.(client.Object)
+	}
+	if err := r.Get(ctx, key, cur); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	return cur, nil
+}
+
+func (w *Writer) metadataOnly(gk schema.GroupKind) bool {
+	for _, m := range w.opts.MetadataOnly {
+		if m == gk {
+			return true
+		}
+	}
+	return false
+}
+
+// foreign says why cur is not Loom's to write ("" when it is): Loom writes
+// what owner controls, and what carries Loom's label with no controller.
+func foreign(cur, owner client.Object) string {
+	ref := metav1.GetControllerOfNoCopy(cur)
+	switch {
+	case owner != nil && ref != nil && ref.UID == owner.GetUID():
+		return ""
+	case ref != nil:
+		return fmt.Sprintf("is controlled by %s %s (uid %s)", ref.Kind, ref.Name, ref.UID)
+	case cur.GetLabels()[LabelManagedBy] != ManagedBy:
+		return fmt.Sprintf("is not managed by Loom (label %s=%s)", LabelManagedBy, ManagedBy)
+	}
+	return ""
+}
+
+func controllerRef(c client.Client, owner client.Object) (metav1.OwnerReference, error) {
+	gvk, err := apiutil.GVKForObject(owner, c.Scheme())
+	if err != nil {
+		return metav1.OwnerReference{}, err
+	}
+	return *metav1.NewControllerRef(owner, gvk), nil
+}
+
+func sameOwners(a, b []metav1.OwnerReference) bool {
+	return reflect.DeepEqual(a, b) || (len(a) == 0 && len(b) == 0)
+}
+
+func uidOf(o client.Object) types.UID {
+	if o == nil || reflect.ValueOf(o).IsNil() {
+		return ""
+	}
+	return o.GetUID()
+}

@@ -1,0 +1,222 @@
+// Package podset creates and deletes the pods of a workload (a TrainingJob's
+// gang, a RayCluster's head and workers) the way Kubernetes' own workload
+// controllers do: slow-start batches capped per pass, expectations recorded
+// before each call so that a lagging cache neither creates a pod twice nor
+// mistakes a fresh one for a lost one, deletes guarded by the pod's UID, and
+// one event and one condition message for a failed pass.
+package podset
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/expect"
+)
+
+// PerPass is the most pods one pass creates or deletes (as the Job
+// controller's burst): a larger set is finished by the passes that follow,
+// so one huge object cannot hold a worker for minutes.
+const PerPass = 500
+
+// inFlight is how many calls run at once; the client's rate limiter is the
+// real bound.
+const inFlight = 64
+
+// MaxMessage is the longest condition message the API accepts.
+const MaxMessage = 32768
+
+// Executor creates and deletes one controller's pods.
+type Executor struct {
+	Client client.Client
+	// Live reads a pod around the cache when a create answers
+	// AlreadyExists, to tell the owner's own pod from a stranger's.
+	Live     client.Reader
+	Recorder recorder.EventRecorder
+	// Same tells whether an existing pod is the one created under its
+	// name (names may repeat across a gang's attempts); nil: a name match
+	// suffices.
+	Same func(existing, created *corev1.Pod) bool
+
+	exp *expect.Pods
+}
+
+// New returns an executor with empty expectations.
+func New(c client.Client, live client.Reader, rec recorder.EventRecorder, same func(existing, created *corev1.Pod) bool) *Executor {
+	return &Executor{Client: c, Live: live, Recorder: rec, Same: same, exp: expect.New()}
+}
+
+// Observe returns the owner's cached pods as the executor knows them to be:
+// pods it deleted are terminating, pods it created that the cache lacks are
+// there.
+func (e *Executor) Observe(owner client.Object, cached []*corev1.Pod, now time.Time) []*corev1.Pod {
+	return e.exp.Overlay(client.ObjectKeyFromObject(owner), cached, now, e.Same)
+}
+
+// Forget drops the owner's expectations (the owner is gone).
+func (e *Executor) Forget(owner client.Object) { e.exp.Forget(client.ObjectKeyFromObject(owner)) }
+
+// Result is what one pass did.
+type Result struct {
+	Created, Deleted int
+	// Deferred pods wait for the next pass (PerPass reached).
+	Deferred int
+}
+
+// Sync deletes remove, then creates create: at most PerPass calls in all,
+// creates in batches of 1, 2, 4, ... so that a quota or admission error
+// stops after a few calls instead of hundreds. A failed pass records one
+// Warning event on owner and returns one error, whose Message fits a
+// condition.
+func (e *Executor) Sync(ctx context.Context, owner client.Object, remove, create []*corev1.Pod) (Result, error) {
+	var res Result
+	remove, deferDel := capped(remove, PerPass)
+	create, deferCreate := capped(create, PerPass-len(remove))
+	res.Deferred = deferDel + deferCreate
+	deleted, err := e.delete(ctx, owner, remove)
+	res.Deleted = deleted
+	if err == nil {
+		res.Created, err = e.create(ctx, owner, create)
+	}
+	if err != nil {
+		e.Recorder.Eventf(owner, nil, corev1.EventTypeWarning, reasonOf(err), actionOf(err), "%s", Message(err))
+	}
+	return res, err
+}
+
+func capped(pods []*corev1.Pod, n int) ([]*corev1.Pod, int) {
+	n = max(n, 0)
+	if len(pods) <= n {
+		return pods, 0
+	}
+	return pods[:n], len(pods) - n
+}
+
+// CreateError and DeleteError carry a failed pass's first errors.
+type CreateError struct{ err error }
+
+func (e *CreateError) Error() string { return e.err.Error() }
+func (e *CreateError) Unwrap() error { return e.err }
+
+type DeleteError struct{ err error }
+
+func (e *DeleteError) Error() string { return e.err.Error() }
+func (e *DeleteError) Unwrap() error { return e.err }
+
+func reasonOf(err error) string {
+	var d *DeleteError
+	if errors.As(err, &d) {
+		return "FailedDeletePod"
+	}
+	return "FailedCreatePod"
+}
+
+func actionOf(err error) string {
+	if reasonOf(err) == "FailedDeletePod" {
+		return "Delete"
+	}
+	return "Create"
+}
+
+// Message is err as a condition message: the API's length limit applies.
+func Message(err error) string {
+	s := err.Error()
+	if len(s) > MaxMessage {
+		s = s[:MaxMessage-len("…")] + "…"
+	}
+	return s
+}
+
+func (e *Executor) create(ctx context.Context, owner client.Object, pods []*corev1.Pod) (int, error) {
+	key := client.ObjectKeyFromObject(owner)
+	created := 0
+	for batch := 1; len(pods) > 0; batch *= 2 {
+		n := min(batch, len(pods))
+		err := apply.Each(pods[:n], inFlight, func(p *corev1.Pod) error { return e.createOne(ctx, owner, p) })
+		if err != nil {
+			return created, &CreateError{err}
+		}
+		created += n
+		pods = pods[n:]
+	}
+	log.FromContext(ctx).V(1).Info("created pods", "owner", key, "count", created)
+	return created, nil
+}
+
+// createOne records the expectation, then creates. A generated name is
+// chosen here, so that the expectation knows it before the call.
+func (e *Executor) createOne(ctx context.Context, owner client.Object, p *corev1.Pod) error {
+	key := client.ObjectKeyFromObject(owner)
+	pod := p.DeepCopy()
+	if pod.Name == "" && pod.GenerateName != "" {
+		pod.Name = pod.GenerateName + utilrand.String(5)
+	}
+	e.exp.Created(key, pod, time.Now())
+	err := e.Client.Create(ctx, pod.DeepCopy())
+	if apierrors.IsAlreadyExists(err) {
+		err = e.alreadyExists(ctx, owner, pod)
+	}
+	if err != nil {
+		e.exp.CreateFailed(key, pod.Name)
+		return fmt.Errorf("creating pod %s: %w", pod.Name, err)
+	}
+	return nil
+}
+
+// alreadyExists decides whether a pod of the name is the owner's own,
+// created before a restart (fine: the cache will show it), or not.
+func (e *Executor) alreadyExists(ctx context.Context, owner client.Object, want *corev1.Pod) error {
+	have := &corev1.Pod{}
+	if err := e.Live.Get(ctx, client.ObjectKeyFromObject(want), have); err != nil {
+		return fmt.Errorf("pod %s exists but cannot be read: %w", want.Name, err)
+	}
+	if !metav1.IsControlledBy(have, owner) {
+		return fmt.Errorf("pod %s exists and is not controlled by %s: rename or delete it", want.Name, owner.GetName())
+	}
+	if e.Same != nil && !e.Same(have, want) {
+		return fmt.Errorf("pod %s of an earlier attempt still exists", want.Name)
+	}
+	return nil
+}
+
+// delete deletes pods (each guarded by its UID, in the background) and
+// records the expectations. A pod the cache does not show yet is left for
+// the pass that sees it.
+func (e *Executor) delete(ctx context.Context, owner client.Object, pods []*corev1.Pod) (int, error) {
+	key := client.ObjectKeyFromObject(owner)
+	n := 0
+	err := apply.Each(pods, inFlight, func(p *corev1.Pod) error {
+		if p.UID == "" {
+			return nil // created but not in the cache yet
+		}
+		uid := p.UID
+		err := e.Client.Delete(ctx, p, client.Preconditions{UID: &uid}, client.PropagationPolicy(metav1.DeletePropagationBackground))
+		if err == nil || apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			e.exp.Deleted(key, uid, time.Now())
+			return nil
+		}
+		return fmt.Errorf("deleting pod %s: %w", p.Name, err)
+	})
+	if err != nil {
+		return 0, &DeleteError{err}
+	}
+	for _, p := range pods {
+		if p.UID != "" {
+			n++
+		}
+	}
+	if n > 0 {
+		log.FromContext(ctx).V(1).Info("deleted pods", "owner", key, "count", n)
+	}
+	return n, nil
+}
