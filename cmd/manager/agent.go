@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -85,16 +86,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	metrics := agent.NewMetrics()
 	if *metricsAddr != "0" {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-		srv := &http.Server{Addr: *metricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error(err, "metrics server")
-			}
-		}()
-		defer srv.Close()
+		defer serveAgentMetrics(*metricsAddr, metrics, log)()
 	}
 	a := &agent.Agent{NodeName: *nodeName, Lib: lib, Client: c, Log: log, Interval: *interval, Simulated: *simulate, Metrics: metrics}
 	if err := a.Run(ctx); err != nil {
@@ -103,6 +95,21 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	log.Info("node agent stopped")
 	return 0
+}
+
+// serveAgentMetrics serves /metrics and /healthz on addr until the
+// returned function is called.
+func serveAgentMetrics(addr string, metrics *agent.Metrics, log logr.Logger) func() {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error(err, "metrics server")
+		}
+	}()
+	return func() { _ = srv.Close() }
 }
 
 func printOnce(lib nvml.Interface, simulated string, stdout, stderr io.Writer) int {

@@ -1,0 +1,240 @@
+package apply_test
+
+import (
+	"context"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { testenv.Main(m, &env) }
+
+const ns = "writer-test"
+
+// owner is a real object (a Namespace's UID makes a valid owner reference).
+func owner(t *testing.T, name string) *corev1.ConfigMap {
+	t.Helper()
+	ctx := context.Background()
+	if err := env.CreateNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	o := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+	if err := env.Client.Create(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+func child(name, value string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": "x"}},
+		Data:       map[string]string{"k": value}}
+}
+
+func get(t *testing.T, name string) *corev1.ConfigMap {
+	t.Helper()
+	cm := &corev1.ConfigMap{}
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, cm); err != nil {
+		t.Fatal(err)
+	}
+	return cm
+}
+
+// counted reads loom_writes_total for a kind, field owner, operation and
+// result from the manager's metrics registry.
+func counted(t *testing.T, kind, fieldOwner, op, result string) float64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"kind": kind, "field_owner": fieldOwner, "operation": op, "result": result}
+	for _, f := range families {
+		if f.GetName() != "loom_writes_total" {
+			continue
+		}
+	metrics:
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if want[l.GetName()] != l.GetValue() {
+					continue metrics
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
+// The writer creates a child once, skips a write while the cache shows
+// what it applied, repairs another writer's edit, and changes the child
+// when the desired state changes.
+func TestEnsureWritesOnlyWhatChanged(t *testing.T) {
+	ctx := context.Background()
+	w := apply.NewWriter(env.Client, "test-ensure", apply.Options{})
+	o := owner(t, "ensure-owner")
+
+	if err := w.Ensure(ctx, o, child("ensure-child", "1")); err != nil {
+		t.Fatal(err)
+	}
+	first := get(t, "ensure-child")
+	if first.Labels[apply.LabelManagedBy] != apply.ManagedBy || !metav1.IsControlledBy(first, o) || first.Annotations[apply.AnnotationHash] == "" {
+		t.Fatalf("child lacks Loom's label, owner or hash: %+v", first.ObjectMeta)
+	}
+	if err := w.Ensure(ctx, o, child("ensure-child", "1")); err != nil {
+		t.Fatal(err)
+	}
+	if rv := get(t, "ensure-child").ResourceVersion; rv != first.ResourceVersion {
+		t.Fatalf("an unchanged child was written again (resourceVersion %s -> %s)", first.ResourceVersion, rv)
+	}
+	if w, s := counted(t, "ConfigMap", "test-ensure", "apply", "written"), counted(t, "ConfigMap", "test-ensure", "apply", "skipped"); w != 1 || s != 1 {
+		t.Fatalf("loom_writes_total: %v written, %v skipped; want 1 and 1", w, s)
+	}
+
+	edited := first.DeepCopy()
+	edited.Data["k"] = "edited by hand"
+	if err := env.Client.Update(ctx, edited); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Ensure(ctx, o, child("ensure-child", "1")); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(t, "ensure-child").Data["k"]; got != "1" {
+		t.Fatalf("another writer's edit was not repaired: %q", got)
+	}
+
+	if err := w.Ensure(ctx, o, child("ensure-child", "2")); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(t, "ensure-child").Data["k"]; got != "2" {
+		t.Fatalf("a changed desired state was not applied: %q", got)
+	}
+}
+
+// A writer that starts fresh (a restarted manager) trusts the hash on the
+// child it applied before: no write.
+func TestEnsureAfterRestartTrustsTheHash(t *testing.T) {
+	ctx := context.Background()
+	o := owner(t, "restart-owner")
+	if err := apply.NewWriter(env.Client, "test-restart", apply.Options{}).Ensure(ctx, o, child("restart-child", "1")); err != nil {
+		t.Fatal(err)
+	}
+	before := get(t, "restart-child").ResourceVersion
+	if err := apply.NewWriter(env.Client, "test-restart", apply.Options{}).Ensure(ctx, o, child("restart-child", "1")); err != nil {
+		t.Fatal(err)
+	}
+	if after := get(t, "restart-child").ResourceVersion; after != before {
+		t.Fatalf("a new writer rewrote an up-to-date child (%s -> %s)", before, after)
+	}
+}
+
+// An object of the child's name that Loom does not control is neither
+// overwritten nor deleted.
+func TestForeignObjectsAreLeftAlone(t *testing.T) {
+	ctx := context.Background()
+	w := apply.NewWriter(env.Client, "test-foreign", apply.Options{})
+	o := owner(t, "foreign-owner")
+	users := child("users-own", "theirs")
+	if err := env.Client.Create(ctx, users); err != nil {
+		t.Fatal(err)
+	}
+	err := w.Ensure(ctx, o, child("users-own", "ours"))
+	if !apply.IsForeign(err) {
+		t.Fatalf("Ensure over a user's object: got %v, want a ForeignError", err)
+	}
+	if err := w.Remove(ctx, o, child("users-own", "")); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(t, "users-own").Data["k"]; got != "theirs" {
+		t.Fatalf("the user's object was changed: %q", got)
+	}
+
+	other := owner(t, "other-owner")
+	if err := w.Ensure(ctx, other, child("others-child", "1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Ensure(ctx, o, child("others-child", "2")); !apply.IsForeign(err) {
+		t.Fatalf("Ensure over another owner's child: got %v, want a ForeignError", err)
+	}
+	if err := w.Remove(ctx, o, child("others-child", "")); err != nil {
+		t.Fatal(err)
+	}
+	get(t, "others-child") // still there
+
+	if err := w.Remove(ctx, other, child("others-child", "")); err != nil {
+		t.Fatal(err)
+	}
+	err = env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "others-child"}, &corev1.ConfigMap{})
+	if !apierrors.IsNotFound(err) && get(t, "others-child").DeletionTimestamp == nil {
+		t.Fatalf("the owner's own child was not removed: %v", err)
+	}
+}
+
+// Status applies only the conditions the writer owns: another writer's
+// condition survives a write from a copy that predates it, and an
+// unchanged status costs no write.
+func TestStatusOwnsOnlyItsConditions(t *testing.T) {
+	ctx := context.Background()
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "writer-status"}}
+	if err := env.Client.Create(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	stale := cp.DeepCopy()
+	owners := apply.NewWriter(env.Client, "test-owner", apply.Options{Conditions: []string{"Ready"}})
+	others := apply.NewWriter(env.Client, "test-other", apply.Options{Conditions: []string{"Other"}})
+
+	other := gpuv1alpha1.ClusterPolicyStatus{Conditions: []metav1.Condition{cond("Other", "Seen")}}
+	if _, err := others.Status(ctx, cp, &cp.Status, &other); err != nil {
+		t.Fatal(err)
+	}
+	// The owner computes from a copy without Other, and even lists a
+	// condition it does not own: neither removes nor claims Other.
+	want := gpuv1alpha1.ClusterPolicyStatus{Conditions: []metav1.Condition{cond("Ready", "Rolled"), cond("Other", "Forged")}}
+	if _, err := owners.Status(ctx, stale, &stale.Status, &want); err != nil {
+		t.Fatal(err)
+	}
+	got := &gpuv1alpha1.ClusterPolicy{}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(cp), got); err != nil {
+		t.Fatal(err)
+	}
+	if c := meta.FindStatusCondition(got.Status.Conditions, "Other"); c == nil || c.Reason != "Seen" {
+		t.Fatalf("another writer's condition was lost or overwritten: %+v", got.Status.Conditions)
+	}
+	if c := meta.FindStatusCondition(got.Status.Conditions, "Ready"); c == nil || c.Reason != "Rolled" {
+		t.Fatalf("the owner's condition was not written: %+v", got.Status.Conditions)
+	}
+	rv := got.ResourceVersion
+	same := got.Status.DeepCopy()
+	if _, err := owners.Status(ctx, got, &got.Status, same); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(cp), got); err != nil {
+		t.Fatal(err)
+	}
+	if got.ResourceVersion != rv {
+		t.Fatal("an unchanged status was written")
+	}
+
+	// A guarded write from a stale copy fails instead of racing.
+	if _, err := owners.Status(ctx, stale, &stale.Status, &want, apply.Guarded()); !apierrors.IsConflict(err) {
+		t.Fatalf("guarded write from a stale copy: got %v, want a conflict", err)
+	}
+	if n := counted(t, "ClusterPolicy", "test-owner", "status", "skipped"); n != 1 {
+		t.Fatalf("skipped status writes counted %v, want 1", n)
+	}
+}
+
+func cond(t, reason string) metav1.Condition {
+	return metav1.Condition{Type: t, Status: metav1.ConditionTrue, Reason: reason, Message: reason, LastTransitionTime: metav1.Now()}
+}
