@@ -2,18 +2,13 @@ package monitoring
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
-	corev1 "k8s.io/api/core/v1"
-	apiequality "k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/loom-dev/loom/internal/apply"
@@ -25,11 +20,13 @@ import (
 // onboard (conditions are a map by type, so the condition is theirs alone).
 const FieldOwner = "loom-monitoring"
 
-// Condition types the monitoring reconcilers own. RayClusters carry
-// KubeRay's condition types, so Loom's own are prefixed.
+// Condition types the monitoring reconcilers own: one on each object they
+// onboard, written by them alone beside the owner reconciler's conditions.
+// ClusterPolicies and TrainingJobs carry Monitoring; RayClusters carry
+// KubeRay's condition types, so Loom's own is prefixed.
 const (
-	ConditionMonitoring    = apply.ConditionMonitoring
-	RayConditionMonitoring = apply.RayConditionMonitoring
+	ConditionMonitoring    = "Monitoring"
+	RayConditionMonitoring = "loom.dev/Monitoring"
 
 	ReasonSelected         = "Selected"
 	ReasonNotSelected      = "NotSelected"
@@ -65,105 +62,73 @@ func (ks operatorCRDs) missing(ctx context.Context, c client.Client) ([]string, 
 	return out, nil
 }
 
-// errConflict: an object of the child's name exists and is not Loom's.
-type errConflict struct{ kind, key string }
-
-func (e errConflict) Error() string {
-	return fmt.Sprintf("%s %s exists and is not managed by Loom (label %s=%s); Loom leaves it alone", e.kind, e.key, LabelManagedBy, managedBy)
+// observeResult is a reconcile's answer when its observation ends it: a
+// Prometheus Operator or workload CRD just created and not served yet is
+// asked about again in a second; other errors are retried.
+func observeResult(err error) (ctrl.Result, error) {
+	if errors.Is(err, optional.ErrNotServedYet) {
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
+	return ctrl.Result{}, err
 }
 
-// ensure makes the child named like want (or key, when want is nil) match
-// want, comparing with the cache so that a steady cluster costs no writes;
-// want nil removes Loom's child. cur is an empty object of the child's type.
-func ensure(ctx context.Context, c client.Client, cur client.Object, key client.ObjectKey, want client.Object, owner metav1.OwnerReference) error {
-	err := c.Get(ctx, key, cur)
-	if err != nil && !apierrors.IsNotFound(err) {
-		return err
-	}
-	exists := err == nil
-	ours := exists && cur.GetLabels()[LabelManagedBy] == managedBy
-	if want == nil {
-		if ours && cur.GetDeletionTimestamp() == nil {
-			return client.IgnoreNotFound(c.Delete(ctx, cur))
+// writeChildren makes the children match through w: ensure those wanted
+// and remove Loom's of the names no longer wanted, all controlled by owner.
+// A name taken by an object Loom does not control is returned apart (it
+// needs a person and goes into the condition); other errors are joined.
+func writeChildren(ctx context.Context, w *apply.Writer, owner client.Object, ensure, remove []client.Object) (*apply.ForeignError, error) {
+	var conflict *apply.ForeignError
+	var errs []error
+	for _, want := range ensure {
+		err := w.Ensure(ctx, owner, want)
+		var f *apply.ForeignError
+		if errors.As(err, &f) {
+			conflict = f
+			continue
 		}
-		return nil
+		errs = append(errs, err)
 	}
-	if exists && !ours {
-		return errConflict{kind: fmt.Sprintf("%T", cur)[len("*"):], key: key.String()}
+	for _, obj := range remove {
+		errs = append(errs, w.Remove(ctx, owner, obj))
 	}
-	want.SetOwnerReferences([]metav1.OwnerReference{owner})
-	if exists && cur.GetDeletionTimestamp() == nil && controlledBy(cur, owner) && hasLabels(cur, want.GetLabels()) && sameContent(cur, want) {
-		return nil
-	}
-	_, err = apply.Apply(ctx, c, want, FieldOwner)
-	return err
+	return conflict, errors.Join(errs...)
 }
 
-func controlledBy(o client.Object, owner metav1.OwnerReference) bool {
-	ref := metav1.GetControllerOf(o)
-	return ref != nil && ref.UID == owner.UID && len(o.GetOwnerReferences()) == 1
+// conditionStatus is all of an onboarded object's status the monitoring
+// reconcilers write: their one condition.
+type conditionStatus struct {
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
-func hasLabels(o client.Object, want map[string]string) bool {
-	have := o.GetLabels()
-	for k, v := range want {
-		if have[k] != v {
-			return false
+// conditionChange is the status write of cond onto an object of generation
+// generation whose conditions are conds: old holds the object's current
+// condition of cond's type only (none: empty), want cond, which keeps the
+// old transition time while its status stays. They are equal when nothing
+// changed, and the writer then writes nothing.
+func conditionChange(conds []metav1.Condition, cond metav1.Condition, generation int64, now time.Time) (old, want *conditionStatus) {
+	cond.ObservedGeneration = generation
+	cond.LastTransitionTime = metav1.NewTime(now.Truncate(time.Second))
+	old = &conditionStatus{}
+	if cur := meta.FindStatusCondition(conds, cond.Type); cur != nil {
+		old.Conditions = []metav1.Condition{*cur}
+		if cur.Status == cond.Status {
+			cond.LastTransitionTime = cur.LastTransitionTime
 		}
 	}
-	// Selection labels Loom set earlier and no longer wants must go too.
-	for k := range have {
-		if _, ok := want[k]; !ok && k != LabelManagedBy {
-			return false
-		}
-	}
-	return true
+	return old, &conditionStatus{Conditions: []metav1.Condition{cond}}
 }
 
-// sameContent compares what Loom sets of each kind of child.
-func sameContent(cur, want client.Object) bool {
-	switch w := want.(type) {
-	case *corev1.Service:
-		c := cur.(*corev1.Service)
-		return c.Spec.ClusterIP == w.Spec.ClusterIP && apiequality.Semantic.DeepEqual(c.Spec.Selector, w.Spec.Selector) &&
-			apiequality.Semantic.DeepEqual(c.Spec.Ports, w.Spec.Ports)
-	case *corev1.ConfigMap:
-		return apiequality.Semantic.DeepEqual(cur.(*corev1.ConfigMap).Data, w.Data)
-	case *monitoringv1.ServiceMonitor:
-		return apiequality.Semantic.DeepEqual(cur.(*monitoringv1.ServiceMonitor).Spec, w.Spec)
-	case *monitoringv1.PodMonitor:
-		return apiequality.Semantic.DeepEqual(cur.(*monitoringv1.PodMonitor).Spec, w.Spec)
-	case *monitoringv1.PrometheusRule:
-		return apiequality.Semantic.DeepEqual(cur.(*monitoringv1.PrometheusRule).Spec, w.Spec)
-	}
-	return false
+// writeCondition writes cond onto obj through w, whose Options.Conditions
+// name cond's type; conds are obj's current conditions. An object deleted
+// meanwhile is not an error.
+func writeCondition(ctx context.Context, w *apply.Writer, obj client.Object, conds []metav1.Condition, cond metav1.Condition) error {
+	old, want := conditionChange(conds, cond, obj.GetGeneration(), time.Now())
+	_, err := w.Status(ctx, obj, old, want)
+	return client.IgnoreNotFound(err)
 }
 
-// setCondition writes cond onto obj's status with server-side apply, only
-// when its status, reason, message or generation changed. conds are obj's
-// current conditions.
-func setCondition(ctx context.Context, c client.Client, obj client.Object, gvk schema.GroupVersionKind, conds []metav1.Condition, cond metav1.Condition) error {
-	cond.ObservedGeneration = obj.GetGeneration()
-	cond.LastTransitionTime = metav1.NewTime(time.Now().Truncate(time.Second))
-	if old := meta.FindStatusCondition(conds, cond.Type); old != nil {
-		if old.Status == cond.Status && old.Reason == cond.Reason && old.Message == cond.Message && old.ObservedGeneration == cond.ObservedGeneration {
-			return nil
-		}
-		if old.Status == cond.Status {
-			cond.LastTransitionTime = old.LastTransitionTime
-		}
-	}
-	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(gvk)
-	u.SetName(obj.GetName())
-	u.SetNamespace(obj.GetNamespace())
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&cond)
-	if err != nil {
-		return err
-	}
-	u.Object["status"] = map[string]any{"conditions": []any{m}}
-	if err := c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldOwner), client.ForceOwnership); client.IgnoreNotFound(err) != nil {
-		return fmt.Errorf("writing the %s condition: %w", cond.Type, err)
-	}
-	return nil
+// conflictCondition reports a child's name taken by an object Loom does not
+// control.
+func conflictCondition(conditionType string, f *apply.ForeignError) metav1.Condition {
+	return metav1.Condition{Type: conditionType, Status: metav1.ConditionFalse, Reason: ReasonConflict, Message: f.Error()}
 }

@@ -5,17 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
-	"github.com/loom-dev/loom/internal/optional"
+	"github.com/loom-dev/loom/internal/apply"
 )
 
 // GPUReconciler onboards the GPU fleet's monitoring for the ClusterPolicy in
@@ -24,9 +22,8 @@ import (
 // Monitoring on the policy says which Prometheus selects them, or why none
 // does.
 type GPUReconciler struct {
+	// Client reads the cache.
 	client.Client
-	// APIReader reads around the cache (Services outside Loom's label).
-	APIReader client.Reader
 	// Namespace holds the operands and so these children.
 	Namespace string
 	// Labels are the configured selection labels (--monitoring-labels).
@@ -35,121 +32,129 @@ type GPUReconciler struct {
 	// turns the dashboards off.
 	DashboardsNamespace string
 
-	crds operatorCRDs
+	// writer writes the children and the Monitoring condition; it reads
+	// around the cache before creating a Service (the cache holds only
+	// Loom's).
+	writer *apply.Writer
+	crds   operatorCRDs
 }
 
-var clusterPolicyGVK = gpuv1alpha1.GroupVersion.WithKind("ClusterPolicy")
+// gpuObserved is what the GPU reconciler reads before deciding.
+type gpuObserved struct {
+	policy *gpuv1alpha1.ClusterPolicy
+	// dashboards are Loom's dashboards ConfigMaps, wherever they are.
+	dashboards []corev1.ConfigMap
+	// missing are the Prometheus Operator CRDs not installed; while any
+	// is, proms and nsLabels are not read.
+	missing []string
+	proms   []*monitoringv1.Prometheus
+	// nsLabels are the labels of the operands' namespace.
+	nsLabels map[string]string
+}
+
+// gpuDesired is what the GPU reconciler wants: the children to ensure, the
+// children to remove (named by kind and key), and the objects its condition
+// reports on, with their selection.
+type gpuDesired struct {
+	ensure, remove []client.Object
+	parts          []selected
+}
 
 // Reconcile works on the policy in force whatever the request names: there
 // is one, and its children go with it by garbage collection.
 func (r *GPUReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
-	policies := &gpuv1alpha1.ClusterPolicyList{}
-	if err := r.List(ctx, policies); err != nil {
-		return ctrl.Result{}, err
+	o, err := r.observe(ctx)
+	if err != nil || o.policy == nil {
+		return observeResult(err)
 	}
-	cp := gpuv1alpha1.Active(policies.Items)
-	if cp == nil {
-		return ctrl.Result{}, nil
-	}
-	owner := *metav1.NewControllerRef(cp, clusterPolicyGVK)
-	exporter := cp.Spec.OperandEnabled(gpuv1alpha1.OperandDCGMExporter)
-	key := func(name string) client.ObjectKey { return client.ObjectKey{Namespace: r.Namespace, Name: name} }
-
-	var errs []error
-	var svc, counters, dashboards client.Object
-	if exporter {
-		svc = ExporterService(r.Namespace)
-		if cp.Spec.DCGMExporter.MetricsConfigMapName == "" {
-			counters = CountersConfig(r.Namespace)
-		}
-	}
-	if r.DashboardsNamespace != "" {
-		dashboards = Dashboards(r.DashboardsNamespace)
-	}
-	if svc != nil && r.APIReader != nil {
-		// The cache holds only Loom's Services: before creating, make sure
-		// the name is not someone else's.
-		if err := r.Get(ctx, key(ExporterName), &corev1.Service{}); apierrors.IsNotFound(err) {
-			if err := r.APIReader.Get(ctx, key(ExporterName), &corev1.Service{}); err == nil {
-				errs = append(errs, errConflict{kind: "Service", key: key(ExporterName).String()})
-				svc = nil
-			}
-		}
-	}
-	errs = append(errs,
-		ensure(ctx, r.Client, &corev1.Service{}, key(ExporterName), svc, owner),
-		ensure(ctx, r.Client, &corev1.ConfigMap{}, key(CountersConfigMap), counters, owner))
-	if r.DashboardsNamespace != "" {
-		errs = append(errs, ensure(ctx, r.Client, &corev1.ConfigMap{}, client.ObjectKey{Namespace: r.DashboardsNamespace, Name: DashboardsConfigMap}, dashboards, owner))
-	}
-	errs = append(errs, r.removeStaleDashboards(ctx))
-
-	missing, err := r.crds.missing(ctx, r.Client)
-	if errors.Is(err, optional.ErrNotServedYet) {
-		return ctrl.Result{RequeueAfter: time.Second}, nil
-	} else if err != nil {
-		return ctrl.Result{}, err
-	}
-	var cond metav1.Condition
-	if len(missing) > 0 {
-		cond = waitingForOperator(missing)
-	} else {
-		proms, err := prometheuses(ctx, r.Client)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		nsLabels := namespaceLabels(ctx, r.Client)
-		smSel := Select(proms, Object{Kind: KindServiceMonitor, Namespace: r.Namespace, Labels: ownedLabels(gpuv1alpha1.OperandDCGMExporter)}, r.Labels, nsLabels)
-		ruleSel := Select(proms, Object{Kind: KindPrometheusRule, Namespace: r.Namespace, Labels: ownedLabels("alerts")}, r.Labels, nsLabels)
-		var sm client.Object
-		if exporter {
-			sm = ExporterServiceMonitor(r.Namespace, smSel.Labels)
-		}
-		errs = append(errs,
-			ensure(ctx, r.Client, &monitoringv1.ServiceMonitor{}, key(ExporterName), sm, owner),
-			ensure(ctx, r.Client, &monitoringv1.PrometheusRule{}, key(RuleName), GPURule(r.Namespace, ruleSel.Labels), owner))
-		parts := []selected{{KindPrometheusRule, r.Namespace + "/" + RuleName, ruleSel}}
-		if exporter {
-			parts = append([]selected{{KindServiceMonitor, r.Namespace + "/" + ExporterName, smSel}}, parts...)
-		}
-		cond = selectionCondition(len(proms), parts)
-		if !exporter && cond.Status == metav1.ConditionTrue {
-			cond.Status, cond.Reason = metav1.ConditionFalse, ReasonExporterDisabled
-			cond.Message = "dcgm-exporter is disabled in the policy, so there are no GPU metrics; " + cond.Message
-		}
-	}
+	d := r.desired(o)
 	// A name conflict needs a person and goes into the condition; other
 	// errors are retried after the condition is written.
-	var retry []error
-	for _, err := range errs {
-		var c errConflict
-		if errors.As(err, &c) {
-			cond = metav1.Condition{Type: cond.Type, Status: metav1.ConditionFalse, Reason: ReasonConflict, Message: c.Error()}
-		} else if err != nil {
-			retry = append(retry, err)
-		}
-	}
-	if err := setCondition(ctx, r.Client, cp, clusterPolicyGVK, cp.Status.Conditions, cond); err != nil {
-		retry = append(retry, err)
-	}
-	return ctrl.Result{}, errors.Join(retry...)
+	conflict, err := writeChildren(ctx, r.writer, o.policy, d.ensure, d.remove)
+	cond := gpuCondition(o, d, conflict)
+	return ctrl.Result{}, errors.Join(err, writeCondition(ctx, r.writer, o.policy, o.policy.Status.Conditions, cond))
 }
 
-// removeStaleDashboards deletes Loom's dashboards ConfigMaps outside the
-// configured namespace (dashboards turned off, or moved).
-func (r *GPUReconciler) removeStaleDashboards(ctx context.Context) error {
-	list := &corev1.ConfigMapList{}
-	if err := r.List(ctx, list, client.MatchingLabels(ownedLabels("dashboards"))); err != nil {
-		return err
+func (r *GPUReconciler) observe(ctx context.Context) (gpuObserved, error) {
+	var o gpuObserved
+	policies := &gpuv1alpha1.ClusterPolicyList{}
+	if err := r.List(ctx, policies); err != nil {
+		return o, err
 	}
-	var errs []error
-	for i := range list.Items {
-		cm := &list.Items[i]
-		if cm.Name == DashboardsConfigMap && cm.Namespace != r.DashboardsNamespace && cm.DeletionTimestamp == nil {
-			errs = append(errs, client.IgnoreNotFound(r.Delete(ctx, cm)))
+	if o.policy = gpuv1alpha1.Active(policies.Items); o.policy == nil {
+		return o, nil
+	}
+	dashboards := &corev1.ConfigMapList{}
+	if err := r.List(ctx, dashboards, client.MatchingLabels(ownedLabels(componentDashboards))); err != nil {
+		return o, err
+	}
+	o.dashboards = dashboards.Items
+	var err error
+	if o.missing, err = r.crds.missing(ctx, r.Client); err != nil || len(o.missing) > 0 {
+		return o, err
+	}
+	if o.proms, err = prometheuses(ctx, r.Client); err != nil {
+		return o, err
+	}
+	o.nsLabels = namespaceLabels(ctx, r.Client, r.Namespace)
+	return o, nil
+}
+
+// desired computes the children from what was observed. The Service,
+// counters and dashboards need no Prometheus Operator; the ServiceMonitor
+// and the rules wait for its CRDs, and carry the selection labels.
+func (r *GPUReconciler) desired(o gpuObserved) gpuDesired {
+	var d gpuDesired
+	want := func(yes bool, obj client.Object) {
+		if yes {
+			d.ensure = append(d.ensure, obj)
+		} else {
+			d.remove = append(d.remove, obj)
 		}
 	}
-	return errors.Join(errs...)
+	exporter := o.policy.Spec.OperandEnabled(gpuv1alpha1.OperandDCGMExporter)
+	want(exporter, ExporterService(r.Namespace))
+	want(exporter && o.policy.Spec.DCGMExporter.MetricsConfigMapName == "", CountersConfig(r.Namespace))
+	if r.DashboardsNamespace != "" {
+		want(true, Dashboards(r.DashboardsNamespace))
+	}
+	for i := range o.dashboards {
+		// Dashboards turned off, or moved: Loom's elsewhere go.
+		if cm := &o.dashboards[i]; cm.Name == DashboardsConfigMap && cm.Namespace != r.DashboardsNamespace {
+			want(false, cm)
+		}
+	}
+	if len(o.missing) > 0 {
+		return d
+	}
+	nsLabels := func(string) map[string]string { return o.nsLabels }
+	smSel := Select(o.proms, Object{Kind: KindServiceMonitor, Namespace: r.Namespace, Labels: ownedLabels(gpuv1alpha1.OperandDCGMExporter)}, r.Labels, nsLabels)
+	ruleSel := Select(o.proms, Object{Kind: KindPrometheusRule, Namespace: r.Namespace, Labels: ownedLabels(componentAlerts)}, r.Labels, nsLabels)
+	want(exporter, ExporterServiceMonitor(r.Namespace, smSel.Labels))
+	want(true, GPURule(r.Namespace, ruleSel.Labels))
+	if exporter {
+		d.parts = append(d.parts, selected{KindServiceMonitor, r.Namespace + "/" + ExporterName, smSel})
+	}
+	d.parts = append(d.parts, selected{KindPrometheusRule, r.Namespace + "/" + RuleName, ruleSel})
+	return d
+}
+
+// gpuCondition is the policy's Monitoring condition: a name conflict, the
+// Prometheus Operator missing, or which Prometheus selects the children;
+// never True while dcgm-exporter, the source of the metrics, is disabled.
+func gpuCondition(o gpuObserved, d gpuDesired, conflict *apply.ForeignError) metav1.Condition {
+	if conflict != nil {
+		return conflictCondition(ConditionMonitoring, conflict)
+	}
+	if len(o.missing) > 0 {
+		return waitingForOperator(ConditionMonitoring, o.missing)
+	}
+	cond := selectionCondition(ConditionMonitoring, len(o.proms), d.parts)
+	if !o.policy.Spec.OperandEnabled(gpuv1alpha1.OperandDCGMExporter) && cond.Status == metav1.ConditionTrue {
+		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonExporterDisabled
+		cond.Message = "dcgm-exporter is disabled in the policy, so there are no GPU metrics; " + cond.Message
+	}
+	return cond
 }
 
 // selected is one object and its selection, for the condition message.
@@ -158,16 +163,16 @@ type selected struct {
 	sel       Selection
 }
 
-func waitingForOperator(missing []string) metav1.Condition {
-	return metav1.Condition{Type: ConditionMonitoring, Status: metav1.ConditionFalse, Reason: ReasonOperatorMissing,
+func waitingForOperator(conditionType string, missing []string) metav1.Condition {
+	return metav1.Condition{Type: conditionType, Status: metav1.ConditionFalse, Reason: ReasonOperatorMissing,
 		Message: fmt.Sprintf("waiting for the Prometheus Operator: CRD %s not installed; monitors and rules are created as soon as it is",
 			strings.Join(missing, ", "))}
 }
 
 // selectionCondition is True when a Prometheus selects every object, and
 // otherwise names, per Prometheus, the label or namespace that is missing.
-func selectionCondition(prometheuses int, parts []selected) metav1.Condition {
-	cond := metav1.Condition{Type: ConditionMonitoring}
+func selectionCondition(conditionType string, prometheuses int, parts []selected) metav1.Condition {
+	cond := metav1.Condition{Type: conditionType}
 	if prometheuses == 0 {
 		var keys []string
 		for _, p := range parts {
@@ -201,16 +206,6 @@ func selectionCondition(prometheuses int, parts []selected) metav1.Condition {
 	return cond
 }
 
-// conflictOr turns a name conflict into the condition (it needs a person);
-// other errors are retried.
-func conflictOr(err error, cond metav1.Condition) metav1.Condition {
-	var c errConflict
-	if errors.As(err, &c) {
-		return metav1.Condition{Type: cond.Type, Status: metav1.ConditionFalse, Reason: ReasonConflict, Message: c.Error()}
-	}
-	return cond
-}
-
 func prometheuses(ctx context.Context, c client.Reader) ([]*monitoringv1.Prometheus, error) {
 	list := &monitoringv1.PrometheusList{}
 	if err := c.List(ctx, list); err != nil {
@@ -226,16 +221,14 @@ func prometheuses(ctx context.Context, c client.Reader) ([]*monitoringv1.Prometh
 	return out, nil
 }
 
-// namespaceLabels reads namespace labels from the metadata cache.
-func namespaceLabels(ctx context.Context, c client.Reader) func(string) map[string]string {
-	return func(name string) map[string]string {
-		ns := &metav1.PartialObjectMetadata{}
-		ns.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
-		if err := c.Get(ctx, client.ObjectKey{Name: name}, ns); err != nil {
-			return map[string]string{corev1.LabelMetadataName: name}
-		}
-		return ns.Labels
+// namespaceLabels reads a namespace's labels from the metadata cache.
+func namespaceLabels(ctx context.Context, c client.Reader, name string) map[string]string {
+	ns := &metav1.PartialObjectMetadata{}
+	ns.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, ns); err != nil {
+		return map[string]string{corev1.LabelMetadataName: name}
 	}
+	return ns.Labels
 }
 
 // maxReasons caps the per-Prometheus reasons in a message, so that a

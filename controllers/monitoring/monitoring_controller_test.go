@@ -155,7 +155,7 @@ func TestOnboardsWhenTheOperatorArrives(t *testing.T) {
 	if p := svc.Spec.Ports; len(p) != 1 || p[0].Name != "gpu-metrics" || p[0].Port != 9400 || p[0].TargetPort.StrVal != "gpu-metrics" {
 		t.Errorf("service ports %+v", p)
 	}
-	if svc.Spec.Selector[LabelComponent] != gpuv1alpha1.OperandDCGMExporter || svc.Spec.ClusterIP != corev1.ClusterIPNone {
+	if svc.Spec.Selector[gpuv1alpha1.LabelComponent] != gpuv1alpha1.OperandDCGMExporter || svc.Spec.ClusterIP != corev1.ClusterIPNone {
 		t.Errorf("service spec %+v", svc.Spec)
 	}
 	if counters.Data[assets.DCGMMetricsKey] != assets.DCGMMetricsCSV || !strings.Contains(counters.Data[assets.DCGMMetricsKey], "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") {
@@ -226,6 +226,45 @@ func TestSelectedByPrometheus(t *testing.T) {
 		}
 	}
 
+	restoredAfterHandEdits(t, sm, rule)
+
+	// A second Prometheus with an expression selector in its own namespace:
+	// reported, while kps still selects.
+	other := kpsSpec("x")
+	other.ServiceMonitorSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: "team", Operator: metav1.LabelSelectorOpIn, Values: []string{"gpu"}}}}
+	other.ServiceMonitorNamespaceSelector = nil
+	createProm(t, "team-gpu", "gpu", other)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		c := policyCondition(t, cp, ReasonSelected)
+		if !strings.Contains(c.Message, "monitoring/kps") {
+			return fmt.Errorf("message %q", c.Message)
+		}
+		return nil
+	})
+
+	// dcgm-exporter disabled: its Service, counters and ServiceMonitor go;
+	// the rules stay.
+	if err := env.Client.Get(ctx(), client.ObjectKeyFromObject(cp), cp); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Patch(ctx(), cp, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"dcgmExporter":{"enabled":false}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	gone(t, &monitoringv1.ServiceMonitor{ObjectMeta: key(loomNS, ExporterName)})
+	gone(t, &corev1.Service{ObjectMeta: key(loomNS, ExporterName)})
+	gone(t, &corev1.ConfigMap{ObjectMeta: key(loomNS, CountersConfigMap)})
+	exists(t, &monitoringv1.PrometheusRule{ObjectMeta: key(loomNS, RuleName)})
+	c = policyCondition(t, cp, ReasonExporterDisabled)
+	if c.Status != metav1.ConditionFalse {
+		t.Errorf("condition %+v", c)
+	}
+}
+
+// restoredAfterHandEdits: the GPU children, deleted by hand, come back, and
+// the ServiceMonitor's spec, edited by hand, is restored.
+func restoredAfterHandEdits(t *testing.T, sm *monitoringv1.ServiceMonitor, rule *monitoringv1.PrometheusRule) {
+	t.Helper()
 	// Deleted by hand: restored.
 	for _, o := range []client.Object{sm, rule, &corev1.Service{ObjectMeta: key(loomNS, ExporterName)}, &corev1.ConfigMap{ObjectMeta: key(loomNS, CountersConfigMap)}} {
 		if err := env.Client.Get(ctx(), client.ObjectKeyFromObject(o), o); err != nil {
@@ -260,38 +299,6 @@ func TestSelectedByPrometheus(t *testing.T) {
 		}
 		return nil
 	})
-
-	// A second Prometheus with an expression selector in its own namespace:
-	// reported, while kps still selects.
-	other := kpsSpec("x")
-	other.ServiceMonitorSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
-		{Key: "team", Operator: metav1.LabelSelectorOpIn, Values: []string{"gpu"}}}}
-	other.ServiceMonitorNamespaceSelector = nil
-	createProm(t, "team-gpu", "gpu", other)
-	testenv.Eventually(t, 20*time.Second, func() error {
-		c := policyCondition(t, cp, ReasonSelected)
-		if !strings.Contains(c.Message, "monitoring/kps") {
-			return fmt.Errorf("message %q", c.Message)
-		}
-		return nil
-	})
-
-	// dcgm-exporter disabled: its Service, counters and ServiceMonitor go;
-	// the rules stay.
-	if err := env.Client.Get(ctx(), client.ObjectKeyFromObject(cp), cp); err != nil {
-		t.Fatal(err)
-	}
-	if err := env.Client.Patch(ctx(), cp, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"dcgmExporter":{"enabled":false}}}`))); err != nil {
-		t.Fatal(err)
-	}
-	gone(t, &monitoringv1.ServiceMonitor{ObjectMeta: key(loomNS, ExporterName)})
-	gone(t, &corev1.Service{ObjectMeta: key(loomNS, ExporterName)})
-	gone(t, &corev1.ConfigMap{ObjectMeta: key(loomNS, CountersConfigMap)})
-	exists(t, &monitoringv1.PrometheusRule{ObjectMeta: key(loomNS, RuleName)})
-	c = policyCondition(t, cp, ReasonExporterDisabled)
-	if c.Status != metav1.ConditionFalse {
-		t.Errorf("condition %+v", c)
-	}
 }
 
 // TestMismatchedPrometheusIsReported: with configured labels that the only

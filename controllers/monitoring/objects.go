@@ -14,14 +14,11 @@ import (
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/controllers/monitoring/assets"
+	"github.com/loom-dev/loom/internal/apply"
 )
 
-// Names and labels of the objects the monitoring reconcilers write.
+// Names and annotations of the objects the monitoring reconcilers write.
 const (
-	LabelManagedBy = "app.kubernetes.io/managed-by"
-	LabelComponent = "app.kubernetes.io/component"
-	managedBy      = "loom"
-
 	// AnnotationScrape: "false" on a TrainingJob or RayCluster opts it out
 	// of its PodMonitor.
 	AnnotationScrape = "monitoring.loom.dev/scrape"
@@ -46,14 +43,19 @@ const (
 	MetricsPortName = "metrics"
 )
 
-func ownedLabels(component string) map[string]string {
-	return map[string]string{LabelManagedBy: managedBy, LabelComponent: component}
-}
+// Components of the children that are no operand's (dcgm-exporter's
+// children carry its operand name).
+const (
+	componentAlerts      = "alerts"
+	componentDashboards  = "dashboards"
+	componentTrainingJob = "trainingjob"
+	componentRayCluster  = "raycluster"
+)
 
-// exporterSelector selects the dcgm-exporter pods of the gpu reconciler's
-// DaemonSet (its pod labels).
-func exporterSelector() map[string]string {
-	return map[string]string{LabelManagedBy: managedBy, LabelComponent: gpuv1alpha1.OperandDCGMExporter}
+// ownedLabels are the labels of a monitoring child: Loom's, and the
+// component it belongs to (the watches select children by them).
+func ownedLabels(component string) map[string]string {
+	return map[string]string{apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: component}
 }
 
 // ExporterService is dcgm-exporter's Service: headless, since only
@@ -64,7 +66,7 @@ func ExporterService(namespace string) *corev1.Service {
 		ObjectMeta: metav1.ObjectMeta{Name: ExporterName, Namespace: namespace, Labels: ownedLabels(gpuv1alpha1.OperandDCGMExporter)},
 		Spec: corev1.ServiceSpec{
 			ClusterIP: corev1.ClusterIPNone,
-			Selector:  exporterSelector(),
+			Selector:  gpuv1alpha1.ExporterSelector(),
 			Ports: []corev1.ServicePort{{Name: ExporterPortName, Port: ExporterPort, TargetPort: intstr.FromString(ExporterPortName),
 				Protocol: corev1.ProtocolTCP}},
 		},
@@ -82,7 +84,7 @@ func CountersConfig(namespace string) *corev1.ConfigMap {
 
 // Dashboards is the Grafana dashboards ConfigMap.
 func Dashboards(namespace string) *corev1.ConfigMap {
-	l := ownedLabels("dashboards")
+	l := ownedLabels(componentDashboards)
 	l["grafana_dashboard"] = "1"
 	return &corev1.ConfigMap{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
@@ -120,7 +122,7 @@ func ExporterServiceMonitor(namespace string, selection map[string]string) *moni
 
 // GPURule is the PrometheusRule with Loom's GPU alerts and recording rules.
 func GPURule(namespace string, selection map[string]string) *monitoringv1.PrometheusRule {
-	labels := ownedLabels("alerts")
+	labels := ownedLabels(componentAlerts)
 	maps.Copy(labels, selection)
 	return &monitoringv1.PrometheusRule{
 		TypeMeta:   metav1.TypeMeta{APIVersion: monitoringv1.SchemeGroupVersion.String(), Kind: monitoringv1.PrometheusRuleKind},
@@ -147,7 +149,7 @@ func TrainingJobPodMonitor(job *trainingv1alpha1.TrainingJob, selection map[stri
 	if !slices.ContainsFunc(templates, declaresMetricsPort) {
 		return nil
 	}
-	return podMonitor(TrainingJobPodMonitorName(job.Name), job.Namespace, "trainingjob", selection,
+	return podMonitor(TrainingJobPodMonitorName(job.Name), job.Namespace, componentTrainingJob, selection,
 		map[string]string{trainingv1alpha1.LabelJobName: job.Name},
 		[]string{trainingv1alpha1.LabelJobName, trainingv1alpha1.LabelReplicaType, trainingv1alpha1.LabelReplicaIndex})
 }
@@ -155,7 +157,7 @@ func TrainingJobPodMonitor(job *trainingv1alpha1.TrainingJob, selection map[stri
 // RayClusterPodMonitor scrapes Ray's metrics port (8080, named "metrics"
 // by KubeRay's pod builder) on the head and every worker.
 func RayClusterPodMonitor(rc *rayv1.RayCluster, selection map[string]string) *monitoringv1.PodMonitor {
-	return podMonitor(RayClusterPodMonitorName(rc.Name), rc.Namespace, "raycluster", selection,
+	return podMonitor(RayClusterPodMonitorName(rc.Name), rc.Namespace, componentRayCluster, selection,
 		map[string]string{"ray.io/cluster": rc.Name},
 		[]string{"ray.io/cluster", "ray.io/node-type", "ray.io/group"})
 }

@@ -28,10 +28,19 @@ func kpsSpec(release string) monitoringv1.PrometheusSpec {
 	}
 }
 
-func TestSelect(t *testing.T) {
-	nsLabels := func(ns string) map[string]string {
-		return map[string]string{"kubernetes.io/metadata.name": ns, "team": map[string]string{"ml": "ml"}[ns]}
-	}
+// selectTest is one case of TestSelect.
+type selectTest struct {
+	name       string
+	proms      []*monitoringv1.Prometheus
+	obj        Object
+	configured map[string]string
+	wantLabels map[string]string
+	wantBy     []string
+	learned    string
+	why        []string // substrings of Why
+}
+
+func selectTests() []selectTest {
 	sm := Object{Kind: KindServiceMonitor, Namespace: "loom-system", Labels: ownedLabels("dcgm-exporter")}
 	pm := Object{Kind: KindPodMonitor, Namespace: "ml", Labels: ownedLabels("trainingjob")}
 	matchAll := monitoringv1.PrometheusSpec{CommonPrometheusFields: monitoringv1.CommonPrometheusFields{
@@ -44,16 +53,7 @@ func TestSelect(t *testing.T) {
 	teamNS := kpsSpec("kps")
 	teamNS.PodMonitorNamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"team": "infra"}}
 
-	tests := []struct {
-		name       string
-		proms      []*monitoringv1.Prometheus
-		obj        Object
-		configured map[string]string
-		wantLabels map[string]string
-		wantBy     []string
-		learned    string
-		why        []string // substrings of Why
-	}{
+	return []selectTest{
 		{name: "no Prometheus", obj: sm},
 		{
 			name: "kube-prometheus-stack: release label learned", obj: sm,
@@ -106,7 +106,13 @@ func TestSelect(t *testing.T) {
 			why: []string{"podMonitorNamespaceSelector {team=infra} does not select namespace ml"},
 		},
 	}
-	for _, tt := range tests {
+}
+
+func TestSelect(t *testing.T) {
+	nsLabels := func(ns string) map[string]string {
+		return map[string]string{"kubernetes.io/metadata.name": ns, "team": map[string]string{"ml": "ml"}[ns]}
+	}
+	for _, tt := range selectTests() {
 		t.Run(tt.name, func(t *testing.T) {
 			SortPrometheuses(tt.proms)
 			got := Select(tt.proms, tt.obj, tt.configured, nsLabels)

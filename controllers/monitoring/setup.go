@@ -7,6 +7,13 @@
 // says which Prometheus selects it, or which label or namespace is missing.
 // Without the Prometheus Operator's CRDs the condition says so, and
 // onboarding starts when they are installed, without a restart.
+//
+// Each reconciler observes the cache, computes its children and its
+// condition as pure functions of what it saw, and writes both through one
+// apply.Writer (field owner loom-monitoring): children only when they
+// differ from what it last applied, and only the condition type it owns. A
+// child's name taken by an object Loom does not control is left alone and
+// reported as NameConflict.
 package monitoring
 
 import (
@@ -30,6 +37,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/manager"
 	"github.com/loom-dev/loom/internal/optional"
 )
@@ -48,7 +56,10 @@ import (
 // Setup registers the GPU, TrainingJob and RayCluster monitoring
 // reconcilers.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
-	gr := &GPUReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Namespace: opts.Namespace, Labels: opts.MonitoringLabels}
+	gr := &GPUReconciler{Client: mgr.GetClient(), Namespace: opts.Namespace, Labels: opts.MonitoringLabels,
+		// The cache holds only Loom's Services: before creating one, the
+		// writer makes sure the name is not someone else's.
+		writer: apply.NewWriter(mgr.GetClient(), FieldOwner, apply.Options{Live: mgr.GetAPIReader(), Conditions: []string{ConditionMonitoring}})}
 	if opts.GrafanaDashboards {
 		gr.DashboardsNamespace = opts.DashboardsNamespace
 		if gr.DashboardsNamespace == "" {
@@ -88,7 +99,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 
 func setupWorkloads(mgr ctrl.Manager, opts manager.Options, kind workloadKind,
 	watch func(controller.Controller, client.Object, handler.EventHandler, ...predicate.Predicate) func() error) error {
-	r := &WorkloadReconciler{Client: mgr.GetClient(), Labels: opts.MonitoringLabels, kind: kind}
+	r := &WorkloadReconciler{Client: mgr.GetClient(), Labels: opts.MonitoringLabels, kind: kind,
+		writer: apply.NewWriter(mgr.GetClient(), FieldOwner, apply.Options{Conditions: []string{kind.conditionType}})}
 	all := handler.EnqueueRequestsFromMapFunc(r.all)
 	var crds predicate.Predicate = isOperatorCRD
 	if kind.crd != "" {
@@ -130,7 +142,7 @@ var isOperatorCRD = predicate.NewPredicateFuncs(func(o client.Object) bool {
 
 // loomComponent selects the monitoring children (Loom's, by label).
 var loomComponent = predicate.NewPredicateFuncs(func(o client.Object) bool {
-	return o.GetLabels()[LabelManagedBy] == managedBy && o.GetLabels()[LabelComponent] != ""
+	return o.GetLabels()[apply.LabelManagedBy] == apply.ManagedBy && o.GetLabels()[gpuv1alpha1.LabelComponent] != ""
 })
 
 var noCreate = predicate.Funcs{CreateFunc: func(event.CreateEvent) bool { return false }}

@@ -2,11 +2,10 @@ package monitoring
 
 import (
 	"context"
-	"errors"
-	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -15,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/optional"
 )
 
@@ -61,74 +61,116 @@ var rayClusters = workloadKind{
 // WorkloadReconciler gives each workload of one kind its PodMonitor and its
 // Monitoring condition.
 type WorkloadReconciler struct {
+	// Client reads the cache.
 	client.Client
 	Labels map[string]string
 	kind   workloadKind
+	// writer writes the PodMonitors and the kind's Monitoring condition.
+	writer *apply.Writer
 	crds   operatorCRDs
 	// workload is set when the kind's own CRD may be missing.
 	workload *optional.Kind
 }
 
+// workloadObserved is what the workload reconciler reads before deciding.
+type workloadObserved struct {
+	// obj is the workload; nil when there is nothing to do (gone, being
+	// deleted, or its kind not served).
+	obj client.Object
+	// missing are the Prometheus Operator CRDs not installed; while any
+	// is, proms and nsLabels are not read.
+	missing []string
+	proms   []*monitoringv1.Prometheus
+	// nsLabels are the labels of the workload's namespace.
+	nsLabels map[string]string
+}
+
+// workloadDesired is the workload's PodMonitor (ensured, or removed when
+// none is wanted) and its condition.
+type workloadDesired struct {
+	ensure, remove []client.Object
+	cond           metav1.Condition
+}
+
 func (r *WorkloadReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	o, err := r.observe(ctx, req)
+	if err != nil || o.obj == nil {
+		return observeResult(err)
+	}
+	d := r.desired(o)
+	conflict, err := writeChildren(ctx, r.writer, o.obj, d.ensure, d.remove)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if conflict != nil {
+		d.cond = conflictCondition(r.kind.conditionType, conflict)
+	}
+	return ctrl.Result{}, writeCondition(ctx, r.writer, o.obj, r.kind.conditions(o.obj), d.cond)
+}
+
+func (r *WorkloadReconciler) observe(ctx context.Context, req ctrl.Request) (workloadObserved, error) {
+	var o workloadObserved
 	if r.workload != nil {
 		served, err := r.workload.Served(ctx, r.Client)
-		if errors.Is(err, optional.ErrNotServedYet) {
-			return ctrl.Result{RequeueAfter: time.Second}, nil
-		}
 		if err != nil || !served || req.Name == "" {
-			return ctrl.Result{}, err // the kind's watch, once started, brings every object
+			return o, err // the kind's watch, once started, brings every object
 		}
 	}
 	obj := r.kind.newObject()
 	if err := r.Get(ctx, req.NamespacedName, obj); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err) // the PodMonitor goes by garbage collection
+		if apierrors.IsNotFound(err) {
+			// Its PodMonitor goes by garbage collection; the writer forgets
+			// what it applied for it.
+			r.writer.Forget(&metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: req.Namespace, Name: req.Name}})
+		}
+		return o, client.IgnoreNotFound(err)
 	}
 	if obj.GetDeletionTimestamp() != nil {
-		return ctrl.Result{}, nil
+		return o, nil
 	}
-	want := r.kind.podMonitor(obj, nil)
-	cond := metav1.Condition{Type: r.kind.conditionType, Status: metav1.ConditionFalse}
-	switch {
-	case OptedOut(obj):
-		want = nil
-		cond.Reason, cond.Message = ReasonOptedOut, "annotation "+AnnotationScrape+"=false: no PodMonitor"
-	case want == nil:
-		cond.Reason, cond.Message = ReasonNoMetricsPort, "no container declares a port named "+MetricsPortName+
-			", so there is no PodMonitor; the pods' GPU metrics come from dcgm-exporter"
+	var err error
+	if o.missing, err = r.crds.missing(ctx, r.Client); err != nil {
+		return o, err
 	}
+	if len(o.missing) == 0 {
+		if o.proms, err = prometheuses(ctx, r.Client); err != nil {
+			return o, err
+		}
+		o.nsLabels = namespaceLabels(ctx, r.Client, obj.GetNamespace())
+	}
+	o.obj = obj
+	return o, nil
+}
 
-	missing, err := r.crds.missing(ctx, r.Client)
-	if errors.Is(err, optional.ErrNotServedYet) {
-		return ctrl.Result{RequeueAfter: time.Second}, nil
-	} else if err != nil {
-		return ctrl.Result{}, err
-	}
-	key := client.ObjectKey{Namespace: obj.GetNamespace(), Name: r.kind.monitorName(obj.GetName())}
+// desired computes the workload's PodMonitor and condition: none when the
+// workload opted out or declares no metrics port, none yet while the
+// Prometheus Operator is missing, else one carrying its selection labels.
+func (r *WorkloadReconciler) desired(o workloadObserved) workloadDesired {
+	ct := r.kind.conditionType
+	key := client.ObjectKey{Namespace: o.obj.GetNamespace(), Name: r.kind.monitorName(o.obj.GetName())}
+	base := r.kind.podMonitor(o.obj, nil)
+	none := metav1.Condition{Type: ct, Status: metav1.ConditionFalse}
 	switch {
-	case len(missing) > 0 && want != nil:
-		cond = waitingForOperator(missing)
-		cond.Type = r.kind.conditionType
-	case len(missing) > 0:
-	case want == nil:
-		if err := ensure(ctx, r.Client, &monitoringv1.PodMonitor{}, key, nil, metav1.OwnerReference{}); err != nil {
-			return ctrl.Result{}, err
-		}
+	case OptedOut(o.obj):
+		none.Reason, none.Message = ReasonOptedOut, "annotation "+AnnotationScrape+"=false: no PodMonitor"
+	case base == nil:
+		none.Reason, none.Message = ReasonNoMetricsPort, "no container declares a port named "+MetricsPortName+
+			", so there is no PodMonitor; the pods' GPU metrics come from dcgm-exporter"
+	case len(o.missing) > 0:
+		return workloadDesired{cond: waitingForOperator(ct, o.missing)}
 	default:
-		proms, err := prometheuses(ctx, r.Client)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		sel := Select(proms, Object{Kind: KindPodMonitor, Namespace: obj.GetNamespace(), Labels: want.Labels}, r.Labels, namespaceLabels(ctx, r.Client))
-		owner := *metav1.NewControllerRef(obj, r.kind.gvk)
-		cond = selectionCondition(len(proms), []selected{{KindPodMonitor, key.String(), sel}})
-		cond.Type = r.kind.conditionType
-		if err := ensure(ctx, r.Client, &monitoringv1.PodMonitor{}, key, r.kind.podMonitor(obj, sel.Labels), owner); err != nil {
-			if cond = conflictOr(err, cond); cond.Reason != ReasonConflict {
-				return ctrl.Result{}, err
-			}
+		sel := Select(o.proms, Object{Kind: KindPodMonitor, Namespace: key.Namespace, Labels: base.Labels}, r.Labels,
+			func(string) map[string]string { return o.nsLabels })
+		return workloadDesired{
+			ensure: []client.Object{r.kind.podMonitor(o.obj, sel.Labels)},
+			cond:   selectionCondition(ct, len(o.proms), []selected{{KindPodMonitor, key.String(), sel}}),
 		}
 	}
-	return ctrl.Result{}, setCondition(ctx, r.Client, obj, r.kind.gvk, r.kind.conditions(obj), cond)
+	d := workloadDesired{cond: none}
+	if len(o.missing) == 0 {
+		d.remove = []client.Object{&monitoringv1.PodMonitor{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}
+	}
+	return d
 }
 
 // all lists every workload of the kind (a Prometheus or a CRD changed).

@@ -11,16 +11,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 )
 
-// Conditions the monitoring reconciler writes onto objects whose status
-// their owner's reconciler writes (ClusterPolicy, TrainingJob; RayCluster's
-// is prefixed like Loom's other RayCluster conditions).
-const (
-	ConditionMonitoring    = "Monitoring"
-	RayConditionMonitoring = "loom.dev/Monitoring"
-)
-
-// legacyForeign are the condition types an owner's status write leaves alone.
-var legacyForeign = []string{ConditionMonitoring, RayConditionMonitoring}
+// legacyForeign are the condition types a legacy status write leaves alone:
+// the monitoring reconcilers' (controllers/monitoring owns them). A Writer
+// needs no such list: it applies only its Options.Conditions.
+var legacyForeign = []string{"Monitoring", "loom.dev/Monitoring"}
 
 // Status server-side applies status as obj's status under fieldOwner,
 // leaving out the conditions other reconcilers write. Conditions are a map
@@ -50,4 +44,3 @@ func Status(ctx context.Context, c client.Client, obj client.Object, status any,
 	u.SetNamespace(obj.GetNamespace())
 	return c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(fieldOwner), client.ForceOwnership)
 }
-

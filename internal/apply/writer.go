@@ -84,6 +84,7 @@ type childKey struct {
 // child: a later difference means another writer changed it since.
 type record struct {
 	owner      types.UID
+	ownerKey   types.NamespacedName
 	hash       string
 	generation int64
 	version    string
@@ -172,7 +173,7 @@ func (w *Writer) Ensure(ctx context.Context, owner, want client.Object) error {
 	}
 	count(gvk.Kind, w.fieldOwner, "apply", "written")
 	w.mu.Lock()
-	w.applied[ck] = record{owner: uidOf(owner), hash: hash, generation: u.GetGeneration(), version: u.GetResourceVersion()}
+	w.applied[ck] = record{owner: uidOf(owner), ownerKey: keyOf(owner), hash: hash, generation: u.GetGeneration(), version: u.GetResourceVersion()}
 	w.mu.Unlock()
 	return nil
 }
@@ -249,14 +250,17 @@ func (w *Writer) Delete(ctx context.Context, cur client.Object, why string) erro
 }
 
 // Forget drops what the writer remembers of owner and its children (the
-// owner is gone; its children go with it).
+// owner is gone; its children go with it). An owner already deleted, whose
+// UID the caller no longer knows, may be named by its key alone (UID unset):
+// then the children applied for an owner of that key are forgotten.
 func (w *Writer) Forget(owner client.Object) {
-	w.statuses.forget(client.ObjectKeyFromObject(owner))
+	key := client.ObjectKeyFromObject(owner)
+	w.statuses.forget(key)
 	uid := owner.GetUID()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for k, rec := range w.applied {
-		if rec.owner == uid {
+		if rec.owner != "" && (rec.owner == uid || uid == "" && rec.ownerKey == key) {
 			delete(w.applied, k)
 		}
 	}
@@ -340,4 +344,11 @@ func uidOf(o client.Object) types.UID {
 		return ""
 	}
 	return o.GetUID()
+}
+
+func keyOf(o client.Object) types.NamespacedName {
+	if uidOf(o) == "" {
+		return types.NamespacedName{}
+	}
+	return client.ObjectKeyFromObject(o)
 }

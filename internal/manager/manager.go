@@ -21,6 +21,8 @@ import (
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/loom-dev/loom/internal/apply"
 )
 
 // Leader election (a Role in Loom's namespace), events and the metrics
@@ -55,6 +57,29 @@ func New(ctx context.Context, cfg *rest.Config, opts Options, reg *Registry) (ct
 	// apart from a slow API server.
 	crmetrics.RegisterRESTClientMetrics(crmetrics.MetricRateLimiterLatency)
 
+	mgr, err := ctrl.NewManager(cfg, ctrlOptions(opts))
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating manager: %w", err)
+	}
+
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return nil, nil, err
+	}
+	if err := mgr.AddReadyzCheck("informers", cacheSynced(mgr.GetCache())); err != nil {
+		return nil, nil, err
+	}
+
+	for _, name := range selected {
+		if err := reg.setup(name)(ctx, mgr, opts); err != nil {
+			return nil, nil, fmt.Errorf("setting up controller %s: %w", name, err)
+		}
+	}
+	return mgr, selected, nil
+}
+
+// ctrlOptions are controller-runtime's options for opts: the shared cache
+// (namespaces, trimmed objects), secured metrics, probes, leader election.
+func ctrlOptions(opts Options) ctrl.Options {
 	var cacheNamespaces map[string]cache.Config
 	if len(opts.WatchNamespaces) > 0 {
 		cacheNamespaces = map[string]cache.Config{}
@@ -83,7 +108,7 @@ func New(ctx context.Context, cfg *rest.Config, opts Options, reg *Registry) (ct
 
 	leaseDuration, renewDeadline, retryPeriod := opts.LeaseDuration, opts.RenewDeadline, opts.RetryPeriod
 	shutdown := opts.GracefulShutdownTimeout
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+	return ctrl.Options{
 		Scheme:  Scheme(),
 		Metrics: metricsOpts,
 		Cache: cache.Options{
@@ -114,28 +139,11 @@ func New(ctx context.Context, cfg *rest.Config, opts Options, reg *Registry) (ct
 			MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
 			SkipNameValidation:      &opts.skipNameValidation,
 		},
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("creating manager: %w", err)
 	}
-
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return nil, nil, err
-	}
-	if err := mgr.AddReadyzCheck("informers", cacheSynced(mgr.GetCache())); err != nil {
-		return nil, nil, err
-	}
-
-	for _, name := range selected {
-		if err := reg.setup(name)(ctx, mgr, opts); err != nil {
-			return nil, nil, fmt.Errorf("setting up controller %s: %w", name, err)
-		}
-	}
-	return mgr, selected, nil
 }
 
 // ownedByLoom selects the objects Loom labels as its own.
-var ownedByLoom = labels.SelectorFromSet(labels.Set{"app.kubernetes.io/managed-by": "loom"})
+var ownedByLoom = labels.SelectorFromSet(labels.Set{apply.LabelManagedBy: apply.ManagedBy})
 
 // cacheSynced reports ready once every informer the controllers asked for has
 // synced. Replicas that are not the leader are ready too: their caches are

@@ -1,0 +1,118 @@
+package monitoring
+
+import (
+	"testing"
+	"time"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/manager"
+)
+
+// TestConditionChange: an unchanged condition is no change (the writer
+// skips it), a new message keeps the transition time, a new status moves it.
+func TestConditionChange(t *testing.T) {
+	then := metav1.NewTime(time.Unix(1e9, 0))
+	now := time.Unix(2e9, 0)
+	cur := metav1.Condition{Type: ConditionMonitoring, Status: metav1.ConditionTrue, Reason: ReasonSelected, Message: "m",
+		ObservedGeneration: 3, LastTransitionTime: then}
+	conds := []metav1.Condition{{Type: "Ready", Status: metav1.ConditionTrue}, cur}
+	cond := metav1.Condition{Type: ConditionMonitoring, Status: metav1.ConditionTrue, Reason: ReasonSelected, Message: "m"}
+
+	old, want := conditionChange(conds, cond, 3, now)
+	if !apiequality.Semantic.DeepEqual(old, want) {
+		t.Errorf("unchanged condition: old %+v, want %+v", old, want)
+	}
+	if len(old.Conditions) != 1 || old.Conditions[0].Type != ConditionMonitoring {
+		t.Errorf("old holds %+v, want the Monitoring condition only", old.Conditions)
+	}
+
+	cond.Message = "other"
+	if _, want = conditionChange(conds, cond, 3, now); !want.Conditions[0].LastTransitionTime.Equal(&then) {
+		t.Errorf("a new message moved the transition time: %+v", want.Conditions[0])
+	}
+	cond.Status = metav1.ConditionFalse
+	if _, want = conditionChange(conds, cond, 4, now); want.Conditions[0].LastTransitionTime.Unix() != now.Unix() ||
+		want.Conditions[0].ObservedGeneration != 4 {
+		t.Errorf("a new status: %+v", want.Conditions[0])
+	}
+	if old, _ = conditionChange(nil, cond, 1, now); len(old.Conditions) != 0 {
+		t.Errorf("no condition yet: old %+v", old)
+	}
+}
+
+func names(objs []client.Object) []string {
+	var out []string
+	for _, o := range objs {
+		out = append(out, o.GetObjectKind().GroupVersionKind().Kind+" "+o.GetNamespace()+"/"+o.GetName())
+	}
+	return out
+}
+
+// TestGPUDesired: without the operator only the Service, counters and
+// dashboards; with dcgm-exporter disabled its children are removed and the
+// condition is never True; stale dashboards elsewhere go.
+func TestGPUDesired(t *testing.T) {
+	r := &GPUReconciler{Namespace: loomNS, DashboardsNamespace: "grafana"}
+	policy := &gpuv1alpha1.ClusterPolicy{}
+	stale := corev1.ConfigMap{TypeMeta: metav1.TypeMeta{Kind: "ConfigMap"}, ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: DashboardsConfigMap}}
+	o := gpuObserved{policy: policy, missing: []string{"servicemonitors.monitoring.coreos.com"},
+		dashboards: []corev1.ConfigMap{stale}}
+	d := r.desired(o)
+	if got := names(d.ensure); len(got) != 3 || got[2] != "ConfigMap grafana/"+DashboardsConfigMap {
+		t.Errorf("ensure %v", got)
+	}
+	if got := names(d.remove); len(got) != 1 || got[0] != "ConfigMap "+loomNS+"/"+DashboardsConfigMap {
+		t.Errorf("remove %v", got)
+	}
+	if c := gpuCondition(o, d, nil); c.Reason != ReasonOperatorMissing {
+		t.Errorf("condition %+v", c)
+	}
+
+	policy.Spec.DCGMExporter.Enabled = ptr.To(false)
+	matchAll := &metav1.LabelSelector{}
+	o = gpuObserved{policy: policy, proms: []*monitoringv1.Prometheus{{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: "all"},
+		Spec: monitoringv1.PrometheusSpec{RuleSelector: matchAll}}}}
+	d = r.desired(o)
+	if got := names(d.ensure); len(got) != 2 || got[1] != "PrometheusRule "+loomNS+"/"+RuleName {
+		t.Errorf("ensure %v", got)
+	}
+	if got := names(d.remove); len(got) != 3 || got[2] != "ServiceMonitor "+loomNS+"/"+ExporterName {
+		t.Errorf("remove %v", got)
+	}
+	if c := gpuCondition(o, d, nil); c.Reason != ReasonExporterDisabled || c.Status != metav1.ConditionFalse {
+		t.Errorf("condition %+v", c)
+	}
+}
+
+// TestUsersServiceIsLeftAlone: a Service of the exporter's name that is not
+// Loom's (and so not in the manager's cache) is not taken over, and the
+// policy's condition names it.
+func TestUsersServiceIsLeftAlone(t *testing.T) {
+	startManager(t, func(o *manager.Options) { o.GrafanaDashboards = false })
+	if err := env.CreateNamespace(ctx(), loomNS); err != nil {
+		t.Fatal(err)
+	}
+	svc := &corev1.Service{ObjectMeta: key(loomNS, ExporterName), Spec: corev1.ServiceSpec{
+		Ports: []corev1.ServicePort{{Name: "mine", Port: 80}}}}
+	if err := env.Client.Create(ctx(), svc); err != nil {
+		t.Fatal(err)
+	}
+	cp := createPolicy(t, gpuv1alpha1.ClusterPolicySpec{})
+	c := policyCondition(t, cp, ReasonConflict)
+	if c.Status != metav1.ConditionFalse {
+		t.Errorf("condition %+v", c)
+	}
+	if err := env.Client.Get(ctx(), client.ObjectKeyFromObject(svc), svc); err != nil {
+		t.Fatal(err)
+	}
+	if len(svc.OwnerReferences) != 0 || svc.Spec.Ports[0].Name != "mine" {
+		t.Errorf("the user's Service was changed: %+v", svc)
+	}
+}
