@@ -11,14 +11,18 @@ import (
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
+	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/podset"
 )
 
 // Loom's own condition types on a RayCluster, beside KubeRay's.
@@ -30,6 +34,14 @@ const (
 	// ConditionValid: the spec passes KubeRay's validation.
 	ConditionValid = "loom.dev/SpecValid"
 )
+
+// conditions are the condition types the RayCluster reconciler writes:
+// KubeRay's and Loom's own.
+var conditions = []string{
+	string(rayv1.RayClusterProvisioned), string(rayv1.HeadPodReady), string(rayv1.RayClusterReplicaFailure),
+	string(rayv1.RayClusterSuspending), string(rayv1.RayClusterSuspended),
+	ConditionGang, ConditionGPUs, ConditionValid,
+}
 
 // observed is what one reconcile sees.
 type observed struct {
@@ -49,15 +61,25 @@ type observed struct {
 
 // decision is what the reconcile must do.
 type decision struct {
-	status         rayv1.RayClusterStatus
-	create         []*corev1.Pod
-	remove         []*corev1.Pod
-	children       bool // Services, RBAC, PodGroup wanted
-	gang           bool // a PodGroup wanted
+	status rayv1.RayClusterStatus
+	// create are pods to create; remove are pods to delete.
+	create, remove []*corev1.Pod
+	// podGroup is the PodGroup to ensure; removePodGroup: the cluster's
+	// PodGroup must go.
+	podGroup       *schedulingv1beta1.PodGroup
 	removePodGroup bool
-	events         []event
+	// children are the other children to ensure (the Services); shared
+	// are those created as KubeRay does, left alone when someone else's
+	// (the autoscaler's ServiceAccount, Role and RoleBinding).
+	children, shared []client.Object
+	// err is why a child could not be built; it is reported as a failed
+	// apply.
+	err error
+	// events are the notable transitions to record.
+	events []event
 }
 
+// event is a notable transition, recorded on the cluster.
 type event struct {
 	warning     bool
 	reason, msg string
@@ -76,90 +98,191 @@ func setCond(st *rayv1.RayClusterStatus, t string, s metav1.ConditionStatus, rea
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen, LastTransitionTime: metav1.NewTime(now)})
 }
 
+// pass is one decision in the making: the cluster (normalized), what was
+// observed, its live pods by group and the decision so far.
+type pass struct {
+	ctx context.Context // KubeRay's builders log through it
+	rc  *rayv1.RayCluster
+	obs observed
+	// sched is the cluster's gang scheduler.
+	sched string
+	// byGroup are the live pods (not terminating, not finished) by group.
+	byGroup map[string][]*corev1.Pod
+	d       decision
+}
+
+// set sets a condition of the pass's status.
+func (p *pass) set(t string, s metav1.ConditionStatus, reason, msg string) {
+	setCond(&p.d.status, t, s, reason, msg, p.rc.Generation, p.obs.now)
+}
+
+func (p *pass) event(warning bool, reason, msg string) {
+	p.d.events = append(p.d.events, event{warning: warning, reason: reason, msg: msg})
+}
+
+// phases are decide's steps, in order; a step that returns true has
+// completed the decision.
+var phases = []func(*pass) bool{
+	begin,
+	validate,
+	sortPods,
+	suspend,
+	resume,
+	volcano,
+	children,
+	inventoryGaps,
+	scale,
+	status,
+}
+
 // decide computes the cluster's next pods and status from what was observed.
 // rc is normalized (defaults filled in).
 func decide(ctx context.Context, rc *rayv1.RayCluster, obs observed, sched string) decision {
-	d := decision{status: *rc.Status.DeepCopy()}
-	st, gen, now := &d.status, rc.Generation, obs.now
-	st.ObservedGeneration = gen
+	p := &pass{ctx: ctx, rc: rc, obs: obs, sched: sched, d: decision{status: *rc.Status.DeepCopy()}}
+	for _, phase := range phases {
+		if phase(p) {
+			break
+		}
+	}
+	return p.d
+}
 
-	if obs.invalid != nil {
-		setCond(st, ConditionValid, metav1.ConditionFalse, "InvalidSpec", obs.invalid.Error(), gen, now)
-		setState(st, "", now)
-		return d
+// begin records the generation seen.
+func begin(p *pass) bool {
+	p.d.status.ObservedGeneration = p.rc.Generation
+	return false
+}
+
+// validate stops at a spec KubeRay's validation (or Loom's, of group names)
+// rejects, saying why.
+func validate(p *pass) bool {
+	st := &p.d.status
+	if p.obs.invalid != nil {
+		p.set(ConditionValid, metav1.ConditionFalse, "InvalidSpec", p.obs.invalid.Error())
+		setState(st, "", p.obs.now)
+		return true
 	}
 	meta.RemoveStatusCondition(&st.Conditions, ConditionValid)
+	return false
+}
 
-	// Finished or failed pods are deleted (restartPolicy Never leaves them)
-	// and replaced; terminating ones count for nothing.
-	byGroup := map[string][]*corev1.Pod{}
-	for _, p := range obs.pods {
+// sortPods sorts the live pods by group. Finished or failed pods are
+// deleted (restartPolicy Never leaves them) and replaced; terminating ones
+// count for nothing.
+func sortPods(p *pass) bool {
+	p.byGroup = map[string][]*corev1.Pod{}
+	for _, pod := range p.obs.pods {
 		switch {
-		case p.DeletionTimestamp != nil:
-		case p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded:
-			d.remove = append(d.remove, p)
+		case pod.DeletionTimestamp != nil:
+		case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
+			p.d.remove = append(p.d.remove, pod)
 		default:
-			byGroup[groupOf(p)] = append(byGroup[groupOf(p)], p)
+			p.byGroup[groupOf(pod)] = append(p.byGroup[groupOf(pod)], pod)
 		}
 	}
+	return false
+}
 
-	if rc.Spec.Suspend != nil && *rc.Spec.Suspend {
-		return suspend(rc, obs, d)
+// suspend: while spec.suspend is set, every pod and the PodGroup are
+// deleted; the cluster says Suspending until they are gone, then Suspended.
+func suspend(p *pass) bool {
+	if p.rc.Spec.Suspend == nil || !*p.rc.Spec.Suspend {
+		return false
 	}
-	if meta.IsStatusConditionTrue(st.Conditions, string(rayv1.RayClusterSuspended)) || meta.IsStatusConditionTrue(st.Conditions, string(rayv1.RayClusterSuspending)) {
-		setCond(st, string(rayv1.RayClusterSuspended), metav1.ConditionFalse, "Resumed", "spec.suspend is false", gen, now)
-		setCond(st, string(rayv1.RayClusterSuspending), metav1.ConditionFalse, "Resumed", "spec.suspend is false", gen, now)
-	}
-
-	gangPG := ""
-	if sched == "volcano" {
-		if !obs.volcano {
-			msg := "the cluster asks for Volcano (label " + LabelScheduler + " or the manager's --gang-scheduler) but Volcano's PodGroup CRD is not installed: no pods are created until it is; install Volcano, or label the cluster " + LabelScheduler + "=none"
-			setCond(st, ConditionGang, metav1.ConditionFalse, "VolcanoNotInstalled", msg, gen, now)
-			setState(st, "", now)
-			status(ctx, rc, obs, byGroup, st)
-			return d
+	st := &p.d.status
+	left := 0
+	for _, pod := range p.obs.pods {
+		if pod.DeletionTimestamp == nil {
+			p.d.remove = append(p.d.remove, pod)
 		}
-		gangPG = podGroupName(rc)
-		d.gang = true
-		setCond(st, ConditionGang, metav1.ConditionTrue, "PodGroupCreated", fmt.Sprintf("gang-scheduled by Volcano through PodGroup %s", gangPG), gen, now)
+		left++
+	}
+	p.d.removePodGroup = true
+	if left > 0 {
+		p.set(string(rayv1.RayClusterSuspending), metav1.ConditionTrue, "Suspending", fmt.Sprintf("deleting %d pods", left))
+		p.set(string(rayv1.RayClusterSuspended), metav1.ConditionFalse, "Suspending", fmt.Sprintf("deleting %d pods", left))
+		setState(st, "", p.obs.now)
 	} else {
-		meta.RemoveStatusCondition(&st.Conditions, ConditionGang)
-		d.removePodGroup = obs.podGroup != nil
+		p.set(string(rayv1.RayClusterSuspending), metav1.ConditionFalse, "Suspended", "every pod is deleted")
+		p.set(string(rayv1.RayClusterSuspended), metav1.ConditionTrue, "Suspended", "spec.suspend is true: every pod is deleted")
+		setState(st, rayv1.Suspended, p.obs.now)
 	}
-	d.children = true
+	st.ReadyWorkerReplicas, st.AvailableWorkerReplicas = 0, 0
+	st.Head = rayv1.HeadInfo{}
+	p.set(string(rayv1.HeadPodReady), metav1.ConditionFalse, "Suspended", "the cluster is suspended")
+	return true
+}
 
-	inventoryCondition(rc, obs, &d)
+// resume: a cluster leaving suspension says so; its pods come back below.
+func resume(p *pass) bool {
+	conds := p.d.status.Conditions
+	if meta.IsStatusConditionTrue(conds, string(rayv1.RayClusterSuspended)) || meta.IsStatusConditionTrue(conds, string(rayv1.RayClusterSuspending)) {
+		p.set(string(rayv1.RayClusterSuspended), metav1.ConditionFalse, "Resumed", "spec.suspend is false")
+		p.set(string(rayv1.RayClusterSuspending), metav1.ConditionFalse, "Resumed", "spec.suspend is false")
+	}
+	return false
+}
 
-	groups := []*group{{name: headGroup, desired: 1, hash: headHash(rc), pods: byGroup[headGroup]}}
+// volcano holds a cluster that asks for Volcano while Volcano is not
+// installed: no pods, a condition saying why.
+func volcano(p *pass) bool {
+	if p.sched != gang.SchedulerName || p.obs.volcano {
+		return false
+	}
+	msg := "the cluster asks for Volcano (label " + LabelScheduler + " or the manager's --gang-scheduler) but Volcano's PodGroup CRD is not installed: no pods are created until it is; install Volcano, or label the cluster " + LabelScheduler + "=none"
+	p.set(ConditionGang, metav1.ConditionFalse, "VolcanoNotInstalled", msg)
+	setState(&p.d.status, "", p.obs.now)
+	status(p)
+	return true
+}
+
+// children wants the cluster's Services and autoscaler RBAC and, with
+// Volcano, its PodGroup; a PodGroup left from when the cluster asked for
+// Volcano goes.
+func children(p *pass) bool {
+	p.d.children, p.d.shared, p.d.err = buildChildren(p.ctx, p.rc)
+	if p.sched != gang.SchedulerName {
+		meta.RemoveStatusCondition(&p.d.status.Conditions, ConditionGang)
+		p.d.removePodGroup = true
+		return false
+	}
+	p.d.podGroup = gang.PodGroup(gangSpec(p.ctx, p.rc))
+	p.set(ConditionGang, metav1.ConditionTrue, "PodGroupCreated", fmt.Sprintf("gang-scheduled by Volcano through PodGroup %s", p.d.podGroup.Name))
+	return false
+}
+
+// scale makes every group's pods match its desired count and template.
+// Pods of groups that no longer exist go. Rollout: the head first (workers
+// need its GCS), then the worker groups in spec order; a group's outdated
+// pods are recreated only once every group before it is up to date and
+// ready, so one group at a time restarts.
+func scale(p *pass) bool {
+	rc, pg := p.rc, ""
+	if p.d.podGroup != nil {
+		pg = p.d.podGroup.Name
+	}
+	groups := []*group{{name: headGroup, desired: 1, hash: headHash(rc), pods: p.byGroup[headGroup]}}
 	for i := range rc.Spec.WorkerGroupSpecs {
 		g := &rc.Spec.WorkerGroupSpecs[i]
-		groups = append(groups, &group{name: g.GroupName, desired: utils.GetWorkerGroupDesiredReplicas(ctx, *g), hash: groupHash(rc, g), spec: g, pods: byGroup[g.GroupName]})
+		groups = append(groups, &group{name: g.GroupName, desired: utils.GetWorkerGroupDesiredReplicas(p.ctx, *g), hash: groupHash(rc, g), spec: g, pods: p.byGroup[g.GroupName]})
 	}
-	// Pods of groups that no longer exist go.
 	known := map[string]bool{}
 	for _, g := range groups {
 		known[g.name] = true
 	}
-	for name, pods := range byGroup {
+	for name, pods := range p.byGroup {
 		if !known[name] {
-			d.remove = append(d.remove, pods...)
+			p.d.remove = append(p.d.remove, pods...)
 		}
 	}
-
-	// Rollout: the head first (workers need its GCS), then the worker
-	// groups in spec order; a group's outdated pods are recreated only once
-	// every group before it is up to date and ready, so one group at a time
-	// restarts.
 	rolling := false
 	for _, g := range groups {
-		scale(ctx, rc, g, gangPG, &d, rolling)
+		scaleGroup(p, g, pg, rolling)
 		if !groupSettled(g) {
 			rolling = true
 		}
 	}
-	status(ctx, rc, obs, byGroup, st)
-	return d
+	return false
 }
 
 func groupOf(p *corev1.Pod) string {
@@ -169,8 +292,9 @@ func groupOf(p *corev1.Pod) string {
 	return p.Labels[utils.RayNodeGroupLabelKey]
 }
 
-// scale makes one group's pods match its desired count and template.
-func scale(ctx context.Context, rc *rayv1.RayCluster, g *group, pg string, d *decision, holdRollout bool) {
+// scaleGroup makes one group's pods match its desired count and template.
+func scaleGroup(p *pass, g *group, pg string, holdRollout bool) {
+	ctx, rc, d := p.ctx, p.rc, &p.d
 	live := g.pods
 	// workersToDelete: the autoscaler's (or a user's) choice of pods to go.
 	if g.spec != nil && len(g.spec.ScaleStrategy.WorkersToDelete) > 0 {
@@ -179,26 +303,26 @@ func scale(ctx context.Context, rc *rayv1.RayCluster, g *group, pg string, d *de
 			drop[n] = true
 		}
 		var keep []*corev1.Pod
-		for _, p := range live {
-			if drop[p.Name] {
-				d.remove = append(d.remove, p)
+		for _, pod := range live {
+			if drop[pod.Name] {
+				d.remove = append(d.remove, pod)
 			} else {
-				keep = append(keep, p)
+				keep = append(keep, pod)
 			}
 		}
 		live = keep
 	}
 	var current, outdated []*corev1.Pod
-	for _, p := range live {
-		if p.Annotations[AnnotationTemplateHash] == g.hash {
-			current = append(current, p)
+	for _, pod := range live {
+		if pod.Annotations[AnnotationTemplateHash] == g.hash {
+			current = append(current, pod)
 		} else {
-			outdated = append(outdated, p)
+			outdated = append(outdated, pod)
 		}
 	}
 	if len(outdated) > 0 && !holdRollout {
 		d.remove = append(d.remove, outdated...)
-		d.events = append(d.events, event{reason: "RollingGroup", msg: fmt.Sprintf("group %s: recreating %d pods for its changed template", g.name, len(outdated))})
+		p.event(false, "RollingGroup", fmt.Sprintf("group %s: recreating %d pods for its changed template", g.name, len(outdated)))
 		outdated = nil
 	}
 	n := int32(len(current) + len(outdated))
@@ -247,70 +371,79 @@ func groupSettled(g *group) bool {
 	return true
 }
 
-func suspend(rc *rayv1.RayCluster, obs observed, d decision) decision {
-	st, gen, now := &d.status, rc.Generation, obs.now
-	left := 0
-	for _, p := range obs.pods {
-		if p.DeletionTimestamp == nil {
-			d.remove = append(d.remove, p)
-		}
-		left++
-	}
-	d.removePodGroup = obs.podGroup != nil
-	if left > 0 {
-		setCond(st, string(rayv1.RayClusterSuspending), metav1.ConditionTrue, "Suspending", fmt.Sprintf("deleting %d pods", left), gen, now)
-		setCond(st, string(rayv1.RayClusterSuspended), metav1.ConditionFalse, "Suspending", fmt.Sprintf("deleting %d pods", left), gen, now)
-		setState(st, "", now)
-	} else {
-		setCond(st, string(rayv1.RayClusterSuspending), metav1.ConditionFalse, "Suspended", "every pod is deleted", gen, now)
-		setCond(st, string(rayv1.RayClusterSuspended), metav1.ConditionTrue, "Suspended", "spec.suspend is true: every pod is deleted", gen, now)
-		setState(st, rayv1.Suspended, now)
-	}
-	st.ReadyWorkerReplicas, st.AvailableWorkerReplicas = 0, 0
-	st.Head = rayv1.HeadInfo{}
-	setCond(st, string(rayv1.HeadPodReady), metav1.ConditionFalse, "Suspended", "the cluster is suspended", gen, now)
-	return d
-}
-
-// inventoryCondition says, for a group whose single pod no node of this
+// inventoryGaps says, for a group whose single pod no node of this
 // cluster can hold (more GPUs per pod than any node, or a product that is
 // not there), what is missing.
-func inventoryCondition(rc *rayv1.RayCluster, obs observed, d *decision) {
-	st, gen, now := &d.status, rc.Generation, obs.now
+func inventoryGaps(p *pass) bool {
+	st, fits := &p.d.status, p.obs.fits
 	var gaps []string
-	names := make([]string, 0, len(obs.fits))
-	for n := range obs.fits {
+	names := make([]string, 0, len(fits))
+	for n := range fits {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		if f := obs.fits[n]; f.Verdict == inventory.Never {
+		if f := fits[n]; f.Verdict == inventory.Never {
 			gaps = append(gaps, fmt.Sprintf("group %s: %s", n, f.Message))
 		}
 	}
 	if len(gaps) == 0 {
 		if c := meta.FindStatusCondition(st.Conditions, ConditionGPUs); c != nil && c.Status == metav1.ConditionFalse {
-			setCond(st, ConditionGPUs, metav1.ConditionTrue, "Fits", "every group's pod fits a node of this cluster", gen, now)
+			p.set(ConditionGPUs, metav1.ConditionTrue, "Fits", "every group's pod fits a node of this cluster")
 		}
-		return
+		return false
 	}
 	msg := strings.Join(gaps, "; ")
 	if c := meta.FindStatusCondition(st.Conditions, ConditionGPUs); c == nil || c.Status != metav1.ConditionFalse || c.Message != msg {
-		d.events = append(d.events, event{warning: true, reason: "NeverFits", msg: msg})
+		p.event(true, "NeverFits", msg)
 	}
-	setCond(st, ConditionGPUs, metav1.ConditionFalse, "NeverFits", msg, gen, now)
+	p.set(ConditionGPUs, metav1.ConditionFalse, "NeverFits", msg)
+	return false
 }
 
-// status fills in counts, head info, endpoints, conditions and the state.
-func status(ctx context.Context, rc *rayv1.RayCluster, obs observed, byGroup map[string][]*corev1.Pod, st *rayv1.RayClusterStatus) {
-	gen, now := rc.Generation, obs.now
+// status fills in counts, head info, endpoints, conditions and the state
+// from the live pods.
+func status(p *pass) bool {
+	st := &p.d.status
+	desired(p.ctx, p.rc, st)
+	ready := workers(p.byGroup, st)
+	headReady := head(p, st)
+	allReady := headReady && ready == st.DesiredWorkerReplicas
+	for _, pods := range p.byGroup {
+		for _, pod := range pods {
+			allReady = allReady && pod.Annotations[AnnotationTemplateHash] != "" // not mid-rollout of a foreign pod
+		}
+	}
+	provisioned := meta.IsStatusConditionTrue(st.Conditions, string(rayv1.RayClusterProvisioned))
+	if allReady {
+		if !provisioned {
+			p.set(string(rayv1.RayClusterProvisioned), metav1.ConditionTrue, rayv1.AllPodRunningAndReadyFirstTime, "all Ray pods are running and ready")
+		}
+		setState(st, rayv1.Ready, p.obs.now)
+		return false
+	}
+	if !provisioned {
+		p.set(string(rayv1.RayClusterProvisioned), metav1.ConditionFalse, rayv1.RayClusterPodsProvisioning,
+			fmt.Sprintf("head ready: %v; %d of %d workers ready", headReady, ready, st.DesiredWorkerReplicas))
+	}
+	// Unlike KubeRay, a cluster that loses pods is no longer "ready".
+	setState(st, "", p.obs.now)
+	return false
+}
+
+// desired fills in the replica bounds and the resources the cluster asks
+// for.
+func desired(ctx context.Context, rc *rayv1.RayCluster, st *rayv1.RayClusterStatus) {
 	st.DesiredWorkerReplicas = utils.CalculateDesiredReplicas(ctx, rc)
 	st.MinWorkerReplicas = utils.CalculateMinReplicas(rc)
 	st.MaxWorkerReplicas = utils.CalculateMaxReplicas(rc)
 	res := desiredResources(ctx, rc)
 	st.DesiredCPU, st.DesiredMemory = res[corev1.ResourceCPU], res[corev1.ResourceMemory]
 	st.DesiredGPU, st.DesiredTPU = sumGPU(res), res[corev1.ResourceName("google.com/tpu")]
+}
 
+// workers counts the running and the ready workers; it returns the ready.
+func workers(byGroup map[string][]*corev1.Pod, st *rayv1.RayClusterStatus) int32 {
 	var ready, available int32
 	for name, pods := range byGroup {
 		if name == headGroup {
@@ -326,63 +459,79 @@ func status(ctx context.Context, rc *rayv1.RayCluster, obs observed, byGroup map
 		}
 	}
 	st.ReadyWorkerReplicas, st.AvailableWorkerReplicas = ready, available
+	return ready
+}
 
-	var head *corev1.Pod
-	for _, p := range byGroup[headGroup] {
-		if head == nil || utils.IsRunningAndReady(p) {
-			head = p
+// head fills in the head's pod, Service and endpoints and the HeadPodReady
+// condition; it returns whether the head is ready.
+func head(p *pass, st *rayv1.RayClusterStatus) bool {
+	var pod *corev1.Pod
+	for _, h := range p.byGroup[headGroup] {
+		if pod == nil || utils.IsRunningAndReady(h) {
+			pod = h
 		}
 	}
-	headReady := head != nil && utils.IsRunningAndReady(head)
+	ready := pod != nil && utils.IsRunningAndReady(pod)
 	st.Head = rayv1.HeadInfo{}
-	if head != nil {
-		st.Head.PodName, st.Head.PodIP = head.Name, head.Status.PodIP
+	if pod != nil {
+		st.Head.PodName, st.Head.PodIP = pod.Name, pod.Status.PodIP
 	}
 	st.Endpoints = nil
-	if svc := obs.headService; svc != nil {
+	if svc := p.obs.headService; svc != nil {
 		st.Head.ServiceName = svc.Name
 		st.Head.ServiceIP = svc.Spec.ClusterIP
 		if svc.Spec.ClusterIP == corev1.ClusterIPNone {
 			st.Head.ServiceIP = st.Head.PodIP // headless: clients reach the head pod
 		}
-		for _, p := range svc.Spec.Ports {
+		for _, port := range svc.Spec.Ports {
 			if st.Endpoints == nil {
 				st.Endpoints = map[string]string{}
 			}
-			name := p.Name
+			name := port.Name
 			if name == "" {
-				name = strconv.Itoa(int(p.Port))
+				name = strconv.Itoa(int(port.Port))
 			}
-			st.Endpoints[name] = strconv.Itoa(int(p.Port))
+			st.Endpoints[name] = strconv.Itoa(int(port.Port))
 		}
 	}
 	switch {
-	case headReady:
-		setCond(st, string(rayv1.HeadPodReady), metav1.ConditionTrue, rayv1.HeadPodRunningAndReady, "the head pod is running and ready", gen, now)
-	case head == nil:
-		setCond(st, string(rayv1.HeadPodReady), metav1.ConditionFalse, rayv1.HeadPodNotFound, "no head pod yet", gen, now)
+	case ready:
+		p.set(string(rayv1.HeadPodReady), metav1.ConditionTrue, rayv1.HeadPodRunningAndReady, "the head pod is running and ready")
+	case pod == nil:
+		p.set(string(rayv1.HeadPodReady), metav1.ConditionFalse, rayv1.HeadPodNotFound, "no head pod yet")
 	default:
-		setCond(st, string(rayv1.HeadPodReady), metav1.ConditionFalse, "HeadPodNotReady", fmt.Sprintf("head pod %s is %s and not ready", head.Name, head.Status.Phase), gen, now)
+		p.set(string(rayv1.HeadPodReady), metav1.ConditionFalse, "HeadPodNotReady", fmt.Sprintf("head pod %s is %s and not ready", pod.Name, pod.Status.Phase))
 	}
-	allReady := headReady && ready == st.DesiredWorkerReplicas
-	for _, pods := range byGroup {
-		for _, p := range pods {
-			allReady = allReady && p.Annotations[AnnotationTemplateHash] != "" // not mid-rollout of a foreign pod
-		}
+	return ready
+}
+
+// applied records on the status how applying the decision went: a failure
+// as ReplicaFailure (KubeRay's condition for it), cleared once an apply
+// succeeds.
+func applied(st *rayv1.RayClusterStatus, err error, gen int64, now time.Time) {
+	failure := string(rayv1.RayClusterReplicaFailure)
+	if err != nil {
+		setCond(st, failure, metav1.ConditionTrue, "FailedToApply", podset.Message(err), gen, now)
+	} else if meta.IsStatusConditionTrue(st.Conditions, failure) {
+		setCond(st, failure, metav1.ConditionFalse, "Applied", "every pod and Service was created or deleted as needed", gen, now)
 	}
-	if allReady {
-		if !meta.IsStatusConditionTrue(st.Conditions, string(rayv1.RayClusterProvisioned)) {
-			setCond(st, string(rayv1.RayClusterProvisioned), metav1.ConditionTrue, rayv1.AllPodRunningAndReadyFirstTime, "all Ray pods are running and ready", gen, now)
-		}
-		setState(st, rayv1.Ready, now)
-		return
+}
+
+// countsOnly: the new status differs from the old only in counts and
+// condition messages.
+func countsOnly(old, st *rayv1.RayClusterStatus) bool {
+	return old.State == st.State && old.ObservedGeneration == st.ObservedGeneration && old.Head == st.Head &&
+		apply.SameConditions(old.Conditions, st.Conditions)
+}
+
+// touched stamps st.LastUpdateTime when st says anything old does not (as
+// KubeRay does, which compares the statuses but for that time), and keeps
+// old's time otherwise.
+func touched(old, st *rayv1.RayClusterStatus, now time.Time) {
+	st.LastUpdateTime = old.LastUpdateTime
+	if !equality.Semantic.DeepEqual(old, st) {
+		st.LastUpdateTime = ptr.To(metav1.NewTime(now))
 	}
-	if !meta.IsStatusConditionTrue(st.Conditions, string(rayv1.RayClusterProvisioned)) {
-		setCond(st, string(rayv1.RayClusterProvisioned), metav1.ConditionFalse, rayv1.RayClusterPodsProvisioning,
-			fmt.Sprintf("head ready: %v; %d of %d workers ready", headReady, ready, st.DesiredWorkerReplicas), gen, now)
-	}
-	// Unlike KubeRay, a cluster that loses pods is no longer "ready".
-	setState(st, "", now)
 }
 
 // setState sets status.state, which KubeRay deprecated for conditions but

@@ -1,19 +1,22 @@
 package raycluster
 
 import (
+	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"maps"
+	"slices"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/common"
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/gang"
 )
 
@@ -22,8 +25,6 @@ const (
 	// AnnotationTemplateHash is the hash of the group's spec a pod was built
 	// from; a pod whose hash differs from the group's is rolled.
 	AnnotationTemplateHash = "loom.dev/ray-template-hash"
-	LabelManagedBy         = "app.kubernetes.io/managed-by"
-	managedBy              = "loom"
 	// LabelScheduler and the two below are KubeRay's gang-scheduling labels
 	// on the RayCluster.
 	LabelScheduler     = "ray.io/scheduler-name"
@@ -62,23 +63,15 @@ func normalized(rc *rayv1.RayCluster) *rayv1.RayCluster {
 	return rc
 }
 
-// hashOf is a short stable hash of v's JSON.
-func hashOf(v any) string {
-	b, _ := json.Marshal(v)
-	h := fnv.New64a()
-	_, _ = h.Write(b)
-	return fmt.Sprintf("%016x", h.Sum64())
-}
-
 // headHash covers what shapes the head pod.
 func headHash(rc *rayv1.RayCluster) string {
-	return hashOf([]any{rc.Spec.HeadGroupSpec, rc.Spec.RayVersion, rc.Spec.EnableInTreeAutoscaling, rc.Spec.AutoscalerOptions})
+	return apply.Hash([]any{rc.Spec.HeadGroupSpec, rc.Spec.RayVersion, rc.Spec.EnableInTreeAutoscaling, rc.Spec.AutoscalerOptions})
 }
 
 // groupHash covers what shapes one worker group's pods (not its replica
 // counts).
 func groupHash(rc *rayv1.RayCluster, g *rayv1.WorkerGroupSpec) string {
-	return hashOf([]any{g.Template, g.RayStartParams, g.NumOfHosts, rc.Spec.RayVersion, rc.Spec.EnableInTreeAutoscaling})
+	return apply.Hash([]any{g.Template, g.RayStartParams, g.NumOfHosts, rc.Spec.RayVersion, rc.Spec.EnableInTreeAutoscaling})
 }
 
 // buildHeadPod is KubeRay's head pod (its builders: template, ray start
@@ -93,7 +86,7 @@ func buildHeadPod(ctx context.Context, rc *rayv1.RayCluster, pg string) *corev1.
 	tmpl := common.DefaultHeadPodTemplate(ctx, *rc, rc.Spec.HeadGroupSpec, podName, headPort)
 	pod := common.BuildPod(ctx, tmpl, rayv1.HeadNode, rc.Spec.HeadGroupSpec.RayStartParams, headPort,
 		utils.IsAutoscalingEnabled(&rc.Spec), utils.RayClusterCRD, fqdn, nil)
-	return finish(rc, &pod, hash, pg, headGroup)
+	return ownPod(rc, &pod, hash, pg, headGroup)
 }
 
 // buildWorkerPod is KubeRay's worker pod of group g, as above.
@@ -108,10 +101,13 @@ func buildWorkerPod(ctx context.Context, rc *rayv1.RayCluster, g *rayv1.WorkerGr
 	tmpl := common.DefaultWorkerPodTemplate(ctx, *rc, *g, podName, fqdn, headPort, "", 0, 0)
 	pod := common.BuildPod(ctx, tmpl, rayv1.WorkerNode, g.RayStartParams, headPort,
 		utils.IsAutoscalingEnabled(&rc.Spec), utils.RayClusterCRD, fqdn, nil)
-	return finish(rc, &pod, hash, pg, g.GroupName)
+	return ownPod(rc, &pod, hash, pg, g.GroupName)
 }
 
-func finish(rc *rayv1.RayCluster, pod *corev1.Pod, hash, pg, task string) *corev1.Pod {
+// ownPod adds Loom's part to a pod KubeRay's builders made: the cluster's
+// ownership, the managed-by label, the template hash and the gang
+// membership (pg: the PodGroup, "" for none).
+func ownPod(rc *rayv1.RayCluster, pod *corev1.Pod, hash, pg, task string) *corev1.Pod {
 	pod.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}
 	pod.Namespace = rc.Namespace
 	if pod.Annotations == nil {
@@ -122,7 +118,7 @@ func finish(rc *rayv1.RayCluster, pod *corev1.Pod, hash, pg, task string) *corev
 	if pod.Labels == nil {
 		pod.Labels = map[string]string{}
 	}
-	pod.Labels[LabelManagedBy] = managedBy
+	pod.Labels[apply.LabelManagedBy] = apply.ManagedBy
 	pod.OwnerReferences = []metav1.OwnerReference{ownerRef(rc)}
 	if pg != "" {
 		gang.Join(pod, pg, task)
@@ -134,6 +130,29 @@ func ownerRef(rc *rayv1.RayCluster) metav1.OwnerReference {
 	return *metav1.NewControllerRef(rc, rayv1.SchemeGroupVersion.WithKind("RayCluster"))
 }
 
+// buildChildren are the cluster's children: the head Service and, with a
+// multi-host worker group, the headless worker Service; shared, with the
+// autoscaler, its ServiceAccount (unless the head names one), Role and
+// RoleBinding, as KubeRay makes them. The writer adds the owner reference
+// and the managed-by label.
+func buildChildren(ctx context.Context, rc *rayv1.RayCluster) (children, shared []client.Object, err error) {
+	head, err := buildHeadService(ctx, rc)
+	if err != nil {
+		return nil, nil, err
+	}
+	children = append(children, head)
+	for _, g := range rc.Spec.WorkerGroupSpecs {
+		if g.NumOfHosts > 1 {
+			children = append(children, service(common.BuildHeadlessServiceForRayCluster(*rc)))
+			break
+		}
+	}
+	if utils.IsAutoscalingEnabled(&rc.Spec) {
+		shared, err = autoscalerRBAC(rc)
+	}
+	return children, shared, err
+}
+
 // buildHeadService is KubeRay's head Service (<cluster>-head-svc, headless
 // by default, ports gcs-server, dashboard, client, metrics, serve).
 func buildHeadService(ctx context.Context, rc *rayv1.RayCluster) (*corev1.Service, error) {
@@ -142,24 +161,43 @@ func buildHeadService(ctx context.Context, rc *rayv1.RayCluster) (*corev1.Servic
 	if err != nil {
 		return nil, err
 	}
-	return own(rc, svc), nil
+	return service(svc), nil
 }
 
-// buildHeadlessWorkerService is KubeRay's headless Service for multi-host
-// worker groups.
-func buildHeadlessWorkerService(rc *rayv1.RayCluster) *corev1.Service {
-	return own(rc, common.BuildHeadlessServiceForRayCluster(*rc))
-}
-
-func own(rc *rayv1.RayCluster, svc *corev1.Service) *corev1.Service {
+// service gives a Service KubeRay built its kind and its ports one order:
+// KubeRay builds a custom head Service's from a map, and the writer's hash
+// must not change with the map's order.
+func service(svc *corev1.Service) *corev1.Service {
 	svc.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}
-	svc.Labels = maps.Clone(svc.Labels)
-	if svc.Labels == nil {
-		svc.Labels = map[string]string{}
-	}
-	svc.Labels[LabelManagedBy] = managedBy
-	svc.OwnerReferences = []metav1.OwnerReference{ownerRef(rc)}
+	slices.SortStableFunc(svc.Spec.Ports, func(a, b corev1.ServicePort) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Port, b.Port))
+	})
 	return svc
+}
+
+// autoscalerRBAC is the autoscaler's ServiceAccount (only when the head
+// template names none), Role and RoleBinding, as KubeRay builds them.
+func autoscalerRBAC(rc *rayv1.RayCluster) ([]client.Object, error) {
+	var objs []client.Object
+	if rc.Spec.HeadGroupSpec.Template.Spec.ServiceAccountName == "" {
+		sa, err := common.BuildServiceAccount(rc)
+		if err != nil {
+			return nil, err
+		}
+		sa.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}
+		objs = append(objs, sa)
+	}
+	role, err := common.BuildRole(rc)
+	if err != nil {
+		return nil, err
+	}
+	role.TypeMeta = metav1.TypeMeta{APIVersion: rbacv1.SchemeGroupVersion.String(), Kind: "Role"}
+	rb, err := common.BuildRoleBinding(rc)
+	if err != nil {
+		return nil, err
+	}
+	rb.TypeMeta = metav1.TypeMeta{APIVersion: rbacv1.SchemeGroupVersion.String(), Kind: "RoleBinding"}
+	return append(objs, role, rb), nil
 }
 
 // podGroupName is KubeRay's name for a cluster's Volcano PodGroup.
@@ -173,7 +211,7 @@ func gangSpec(ctx context.Context, rc *rayv1.RayCluster) gang.Spec {
 	pg := podGroupName(rc)
 	s := gang.Spec{
 		Name: pg, Namespace: rc.Namespace,
-		Labels:            map[string]string{utils.RayClusterLabelKey: rc.Name, LabelManagedBy: managedBy},
+		Labels:            map[string]string{utils.RayClusterLabelKey: rc.Name},
 		Owner:             ownerRef(rc),
 		Queue:             rc.Labels[LabelQueue],
 		PriorityClassName: rc.Labels[LabelPriorityClass],

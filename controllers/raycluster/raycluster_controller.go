@@ -1,7 +1,14 @@
 // Package raycluster reconciles standard ray.io/v1 RayClusters into what
-// KubeRay would produce (its own exported builders make the pods and
-// Services), with Loom's reconcile loop: expectations, template rollouts,
-// honest status, Volcano gangs through internal/gang and the GPU inventory.
+// KubeRay would produce (its own exported builders make the pods, Services
+// and autoscaler RBAC), with Loom's reconcile loop: expectations, template
+// rollouts group by group, honest status, Volcano gangs through
+// internal/gang and the GPU inventory.
+//
+// A pass observes the cluster's pods (cache plus expectations), head Service
+// and PodGroup; decide (decide.go) turns that into the next status and the
+// changes to make, in ordered pure phases; the children and the status are
+// written through one apply.Writer, the pods created and deleted through one
+// podset.Executor.
 package raycluster
 
 import (
@@ -11,30 +18,25 @@ import (
 	"time"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
-	"github.com/ray-project/kuberay/ray-operator/controllers/ray/common"
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
-	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	"github.com/loom-dev/loom/internal/apply"
-	"github.com/loom-dev/loom/internal/coalesce"
-	"github.com/loom-dev/loom/internal/expect"
 	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/manager"
+	"github.com/loom-dev/loom/internal/podset"
 )
 
 // FieldOwner is the server-side-apply field manager of the RayCluster
@@ -60,10 +62,11 @@ type Reconciler struct {
 	DefaultScheduler string
 	Index            *inventory.Index
 
-	exp     *expect.Pods
+	// writer writes the cluster's children and status; pods creates and
+	// deletes its pods.
+	writer  *apply.Writer
+	pods    *podset.Executor
 	volcano *gang.Volcano
-
-	writes coalesce.Writes
 }
 
 // Setup registers the RayCluster reconciler with the manager.
@@ -89,8 +92,13 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		Recorder:         mgr.GetEventRecorder("loom-raycluster"),
 		DefaultScheduler: opts.GangScheduler,
 		Index:            idx,
-		exp:              expect.New(),
 	}
+	// The cache holds only Loom's Services (the writer reads around it
+	// before a create) and Roles and RoleBindings as metadata.
+	r.writer = apply.NewWriter(r.Client, FieldOwner, apply.Options{Live: r.APIReader, Conditions: conditions,
+		MetadataOnly: []schema.GroupKind{{Group: rbacv1.GroupName, Kind: "Role"}, {Group: rbacv1.GroupName, Kind: "RoleBinding"}},
+		HashOnly:     []schema.GroupKind{gang.PodGroupKind}})
+	r.pods = podset.New(r.Client, r.APIReader, r.Recorder, nil)
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named("raycluster").
 		For(&rayv1.RayCluster{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
@@ -121,22 +129,21 @@ func (r *Reconciler) all(ctx context.Context, _ client.Object) []ctrl.Request {
 }
 
 // scheduler is the cluster's gang scheduler: its ray.io/scheduler-name
-// label, else the manager's default.
-func (r *Reconciler) scheduler(rc *rayv1.RayCluster) string {
+// label, else the manager's.
+func scheduler(rc *rayv1.RayCluster, def string) string {
 	if s := rc.Labels[LabelScheduler]; s != "" {
 		return s
 	}
-	return r.DefaultScheduler
+	return def
 }
 
-// Reconcile observes the cluster's pods, Services and PodGroup, decides and
+// Reconcile observes the cluster's pods, Services and PodGroup, decides,
 // applies the decision, then writes the status.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	orig := &rayv1.RayCluster{}
 	if err := r.Get(ctx, req.NamespacedName, orig); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.exp.Forget(req.NamespacedName)
-			r.writes.Forget(req.NamespacedName)
+			r.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -147,39 +154,48 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, nil // another controller (e.g. MultiKueue) manages it
 	}
 	rc := normalized(orig)
-	now := time.Now()
-	sched := r.scheduler(rc)
-	obs, err := r.observe(ctx, rc, sched, now)
+	sched := scheduler(rc, r.DefaultScheduler)
+	obs, err := r.observe(ctx, rc, sched, time.Now())
 	if errors.Is(err, gang.ErrNotServedYet) {
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	d := decide(ctx, rc, obs, sched)
+	return r.execute(ctx, orig, rc, obs, decide(ctx, rc, obs, sched))
+}
+
+// execute carries out a decision: the events, the children and pods, then
+// the status with what applying them said. orig is the cluster as read,
+// rc its normalized copy.
+func (r *Reconciler) execute(ctx context.Context, orig, rc *rayv1.RayCluster, obs observed, d decision) (ctrl.Result, error) {
+	r.record(orig, &d)
+	res, applyErr := r.applyChildren(ctx, rc, obs, &d)
+	applied(&d.status, applyErr, rc.Generation, obs.now)
+	wait, err := r.writeStatus(ctx, orig, &d.status, obs.now)
+	if err := errors.Join(applyErr, err); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: res.RequeueAfter(wait)}, nil
+}
+
+// record records the decision's events.
+func (r *Reconciler) record(rc *rayv1.RayCluster, d *decision) {
 	for _, e := range d.events {
 		kind := corev1.EventTypeNormal
 		if e.warning {
 			kind = corev1.EventTypeWarning
 		}
-		r.Recorder.Eventf(orig, nil, kind, e.reason, "Reconcile", "%s", e.msg)
+		r.Recorder.Eventf(rc, nil, kind, e.reason, "Reconcile", "%s", e.msg)
 	}
+}
 
-	applyErr := r.applyChildren(ctx, rc, obs, &d)
-	if applyErr != nil {
-		msg := applyErr.Error()
-		if len(msg) > 1000 {
-			msg = msg[:1000] + "…"
-		}
-		setCond(&d.status, string(rayv1.RayClusterReplicaFailure), metav1.ConditionTrue, "FailedToApply", msg, rc.Generation, now)
-	} else if c := meta.FindStatusCondition(d.status.Conditions, string(rayv1.RayClusterReplicaFailure)); c != nil && c.Status == metav1.ConditionTrue {
-		setCond(&d.status, string(rayv1.RayClusterReplicaFailure), metav1.ConditionFalse, "Applied", "every pod and Service was created or deleted as needed", rc.Generation, now)
-	}
-	wait, err := r.writeStatus(ctx, orig, &d.status)
-	if err := errors.Join(applyErr, err); err != nil {
-		return ctrl.Result{}, err
-	}
-	return ctrl.Result{RequeueAfter: wait}, nil
+// forget drops what the writer and the pod executor remember of a cluster
+// that is gone.
+func (r *Reconciler) forget(key client.ObjectKey) {
+	gone := &rayv1.RayCluster{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}}
+	r.pods.Forget(gone)
+	r.writer.Forget(gone)
 }
 
 func (r *Reconciler) observe(ctx context.Context, rc *rayv1.RayCluster, sched string, now time.Time) (observed, error) {
@@ -188,52 +204,21 @@ func (r *Reconciler) observe(ctx context.Context, rc *rayv1.RayCluster, sched st
 	if obs.invalid == nil {
 		obs.invalid = validateGroupNames(rc)
 	}
-	var pods corev1.PodList
-	if err := r.List(ctx, &pods, client.InNamespace(rc.Namespace), client.MatchingLabels{utils.RayClusterLabelKey: rc.Name}); err != nil {
+	var err error
+	if obs.pods, err = r.pods.List(ctx, rc, client.MatchingLabels{utils.RayClusterLabelKey: rc.Name}, now); err != nil {
 		return obs, err
 	}
-	cached := make([]*corev1.Pod, 0, len(pods.Items))
-	for i := range pods.Items {
-		if metav1.IsControlledBy(&pods.Items[i], rc) {
-			cached = append(cached, &pods.Items[i])
-		}
+	if obs.headService, err = r.headService(ctx, rc); err != nil {
+		return obs, err
 	}
-	obs.pods = r.exp.Overlay(client.ObjectKeyFromObject(rc), cached, now, nil)
-
-	svc := &corev1.Service{}
-	name, err := utils.GenerateHeadServiceName(utils.RayClusterCRD, rc.Spec, rc.Name)
+	obs.podGroup, obs.volcano, err = r.volcano.Group(ctx, rc, podGroupName(rc))
+	if err != nil && sched != gang.SchedulerName {
+		// Only a PodGroup left from when the cluster asked for Volcano
+		// is looked for: none is as good.
+		obs.podGroup, obs.volcano, err = nil, false, nil
+	}
 	if err != nil {
 		return obs, err
-	}
-	switch err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: name}, svc); {
-	case err == nil:
-		obs.headService = svc
-	case !apierrors.IsNotFound(err):
-		return obs, err
-	}
-	if sched == "volcano" {
-		if obs.volcano, err = r.volcano.Installed(ctx); err != nil {
-			return obs, err
-		}
-	}
-	if obs.volcano {
-		pg := &schedulingv1beta1.PodGroup{}
-		switch err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: podGroupName(rc)}, pg); {
-		case err == nil:
-			if metav1.IsControlledBy(pg, rc) {
-				obs.podGroup = pg
-			}
-		case !apierrors.IsNotFound(err):
-			return obs, err
-		}
-	} else if sched != "volcano" {
-		// A PodGroup left from when the cluster asked for Volcano.
-		pg := &schedulingv1beta1.PodGroup{}
-		if installed, _ := r.volcano.Installed(ctx); installed {
-			if err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: podGroupName(rc)}, pg); err == nil && metav1.IsControlledBy(pg, rc) {
-				obs.podGroup = pg
-			}
-		}
 	}
 	fit := func(group string, spec *corev1.PodSpec) {
 		if gpus := inventory.PodGPUs(spec); gpus > 0 {
@@ -245,6 +230,20 @@ func (r *Reconciler) observe(ctx context.Context, rc *rayv1.RayCluster, sched st
 		fit(rc.Spec.WorkerGroupSpecs[i].GroupName, &rc.Spec.WorkerGroupSpecs[i].Template.Spec)
 	}
 	return obs, nil
+}
+
+// headService reads the cluster's head Service from the cache (nil when
+// absent).
+func (r *Reconciler) headService(ctx context.Context, rc *rayv1.RayCluster) (*corev1.Service, error) {
+	name, err := utils.GenerateHeadServiceName(utils.RayClusterCRD, rc.Spec, rc.Name)
+	if err != nil {
+		return nil, err
+	}
+	svc := &corev1.Service{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: name}, svc); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	return svc, nil
 }
 
 // validateGroupNames rejects what KubeRay's validation lets through but
@@ -264,193 +263,46 @@ func validateGroupNames(rc *rayv1.RayCluster) error {
 	return nil
 }
 
-// applyChildren writes what the decision asks for: Services and autoscaler
-// RBAC when missing or changed, the PodGroup, then pod deletions and
-// creations.
-func (r *Reconciler) applyChildren(ctx context.Context, rc *rayv1.RayCluster, obs observed, d *decision) error {
-	key := client.ObjectKeyFromObject(rc)
+// applyChildren makes the PodGroup, the Services, the autoscaler's RBAC and
+// the pods what the decision says, through the writer and the pod
+// executor.
+func (r *Reconciler) applyChildren(ctx context.Context, rc *rayv1.RayCluster, obs observed, d *decision) (podset.Result, error) {
+	if d.err != nil {
+		return podset.Result{}, d.err
+	}
 	if d.removePodGroup && obs.podGroup != nil {
-		if err := r.Delete(ctx, obs.podGroup); client.IgnoreNotFound(err) != nil {
-			return fmt.Errorf("deleting PodGroup: %w", err)
+		if err := r.writer.Delete(ctx, obs.podGroup, "no longer desired"); err != nil {
+			return podset.Result{}, err
 		}
 	}
-	if d.children {
-		if err := r.ensureServices(ctx, rc, obs); err != nil {
-			return err
-		}
-		if utils.IsAutoscalingEnabled(&rc.Spec) {
-			if err := r.ensureAutoscalerRBAC(ctx, rc); err != nil {
-				return err
-			}
+	for _, c := range d.children {
+		if err := r.writer.Ensure(ctx, rc, c); err != nil {
+			return podset.Result{}, err
 		}
 	}
-	if d.gang {
-		want := gang.PodGroup(gangSpec(ctx, rc))
-		if obs.podGroup == nil || !gang.SpecMatches(obs.podGroup, want) {
-			if _, err := apply.Apply(ctx, r.Client, want, FieldOwner); err != nil {
-				return fmt.Errorf("applying PodGroup: %w", err)
-			}
+	for _, c := range d.shared {
+		// As KubeRay: someone else's is never taken over (its garbage
+		// collection would follow the cluster's).
+		if err := r.writer.Ensure(ctx, rc, c); err != nil && !apply.IsForeign(err) {
+			return podset.Result{}, err
 		}
 	}
-	errs := []error{apply.Each(d.remove, 64, func(p *corev1.Pod) error {
-		if p.UID == "" {
-			return nil // created but not in the cache yet; deleted once it is
+	if d.podGroup != nil {
+		if err := r.writer.Ensure(ctx, rc, d.podGroup); err != nil {
+			return podset.Result{}, err
 		}
-		err := r.Delete(ctx, p, client.Preconditions{UID: &p.UID})
-		if err == nil || apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-			r.exp.Deleted(key, p.UID, time.Now())
-			return nil
-		}
-		return fmt.Errorf("deleting pod %s: %w", p.Name, err)
-	})}
-	// Slow start, as the Job controller: 1, 2, 4, ... so that a quota or
-	// admission error costs a few calls, not one per pod.
-	for batch, pods := 1, d.create; len(pods) > 0; batch *= 2 {
-		n := min(batch, len(pods))
-		err := apply.Each(pods[:n], 64, func(p *corev1.Pod) error {
-			if err := r.Create(ctx, p); err != nil {
-				return fmt.Errorf("creating a pod of group %s: %w", groupOf(p), err)
-			}
-			r.exp.Created(key, p, time.Now())
-			return nil
-		})
-		if err != nil {
-			errs = append(errs, err)
-			break
-		}
-		pods = pods[n:]
 	}
-	return errors.Join(errs...)
+	return r.pods.Sync(ctx, rc, d.remove, d.create)
 }
 
-func (r *Reconciler) ensureServices(ctx context.Context, rc *rayv1.RayCluster, obs observed) error {
-	want, err := buildHeadService(ctx, rc)
-	if err != nil {
-		return err
+// writeStatus writes the cluster's status through the writer, with a new
+// lastUpdateTime when it changed; a change of counts and messages only
+// waits for the coalescing interval (the returned duration).
+func (r *Reconciler) writeStatus(ctx context.Context, rc *rayv1.RayCluster, st *rayv1.RayClusterStatus, now time.Time) (time.Duration, error) {
+	touched(&rc.Status, st, now)
+	wait, err := r.writer.Status(ctx, rc, &rc.Status, st, apply.CountsOnly(countsOnly(&rc.Status, st)))
+	if err == nil && wait == 0 {
+		rc.Status = *st.DeepCopy()
 	}
-	if obs.headService == nil || !serviceMatches(obs.headService, want) {
-		if err := r.applyService(ctx, rc, want); err != nil {
-			return err
-		}
-	}
-	multiHost := false
-	for _, g := range rc.Spec.WorkerGroupSpecs {
-		multiHost = multiHost || g.NumOfHosts > 1
-	}
-	if !multiHost {
-		return nil
-	}
-	hl := buildHeadlessWorkerService(rc)
-	have := &corev1.Service{}
-	if err := r.Get(ctx, client.ObjectKeyFromObject(hl), have); err == nil && serviceMatches(have, hl) {
-		return nil
-	}
-	return r.applyService(ctx, rc, hl)
-}
-
-func (r *Reconciler) applyService(ctx context.Context, rc *rayv1.RayCluster, want *corev1.Service) error {
-	have := &corev1.Service{}
-	// The cache holds only Loom's Services: never apply over a user's.
-	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(want), have); err == nil && !metav1.IsControlledBy(have, rc) {
-		return fmt.Errorf("service %s exists and does not belong to RayCluster %s", want.Name, rc.Name)
-	}
-	if _, err := apply.Apply(ctx, r.Client, want, FieldOwner); err != nil {
-		return fmt.Errorf("applying Service %s: %w", want.Name, err)
-	}
-	return nil
-}
-
-// ensureAutoscalerRBAC creates the autoscaler's ServiceAccount, Role and
-// RoleBinding as KubeRay does, when missing (the SA only when the head
-// template names none).
-func (r *Reconciler) ensureAutoscalerRBAC(ctx context.Context, rc *rayv1.RayCluster) error {
-	var objs []client.Object
-	if rc.Spec.HeadGroupSpec.Template.Spec.ServiceAccountName == "" {
-		sa, err := common.BuildServiceAccount(rc)
-		if err != nil {
-			return err
-		}
-		sa.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}
-		objs = append(objs, sa)
-	}
-	role, err := common.BuildRole(rc)
-	if err != nil {
-		return err
-	}
-	role.TypeMeta = metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"}
-	rb, err := common.BuildRoleBinding(rc)
-	if err != nil {
-		return err
-	}
-	rb.TypeMeta = metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"}
-	objs = append(objs, role, rb)
-	for _, o := range objs {
-		have := &metav1.PartialObjectMetadata{}
-		have.SetGroupVersionKind(o.GetObjectKind().GroupVersionKind())
-		switch err := r.Get(ctx, client.ObjectKeyFromObject(o), have); {
-		case err == nil && metav1.IsControlledBy(have, rc):
-			continue
-		case err == nil:
-			// Someone else's (as KubeRay, never take it over: its
-			// garbage collection would follow the cluster's).
-			continue
-		case !apierrors.IsNotFound(err):
-			return err
-		}
-		o.SetOwnerReferences([]metav1.OwnerReference{ownerRef(rc)})
-		if _, err := apply.Apply(ctx, r.Client, o.(runtime.Object), FieldOwner); err != nil {
-			return fmt.Errorf("applying autoscaler %s %s: %w", o.GetObjectKind().GroupVersionKind().Kind, o.GetName(), err)
-		}
-	}
-	return nil
-}
-
-func serviceMatches(have, want *corev1.Service) bool {
-	if want.Spec.ClusterIP != "" && have.Spec.ClusterIP != want.Spec.ClusterIP {
-		return false
-	}
-	if !apiequality.Semantic.DeepEqual(have.Spec.Selector, want.Spec.Selector) || len(have.Spec.Ports) != len(want.Spec.Ports) || !metav1.IsControlledBy(have, &metav1.ObjectMeta{UID: want.OwnerReferences[0].UID}) {
-		return false
-	}
-	// As a set: KubeRay builds a custom head Service's ports from a map, in
-	// no fixed order.
-	ports := map[string]int32{}
-	for _, p := range have.Spec.Ports {
-		ports[p.Name] = p.Port
-	}
-	for _, p := range want.Spec.Ports {
-		if got, ok := ports[p.Name]; !ok || got != p.Port {
-			return false
-		}
-	}
-	return true
-}
-
-// writeStatus writes the status when it changed; changes of counts and
-// messages only are written at most every coalesce.Interval.
-func (r *Reconciler) writeStatus(ctx context.Context, rc *rayv1.RayCluster, st *rayv1.RayClusterStatus) (time.Duration, error) {
-	if apiequality.Semantic.DeepEqual(&rc.Status, st) {
-		return 0, nil
-	}
-	key := client.ObjectKeyFromObject(rc)
-	if countsOnly(&rc.Status, st) {
-		if wait := r.writes.Wait(key); wait > 0 {
-			return wait, nil
-		}
-	}
-	t := metav1.Now()
-	st.LastUpdateTime = &t
-	if err := apply.Status(ctx, r.Client, rc, st, FieldOwner); err != nil {
-		return 0, fmt.Errorf("writing RayCluster status: %w", err)
-	}
-	rc.Status = *st
-	r.writes.Wrote(key)
-	return 0, nil
-}
-
-// countsOnly: the new status differs from the old only in counts and
-// condition messages.
-func countsOnly(old, st *rayv1.RayClusterStatus) bool {
-	return old.State == st.State && old.ObservedGeneration == st.ObservedGeneration && old.Head == st.Head &&
-		coalesce.SameConditions(old.Conditions, st.Conditions)
+	return wait, err
 }

@@ -130,8 +130,18 @@ func waitState(t *testing.T, rc *rayv1.RayCluster, state rayv1.ClusterState) *ra
 // KubeRay makes them; status that follows reality; scale up and down,
 // workersToDelete, a template change rolling, suspend and resume.
 func TestKubeRaySampleLifecycle(t *testing.T) {
-	startManager(t, "none")
 	ctx := context.Background()
+	rc, head, worker := rayStarted(ctx, t)
+	rayWorkerDeleted(ctx, t, rc, worker)
+	workers := rayScaled(t, rc)
+	rayRolled(t, rc, head, workers)
+	raySuspended(t, rc)
+}
+
+// rayStarted creates KubeRay's sample and checks its pods, head Service and
+// status as it becomes ready.
+func rayStarted(ctx context.Context, t *testing.T) (*rayv1.RayCluster, corev1.Pod, corev1.Pod) {
+	startManager(t, "none")
 	rc := sample(t, "ray-cluster.sample.yaml", "ray-sample")
 	if err := env.Client.Create(ctx, rc); err != nil {
 		t.Fatal(err)
@@ -177,19 +187,26 @@ func TestKubeRaySampleLifecycle(t *testing.T) {
 	if got.Status.DesiredCPU.Cmp(resource.MustParse("2")) != 0 || got.Status.DesiredMemory.Cmp(resource.MustParse("3G")) != 0 {
 		t.Fatalf("desired CPU %s memory %s", got.Status.DesiredCPU.String(), got.Status.DesiredMemory.String())
 	}
+	return rc, head, worker
+}
 
-	// A worker deleted by hand: not ready until its replacement is.
+// rayWorkerDeleted: a worker deleted by hand; not ready until its
+// replacement is.
+func rayWorkerDeleted(ctx context.Context, t *testing.T, rc *rayv1.RayCluster, worker corev1.Pod) {
 	if err := env.Client.Delete(ctx, &worker); err != nil {
 		t.Fatal(err)
 	}
 	waitState(t, rc, "")
-	pods = waitPods(t, rc, map[string]int{"workergroup": 1})
+	pods := waitPods(t, rc, map[string]int{"workergroup": 1})
 	ready(t, pods["workergroup"]...)
 	waitState(t, rc, rayv1.Ready)
+}
 
-	// Scale up to 3, then down to 2 naming the pod to go.
+// rayScaled scales the workers up to 3, then down to 2 naming the pod to
+// go; it returns the two left.
+func rayScaled(t *testing.T, rc *rayv1.RayCluster) []corev1.Pod {
 	update(t, rc, func(c *rayv1.RayCluster) { c.Spec.WorkerGroupSpecs[0].Replicas = ptr.To[int32](3) })
-	pods = waitPods(t, rc, map[string]int{"workergroup": 3})
+	pods := waitPods(t, rc, map[string]int{"workergroup": 3})
 	ready(t, pods["workergroup"]...)
 	victim := pods["workergroup"][1].Name
 	update(t, rc, func(c *rayv1.RayCluster) {
@@ -206,14 +223,17 @@ func TestKubeRaySampleLifecycle(t *testing.T) {
 	if n := len(rayPods(t, rc)["workergroup"]); n != 2 {
 		t.Fatalf("%d workers after scaling to 2", n)
 	}
+	return pods["workergroup"]
+}
 
-	// A template change recreates the group's pods; the head stays.
+// rayRolled: a template change recreates the group's pods; the head stays.
+func rayRolled(t *testing.T, rc *rayv1.RayCluster, head corev1.Pod, workers []corev1.Pod) {
 	update(t, rc, func(c *rayv1.RayCluster) {
 		c.Spec.WorkerGroupSpecs[0].ScaleStrategy.WorkersToDelete = nil
 		c.Spec.WorkerGroupSpecs[0].Template.Spec.Containers[0].Env = append(c.Spec.WorkerGroupSpecs[0].Template.Spec.Containers[0].Env, corev1.EnvVar{Name: "NEW", Value: "1"})
 	})
 	old := map[string]bool{}
-	for _, p := range pods["workergroup"] {
+	for _, p := range workers {
 		old[p.Name] = true
 	}
 	testenv.Eventually(t, 30*time.Second, func() error {
@@ -231,8 +251,10 @@ func TestKubeRaySampleLifecycle(t *testing.T) {
 	if h := rayPods(t, rc)["headgroup"]; len(h) != 1 || h[0].Name != head.Name {
 		t.Fatalf("the head was recreated for a worker template change: %v", h)
 	}
+}
 
-	// Suspend deletes everything; resume brings the pods back.
+// raySuspended: suspend deletes everything; resume brings the pods back.
+func raySuspended(t *testing.T, rc *rayv1.RayCluster) {
 	update(t, rc, func(c *rayv1.RayCluster) { c.Spec.Suspend = ptr.To(true) })
 	waitState(t, rc, rayv1.Suspended)
 	if n := len(rayPods(t, rc)); n != 0 {
@@ -240,7 +262,7 @@ func TestKubeRaySampleLifecycle(t *testing.T) {
 	}
 	update(t, rc, func(c *rayv1.RayCluster) { c.Spec.Suspend = ptr.To(false) })
 	waitPods(t, rc, map[string]int{"headgroup": 1, "workergroup": 2})
-	got = get(t, rc)
+	got := get(t, rc)
 	if c := meta.FindStatusCondition(got.Status.Conditions, string(rayv1.RayClusterSuspended)); c == nil || c.Status != metav1.ConditionFalse {
 		t.Fatalf("RayClusterSuspended after resume = %+v", c)
 	}

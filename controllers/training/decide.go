@@ -10,11 +10,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/podset"
 )
 
 // observed is everything one reconcile knows besides the job itself.
@@ -37,21 +40,28 @@ type decision struct {
 	status trainingv1alpha1.TrainingJobStatus
 	// create are pods to create, in rank order; remove are pods to delete.
 	create, remove []*corev1.Pod
-	// podGroup is the PodGroup to apply; removePodGroup deletes it.
+	// podGroup is the PodGroup to ensure; removePodGroup: the job's
+	// PodGroup must go.
 	podGroup       *schedulingv1beta1.PodGroup
 	removePodGroup bool
-	// service: the headless Service must exist.
-	service bool
+	// children are the other children to ensure: the headless Service.
+	children []client.Object
 	// deleteJob: the TTL after finishing has passed.
 	deleteJob bool
 	// requeue is when to look again without an event (deadline, TTL).
 	requeue time.Duration
-	// event is a notable transition to record, with its reason.
-	eventReason, eventMessage string
-	eventWarning              bool
+	// events are the notable transitions to record.
+	events []event
 	// scheduledAfter is set when the gang became scheduled: how long it took.
 	scheduledAfter time.Duration
-	restarted      bool
+	// restarted: this pass restarts the gang.
+	restarted bool
+}
+
+// event is a notable transition, recorded on the job.
+type event struct {
+	warning     bool
+	reason, msg string
 }
 
 // Reasons on the job's conditions.
@@ -76,6 +86,261 @@ const (
 	ReasonResumed             = "Resumed"
 	ReasonRestartDone         = "GangRestarted"
 )
+
+// conditions are the condition types the training reconciler writes.
+var conditions = []string{
+	trainingv1alpha1.ConditionCreated, trainingv1alpha1.ConditionScheduled, trainingv1alpha1.ConditionRunning,
+	trainingv1alpha1.ConditionRestarting, trainingv1alpha1.ConditionSucceeded, trainingv1alpha1.ConditionFailed,
+	trainingv1alpha1.ConditionSuspended, trainingv1alpha1.ConditionReady,
+}
+
+// pass is one decision in the making: the job, what was observed, the pods
+// sorted for the current attempt and the decision so far.
+type pass struct {
+	job *trainingv1alpha1.TrainingJob
+	obs observed
+	// defScheduler is the manager's gang scheduler.
+	defScheduler trainingv1alpha1.GangScheduler
+	pods         podView
+	// hold: no pods are created, the gang waits for Volcano to admit it.
+	hold bool
+	d    decision
+}
+
+// set sets a condition of the pass's status.
+func (p *pass) set(t string, s metav1.ConditionStatus, reason, msg string) {
+	setCond(&p.d.status, t, s, reason, msg, p.job.Generation, p.obs.now)
+}
+
+// ready sets the Ready condition.
+func (p *pass) ready(s metav1.ConditionStatus, reason, msg string) {
+	p.set(trainingv1alpha1.ConditionReady, s, reason, msg)
+}
+
+func (p *pass) event(warning bool, reason, msg string) {
+	p.d.events = append(p.d.events, event{warning: warning, reason: reason, msg: msg})
+}
+
+// phases are decide's steps, in order; a step that returns true has
+// completed the decision.
+var phases = []func(*pass) bool{
+	begin,
+	finished,
+	suspend,
+	resume,
+	sortPods,
+	deadline,
+	outcome,
+	volcano,
+	neverFits,
+	children,
+	scale,
+	schedule,
+	status,
+}
+
+// decide is the training reconciler's pure core: from the job and what was
+// observed, the next status and the changes to make.
+func decide(job *trainingv1alpha1.TrainingJob, obs observed, defScheduler trainingv1alpha1.GangScheduler) decision {
+	p := &pass{job: job, obs: obs, defScheduler: defScheduler, d: decision{status: *job.Status.DeepCopy()}}
+	for _, phase := range phases {
+		if phase(p) {
+			break
+		}
+	}
+	return p.d
+}
+
+// begin fills what every status says: the generation seen, the scheduler
+// (fixed once the gang is scheduled), the gang's size and GPUs, the start
+// time, and a Scheduled condition.
+func begin(p *pass) bool {
+	st := &p.d.status
+	st.ObservedGeneration = p.job.Generation
+	if st.Scheduler == "" || !condTrue(st, trainingv1alpha1.ConditionScheduled) {
+		st.Scheduler = scheduler(p.job, p.defScheduler)
+	}
+	st.Workers = p.job.Spec.Workers()
+	st.GPUs, _ = gangGPUs(p.job)
+	if st.StartTime == nil {
+		t := metav1.NewTime(p.obs.now)
+		st.StartTime = &t
+	}
+	if meta.FindStatusCondition(st.Conditions, trainingv1alpha1.ConditionScheduled) == nil {
+		p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, ReasonPodsPending, "the gang has not been scheduled yet")
+	}
+	return false
+}
+
+// finished: a job that has ended only cleans up (finish).
+func finished(p *pass) bool {
+	if !p.d.status.Finished() {
+		return false
+	}
+	finish(p)
+	return true
+}
+
+// suspend: while runPolicy.suspend is set, the gang's pods and PodGroup are
+// deleted and the job says Suspended.
+func suspend(p *pass) bool {
+	if !p.job.Spec.RunPolicy.Suspend {
+		return false
+	}
+	st := &p.d.status
+	for _, pod := range p.obs.pods {
+		if pod.DeletionTimestamp == nil {
+			p.d.remove = append(p.d.remove, pod)
+		}
+	}
+	p.d.removePodGroup = true
+	st.ReplicaStatuses = trainingv1alpha1.ReplicaStatuses{}
+	st.State = trainingv1alpha1.StateSuspended
+	if !condTrue(st, trainingv1alpha1.ConditionSuspended) {
+		msg := "runPolicy.suspend is true: the gang's pods and PodGroup are deleted until it is unset"
+		p.set(trainingv1alpha1.ConditionSuspended, metav1.ConditionTrue, ReasonSuspended, msg)
+		p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, ReasonSuspended, msg)
+		p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, ReasonSuspended, msg)
+		clearRestarting(p)
+		p.ready(metav1.ConditionFalse, ReasonSuspended, msg)
+		p.event(false, ReasonSuspended, msg)
+	}
+	return true
+}
+
+// resume: a job leaving suspension starts a new attempt, afresh.
+func resume(p *pass) bool {
+	st := &p.d.status
+	if !condTrue(st, trainingv1alpha1.ConditionSuspended) {
+		return false
+	}
+	st.Attempt++
+	t := metav1.NewTime(p.obs.now)
+	st.StartTime = &t
+	p.set(trainingv1alpha1.ConditionSuspended, metav1.ConditionFalse, ReasonResumed, "resumed: the gang starts afresh")
+	p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, ReasonPodsPending, "the gang has not been scheduled yet")
+	p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, ReasonResumed, "resumed; waiting for the new gang")
+	p.event(false, ReasonResumed, "resumed: starting a new gang")
+	return false
+}
+
+// sortPods sorts the pods for the current attempt, removes those of older
+// attempts and counts the current ones.
+func sortPods(p *pass) bool {
+	p.pods = viewPods(p.obs.pods, p.d.status.Attempt)
+	p.d.remove = append(p.d.remove, p.pods.stale...)
+	countPods(&p.d.status, p.pods)
+	return false
+}
+
+// deadline fails a job past runPolicy.activeDeadlineSeconds, and otherwise
+// asks to look again when it will be.
+func deadline(p *pass) bool {
+	dl := p.job.Spec.RunPolicy.ActiveDeadlineSeconds
+	if dl == nil {
+		return false
+	}
+	left := p.d.status.StartTime.Add(time.Duration(*dl) * time.Second).Sub(p.obs.now)
+	if left <= 0 {
+		fail(p, ReasonDeadlineExceeded, fmt.Sprintf("the job ran longer than runPolicy.activeDeadlineSeconds (%ds)", *dl))
+		return true
+	}
+	p.d.requeue = left
+	return false
+}
+
+// outcome ends or restarts the current attempt: the master's success, else
+// the failures, a permanent one first.
+func outcome(p *pass) bool {
+	if m := p.pods.current[PodName(p.job.Name, trainingv1alpha1.RoleMaster, 0)]; m != nil && m.Status.Phase == corev1.PodSucceeded {
+		succeed(p)
+		return true
+	}
+	retryable, why, failed := failures(p.job, p.pods)
+	switch {
+	case !failed:
+		return false
+	case !retryable:
+		fail(p, ReasonPermanentFailure, why+" (a permanent failure under failurePolicy)")
+	default:
+		retry(p, why)
+	}
+	return true
+}
+
+// volcano holds a job whose scheduler is Volcano while Volcano is not
+// installed; otherwise it says the gang is created.
+func volcano(p *pass) bool {
+	st := &p.d.status
+	if st.Scheduler == trainingv1alpha1.GangVolcano && !p.obs.volcano {
+		st.State = trainingv1alpha1.StateHeld
+		msg := "spec.gang.scheduler is volcano (or the manager's --gang-scheduler default) but Volcano's PodGroup CRD (" + gang.CRDName + ") is not installed: no pods are created until it is; install Volcano, or set spec.gang.scheduler: none"
+		p.set(trainingv1alpha1.ConditionCreated, metav1.ConditionFalse, ReasonVolcanoNotInstalled, msg)
+		p.ready(metav1.ConditionFalse, ReasonVolcanoNotInstalled, msg)
+		return true
+	}
+	p.set(trainingv1alpha1.ConditionCreated, metav1.ConditionTrue, ReasonCreated,
+		fmt.Sprintf("gang of %d pods (%d nvidia.com/gpu), scheduler %s", p.job.Spec.Pods(), st.GPUs, st.Scheduler))
+	return false
+}
+
+// neverFits fails, before any pod exists, a gang the inventory says this
+// cluster can never hold, when gang.whenNeverFits says Fail.
+func neverFits(p *pass) bool {
+	if condTrue(&p.d.status, trainingv1alpha1.ConditionScheduled) || p.obs.fit.Verdict != inventory.Never ||
+		p.job.Spec.Gang.WhenNeverFits != trainingv1alpha1.NeverFitsFail || len(p.pods.current) > 0 {
+		return false
+	}
+	fail(p, ReasonNeverFits, p.obs.fit.Message+" (gang.whenNeverFits: Fail)")
+	return true
+}
+
+// children wants the headless Service and, with Volcano, the attempt's
+// PodGroup: pods are held until Volcano admits it (Inqueue), like Volcano's
+// own job controller, so that a waiting gang holds no pods. An earlier
+// attempt's PodGroup (its phase says nothing about this gang) is deleted
+// first; the next pass creates the new one.
+func children(p *pass) bool {
+	p.d.children = append(p.d.children, buildService(p.job, frameworks[p.job.Spec.Framework]))
+	st := &p.d.status
+	if st.Scheduler != trainingv1alpha1.GangVolcano {
+		return false
+	}
+	pg := p.obs.podGroup
+	if pg != nil && pg.Labels[LabelAttempt] != strconv.Itoa(int(st.Attempt)) {
+		p.d.removePodGroup = true
+		p.obs.podGroup = nil
+		p.hold = true
+		return false
+	}
+	p.d.podGroup = buildPodGroup(p.job, st.Attempt)
+	p.hold = !condTrue(st, trainingv1alpha1.ConditionScheduled) &&
+		(pg == nil || pg.Status.Phase == "" || pg.Status.Phase == schedulingv1beta1.PodGroupPending)
+	return false
+}
+
+// scale creates the gang's missing pods in rank order, unless held; a pod
+// missing from a running gang breaks it instead: the gang restarts.
+func scale(p *pass) bool {
+	if p.hold {
+		return false
+	}
+	st := &p.d.status
+	for _, role := range roles {
+		for i := range replicas(p.job, role) {
+			name := PodName(p.job.Name, role, i)
+			if p.pods.current[name] != nil || p.pods.occupied[name] {
+				continue
+			}
+			if condTrue(st, trainingv1alpha1.ConditionRunning) {
+				retry(p, fmt.Sprintf("pod %s disappeared (deleted, or its node was lost)", name))
+				return true
+			}
+			p.d.create = append(p.d.create, buildPod(p.job, frameworks[p.job.Spec.Framework], role, i, st.Attempt, st.Scheduler))
+		}
+	}
+	return false
+}
 
 // podView sorts a job's pods for one pass.
 type podView struct {
@@ -114,135 +379,6 @@ func condTrue(st *trainingv1alpha1.TrainingJobStatus, t string) bool {
 	return meta.IsStatusConditionTrue(st.Conditions, t)
 }
 
-// decide is the training reconciler's pure core: from the job and what was
-// observed, the next status and the changes to make.
-func decide(job *trainingv1alpha1.TrainingJob, obs observed, defScheduler trainingv1alpha1.GangScheduler) decision {
-	d := decision{status: *job.Status.DeepCopy()}
-	st := &d.status
-	gen, now := job.Generation, obs.now
-	st.ObservedGeneration = gen
-	if st.Scheduler == "" || !condTrue(st, trainingv1alpha1.ConditionScheduled) {
-		st.Scheduler = scheduler(job, defScheduler)
-	}
-	st.Workers = job.Spec.Workers()
-	st.GPUs, _ = gangGPUs(job)
-	if st.StartTime == nil {
-		t := metav1.NewTime(now)
-		st.StartTime = &t
-	}
-	if meta.FindStatusCondition(st.Conditions, trainingv1alpha1.ConditionScheduled) == nil {
-		setCond(st, trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, ReasonPodsPending, "the gang has not been scheduled yet", gen, now)
-	}
-
-	if st.Finished() {
-		finish(job, obs, &d)
-		return d
-	}
-	if job.Spec.RunPolicy.Suspend {
-		suspend(job, obs, &d)
-		return d
-	}
-	if condTrue(st, trainingv1alpha1.ConditionSuspended) {
-		st.Attempt++
-		t := metav1.NewTime(now)
-		st.StartTime = &t
-		setCond(st, trainingv1alpha1.ConditionSuspended, metav1.ConditionFalse, ReasonResumed, "resumed: the gang starts afresh", gen, now)
-		setCond(st, trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, ReasonPodsPending, "the gang has not been scheduled yet", gen, now)
-		setCond(st, trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, ReasonResumed, "resumed; waiting for the new gang", gen, now)
-		d.eventReason, d.eventMessage = ReasonResumed, "resumed: starting a new gang"
-	}
-
-	v := viewPods(obs.pods, st.Attempt)
-	d.remove = append(d.remove, v.stale...)
-	countPods(st, v)
-
-	if dl := job.Spec.RunPolicy.ActiveDeadlineSeconds; dl != nil {
-		left := st.StartTime.Add(time.Duration(*dl) * time.Second).Sub(now)
-		if left <= 0 {
-			fail(job, obs, &d, ReasonDeadlineExceeded, fmt.Sprintf("the job ran longer than runPolicy.activeDeadlineSeconds (%ds)", *dl))
-			return d
-		}
-		d.requeue = left
-	}
-
-	// Outcome of the current attempt: the master's success, else the
-	// failures, a permanent one first.
-	if m := v.current[PodName(job.Name, trainingv1alpha1.RoleMaster, 0)]; m != nil && m.Status.Phase == corev1.PodSucceeded {
-		succeed(job, obs, &d)
-		return d
-	}
-	if retryable, why, failed := failures(job, v, st); failed {
-		if !retryable {
-			fail(job, obs, &d, ReasonPermanentFailure, why+" (a permanent failure under failurePolicy)")
-			return d
-		}
-		if st.Restarts >= job.Spec.BackoffLimit() {
-			fail(job, obs, &d, ReasonBackoffLimit, fmt.Sprintf("%s; the gang was restarted %d times, runPolicy.backoffLimit is %d", why, st.Restarts, job.Spec.BackoffLimit()))
-			return d
-		}
-		restart(job, obs, v, &d, why)
-		return d
-	}
-
-	sched := st.Scheduler
-	if sched == trainingv1alpha1.GangVolcano && !obs.volcano {
-		st.State = trainingv1alpha1.StateHeld
-		msg := "spec.gang.scheduler is volcano (or the manager's --gang-scheduler default) but Volcano's PodGroup CRD (" + gang.CRDName + ") is not installed: no pods are created until it is; install Volcano, or set spec.gang.scheduler: none"
-		setCond(st, trainingv1alpha1.ConditionCreated, metav1.ConditionFalse, ReasonVolcanoNotInstalled, msg, gen, now)
-		setReady(st, metav1.ConditionFalse, ReasonVolcanoNotInstalled, msg, gen, now)
-		return d
-	}
-	setCond(st, trainingv1alpha1.ConditionCreated, metav1.ConditionTrue, ReasonCreated, fmt.Sprintf("gang of %d pods (%d nvidia.com/gpu), scheduler %s", job.Spec.Pods(), st.GPUs, sched), gen, now)
-
-	scheduled := condTrue(st, trainingv1alpha1.ConditionScheduled)
-	if !scheduled && obs.fit.Verdict == inventory.Never && job.Spec.Gang.WhenNeverFits == trainingv1alpha1.NeverFitsFail && len(v.current) == 0 {
-		fail(job, obs, &d, ReasonNeverFits, obs.fit.Message+" (gang.whenNeverFits: Fail)")
-		return d
-	}
-
-	d.service = true
-	holdPods := false
-	if sched == trainingv1alpha1.GangVolcano {
-		if pg := obs.podGroup; pg != nil && pg.Labels[LabelAttempt] != strconv.Itoa(int(st.Attempt)) {
-			// An earlier attempt's group: its phase says nothing about this
-			// gang. Delete it; the next pass creates the new one.
-			d.removePodGroup = true
-			obs.podGroup = nil
-			holdPods = true
-		} else {
-			d.podGroup = buildPodGroup(job, st.Attempt)
-			// Like Volcano's own job controller: pods only once the group is
-			// admitted (Inqueue), so that a waiting gang holds no pods.
-			holdPods = !scheduled && (pg == nil || pg.Status.Phase == "" || pg.Status.Phase == schedulingv1beta1.PodGroupPending)
-		}
-	}
-	if !holdPods {
-		for _, role := range roles {
-			for i := range replicas(job, role) {
-				name := PodName(job.Name, role, i)
-				if v.current[name] != nil || v.occupied[name] {
-					continue
-				}
-				if condTrue(st, trainingv1alpha1.ConditionRunning) {
-					// A pod of a running gang vanished: the gang is broken.
-					why := fmt.Sprintf("pod %s disappeared (deleted, or its node was lost)", name)
-					if st.Restarts >= job.Spec.BackoffLimit() {
-						fail(job, obs, &d, ReasonBackoffLimit, fmt.Sprintf("%s; the gang was restarted %d times, runPolicy.backoffLimit is %d", why, st.Restarts, job.Spec.BackoffLimit()))
-						return d
-					}
-					restart(job, obs, v, &d, why)
-					return d
-				}
-				d.create = append(d.create, buildPod(job, frameworks[job.Spec.Framework], role, i, st.Attempt, sched))
-			}
-		}
-	}
-
-	schedule(job, obs, v, &d, holdPods)
-	run(job, obs, v, &d)
-	return d
-}
-
 // countPods fills the per-role counts of the current attempt.
 func countPods(st *trainingv1alpha1.TrainingJobStatus, v podView) {
 	st.ReplicaStatuses = trainingv1alpha1.ReplicaStatuses{}
@@ -266,7 +402,7 @@ func countPods(st *trainingv1alpha1.TrainingJobStatus, v podView) {
 // failures looks at the current attempt's failed pods: whether any failed,
 // whether all failures are retryable, and why (the first permanent failure,
 // else the first retryable one, by pod name).
-func failures(job *trainingv1alpha1.TrainingJob, v podView, st *trainingv1alpha1.TrainingJobStatus) (retryable bool, why string, failed bool) {
+func failures(job *trainingv1alpha1.TrainingJob, v podView) (retryable bool, why string, failed bool) {
 	names := make([]string, 0, len(v.current))
 	for n, p := range v.current {
 		if p.Status.Phase == corev1.PodFailed {
@@ -328,78 +464,95 @@ func classify(job *trainingv1alpha1.TrainingJob, p *corev1.Pod) (bool, string) {
 	return true, fmt.Sprintf("pod %s failed: %s", p.Name, msg)
 }
 
+// retry restarts the gang after a retryable failure, or fails the job once
+// runPolicy.backoffLimit restarts have been spent.
+func retry(p *pass, why string) {
+	st := &p.d.status
+	if limit := p.job.Spec.BackoffLimit(); st.Restarts >= limit {
+		fail(p, ReasonBackoffLimit, fmt.Sprintf("%s; the gang was restarted %d times, runPolicy.backoffLimit is %d", why, st.Restarts, limit))
+		return
+	}
+	restart(p, why)
+}
+
 // restart deletes the whole gang and starts the next attempt.
-func restart(job *trainingv1alpha1.TrainingJob, obs observed, v podView, d *decision, why string) {
-	st, gen, now := &d.status, job.Generation, obs.now
+func restart(p *pass, why string) {
+	st := &p.d.status
 	st.Restarts++
 	st.Attempt++
 	st.State = trainingv1alpha1.StateRestarting
-	msg := fmt.Sprintf("%s: restarting the whole gang (restart %d of at most %d)", why, st.Restarts, job.Spec.BackoffLimit())
-	setCond(st, trainingv1alpha1.ConditionRestarting, metav1.ConditionTrue, ReasonRetryableFailure, msg, gen, now)
-	setCond(st, trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, ReasonRetryableFailure, msg, gen, now)
-	setCond(st, trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, ReasonPodsPending, "restarting: the new gang has not been scheduled yet", gen, now)
-	setReady(st, metav1.ConditionFalse, ReasonRetryableFailure, msg, gen, now)
-	for _, p := range v.current {
-		d.remove = append(d.remove, p)
+	msg := fmt.Sprintf("%s: restarting the whole gang (restart %d of at most %d)", why, st.Restarts, p.job.Spec.BackoffLimit())
+	p.set(trainingv1alpha1.ConditionRestarting, metav1.ConditionTrue, ReasonRetryableFailure, msg)
+	p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, ReasonRetryableFailure, msg)
+	p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, ReasonPodsPending, "restarting: the new gang has not been scheduled yet")
+	p.ready(metav1.ConditionFalse, ReasonRetryableFailure, msg)
+	for _, pod := range p.pods.current {
+		p.d.remove = append(p.d.remove, pod)
 	}
 	// The PodGroup goes too: Volcano admits the new gang afresh.
-	d.removePodGroup = obs.podGroup != nil
-	d.eventReason, d.eventMessage, d.eventWarning = ReasonRetryableFailure, msg, true
-	d.restarted = true
+	p.d.removePodGroup = p.obs.podGroup != nil
+	p.d.create, p.d.children, p.d.podGroup = nil, nil, nil
+	p.event(true, ReasonRetryableFailure, msg)
+	p.d.restarted = true
 	st.ReplicaStatuses = trainingv1alpha1.ReplicaStatuses{}
 }
 
-func succeed(job *trainingv1alpha1.TrainingJob, obs observed, d *decision) {
-	st, gen, now := &d.status, job.Generation, obs.now
-	st.State = trainingv1alpha1.StateSucceeded
-	t := metav1.NewTime(now)
-	st.CompletionTime = &t
+// succeed ends the job: the master exited 0.
+func succeed(p *pass) {
+	st := &p.d.status
 	msg := fmt.Sprintf("the master exited 0 (attempt %d, %d restarts)", st.Attempt, st.Restarts)
-	setCond(st, trainingv1alpha1.ConditionSucceeded, metav1.ConditionTrue, ReasonMasterSucceeded, msg, gen, now)
-	setCond(st, trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, ReasonMasterSucceeded, msg, gen, now)
-	clearRestarting(st, gen, now)
-	setReady(st, metav1.ConditionTrue, ReasonMasterSucceeded, msg, gen, now)
-	d.eventReason, d.eventMessage = ReasonMasterSucceeded, msg
-	finish(job, obs, d)
+	end(p, trainingv1alpha1.StateSucceeded, trainingv1alpha1.ConditionSucceeded, ReasonMasterSucceeded, msg)
 }
 
-func fail(job *trainingv1alpha1.TrainingJob, obs observed, d *decision, reason, msg string) {
-	st, gen, now := &d.status, job.Generation, obs.now
-	st.State = trainingv1alpha1.StateFailed
-	t := metav1.NewTime(now)
+// fail ends the job with a failure.
+func fail(p *pass, reason, msg string) {
+	end(p, trainingv1alpha1.StateFailed, trainingv1alpha1.ConditionFailed, reason, msg)
+}
+
+// end ends the job in state (Succeeded or Failed) with its condition true,
+// Running false, Ready true only for a success and an event (a warning for
+// a failure), then cleans up (finish).
+func end(p *pass, state trainingv1alpha1.JobState, cond, reason, msg string) {
+	st := &p.d.status
+	st.State = state
+	t := metav1.NewTime(p.obs.now)
 	st.CompletionTime = &t
-	setCond(st, trainingv1alpha1.ConditionFailed, metav1.ConditionTrue, reason, msg, gen, now)
-	setCond(st, trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, reason, msg, gen, now)
-	clearRestarting(st, gen, now)
-	setReady(st, metav1.ConditionFalse, reason, msg, gen, now)
-	d.eventReason, d.eventMessage, d.eventWarning = reason, msg, true
-	finish(job, obs, d)
+	ready := metav1.ConditionFalse
+	if state == trainingv1alpha1.StateSucceeded {
+		ready = metav1.ConditionTrue
+	}
+	p.set(cond, metav1.ConditionTrue, reason, msg)
+	p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, reason, msg)
+	clearRestarting(p)
+	p.ready(ready, reason, msg)
+	p.event(ready == metav1.ConditionFalse, reason, msg)
+	finish(p)
 }
 
-func clearRestarting(st *trainingv1alpha1.TrainingJobStatus, gen int64, now time.Time) {
-	if condTrue(st, trainingv1alpha1.ConditionRestarting) {
-		setCond(st, trainingv1alpha1.ConditionRestarting, metav1.ConditionFalse, "Finished", "the job has finished", gen, now)
+func clearRestarting(p *pass) {
+	if condTrue(&p.d.status, trainingv1alpha1.ConditionRestarting) {
+		p.set(trainingv1alpha1.ConditionRestarting, metav1.ConditionFalse, "Finished", "the job has finished")
 	}
 }
 
 // finish cleans a finished job's pods per cleanPodPolicy, releases its
 // PodGroup and applies the TTL.
-func finish(job *trainingv1alpha1.TrainingJob, obs observed, d *decision) {
-	st := &d.status
-	v := viewPods(obs.pods, st.Attempt)
+func finish(p *pass) {
+	st, d := &p.d.status, &p.d
+	v := viewPods(p.obs.pods, st.Attempt)
 	countPods(st, v)
 	d.remove = append(d.remove[:0], v.stale...)
-	policy := job.Spec.CleanPodPolicy()
-	for _, p := range v.current {
-		done := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+	policy := p.job.Spec.CleanPodPolicy()
+	for _, pod := range v.current {
+		done := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 		if policy == trainingv1alpha1.CleanPodAll || (policy == trainingv1alpha1.CleanPodRunning && !done) {
-			d.remove = append(d.remove, p)
+			d.remove = append(d.remove, pod)
 		}
 	}
 	d.removePodGroup = true
-	d.create, d.podGroup, d.requeue = nil, nil, 0
-	if ttl := job.Spec.RunPolicy.TTLSecondsAfterFinished; ttl != nil && st.CompletionTime != nil {
-		left := st.CompletionTime.Add(time.Duration(*ttl) * time.Second).Sub(obs.now)
+	d.create, d.children, d.podGroup, d.requeue = nil, nil, nil, 0
+	if ttl := p.job.Spec.RunPolicy.TTLSecondsAfterFinished; ttl != nil && st.CompletionTime != nil {
+		left := st.CompletionTime.Add(time.Duration(*ttl) * time.Second).Sub(p.obs.now)
 		if left <= 0 {
 			d.deleteJob = true
 		} else {
@@ -408,38 +561,39 @@ func finish(job *trainingv1alpha1.TrainingJob, obs observed, d *decision) {
 	}
 }
 
-func suspend(job *trainingv1alpha1.TrainingJob, obs observed, d *decision) {
-	st, gen, now := &d.status, job.Generation, obs.now
-	for _, p := range obs.pods {
-		if p.DeletionTimestamp == nil {
-			d.remove = append(d.remove, p)
-		}
-	}
-	d.removePodGroup = true
-	st.ReplicaStatuses = trainingv1alpha1.ReplicaStatuses{}
-	st.State = trainingv1alpha1.StateSuspended
-	if !condTrue(st, trainingv1alpha1.ConditionSuspended) {
-		msg := "runPolicy.suspend is true: the gang's pods and PodGroup are deleted until it is unset"
-		setCond(st, trainingv1alpha1.ConditionSuspended, metav1.ConditionTrue, ReasonSuspended, msg, gen, now)
-		setCond(st, trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, ReasonSuspended, msg, gen, now)
-		setCond(st, trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, ReasonSuspended, msg, gen, now)
-		clearRestarting(st, gen, now)
-		setReady(st, metav1.ConditionFalse, ReasonSuspended, msg, gen, now)
-		d.eventReason, d.eventMessage = ReasonSuspended, msg
-	}
-}
-
 // schedule sets the Scheduled condition: Volcano's PodGroup phase, or every
 // pod bound; with the scheduler's or Volcano's own words plus the
 // inventory's when it is not.
-func schedule(job *trainingv1alpha1.TrainingJob, obs observed, v podView, d *decision, held bool) {
-	st, gen, now := &d.status, job.Generation, obs.now
+func schedule(p *pass) bool {
+	st := &p.d.status
 	if condTrue(st, trainingv1alpha1.ConditionScheduled) {
-		return // sticky for the attempt: pods finishing do not unschedule it
+		return false // sticky for the attempt: pods finishing do not unschedule it
 	}
-	total := int(job.Spec.Pods())
-	bound := 0
-	var podMsg string
+	total := int(p.job.Spec.Pods())
+	bound, podMsg := placed(p.pods)
+	pgPhase := schedulingv1beta1.PodGroupPhase("")
+	if p.obs.podGroup != nil {
+		pgPhase = p.obs.podGroup.Status.Phase
+	}
+	if bound == total || pgPhase == schedulingv1beta1.PodGroupRunning {
+		p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionTrue, ReasonGangScheduled, fmt.Sprintf("all %d pods of the gang are placed", total))
+		start := p.job.CreationTimestamp.Time
+		if c := meta.FindStatusCondition(p.job.Status.Conditions, trainingv1alpha1.ConditionScheduled); c != nil && st.Attempt > 0 {
+			start = c.LastTransitionTime.Time
+		}
+		if !start.IsZero() {
+			p.d.scheduledAfter = max(p.obs.now.Sub(start), 0)
+		}
+		return false
+	}
+	reason, parts := pending(p, pgPhase, bound, total, podMsg)
+	p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, reason, strings.Join(parts, "; "))
+	return false
+}
+
+// placed counts the current pods bound to a node, and quotes the first
+// unbound pod's scheduler message.
+func placed(v podView) (bound int, podMsg string) {
 	for _, p := range sortedPods(v.current) {
 		if p.Spec.NodeName != "" {
 			bound++
@@ -451,32 +605,23 @@ func schedule(job *trainingv1alpha1.TrainingJob, obs observed, v podView, d *dec
 			}
 		}
 	}
-	pgPhase := schedulingv1beta1.PodGroupPhase("")
-	if obs.podGroup != nil {
-		pgPhase = obs.podGroup.Status.Phase
-	}
-	if bound == total || pgPhase == schedulingv1beta1.PodGroupRunning {
-		setCond(st, trainingv1alpha1.ConditionScheduled, metav1.ConditionTrue, ReasonGangScheduled, fmt.Sprintf("all %d pods of the gang are placed", total), gen, now)
-		start := job.CreationTimestamp.Time
-		if c := meta.FindStatusCondition(job.Status.Conditions, trainingv1alpha1.ConditionScheduled); c != nil && st.Attempt > 0 {
-			start = c.LastTransitionTime.Time
-		}
-		if !start.IsZero() {
-			d.scheduledAfter = max(now.Sub(start), 0)
-		}
-		return
-	}
+	return bound, podMsg
+}
 
+// pending explains a gang not scheduled yet: the scheduler's words (Volcano's
+// or the pods'), then the inventory's, then whether pods are held.
+func pending(p *pass, pgPhase schedulingv1beta1.PodGroupPhase, bound, total int, podMsg string) (string, []string) {
 	reason, parts := ReasonPodsPending, []string{}
+	queue := p.job.Spec.Queue()
 	switch {
-	case st.Scheduler == trainingv1alpha1.GangVolcano && pgPhase == schedulingv1beta1.PodGroupInqueue:
+	case p.d.status.Scheduler == trainingv1alpha1.GangVolcano && pgPhase == schedulingv1beta1.PodGroupInqueue:
 		reason = ReasonGangInqueue
-		parts = append(parts, fmt.Sprintf("Volcano admitted the gang to queue %s; %d of %d pods placed", job.Spec.Queue(), bound, total))
-	case st.Scheduler == trainingv1alpha1.GangVolcano:
+		parts = append(parts, fmt.Sprintf("Volcano admitted the gang to queue %s; %d of %d pods placed", queue, bound, total))
+	case p.d.status.Scheduler == trainingv1alpha1.GangVolcano:
 		reason = ReasonGangPending
-		msg := fmt.Sprintf("PodGroup %s waits for Volcano to admit it to queue %s", job.Name, job.Spec.Queue())
-		if obs.podGroup != nil {
-			for _, c := range obs.podGroup.Status.Conditions {
+		msg := fmt.Sprintf("PodGroup %s waits for Volcano to admit it to queue %s", p.job.Name, queue)
+		if pg := p.obs.podGroup; pg != nil {
+			for _, c := range pg.Status.Conditions {
 				if c.Type == schedulingv1beta1.PodGroupUnschedulableType && c.Status == corev1.ConditionTrue {
 					msg = fmt.Sprintf("Volcano: %s", strings.TrimSpace(c.Reason+": "+c.Message))
 				}
@@ -489,67 +634,95 @@ func schedule(job *trainingv1alpha1.TrainingJob, obs observed, v podView, d *dec
 			parts = append(parts, podMsg)
 		}
 	}
-	switch obs.fit.Verdict {
+	switch p.obs.fit.Verdict {
 	case inventory.Never:
 		reason = ReasonNeverFits
-		parts = append(parts, "inventory: "+obs.fit.Message)
+		parts = append(parts, "inventory: "+p.obs.fit.Message)
 	case inventory.NotNow:
 		if reason != ReasonGangInqueue {
 			reason = ReasonNotEnoughGPUs
 		}
-		parts = append(parts, "inventory: "+obs.fit.Message)
+		parts = append(parts, "inventory: "+p.obs.fit.Message)
 	}
-	if held {
+	if p.hold {
 		parts = append(parts, "no pods are created until the gang is admitted")
 	}
-	setCond(st, trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, reason, strings.Join(parts, "; "), gen, now)
+	return reason, parts
 }
 
-// run sets Running, the state and Ready from the current pods.
-func run(job *trainingv1alpha1.TrainingJob, obs observed, v podView, d *decision) {
-	st, gen, now := &d.status, job.Generation, obs.now
-	total := int(job.Spec.Pods())
-	running, masterRunning := 0, false
-	for _, p := range v.current {
-		role, _, _, _ := podIdentity(p)
-		switch {
-		case p.Status.Phase == corev1.PodRunning:
-			running++
-			if role == trainingv1alpha1.RoleMaster {
-				masterRunning = true
-			}
-		case p.Status.Phase == corev1.PodSucceeded && role == trainingv1alpha1.RoleWorker:
-			running++ // a worker that finished first still belongs to a running gang
-		}
-	}
+// status sets Running, the state and Ready from the current pods.
+func status(p *pass) bool {
+	st := &p.d.status
+	total := p.job.Spec.Pods()
+	running, masterRunning := runningPods(p.pods)
 	if running == total && masterRunning {
+		msg := fmt.Sprintf("all %d pods run", total)
 		if !condTrue(st, trainingv1alpha1.ConditionRunning) {
-			setCond(st, trainingv1alpha1.ConditionRunning, metav1.ConditionTrue, ReasonPodsRunning, fmt.Sprintf("all %d pods run", total), gen, now)
+			p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionTrue, ReasonPodsRunning, msg)
 		}
 		if condTrue(st, trainingv1alpha1.ConditionRestarting) {
-			setCond(st, trainingv1alpha1.ConditionRestarting, metav1.ConditionFalse, ReasonRestartDone, fmt.Sprintf("the gang runs again after restart %d", st.Restarts), gen, now)
+			p.set(trainingv1alpha1.ConditionRestarting, metav1.ConditionFalse, ReasonRestartDone, fmt.Sprintf("the gang runs again after restart %d", st.Restarts))
 		}
 		st.State = trainingv1alpha1.StateRunning
-		setReady(st, metav1.ConditionTrue, ReasonPodsRunning, fmt.Sprintf("all %d pods run", total), gen, now)
-		return
+		p.ready(metav1.ConditionTrue, ReasonPodsRunning, msg)
+		return false
 	}
+	msg := fmt.Sprintf("%d of %d pods run", running, total)
 	if !condTrue(st, trainingv1alpha1.ConditionRunning) {
-		setCond(st, trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, ReasonWaitingForPods, fmt.Sprintf("%d of %d pods run", running, total), gen, now)
+		p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, ReasonWaitingForPods, msg)
 	}
 	st.State = trainingv1alpha1.StatePending
 	if condTrue(st, trainingv1alpha1.ConditionRestarting) {
 		st.State = trainingv1alpha1.StateRestarting
 	}
-	sc := meta.FindStatusCondition(st.Conditions, trainingv1alpha1.ConditionScheduled)
-	reason, msg := ReasonWaitingForPods, fmt.Sprintf("%d of %d pods run", running, total)
-	if sc != nil && sc.Status != metav1.ConditionTrue {
+	reason := ReasonWaitingForPods
+	if sc := meta.FindStatusCondition(st.Conditions, trainingv1alpha1.ConditionScheduled); sc != nil && sc.Status != metav1.ConditionTrue {
 		reason, msg = sc.Reason, sc.Message
 	}
-	setReady(st, metav1.ConditionFalse, reason, msg, gen, now)
+	p.ready(metav1.ConditionFalse, reason, msg)
+	return false
 }
 
-func setReady(st *trainingv1alpha1.TrainingJobStatus, s metav1.ConditionStatus, reason, msg string, gen int64, now time.Time) {
-	setCond(st, trainingv1alpha1.ConditionReady, s, reason, msg, gen, now)
+// runningPods counts the current pods that belong to a running gang (a
+// worker that finished first still does), and whether the master runs.
+func runningPods(v podView) (running int32, masterRunning bool) {
+	for _, p := range v.current {
+		role, _, _, _ := podIdentity(p)
+		switch {
+		case p.Status.Phase == corev1.PodRunning:
+			running++
+			masterRunning = masterRunning || role == trainingv1alpha1.RoleMaster
+		case p.Status.Phase == corev1.PodSucceeded && role == trainingv1alpha1.RoleWorker:
+			running++
+		}
+	}
+	return running, masterRunning
+}
+
+// applied records on the status that applying the decision failed: what
+// stops the job (a missing PriorityClass, a quota, an admission webhook) is
+// said on the job, not only in the manager's log.
+func applied(st *trainingv1alpha1.TrainingJobStatus, err error, gen int64, now time.Time) {
+	if err == nil {
+		return
+	}
+	msg := podset.Message(err)
+	setCond(st, trainingv1alpha1.ConditionCreated, metav1.ConditionFalse, ReasonCreateFailed, msg, gen, now)
+	setCond(st, trainingv1alpha1.ConditionReady, metav1.ConditionFalse, ReasonCreateFailed, msg, gen, now)
+}
+
+// urgent: the decision records a restart, an end or a new state, which is
+// written before anything else, so that a crash between the two never
+// loses it.
+func urgent(job *trainingv1alpha1.TrainingJob, d *decision) bool {
+	return d.restarted || (d.status.Finished() && !job.Status.Finished()) || d.status.State != job.Status.State
+}
+
+// countsOnly: the new status differs from the old only in counts and
+// condition messages (no state, condition status or reason changes).
+func countsOnly(old, st *trainingv1alpha1.TrainingJobStatus) bool {
+	return old.State == st.State && old.Attempt == st.Attempt && old.Restarts == st.Restarts &&
+		old.ObservedGeneration == st.ObservedGeneration && apply.SameConditions(old.Conditions, st.Conditions)
 }
 
 func sortedPods(m map[string]*corev1.Pod) []*corev1.Pod {

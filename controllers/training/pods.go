@@ -12,6 +12,7 @@ import (
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
 )
@@ -24,8 +25,6 @@ const (
 	LabelReplicaIndex = trainingv1alpha1.LabelReplicaIndex
 	LabelJobRole      = trainingv1alpha1.LabelJobRole
 	LabelAttempt      = trainingv1alpha1.LabelAttempt
-	LabelManagedBy    = "app.kubernetes.io/managed-by"
-	managedBy         = "loom"
 )
 
 // roles lists the roles in rank order.
@@ -60,7 +59,7 @@ func scheduler(job *trainingv1alpha1.TrainingJob, def trainingv1alpha1.GangSched
 }
 
 func jobLabels(job *trainingv1alpha1.TrainingJob) map[string]string {
-	return map[string]string{LabelJobName: job.Name, LabelManagedBy: managedBy}
+	return map[string]string{LabelJobName: job.Name, apply.LabelManagedBy: apply.ManagedBy}
 }
 
 func ownerRef(job *trainingv1alpha1.TrainingJob) metav1.OwnerReference {
@@ -150,7 +149,8 @@ func hasPort(cs []corev1.Container, name string) bool {
 
 // buildService is the job's headless Service: it gives every pod the DNS
 // name <pod>.<job> (before the pods are ready: rendezvous needs the names
-// first). One Service for the gang, not one per pod as Kubeflow does.
+// first). One Service for the gang, not one per pod as Kubeflow does. The
+// writer adds the owner reference.
 func buildService(job *trainingv1alpha1.TrainingJob, fw framework) *corev1.Service {
 	var ports []corev1.ServicePort
 	for _, p := range fw.Ports(job, trainingv1alpha1.RoleMaster) {
@@ -160,8 +160,7 @@ func buildService(job *trainingv1alpha1.TrainingJob, fw framework) *corev1.Servi
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name: job.Name, Namespace: job.Namespace,
-			Labels:          jobLabels(job),
-			OwnerReferences: []metav1.OwnerReference{ownerRef(job)},
+			Labels: jobLabels(job),
 		},
 		Spec: corev1.ServiceSpec{
 			ClusterIP:                corev1.ClusterIPNone,

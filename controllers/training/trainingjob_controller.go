@@ -1,6 +1,12 @@
 // Package training reconciles TrainingJobs: a gang of master and worker pods
 // behind one headless Service, scheduled together through a Volcano PodGroup
 // (or not at all), restarted as a whole on a retryable failure.
+//
+// A pass observes the job's pods (cache plus expectations), its PodGroup and
+// the GPU inventory; decide (decide.go) turns that into the next status and
+// the changes to make, in ordered pure phases; the PodGroup, the Service and
+// the status are written through one apply.Writer, the pods created and
+// deleted through one podset.Executor.
 package training
 
 import (
@@ -11,28 +17,25 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	ctrlmanager "sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 	"sigs.k8s.io/controller-runtime/pkg/source"
-	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
-	"github.com/loom-dev/loom/internal/coalesce"
-	"github.com/loom-dev/loom/internal/expect"
 	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/manager"
+	"github.com/loom-dev/loom/internal/podset"
 )
 
 // FieldOwner is the server-side-apply field manager of the training
@@ -55,9 +58,10 @@ type Reconciler struct {
 	DefaultScheduler trainingv1alpha1.GangScheduler
 	Index            *inventory.Index
 
-	exp *expect.Pods
-
-	writes  coalesce.Writes
+	// writer writes the job's children and status; pods creates and
+	// deletes its pods.
+	writer  *apply.Writer
+	pods    *podset.Executor
 	volcano *gang.Volcano
 }
 
@@ -73,9 +77,12 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		Recorder:         mgr.GetEventRecorder("loom-training"),
 		DefaultScheduler: trainingv1alpha1.GangScheduler(opts.GangScheduler),
 		Index:            idx,
-		exp:              expect.New(),
 	}
-	inventoryChanged := make(chan event.GenericEvent, 64)
+	// The cache holds only Loom's Services: the writer reads around it
+	// before creating the job's, never to apply over a user's.
+	r.writer = apply.NewWriter(r.Client, FieldOwner, apply.Options{Live: r.APIReader, Conditions: conditions, HashOnly: []schema.GroupKind{gang.PodGroupKind}})
+	r.pods = podset.New(r.Client, r.APIReader, r.Recorder, sameAttempt)
+	inventoryChanged := make(chan ctrlevent.GenericEvent, 64)
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named("trainingjob").
 		For(&trainingv1alpha1.TrainingJob{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -104,7 +111,7 @@ func (r *Reconciler) heldJobs(ctx context.Context, _ client.Object) []ctrl.Reque
 // watchInventory re-evaluates the unscheduled jobs when GPUs change (a node
 // added or lost, GPUs freed), at most every two seconds, so that their
 // "needs N GPUs, M free" stays true without polling.
-func (r *Reconciler) watchInventory(ctx context.Context, out chan<- event.GenericEvent) error {
+func (r *Reconciler) watchInventory(ctx context.Context, out chan<- ctrlevent.GenericEvent) error {
 	changed := r.Index.Subscribe()
 	for {
 		select {
@@ -115,14 +122,14 @@ func (r *Reconciler) watchInventory(ctx context.Context, out chan<- event.Generi
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(coalesce.Interval):
+		case <-time.After(apply.CoalesceInterval):
 		}
 		for _, req := range r.jobsWhere(ctx, func(j *trainingv1alpha1.TrainingJob) bool {
 			return !j.Status.Finished() && !condTrue(&j.Status, trainingv1alpha1.ConditionScheduled)
 		}) {
 			job := &trainingv1alpha1.TrainingJob{ObjectMeta: metav1.ObjectMeta{Name: req.Name, Namespace: req.Namespace}}
 			select {
-			case out <- event.GenericEvent{Object: job}:
+			case out <- ctrlevent.GenericEvent{Object: job}:
 			case <-ctx.Done():
 				return nil
 			}
@@ -144,43 +151,69 @@ func (r *Reconciler) jobsWhere(ctx context.Context, keep func(*trainingv1alpha1.
 	return out
 }
 
-// Reconcile observes a job's pods, PodGroup and the inventory, decides, and
-// applies the decision: status first when it records a restart or an end,
-// so that a crash between the two never loses it.
+// Reconcile observes a job's pods, PodGroup and the inventory, decides,
+// and applies the decision: status first when it records a restart or an
+// end (see urgent), so that a crash between the two never loses it.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	job := &trainingv1alpha1.TrainingJob{}
 	if err := r.Get(ctx, req.NamespacedName, job); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.exp.Forget(req.NamespacedName)
-			r.writes.Forget(req.NamespacedName)
+			r.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if job.DeletionTimestamp != nil {
 		return ctrl.Result{}, nil
 	}
-	now := time.Now()
-	obs, err := r.observe(ctx, job, now)
+	obs, err := r.observe(ctx, job, time.Now())
 	if errors.Is(err, gang.ErrNotServedYet) {
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	d := decide(job, obs, r.DefaultScheduler)
+	return r.execute(ctx, job, obs, decide(job, obs, r.DefaultScheduler))
+}
 
-	urgent := d.restarted || (d.status.Finished() && !job.Status.Finished()) || d.status.State != job.Status.State
-	if urgent {
-		if err := r.writeStatus(ctx, job, &d.status); err != nil {
-			return ctrl.Result{}, err
+// execute carries out a decision: an urgent status, the events and
+// metrics, the job's deletion past its TTL, the children and pods, then the
+// status with what applying them said.
+func (r *Reconciler) execute(ctx context.Context, job *trainingv1alpha1.TrainingJob, obs observed, d decision) (ctrl.Result, error) {
+	first := urgent(job, &d)
+	if first {
+		if _, err := r.writeStatus(ctx, job, &d.status); err != nil {
+			return statusFailed(err)
 		}
 	}
-	if d.eventReason != "" {
+	r.record(job, &d)
+	if d.deleteJob {
+		return ctrl.Result{}, r.writer.Delete(ctx, job, "ttlSecondsAfterFinished has passed")
+	}
+	res, applyErr := r.applyChildren(ctx, job, obs, &d)
+	applied(&d.status, applyErr, job.Generation, obs.now)
+	if first && applyErr != nil {
+		// The status was written from this copy of the job already; the
+		// next pass, from a fresh one, says what failed.
+		return ctrl.Result{}, applyErr
+	}
+	wait, err := r.writeStatus(ctx, job, &d.status)
+	if err := errors.Join(applyErr, err); err != nil {
+		if applyErr == nil {
+			return statusFailed(err)
+		}
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: res.RequeueAfter(d.requeue, wait)}, nil
+}
+
+// record records the decision's events and metrics.
+func (r *Reconciler) record(job *trainingv1alpha1.TrainingJob, d *decision) {
+	for _, e := range d.events {
 		kind := corev1.EventTypeNormal
-		if d.eventWarning {
+		if e.warning {
 			kind = corev1.EventTypeWarning
 		}
-		r.Recorder.Eventf(job, nil, kind, d.eventReason, "Reconcile", "%s", d.eventMessage)
+		r.Recorder.Eventf(job, nil, kind, e.reason, "Reconcile", "%s", e.msg)
 	}
 	if d.restarted {
 		gangRestarts.WithLabelValues(job.Namespace).Inc()
@@ -188,70 +221,26 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if d.scheduledAfter > 0 {
 		gangScheduled.Observe(d.scheduledAfter.Seconds())
 	}
-	if d.deleteJob {
-		err := r.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground))
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
+}
 
-	applyErr := r.applyChildren(ctx, job, obs, &d)
-	if applyErr != nil {
-		// Say on the job what stops it (a missing PriorityClass, a quota,
-		// an admission webhook), not only in the manager's log.
-		msg := applyErr.Error()
-		if len(msg) > 1000 {
-			msg = msg[:1000] + "…"
-		}
-		setCond(&d.status, trainingv1alpha1.ConditionCreated, metav1.ConditionFalse, ReasonCreateFailed, msg, job.Generation, now)
-		setReady(&d.status, metav1.ConditionFalse, ReasonCreateFailed, msg, job.Generation, now)
-	}
-	errs := []error{applyErr}
-	wait := time.Duration(0)
-	if !urgent {
-		var err error
-		wait, err = r.writeStatusCoalesced(ctx, job, &d.status)
-		errs = append(errs, err)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return ctrl.Result{}, err
-	}
-	requeue := d.requeue
-	if wait > 0 && (requeue == 0 || wait < requeue) {
-		requeue = wait
-	}
-	return ctrl.Result{RequeueAfter: requeue}, nil
+// forget drops what the writer and the pod executor remember of a job that
+// is gone.
+func (r *Reconciler) forget(key client.ObjectKey) {
+	gone := &trainingv1alpha1.TrainingJob{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}}
+	r.pods.Forget(gone)
+	r.writer.Forget(gone)
 }
 
 // observe reads the job's pods and PodGroup from the cache and asks the
 // inventory whether the gang fits.
 func (r *Reconciler) observe(ctx context.Context, job *trainingv1alpha1.TrainingJob, now time.Time) (observed, error) {
 	obs := observed{now: now}
-	var pods corev1.PodList
-	if err := r.List(ctx, &pods, client.InNamespace(job.Namespace), client.MatchingLabels{LabelJobName: job.Name}); err != nil {
-		return obs, err
-	}
-	cached := make([]*corev1.Pod, 0, len(pods.Items))
-	for i := range pods.Items {
-		if metav1.IsControlledBy(&pods.Items[i], job) {
-			cached = append(cached, &pods.Items[i])
-		}
-	}
-	obs.pods = r.exp.Overlay(client.ObjectKeyFromObject(job), cached, now, sameAttempt)
-
 	var err error
-	if obs.volcano, err = r.volcano.Installed(ctx); err != nil {
+	if obs.pods, err = r.pods.List(ctx, job, client.MatchingLabels{LabelJobName: job.Name}, now); err != nil {
 		return obs, err
 	}
-	if obs.volcano {
-		pg := &schedulingv1beta1.PodGroup{}
-		switch err := r.Get(ctx, client.ObjectKeyFromObject(job), pg); {
-		case err == nil:
-			if metav1.IsControlledBy(pg, job) {
-				obs.podGroup = pg
-			}
-		case apierrors.IsNotFound(err):
-		default:
-			return obs, err
-		}
+	if obs.podGroup, obs.volcano, err = r.volcano.Group(ctx, job, job.Name); err != nil {
+		return obs, err
 	}
 	if total, g := gangGPUs(job); total > 0 && !condTrue(&job.Status, trainingv1alpha1.ConditionScheduled) {
 		obs.fit = r.Index.Fits(g)
@@ -261,149 +250,55 @@ func (r *Reconciler) observe(ctx context.Context, job *trainingv1alpha1.Training
 	return obs, nil
 }
 
-// applyChildren makes the PodGroup, Service and pods what the decision says.
-func (r *Reconciler) applyChildren(ctx context.Context, job *trainingv1alpha1.TrainingJob, obs observed, d *decision) error {
-	key := client.ObjectKeyFromObject(job)
+// applyChildren makes the PodGroup, the Service and the pods what the
+// decision says, through the writer and the pod executor.
+func (r *Reconciler) applyChildren(ctx context.Context, job *trainingv1alpha1.TrainingJob, obs observed, d *decision) (podset.Result, error) {
 	if d.removePodGroup && obs.podGroup != nil {
-		if err := r.Delete(ctx, obs.podGroup, client.Preconditions{UID: &obs.podGroup.UID}); client.IgnoreNotFound(err) != nil {
-			return fmt.Errorf("deleting PodGroup: %w", err)
+		if err := r.writer.Delete(ctx, obs.podGroup, "no longer desired"); err != nil {
+			return podset.Result{}, err
 		}
 	}
-	if d.podGroup != nil && (obs.podGroup == nil || !gang.SpecMatches(obs.podGroup, d.podGroup)) {
-		if _, err := apply.Apply(ctx, r.Client, d.podGroup, FieldOwner); err != nil {
-			if meta.IsNoMatchError(err) {
-				return fmt.Errorf("the PodGroup kind is not served yet: %w", err)
+	if d.podGroup != nil {
+		if err := r.writer.Ensure(ctx, job, d.podGroup); err != nil {
+			return podset.Result{}, err
+		}
+	}
+	for _, c := range d.children {
+		if err := r.writer.Ensure(ctx, job, c); err != nil {
+			if apply.IsForeign(err) {
+				err = fmt.Errorf("%w: rename the job or the %s", err, c.GetObjectKind().GroupVersionKind().Kind)
 			}
-			return fmt.Errorf("applying PodGroup: %w", err)
+			return podset.Result{}, err
 		}
 	}
-	if d.service {
-		if err := r.ensureService(ctx, job); err != nil {
-			return err
-		}
-	}
-	if err := parallel(d.remove, func(p *corev1.Pod) error {
-		if p.UID == "" {
-			return nil // created but not in the cache yet; deleted once it is
-		}
-		err := r.Delete(ctx, p, client.Preconditions{UID: &p.UID}, client.PropagationPolicy(metav1.DeletePropagationBackground))
-		if err == nil || apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-			r.exp.Deleted(key, p.UID, time.Now())
-			return nil
-		}
-		return fmt.Errorf("deleting pod %s: %w", p.Name, err)
-	}); err != nil {
-		return err
-	}
-	return r.createPods(ctx, job, d.create)
+	return r.pods.Sync(ctx, job, d.remove, d.create)
 }
 
-// createPods creates pods in batches of 1, 2, 4, ... (as the Job controller
-// does): a quota or admission error stops after a few failed calls instead of
-// hundreds, and a healthy gang is created at the client's full rate.
-func (r *Reconciler) createPods(ctx context.Context, job *trainingv1alpha1.TrainingJob, pods []*corev1.Pod) error {
-	key := client.ObjectKeyFromObject(job)
-	for batch := 1; len(pods) > 0; batch *= 2 {
-		n := min(batch, len(pods))
-		err := parallel(pods[:n], func(p *corev1.Pod) error {
-			r.exp.Created(key, p, time.Now())
-			if err := r.Create(ctx, p.DeepCopy()); err != nil {
-				if apierrors.IsAlreadyExists(err) {
-					return nil // created before a restart; the cache will show it
-				}
-				r.exp.CreateFailed(key, p.Name)
-				return fmt.Errorf("creating pod %s: %w", p.Name, err)
-			}
-			return nil
-		})
-		if err != nil {
-			r.Recorder.Eventf(job, nil, corev1.EventTypeWarning, "FailedCreatePod", "Create", "%v", err)
-			return err
-		}
-		pods = pods[n:]
+// writeStatus writes the job's status through the writer, guarded by the
+// job's resourceVersion: the attempt and restart counters must never be
+// computed from a stale copy. A change of counts and messages only waits
+// for the coalescing interval (the returned duration).
+func (r *Reconciler) writeStatus(ctx context.Context, job *trainingv1alpha1.TrainingJob, st *trainingv1alpha1.TrainingJobStatus) (time.Duration, error) {
+	wait, err := r.writer.Status(ctx, job, &job.Status, st, apply.CountsOnly(countsOnly(&job.Status, st)), apply.Guarded())
+	if err == nil && wait == 0 {
+		job.Status = *st.DeepCopy()
 	}
-	return nil
+	return wait, err
 }
 
-// parallel runs f on every pod, 64 calls in flight.
-func parallel(pods []*corev1.Pod, f func(*corev1.Pod) error) error { return apply.Each(pods, 64, f) }
-
-func (r *Reconciler) ensureService(ctx context.Context, job *trainingv1alpha1.TrainingJob) error {
-	want := buildService(job, frameworks[job.Spec.Framework])
-	have := &corev1.Service{}
-	err := r.Get(ctx, client.ObjectKeyFromObject(want), have)
-	if err == nil && metav1.IsControlledBy(have, job) && serviceMatches(have, want) {
-		return nil
+// statusFailed is the result of a failed status write: a conflict (the
+// cached job is older than the server's) is looked at again shortly, with
+// a fresher copy; any other error is returned.
+func statusFailed(err error) (ctrl.Result, error) {
+	if apierrors.IsConflict(err) {
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
-	if apierrors.IsNotFound(err) {
-		// The cache holds only Loom's Services: make sure the name is not
-		// a user's Service before applying over it.
-		err = r.APIReader.Get(ctx, client.ObjectKeyFromObject(want), have)
-	}
-	if err != nil && !apierrors.IsNotFound(err) {
-		return err
-	}
-	if err == nil && !metav1.IsControlledBy(have, job) {
-		return fmt.Errorf("service %s exists and is not this job's: rename the job or the Service", want.Name)
-	}
-	if _, err := apply.Apply(ctx, r.Client, want, FieldOwner); err != nil {
-		return fmt.Errorf("applying Service: %w", err)
-	}
-	return nil
+	return ctrl.Result{}, err
 }
 
-func serviceMatches(have, want *corev1.Service) bool {
-	if have.Spec.ClusterIP != corev1.ClusterIPNone || !have.Spec.PublishNotReadyAddresses ||
-		!apiequality.Semantic.DeepEqual(have.Spec.Selector, want.Spec.Selector) || len(have.Spec.Ports) != len(want.Spec.Ports) {
-		return false
-	}
-	for i := range want.Spec.Ports {
-		h, w := have.Spec.Ports[i], want.Spec.Ports[i]
-		if h.Name != w.Name || h.Port != w.Port || h.TargetPort != w.TargetPort {
-			return false
-		}
-	}
-	for k, v := range want.Labels {
-		if have.Labels[k] != v {
-			return false
-		}
-	}
-	return true
-}
-
-// writeStatusCoalesced writes the status unless it changes only counts and
-// messages and the last write was under coalesce.Interval ago; then it
-// returns how long to wait.
-func (r *Reconciler) writeStatusCoalesced(ctx context.Context, job *trainingv1alpha1.TrainingJob, st *trainingv1alpha1.TrainingJobStatus) (time.Duration, error) {
-	if apiequality.Semantic.DeepEqual(&job.Status, st) {
-		return 0, nil
-	}
-	if countsOnly(&job.Status, st) {
-		if wait := r.writes.Wait(client.ObjectKeyFromObject(job)); wait > 0 {
-			return wait, nil
-		}
-	}
-	return 0, r.writeStatus(ctx, job, st)
-}
-
-// countsOnly: the new status differs from the old only in counts and
-// condition messages (no state, condition status or reason changes).
-func countsOnly(old, st *trainingv1alpha1.TrainingJobStatus) bool {
-	return old.State == st.State && old.Attempt == st.Attempt && old.Restarts == st.Restarts &&
-		old.ObservedGeneration == st.ObservedGeneration && coalesce.SameConditions(old.Conditions, st.Conditions)
-}
-
-func (r *Reconciler) writeStatus(ctx context.Context, job *trainingv1alpha1.TrainingJob, st *trainingv1alpha1.TrainingJobStatus) error {
-	if apiequality.Semantic.DeepEqual(&job.Status, st) {
-		return nil
-	}
-	if err := apply.Status(ctx, r.Client, job, st, FieldOwner); err != nil {
-		return fmt.Errorf("writing TrainingJob status: %w", err)
-	}
-	job.Status = *st
-	r.writes.Wrote(client.ObjectKeyFromObject(job))
-	return nil
-}
+// conflictRetry is how soon a pass whose status write met a newer job runs
+// again (the cache catches up within milliseconds).
+const conflictRetry = 250 * time.Millisecond
 
 // sameAttempt: pod names repeat across attempts; only a pod of the attempt
 // created satisfies the expectation.

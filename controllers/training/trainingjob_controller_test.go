@@ -286,8 +286,19 @@ func TestManagerRestartMidCreationLeavesExactlyTheGang(t *testing.T) {
 // 1 master + 3 worker job with 8 GPUs each are checked field by field, and
 // PodGroup phases moved by hand, as Volcano would, move the job.
 func TestVolcano(t *testing.T) {
-	ns := namespace(t, "volcano")
 	ctx := context.Background()
+	job, hog := volcanoJob(t)
+	volcanoHeld(t, job)
+	pg := volcanoPodGroup(ctx, t, job)
+	volcanoPending(ctx, t, job, pg, hog)
+	volcanoInqueue(ctx, t, job, pg)
+	volcanoRunning(ctx, t, job, pg)
+}
+
+// volcanoJob starts four simulated H100 nodes, one of which another pod
+// holds, and a manager defaulting to Volcano, and submits the llama job.
+func volcanoJob(t *testing.T) (*trainingv1alpha1.TrainingJob, *corev1.Pod) {
+	ns := namespace(t, "volcano")
 	for i := range 4 {
 		runAgent(t, fmt.Sprintf("h100-%d", i), inventory.SimOptions{System: "dgx-h100"})
 	}
@@ -306,7 +317,11 @@ func TestVolcano(t *testing.T) {
 	job.Spec.ReplicaSpecs.Worker.Template.Spec.InitContainers = []corev1.Container{{Name: "fetch", Image: "busybox",
 		Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}}}}
 	create(t, job)
+	return job, hog
+}
 
+// volcanoHeld: with Volcano's CRDs absent the job is held without pods.
+func volcanoHeld(t *testing.T, job *trainingv1alpha1.TrainingJob) {
 	got := waitState(t, job, trainingv1alpha1.StateHeld)
 	if c := cond(got, trainingv1alpha1.ConditionCreated); c.Reason != ReasonVolcanoNotInstalled || !strings.Contains(c.Message, gang.CRDName) {
 		t.Fatalf("Created = %+v", c)
@@ -318,7 +333,10 @@ func TestVolcano(t *testing.T) {
 	if pods := jobPods(t, job); len(pods) != 0 {
 		t.Fatalf("a held job created pods: %v", names(pods))
 	}
+}
 
+// volcanoPodGroup installs Volcano's CRDs and checks the job's PodGroup.
+func volcanoPodGroup(ctx context.Context, t *testing.T, job *trainingv1alpha1.TrainingJob) *schedulingv1beta1.PodGroup {
 	if err := env.InstallCRDs(ctx, "scheduling.volcano.sh"); err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +356,12 @@ func TestVolcano(t *testing.T) {
 	if !metav1.IsControlledBy(pg, getJob(t, job)) {
 		t.Fatalf("PodGroup not controlled by the job: %v", pg.OwnerReferences)
 	}
+	return pg
+}
 
+// volcanoPending moves the PodGroup to Pending and unschedulable as Volcano
+// would, then frees the hog's GPUs.
+func volcanoPending(ctx context.Context, t *testing.T, job *trainingv1alpha1.TrainingJob, pg *schedulingv1beta1.PodGroup, hog *corev1.Pod) {
 	// Pending and unschedulable, as Volcano reports it: both explanations.
 	pg.Status.Phase = schedulingv1beta1.PodGroupPending
 	pg.Status.Conditions = []schedulingv1beta1.PodGroupCondition{{Type: schedulingv1beta1.PodGroupUnschedulableType, Status: corev1.ConditionTrue,
@@ -371,7 +394,10 @@ func TestVolcano(t *testing.T) {
 		}
 		return nil
 	})
+}
 
+// volcanoInqueue admits the gang and checks its pods and Service.
+func volcanoInqueue(ctx context.Context, t *testing.T, job *trainingv1alpha1.TrainingJob, pg *schedulingv1beta1.PodGroup) {
 	// Inqueue: the pods are created, each one exactly so.
 	pg.Status.Phase = schedulingv1beta1.PodGroupInqueue
 	pg.Status.Conditions = nil
@@ -390,14 +416,18 @@ func TestVolcano(t *testing.T) {
 		checkPod(t, &p, role, rank)
 	}
 	svc := &corev1.Service{}
-	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "llama"}, svc); err != nil {
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: job.Namespace, Name: "llama"}, svc); err != nil {
 		t.Fatal(err)
 	}
 	if svc.Spec.ClusterIP != corev1.ClusterIPNone || !svc.Spec.PublishNotReadyAddresses || svc.Spec.Selector[LabelJobName] != "llama" ||
 		len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 23456 || svc.Spec.Ports[0].Name != PortName {
 		t.Fatalf("Service %+v", svc.Spec)
 	}
+}
 
+// volcanoRunning: the PodGroup running schedules the gang, and a
+// hand-edited PodGroup is put back.
+func volcanoRunning(ctx context.Context, t *testing.T, job *trainingv1alpha1.TrainingJob, pg *schedulingv1beta1.PodGroup) {
 	// Running: the gang is scheduled.
 	pg.Status.Phase = schedulingv1beta1.PodGroupRunning
 	if err := env.Client.Update(ctx, pg); err != nil {
@@ -409,7 +439,7 @@ func TestVolcano(t *testing.T) {
 		}
 		return nil
 	})
-	got = getJob(t, job)
+	got := getJob(t, job)
 	if got.Status.GPUs != 32 || got.Status.Workers != 3 {
 		t.Fatalf("status gpus %d workers %d", got.Status.GPUs, got.Status.Workers)
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -60,6 +61,11 @@ type Options struct {
 	// MetadataOnly are the kinds the manager caches as metadata only: the
 	// writer reads them as PartialObjectMetadata.
 	MetadataOnly []schema.GroupKind
+	// HashOnly are the kinds whose generation moves with their status (a
+	// CRD without a status subresource, such as Volcano's PodGroup): the
+	// writer trusts the hash annotation alone, instead of reading every
+	// status change as another writer's edit.
+	HashOnly []schema.GroupKind
 }
 
 // Writer is the one way a reconciler writes: its children (Ensure, Remove)
@@ -196,7 +202,7 @@ func (w *Writer) stale(ck childKey, cur, want client.Object, hash string) string
 	rec, known := w.applied[ck]
 	w.mu.Unlock()
 	switch {
-	case !known || rec.hash != hash:
+	case !known || rec.hash != hash || slices.Contains(w.opts.HashOnly, ck.gk):
 		return "" // applied before a restart (or by another replica): the hash says it is ours as wanted
 	case cur.GetGeneration() > 0 && cur.GetGeneration() != rec.generation:
 		return "spec changed by another writer"
@@ -304,12 +310,7 @@ func (w *Writer) read(ctx context.Context, r client.Reader, gvk schema.GroupVers
 }
 
 func (w *Writer) metadataOnly(gk schema.GroupKind) bool {
-	for _, m := range w.opts.MetadataOnly {
-		if m == gk {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(w.opts.MetadataOnly, gk)
 }
 
 // foreign says why cur is not Loom's to write ("" when it is): Loom writes

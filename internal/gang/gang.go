@@ -1,6 +1,7 @@
 // Package gang builds Volcano PodGroups and joins pods to them, for every
 // reconciler that runs a gang (TrainingJobs, RayClusters). The builders are
-// pure; Volcano (volcano.go) tells a controller whether Volcano is installed.
+// pure; Volcano (volcano.go) tells a controller whether Volcano is installed
+// and reads the PodGroup it controls.
 package gang
 
 import (
@@ -9,7 +10,6 @@ import (
 
 	"gopkg.in/inf.v0"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	resourcehelper "k8s.io/component-helpers/resource"
@@ -91,17 +91,6 @@ func PodGroup(s Spec) *schedulingv1beta1.PodGroup {
 		pg.Spec.MinResources = &total
 	}
 	return pg
-}
-
-// SpecMatches reports whether an existing PodGroup already has the spec
-// fields Loom sets (so that applying want would change nothing).
-func SpecMatches(have, want *schedulingv1beta1.PodGroup) bool {
-	h, w := have.Spec, want.Spec
-	if h.MinMember != w.MinMember || h.Queue != w.Queue || h.PriorityClassName != w.PriorityClassName ||
-		!equality.Semantic.DeepEqual(h.MinTaskMember, w.MinTaskMember) || (h.MinResources == nil) != (w.MinResources == nil) {
-		return false
-	}
-	return w.MinResources == nil || equality.Semantic.DeepEqual(*h.MinResources, *w.MinResources)
 }
 
 // Join makes pod a member of the gang's PodGroup as task.

@@ -4,6 +4,9 @@ import (
 	"context"
 	"sync"
 
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -14,6 +17,11 @@ import (
 
 	"github.com/loom-dev/loom/internal/optional"
 )
+
+// PodGroupKind is Volcano's PodGroup. Its CRD has no status subresource, so
+// its generation moves with Volcano's status updates: writers compare it by
+// hash alone (apply.Options.HashOnly).
+var PodGroupKind = schema.GroupKind{Group: schedulingv1beta1.SchemeGroupVersion.Group, Kind: "PodGroup"}
 
 // ErrNotServedYet: the PodGroup CRD exists but the API server does not serve
 // the kind yet (a CRD just created); retry in a moment.
@@ -43,10 +51,27 @@ type Volcano struct {
 // Installed reports whether PodGroups can be used now.
 func (v *Volcano) Installed(ctx context.Context) (bool, error) {
 	v.once.Do(func() {
-		v.kind = &optional.Kind{CRD: CRDName, GVK: schedulingv1beta1.SchemeGroupVersion.WithKind("PodGroup"), Watch: func() error {
+		v.kind = &optional.Kind{CRD: CRDName, GVK: PodGroupKind.WithVersion(schedulingv1beta1.SchemeGroupVersion.Version), Watch: func() error {
 			return v.Controller.Watch(source.Kind(v.Cache, &schedulingv1beta1.PodGroup{},
 				handler.TypedEnqueueRequestForOwner[*schedulingv1beta1.PodGroup](v.Scheme, v.Client.RESTMapper(), v.Owner, handler.OnlyControllerOwner())))
 		}}
 	})
 	return v.kind.Served(ctx, v.Client)
+}
+
+// Group returns owner's PodGroup called name from the cache, when Volcano
+// is installed and owner controls it: installed says whether PodGroups can
+// be used at all; pg is nil when owner has none of that name.
+func (v *Volcano) Group(ctx context.Context, owner client.Object, name string) (pg *schedulingv1beta1.PodGroup, installed bool, err error) {
+	if installed, err = v.Installed(ctx); err != nil || !installed {
+		return nil, installed, err
+	}
+	pg = &schedulingv1beta1.PodGroup{}
+	if err := v.Client.Get(ctx, client.ObjectKey{Namespace: owner.GetNamespace(), Name: name}, pg); err != nil {
+		return nil, true, client.IgnoreNotFound(err)
+	}
+	if !metav1.IsControlledBy(pg, owner) {
+		return nil, true, nil
+	}
+	return pg, true, nil
 }

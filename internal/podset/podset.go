@@ -10,7 +10,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -36,11 +38,19 @@ const inFlight = 64
 // MaxMessage is the longest condition message the API accepts.
 const MaxMessage = 32768
 
+// MaxNote is the longest event note the API accepts (events.k8s.io/v1).
+const MaxNote = 1024
+
+// Again is how soon a pass that deferred pods (PerPass reached) should be
+// followed by the next one.
+const Again = 100 * time.Millisecond
+
 // Executor creates and deletes one controller's pods.
 type Executor struct {
 	Client client.Client
 	// Live reads a pod around the cache when a create answers
-	// AlreadyExists, to tell the owner's own pod from a stranger's.
+	// AlreadyExists, to tell the owner's own pod from a stranger's; nil
+	// reads through Client.
 	Live     client.Reader
 	Recorder recorder.EventRecorder
 	// Same tells whether an existing pod is the one created under its
@@ -63,6 +73,23 @@ func (e *Executor) Observe(owner client.Object, cached []*corev1.Pod, now time.T
 	return e.exp.Overlay(client.ObjectKeyFromObject(owner), cached, now, e.Same)
 }
 
+// List lists the pods in owner's namespace that carry the labels match and
+// that owner controls, from Client (the cache), and returns them as Observe
+// does.
+func (e *Executor) List(ctx context.Context, owner client.Object, match client.MatchingLabels, now time.Time) ([]*corev1.Pod, error) {
+	var pods corev1.PodList
+	if err := e.Client.List(ctx, &pods, client.InNamespace(owner.GetNamespace()), match); err != nil {
+		return nil, err
+	}
+	cached := make([]*corev1.Pod, 0, len(pods.Items))
+	for i := range pods.Items {
+		if metav1.IsControlledBy(&pods.Items[i], owner) {
+			cached = append(cached, &pods.Items[i])
+		}
+	}
+	return e.Observe(owner, cached, now), nil
+}
+
 // Forget drops the owner's expectations (the owner is gone).
 func (e *Executor) Forget(owner client.Object) { e.exp.Forget(client.ObjectKeyFromObject(owner)) }
 
@@ -71,6 +98,22 @@ type Result struct {
 	Created, Deleted int
 	// Deferred pods wait for the next pass (PerPass reached).
 	Deferred int
+}
+
+// RequeueAfter is when the caller should look again: the soonest of its
+// own times (0: none) and, when this pass deferred pods, Again; 0 when
+// there is no reason to.
+func (r Result) RequeueAfter(after ...time.Duration) time.Duration {
+	if r.Deferred > 0 {
+		after = append(after, Again)
+	}
+	var soonest time.Duration
+	for _, d := range after {
+		if d > 0 && (soonest == 0 || d < soonest) {
+			soonest = d
+		}
+	}
+	return soonest
 }
 
 // Sync deletes remove, then creates create: at most PerPass calls in all,
@@ -89,7 +132,7 @@ func (e *Executor) Sync(ctx context.Context, owner client.Object, remove, create
 		res.Created, err = e.create(ctx, owner, create)
 	}
 	if err != nil {
-		e.Recorder.Eventf(owner, nil, corev1.EventTypeWarning, reasonOf(err), actionOf(err), "%s", Message(err))
+		e.Recorder.Eventf(owner, nil, corev1.EventTypeWarning, reasonOf(err), actionOf(err), "%s", truncate(err.Error(), MaxNote))
 	}
 	return res, err
 }
@@ -129,28 +172,42 @@ func actionOf(err error) string {
 }
 
 // Message is err as a condition message: the API's length limit applies.
-func Message(err error) string {
-	s := err.Error()
-	if len(s) > MaxMessage {
-		s = s[:MaxMessage-len("…")] + "…"
+func Message(err error) string { return truncate(err.Error(), MaxMessage) }
+
+// truncate cuts s to at most n bytes, on a character boundary, marking the
+// cut with an ellipsis.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
-	return s
+	const more = "…"
+	cut := n - len(more)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + more
 }
 
 func (e *Executor) create(ctx context.Context, owner client.Object, pods []*corev1.Pod) (int, error) {
-	key := client.ObjectKeyFromObject(owner)
-	created := 0
+	var created atomic.Int64
 	for batch := 1; len(pods) > 0; batch *= 2 {
 		n := min(batch, len(pods))
-		err := apply.Each(pods[:n], inFlight, func(p *corev1.Pod) error { return e.createOne(ctx, owner, p) })
+		err := apply.Each(pods[:n], inFlight, func(p *corev1.Pod) error {
+			if err := e.createOne(ctx, owner, p); err != nil {
+				return err
+			}
+			created.Add(1)
+			return nil
+		})
 		if err != nil {
-			return created, &CreateError{err}
+			return int(created.Load()), &CreateError{err}
 		}
-		created += n
 		pods = pods[n:]
 	}
-	log.FromContext(ctx).V(1).Info("created pods", "owner", key, "count", created)
-	return created, nil
+	if n := created.Load(); n > 0 {
+		log.FromContext(ctx).V(1).Info("created pods", "owner", client.ObjectKeyFromObject(owner), "count", n)
+	}
+	return int(created.Load()), nil
 }
 
 // createOne records the expectation, then creates. A generated name is
@@ -176,8 +233,12 @@ func (e *Executor) createOne(ctx context.Context, owner client.Object, p *corev1
 // alreadyExists decides whether a pod of the name is the owner's own,
 // created before a restart (fine: the cache will show it), or not.
 func (e *Executor) alreadyExists(ctx context.Context, owner client.Object, want *corev1.Pod) error {
+	live := e.Live
+	if live == nil {
+		live = e.Client
+	}
 	have := &corev1.Pod{}
-	if err := e.Live.Get(ctx, client.ObjectKeyFromObject(want), have); err != nil {
+	if err := live.Get(ctx, client.ObjectKeyFromObject(want), have); err != nil {
 		return fmt.Errorf("pod %s exists but cannot be read: %w", want.Name, err)
 	}
 	if !metav1.IsControlledBy(have, owner) {
@@ -194,7 +255,7 @@ func (e *Executor) alreadyExists(ctx context.Context, owner client.Object, want 
 // the pass that sees it.
 func (e *Executor) delete(ctx context.Context, owner client.Object, pods []*corev1.Pod) (int, error) {
 	key := client.ObjectKeyFromObject(owner)
-	n := 0
+	var deleted atomic.Int64
 	err := apply.Each(pods, inFlight, func(p *corev1.Pod) error {
 		if p.UID == "" {
 			return nil // created but not in the cache yet
@@ -203,20 +264,16 @@ func (e *Executor) delete(ctx context.Context, owner client.Object, pods []*core
 		err := e.Client.Delete(ctx, p, client.Preconditions{UID: &uid}, client.PropagationPolicy(metav1.DeletePropagationBackground))
 		if err == nil || apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 			e.exp.Deleted(key, uid, time.Now())
+			deleted.Add(1)
 			return nil
 		}
 		return fmt.Errorf("deleting pod %s: %w", p.Name, err)
 	})
 	if err != nil {
-		return 0, &DeleteError{err}
+		return int(deleted.Load()), &DeleteError{err}
 	}
-	for _, p := range pods {
-		if p.UID != "" {
-			n++
-		}
-	}
-	if n > 0 {
+	if n := deleted.Load(); n > 0 {
 		log.FromContext(ctx).V(1).Info("deleted pods", "owner", key, "count", n)
 	}
-	return n, nil
+	return int(deleted.Load()), nil
 }

@@ -1,0 +1,169 @@
+package raycluster
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
+
+	"github.com/loom-dev/loom/internal/apply"
+)
+
+// Suspend deletes every pod (Suspending while any is left, then
+// Suspended); resume says so and brings the pods back.
+func TestDecideSuspendAndResume(t *testing.T) {
+	ctx := context.Background()
+	now := time.Now()
+	rc := normalized(sample(t, "ray-cluster.sample.yaml", "unit"))
+	rc.UID = "u1"
+	rc.Spec.Suspend = ptr.To(true)
+	head := buildHeadPod(ctx, rc, "")
+	head.Name, head.UID = "h", "uh"
+	pg := &schedulingv1beta1.PodGroup{}
+	tests := []struct {
+		name    string
+		suspend bool
+		pods    []*corev1.Pod
+		state   rayv1.ClusterState
+		cond    string // the condition that is True
+		remove  int
+		create  int
+	}{
+		{"suspending", true, []*corev1.Pod{head}, "", string(rayv1.RayClusterSuspending), 1, 0},
+		{"suspended", true, nil, rayv1.Suspended, string(rayv1.RayClusterSuspended), 0, 0},
+		{"resumed", false, nil, "", "", 0, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rc.Spec.Suspend = ptr.To(tt.suspend)
+			d := decide(ctx, rc, observed{pods: tt.pods, podGroup: pg, now: now}, "none")
+			rc.Status = d.status
+			if d.status.State != tt.state || len(d.remove) != tt.remove || len(d.create) != tt.create || !d.removePodGroup {
+				t.Fatalf("state %q remove %d create %d removePodGroup %v", d.status.State, len(d.remove), len(d.create), d.removePodGroup)
+			}
+			for _, c := range []string{string(rayv1.RayClusterSuspending), string(rayv1.RayClusterSuspended)} {
+				if got := meta.IsStatusConditionTrue(d.status.Conditions, c); got != (c == tt.cond) {
+					t.Fatalf("%s true = %v", c, got)
+				}
+			}
+		})
+	}
+}
+
+// A cluster that asks for Volcano while it is missing gets no pods and no
+// children; once it is there, a PodGroup that its pods join.
+func TestDecideVolcano(t *testing.T) {
+	ctx := context.Background()
+	rc := normalized(sample(t, "ray-cluster.sample.yaml", "unit"))
+	rc.UID = "u1"
+	d := decide(ctx, rc, observed{now: time.Now()}, "volcano")
+	if c := meta.FindStatusCondition(d.status.Conditions, ConditionGang); c == nil || c.Reason != "VolcanoNotInstalled" || len(d.create) != 0 || len(d.children) != 0 || d.podGroup != nil {
+		t.Fatalf("without Volcano: gang %+v, create %d children %d", c, len(d.create), len(d.children))
+	}
+	d = decide(ctx, rc, observed{volcano: true, now: time.Now()}, "volcano")
+	if d.podGroup == nil || d.podGroup.Name != podGroupName(rc) || d.removePodGroup || len(d.create) != 2 {
+		t.Fatalf("with Volcano: PodGroup %v remove %v create %d", d.podGroup, d.removePodGroup, len(d.create))
+	}
+	for _, p := range d.create {
+		if p.Annotations["scheduling.k8s.io/group-name"] != podGroupName(rc) {
+			t.Fatalf("pod not in the gang: %v", p.Annotations)
+		}
+	}
+}
+
+// The children: the head Service always, the headless worker Service with
+// a multi-host group, the autoscaler's RBAC (its ServiceAccount only when
+// the head names none) with the autoscaler.
+func TestBuildChildren(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name             string
+		mutate           func(*rayv1.RayCluster)
+		children, shared int
+	}{
+		{"plain", func(*rayv1.RayCluster) {}, 1, 0},
+		{"multi-host", func(rc *rayv1.RayCluster) { rc.Spec.WorkerGroupSpecs[0].NumOfHosts = 2 }, 2, 0},
+		{"autoscaler", func(rc *rayv1.RayCluster) { rc.Spec.EnableInTreeAutoscaling = ptr.To(true) }, 1, 3},
+		{"autoscaler, own ServiceAccount", func(rc *rayv1.RayCluster) {
+			rc.Spec.EnableInTreeAutoscaling = ptr.To(true)
+			rc.Spec.HeadGroupSpec.Template.Spec.ServiceAccountName = "mine"
+		}, 1, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rc := normalized(sample(t, "ray-cluster.sample.yaml", "unit"))
+			tt.mutate(rc)
+			children, shared, err := buildChildren(ctx, rc)
+			if err != nil || len(children) != tt.children || len(shared) != tt.shared {
+				t.Fatalf("children %d shared %d: %v", len(children), len(shared), err)
+			}
+			for _, c := range append(children, shared...) {
+				if c.GetObjectKind().GroupVersionKind().Kind == "" {
+					t.Fatalf("%s has no kind", c.GetName())
+				}
+			}
+		})
+	}
+}
+
+// A custom head Service's ports come from a map: whatever their order, the
+// Service the writer applies (and so its hash) is the same.
+func TestHeadServicePortsInOneOrder(t *testing.T) {
+	svc := func(names ...string) *corev1.Service {
+		s := &corev1.Service{}
+		for i, n := range names {
+			s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: n, Port: int32(6000 + i)})
+		}
+		return service(s)
+	}
+	a, b := svc("gcs-server", "dashboard", "client"), svc("client", "gcs-server", "dashboard")
+	for i := range a.Spec.Ports {
+		a.Spec.Ports[i].Port, b.Spec.Ports[i].Port = 0, 0
+	}
+	if apply.Hash(a) != apply.Hash(b) || a.Spec.Ports[0].Name != "client" {
+		t.Fatalf("ports %v and %v", a.Spec.Ports, b.Spec.Ports)
+	}
+}
+
+func TestApplied(t *testing.T) {
+	now := time.Now()
+	failure := string(rayv1.RayClusterReplicaFailure)
+	st := rayv1.RayClusterStatus{}
+	applied(&st, nil, 1, now)
+	if len(st.Conditions) != 0 {
+		t.Fatalf("a successful first apply added %+v", st.Conditions)
+	}
+	applied(&st, errors.New("creating pod x: forbidden"), 1, now)
+	if c := meta.FindStatusCondition(st.Conditions, failure); c == nil || c.Status != metav1.ConditionTrue || c.Reason != "FailedToApply" {
+		t.Fatalf("after a failure: %+v", c)
+	}
+	applied(&st, nil, 1, now)
+	if c := meta.FindStatusCondition(st.Conditions, failure); c == nil || c.Status != metav1.ConditionFalse || c.Reason != "Applied" {
+		t.Fatalf("after a success: %+v", c)
+	}
+}
+
+// lastUpdateTime moves only with the rest of the status.
+func TestTouched(t *testing.T) {
+	then, now := metav1.NewTime(time.Now().Add(-time.Hour)), time.Now()
+	old := &rayv1.RayClusterStatus{State: rayv1.Ready, LastUpdateTime: &then}
+	same := old.DeepCopy()
+	same.LastUpdateTime = nil
+	touched(old, same, now)
+	if !same.LastUpdateTime.Equal(&then) {
+		t.Fatalf("an unchanged status got lastUpdateTime %v", same.LastUpdateTime)
+	}
+	changed := old.DeepCopy()
+	changed.ReadyWorkerReplicas = 3
+	touched(old, changed, now)
+	if changed.LastUpdateTime == nil || !changed.LastUpdateTime.After(then.Time) {
+		t.Fatalf("a changed status kept lastUpdateTime %v", changed.LastUpdateTime)
+	}
+}

@@ -1,0 +1,204 @@
+package training
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
+
+	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/inventory"
+)
+
+// runningGang is a job of one master and one worker whose pods of attempt
+// 0 run, with the conditions a running gang has.
+func runningGang(t *testing.T, now time.Time) (*trainingv1alpha1.TrainingJob, []*corev1.Pod) {
+	t.Helper()
+	job := newJob("ns", "j", 1, 0, trainingv1alpha1.GangNone)
+	job.UID = "job-uid"
+	d := decide(job, observed{now: now, fit: inventory.FitResult{Verdict: inventory.FitsNow}}, trainingv1alpha1.GangNone)
+	pods := d.create
+	for i, p := range pods {
+		p.UID = types.UID(p.Name)
+		p.Spec.NodeName = "n"
+		p.Status.Phase = corev1.PodRunning
+		pods[i] = p
+	}
+	job.Status = d.status
+	d = decide(job, observed{pods: pods, now: now}, trainingv1alpha1.GangNone)
+	if d.status.State != trainingv1alpha1.StateRunning {
+		t.Fatalf("setup: state %s", d.status.State)
+	}
+	job.Status = d.status
+	return job, pods
+}
+
+func reasons(d decision) []string {
+	var out []string
+	for _, e := range d.events {
+		out = append(out, e.reason)
+	}
+	return out
+}
+
+// Each phase of decide, from the job's and the cluster's side.
+func TestDecidePhases(t *testing.T) {
+	now := time.Now()
+	tests := []struct {
+		name  string
+		setup func(job *trainingv1alpha1.TrainingJob, obs *observed)
+		check func(t *testing.T, d decision)
+	}{
+		{"deadline passed fails the job", func(job *trainingv1alpha1.TrainingJob, obs *observed) {
+			job.Spec.RunPolicy.ActiveDeadlineSeconds = ptr(int64(60))
+			job.Status.StartTime = &metav1.Time{Time: now.Add(-2 * time.Minute)}
+		}, func(t *testing.T, d decision) {
+			if c := meta.FindStatusCondition(d.status.Conditions, trainingv1alpha1.ConditionFailed); c == nil || c.Reason != ReasonDeadlineExceeded {
+				t.Fatalf("Failed = %+v", c)
+			}
+			if len(d.remove) != 2 || !d.removePodGroup || len(d.create) != 0 {
+				t.Fatalf("remove %d removePodGroup %v create %d", len(d.remove), d.removePodGroup, len(d.create))
+			}
+		}},
+		{"deadline ahead asks to look again then", func(job *trainingv1alpha1.TrainingJob, obs *observed) {
+			job.Spec.RunPolicy.ActiveDeadlineSeconds = ptr(int64(60))
+			job.Status.StartTime = &metav1.Time{Time: now.Add(-10 * time.Second)}
+		}, func(t *testing.T, d decision) {
+			if d.status.State != trainingv1alpha1.StateRunning || d.requeue != 50*time.Second {
+				t.Fatalf("state %s requeue %s", d.status.State, d.requeue)
+			}
+		}},
+		{"suspend deletes the gang", func(job *trainingv1alpha1.TrainingJob, obs *observed) {
+			job.Spec.RunPolicy.Suspend = true
+		}, func(t *testing.T, d decision) {
+			if d.status.State != trainingv1alpha1.StateSuspended || len(d.remove) != 2 || !d.removePodGroup || len(d.children) != 0 {
+				t.Fatalf("state %s remove %d children %d", d.status.State, len(d.remove), len(d.children))
+			}
+			if r := reasons(d); len(r) != 1 || r[0] != ReasonSuspended {
+				t.Fatalf("events %v", r)
+			}
+		}},
+		{"a vanished pod restarts the gang", func(job *trainingv1alpha1.TrainingJob, obs *observed) {
+			obs.pods = obs.pods[:1]
+		}, func(t *testing.T, d decision) {
+			if !d.restarted || d.status.Attempt != 1 || d.status.Restarts != 1 || len(d.create) != 0 || len(d.children) != 0 || d.podGroup != nil {
+				t.Fatalf("restarted %v attempt %d restarts %d create %d children %d", d.restarted, d.status.Attempt, d.status.Restarts, len(d.create), len(d.children))
+			}
+			if len(d.remove) != 1 || d.status.State != trainingv1alpha1.StateRestarting {
+				t.Fatalf("remove %d state %s", len(d.remove), d.status.State)
+			}
+		}},
+		{"a vanished pod past the backoff limit fails the job", func(job *trainingv1alpha1.TrainingJob, obs *observed) {
+			job.Spec.RunPolicy.BackoffLimit = ptr(int32(0))
+			obs.pods = obs.pods[:1]
+		}, func(t *testing.T, d decision) {
+			c := meta.FindStatusCondition(d.status.Conditions, trainingv1alpha1.ConditionFailed)
+			if d.restarted || c == nil || c.Reason != ReasonBackoffLimit || !strings.Contains(c.Message, "disappeared") {
+				t.Fatalf("restarted %v Failed %+v", d.restarted, c)
+			}
+		}},
+		{"a failed worker with a retryable code restarts", func(job *trainingv1alpha1.TrainingJob, obs *observed) {
+			obs.pods[1].Status.Phase = corev1.PodFailed
+			obs.pods[1].Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "pytorch", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137}}}}
+		}, func(t *testing.T, d decision) {
+			if !d.restarted || len(d.remove) != 2 {
+				t.Fatalf("restarted %v remove %d", d.restarted, len(d.remove))
+			}
+			if r := reasons(d); len(r) != 1 || r[0] != ReasonRetryableFailure || !d.events[0].warning {
+				t.Fatalf("events %+v", d.events)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			job, pods := runningGang(t, now)
+			obs := observed{pods: pods, now: now, fit: inventory.FitResult{Verdict: inventory.FitsNow}}
+			tt.setup(job, &obs)
+			tt.check(t, decide(job, obs, trainingv1alpha1.GangNone))
+		})
+	}
+}
+
+// Before the gang exists: Volcano missing holds it, a gang that can never
+// fit fails or waits as whenNeverFits says, and a PodGroup Volcano has not
+// admitted holds the pods.
+func TestDecideBeforeTheGang(t *testing.T) {
+	now := time.Now()
+	never := inventory.FitResult{Verdict: inventory.Never, Message: "needs 16 GPUs per pod, none with more than 8"}
+	tests := []struct {
+		name      string
+		sched     trainingv1alpha1.GangScheduler
+		fail      bool
+		obs       observed
+		state     trainingv1alpha1.JobState
+		creates   int
+		scheduled string // the Scheduled condition's reason
+	}{
+		{"volcano missing", trainingv1alpha1.GangVolcano, false, observed{}, trainingv1alpha1.StateHeld, 0, ReasonPodsPending},
+		{"never fits, fail", trainingv1alpha1.GangNone, true, observed{fit: never}, trainingv1alpha1.StateFailed, 0, ReasonPodsPending},
+		{"never fits, wait", trainingv1alpha1.GangNone, false, observed{fit: never}, trainingv1alpha1.StatePending, 2, ReasonNeverFits},
+		{"PodGroup not admitted", trainingv1alpha1.GangVolcano, false, observed{volcano: true}, trainingv1alpha1.StatePending, 0, ReasonGangPending},
+		{"PodGroup admitted", trainingv1alpha1.GangVolcano, false, observed{volcano: true, podGroup: &schedulingv1beta1.PodGroup{
+			ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{LabelAttempt: "0"}},
+			Status:     schedulingv1beta1.PodGroupStatus{Phase: schedulingv1beta1.PodGroupInqueue}}}, trainingv1alpha1.StatePending, 2, ReasonGangInqueue},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			job := newJob("ns", "j", 1, 16, tt.sched)
+			if tt.fail {
+				job.Spec.Gang.WhenNeverFits = trainingv1alpha1.NeverFitsFail
+			}
+			tt.obs.now = now
+			d := decide(job, tt.obs, trainingv1alpha1.GangNone)
+			sc := meta.FindStatusCondition(d.status.Conditions, trainingv1alpha1.ConditionScheduled)
+			if d.status.State != tt.state || len(d.create) != tt.creates || sc == nil || sc.Reason != tt.scheduled {
+				t.Fatalf("state %s creates %d Scheduled %+v; want %s, %d, %s", d.status.State, len(d.create), sc, tt.state, tt.creates, tt.scheduled)
+			}
+			if tt.sched == trainingv1alpha1.GangVolcano && tt.obs.volcano && (d.podGroup == nil || len(d.children) != 1) {
+				t.Fatalf("PodGroup %v children %d", d.podGroup != nil, len(d.children))
+			}
+		})
+	}
+}
+
+func TestUrgent(t *testing.T) {
+	running := trainingv1alpha1.TrainingJobStatus{State: trainingv1alpha1.StateRunning}
+	tests := []struct {
+		name string
+		d    decision
+		want bool
+	}{
+		{"counts only", decision{status: running}, false},
+		{"a restart", decision{status: running, restarted: true}, true},
+		{"a new state", decision{status: trainingv1alpha1.TrainingJobStatus{State: trainingv1alpha1.StatePending}}, true},
+		{"an end", decision{status: trainingv1alpha1.TrainingJobStatus{State: trainingv1alpha1.StateSucceeded}}, true},
+	}
+	for _, tt := range tests {
+		job := &trainingv1alpha1.TrainingJob{Status: running}
+		if got := urgent(job, &tt.d); got != tt.want {
+			t.Errorf("%s: urgent = %v", tt.name, got)
+		}
+	}
+}
+
+func TestApplied(t *testing.T) {
+	now := time.Now()
+	st := trainingv1alpha1.TrainingJobStatus{}
+	applied(&st, nil, 1, now)
+	if len(st.Conditions) != 0 {
+		t.Fatalf("a successful apply changed the status: %+v", st.Conditions)
+	}
+	applied(&st, errors.New(`pods "j-master-0" is forbidden: exceeded quota`), 1, now)
+	for _, typ := range []string{trainingv1alpha1.ConditionCreated, trainingv1alpha1.ConditionReady} {
+		c := meta.FindStatusCondition(st.Conditions, typ)
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != ReasonCreateFailed || !strings.Contains(c.Message, "exceeded quota") {
+			t.Fatalf("%s = %+v", typ, c)
+		}
+	}
+}
