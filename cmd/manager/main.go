@@ -19,8 +19,10 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/loom-dev/loom/controllers/gpu"
+	"github.com/loom-dev/loom/controllers/clusterpolicy"
+	"github.com/loom-dev/loom/controllers/driverupgrade"
 	"github.com/loom-dev/loom/controllers/monitoring"
+	"github.com/loom-dev/loom/controllers/nodelabels"
 	"github.com/loom-dev/loom/controllers/raycluster"
 	"github.com/loom-dev/loom/controllers/training"
 	"github.com/loom-dev/loom/internal/manager"
@@ -30,9 +32,9 @@ import (
 // is one line here; the controller's package holds all its logic.
 func registry() *manager.Registry {
 	reg := &manager.Registry{}
-	reg.Add("gpu-labels", gpu.SetupLabels)
-	reg.Add("clusterpolicy", gpu.SetupClusterPolicy)
-	reg.Add("driver-upgrade", gpu.SetupDriverUpgrade)
+	reg.Add("gpu-labels", nodelabels.Setup)
+	reg.Add("clusterpolicy", clusterpolicy.Setup)
+	reg.Add("driver-upgrade", driverupgrade.Setup)
 	reg.Add("trainingjob", training.Setup)
 	reg.Add("raycluster", raycluster.Setup)
 	reg.Add("monitoring", monitoring.Setup)

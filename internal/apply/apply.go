@@ -1,16 +1,15 @@
-// Package apply is the one way Loom's reconcilers write their children:
-// server-side apply under a field owner per reconciler. Callers compare
-// against the cache first, so a steady cluster costs no writes.
+// Package apply is the one way Loom's reconcilers write: their children
+// (Writer.Ensure, Writer.Remove) and their status (Writer.Status), by
+// server-side apply under a field owner per reconciler, deciding from the
+// cache whether a write is needed at all, so a steady cluster costs none.
 package apply
 
 import (
-	"context"
 	"errors"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // ToUnstructured converts a typed object into an apply configuration,
@@ -25,20 +24,6 @@ func ToUnstructured(obj runtime.Object) (*unstructured.Unstructured, error) {
 	u := &unstructured.Unstructured{Object: m}
 	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
 	unstructured.RemoveNestedField(u.Object, "spec", "template", "metadata", "creationTimestamp")
-	return u, nil
-}
-
-// Apply server-side applies obj as fieldOwner, taking over conflicting
-// fields (the reconciler is the source of truth for what it applies). The
-// returned object is the server's answer.
-func Apply(ctx context.Context, c client.Client, obj runtime.Object, fieldOwner string) (*unstructured.Unstructured, error) {
-	u, err := ToUnstructured(obj)
-	if err != nil {
-		return nil, err
-	}
-	if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
-		return nil, err
-	}
 	return u, nil
 }
 

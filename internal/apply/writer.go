@@ -184,6 +184,27 @@ func (w *Writer) Ensure(ctx context.Context, owner, want client.Object) error {
 	return nil
 }
 
+// ApplyFields server-side applies exactly the fields obj carries, under the
+// writer's field owner, to an object Loom does not own (a Node's labels, a
+// CRD Loom installs, the GPUNode a node agent creates): no ownership, hash
+// or label of Loom's is added. force takes over fields another field owner
+// set. The caller decides from the cache that the write is needed.
+func (w *Writer) ApplyFields(ctx context.Context, obj *unstructured.Unstructured, force bool, why string) error {
+	gvk := obj.GroupVersionKind()
+	key := client.ObjectKeyFromObject(obj)
+	log.FromContext(ctx).V(1).Info("apply", "kind", gvk.Kind, "object", key, "fieldOwner", w.fieldOwner, "why", why)
+	opts := []client.ApplyOption{client.FieldOwner(w.fieldOwner)}
+	if force {
+		opts = append(opts, client.ForceOwnership)
+	}
+	if err := w.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), opts...); err != nil {
+		count(gvk.Kind, w.fieldOwner, "apply", "error")
+		return fmt.Errorf("applying %s %s: %w", gvk.Kind, key, err)
+	}
+	count(gvk.Kind, w.fieldOwner, "apply", "written")
+	return nil
+}
+
 // stale says why the cached child cur needs a write, or "" when it is
 // exactly what this writer wants.
 func (w *Writer) stale(ck childKey, cur, want client.Object, hash string) string {

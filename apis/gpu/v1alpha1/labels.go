@@ -42,9 +42,15 @@ const (
 	LabelPolicy    = "gpu.loom.dev/clusterpolicy"
 )
 
+// OperandObjectName is the name of an operand's DaemonSet and
+// ServiceAccount in Loom's namespace, e.g. loom-driver.
+func OperandObjectName(operand string) string { return "loom-" + operand }
+
 // ExporterSelector selects dcgm-exporter's pods (the monitoring Service's
 // selector).
-func ExporterSelector() map[string]string { return map[string]string{LabelComponent: OperandDCGMExporter} }
+func ExporterSelector() map[string]string {
+	return map[string]string{LabelComponent: OperandDCGMExporter}
+}
 
 // Pod template annotations of the operands.
 const (

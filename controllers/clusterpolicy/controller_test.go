@@ -1,4 +1,4 @@
-package gpu
+package clusterpolicy
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -61,19 +62,32 @@ func markRolledOut(t *testing.T, n int32) {
 func TestClusterPolicyReconciler(t *testing.T) {
 	ctx := context.Background()
 	reg := &manager.Registry{}
-	reg.Add("clusterpolicy", SetupClusterPolicy)
+	reg.Add("clusterpolicy", Setup)
 	opts := testenv.ManagerOptions(t)
 	opts.LeaderElect = false
 	opts.Namespace = ns
 	env.StartManager(t, opts, reg)
-	for i := range 2 {
-		createNode(t, fmt.Sprintf("cp-gpu-%d", i), map[string]string{LabelPresent: "true"})
+	gpu := map[string]string{gpuv1alpha1.LabelPresent: "true"}
+	for name, labels := range map[string]map[string]string{"cp-gpu-0": gpu, "cp-gpu-1": gpu, "cp-cpu": nil} {
+		if err := env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	createNode(t, "cp-cpu", nil)
 
 	if err := env.Client.Create(ctx, policy(t, "default", "{}")); err != nil {
 		t.Fatal(err)
 	}
+	testDefaultStack(t)
+	testReadyAndIdle(t)
+	testSelfRepair(t)
+	testTimeSlicing(t)
+	testDisabling(t)
+	testSecondPolicy(t)
+}
+
+// spec: {} gives the default stack with narrow RBAC and the RuntimeClass.
+func testDefaultStack(t *testing.T) {
+	ctx := context.Background()
 	// spec: {} gives the default stack, owned by the policy.
 	testenv.Eventually(t, 20*time.Second, func() error {
 		for _, op := range defaultOn {
@@ -132,10 +146,14 @@ func TestClusterPolicyReconciler(t *testing.T) {
 		t.Errorf("driver update strategy %s, want OnDelete", driver.Spec.UpdateStrategy.Type)
 	}
 	exprs := driver.Spec.Template.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions
-	if fmt.Sprint(exprs) == "" || !strings.Contains(fmt.Sprint(exprs), "nvidia.com/gpu.deploy.driver") || !strings.Contains(fmt.Sprint(exprs), LabelPresent) {
+	if fmt.Sprint(exprs) == "" || !strings.Contains(fmt.Sprint(exprs), "nvidia.com/gpu.deploy.driver") || !strings.Contains(fmt.Sprint(exprs), gpuv1alpha1.LabelPresent) {
 		t.Errorf("driver affinity %v", exprs)
 	}
 
+}
+
+// The policy goes Ready once the pods are, and an idle policy writes nothing.
+func testReadyAndIdle(t *testing.T) {
 	// Before the pods run: not ready, saying which components wait.
 	testenv.Eventually(t, 20*time.Second, func() error {
 		cp := getPolicy(t, "default")
@@ -166,6 +184,11 @@ func TestClusterPolicyReconciler(t *testing.T) {
 		t.Errorf("idle policy wrote:\n%s\n%s", before, after)
 	}
 
+}
+
+// A deleted DaemonSet comes back, a hand edit is reverted.
+func testSelfRepair(t *testing.T) {
+	ctx := context.Background()
 	// Self-repair: a deleted DaemonSet comes back, a hand edit is reverted.
 	dp, _ := getDS("device-plugin")
 	if err := env.Client.Delete(ctx, dp); err != nil {
@@ -195,10 +218,15 @@ func TestClusterPolicyReconciler(t *testing.T) {
 		return nil
 	})
 
+}
+
+// A time-slicing change rolls exactly the device plugin.
+func testTimeSlicing(t *testing.T) {
+	ctx := context.Background()
 	// A time-slicing change rolls exactly the device plugin.
-	dp, _ = getDS("device-plugin")
-	tk, _ = getDS("container-toolkit")
-	hash := dp.Spec.Template.Annotations[AnnotationConfigHash]
+	dp, _ := getDS("device-plugin")
+	tk, _ := getDS("container-toolkit")
+	hash := dp.Spec.Template.Annotations[gpuv1alpha1.AnnotationConfigHash]
 	cp := getPolicy(t, "default")
 	patch := client.MergeFrom(cp.DeepCopy())
 	cp.Spec.DevicePlugin.Config = &gpuv1alpha1.DevicePluginConfig{TimeSlicing: &gpuv1alpha1.TimeSlicingSpec{
@@ -208,7 +236,7 @@ func TestClusterPolicyReconciler(t *testing.T) {
 	}
 	testenv.Eventually(t, 20*time.Second, func() error {
 		got, _ := getDS("device-plugin")
-		if got.Spec.Template.Annotations[AnnotationConfigHash] == hash {
+		if got.Spec.Template.Annotations[gpuv1alpha1.AnnotationConfigHash] == hash {
 			return fmt.Errorf("device plugin config hash unchanged")
 		}
 		return nil
@@ -227,9 +255,14 @@ func TestClusterPolicyReconciler(t *testing.T) {
 		t.Errorf("toolkit DaemonSet changed (generation %d -> %d) on a device plugin config change", tk.Generation, got.Generation)
 	}
 
+}
+
+// Disabling an operand removes its objects.
+func testDisabling(t *testing.T) {
+	ctx := context.Background()
 	// Disabling an operand removes its objects.
-	cp = getPolicy(t, "default")
-	patch = client.MergeFrom(cp.DeepCopy())
+	cp := getPolicy(t, "default")
+	patch := client.MergeFrom(cp.DeepCopy())
 	cp.Spec.DCGMExporter.Enabled = new(bool)
 	cp.Spec.MIGManager.Enabled = new(bool)
 	if err := env.Client.Patch(ctx, cp, patch); err != nil {
@@ -254,6 +287,11 @@ func TestClusterPolicyReconciler(t *testing.T) {
 		return nil
 	})
 
+}
+
+// A second policy is persisted as ignored; the active one is unaffected.
+func testSecondPolicy(t *testing.T) {
+	ctx := context.Background()
 	// A second policy is persisted as ignored, naming the active one.
 	time.Sleep(1100 * time.Millisecond) // creation timestamps have second precision
 	if err := env.Client.Create(ctx, policy(t, "second", "{}")); err != nil {

@@ -1,4 +1,4 @@
-package gpu
+package nodelabels
 
 import (
 	"testing"
@@ -33,11 +33,11 @@ func TestLabels(t *testing.T) {
 			name: "DGX H100",
 			sim:  inventory.SimOptions{System: "dgx-h100"},
 			want: map[string]string{
-				LabelPresent: "true", LabelCount: "8", LabelProduct: "NVIDIA-H100-80GB-HBM3", LabelMemory: "81920",
-				LabelFamily: "hopper", LabelComputeMajor: "9", LabelComputeMinor: "0", LabelMIGCapable: "true",
-				LabelMIGStrategy: "none", LabelDriverMajor: "550", LabelDriverMinor: "54", LabelDriverRevision: "15",
-				LabelDriverFull: "550.54.15", LabelRuntimeMajor: "12", LabelRuntimeMinor: "4", LabelRuntimeFull: "12.4",
-				LabelReplicas: "1",
+				gpuv1alpha1.LabelPresent: "true", gpuv1alpha1.LabelCount: "8", gpuv1alpha1.LabelProduct: "NVIDIA-H100-80GB-HBM3", gpuv1alpha1.LabelMemory: "81920",
+				gpuv1alpha1.LabelFamily: "hopper", gpuv1alpha1.LabelComputeMajor: "9", gpuv1alpha1.LabelComputeMinor: "0", gpuv1alpha1.LabelMIGCapable: "true",
+				gpuv1alpha1.LabelMIGStrategy: "none", gpuv1alpha1.LabelDriverMajor: "550", gpuv1alpha1.LabelDriverMinor: "54", gpuv1alpha1.LabelDriverRevision: "15",
+				gpuv1alpha1.LabelDriverFull: "550.54.15", gpuv1alpha1.LabelRuntimeMajor: "12", gpuv1alpha1.LabelRuntimeMinor: "4", gpuv1alpha1.LabelRuntimeFull: "12.4",
+				gpuv1alpha1.LabelReplicas: "1",
 			},
 			absent: []string{"nvidia.com/gfd.timestamp"},
 		},
@@ -45,7 +45,7 @@ func TestLabels(t *testing.T) {
 			name: "DGX A100 with mixed MIG",
 			sim:  inventory.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "3g.20gb:1,1g.5gb:4"},
 			want: map[string]string{
-				LabelCount: "2", LabelProduct: "NVIDIA-A100-SXM4-40GB", LabelFamily: "ampere", LabelMIGStrategy: "mixed",
+				gpuv1alpha1.LabelCount: "2", gpuv1alpha1.LabelProduct: "NVIDIA-A100-SXM4-40GB", gpuv1alpha1.LabelFamily: "ampere", gpuv1alpha1.LabelMIGStrategy: "mixed",
 				"nvidia.com/mig-3g.20gb.count": "2", "nvidia.com/mig-1g.5gb.count": "8",
 				"nvidia.com/mig-3g.20gb.memory": "19968", "nvidia.com/mig-1g.5gb.memory": "4864",
 			},
@@ -54,7 +54,7 @@ func TestLabels(t *testing.T) {
 			name:   "no GPUs",
 			sim:    inventory.SimOptions{System: "dgx-b200", GPUs: intPtr(0)},
 			want:   map[string]string{},
-			absent: []string{LabelPresent, LabelCount},
+			absent: []string{gpuv1alpha1.LabelPresent, gpuv1alpha1.LabelCount},
 		},
 	}
 	for _, tt := range tests {
@@ -120,15 +120,15 @@ func TestLabelsForMIGStrategy(t *testing.T) {
 		absent   []string
 	}{
 		{"single, one profile: MIG devices stand in for GPUs", uniform, "single",
-			map[string]string{LabelMIGStrategy: "single", LabelProduct: "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", LabelCount: "14", LabelMemory: "4864"},
+			map[string]string{gpuv1alpha1.LabelMIGStrategy: "single", gpuv1alpha1.LabelProduct: "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", gpuv1alpha1.LabelCount: "14", gpuv1alpha1.LabelMemory: "4864"},
 			[]string{"nvidia.com/mig-1g.5gb.count"}},
 		{"single, mixed profiles: invalid, nothing schedulable", mixed, "single",
-			map[string]string{LabelMIGStrategy: "single", LabelProduct: "NVIDIA-A100-SXM4-40GB-MIG-INVALID", LabelCount: "0"},
+			map[string]string{gpuv1alpha1.LabelMIGStrategy: "single", gpuv1alpha1.LabelProduct: "NVIDIA-A100-SXM4-40GB-MIG-INVALID", gpuv1alpha1.LabelCount: "0"},
 			[]string{"nvidia.com/mig-1g.5gb.count"}},
 		{"mixed", mixed, "mixed",
-			map[string]string{LabelMIGStrategy: "mixed", LabelCount: "2", "nvidia.com/mig-3g.20gb.count": "2", "nvidia.com/mig-1g.5gb.count": "8"}, nil},
+			map[string]string{gpuv1alpha1.LabelMIGStrategy: "mixed", gpuv1alpha1.LabelCount: "2", "nvidia.com/mig-3g.20gb.count": "2", "nvidia.com/mig-1g.5gb.count": "8"}, nil},
 		{"none: MIG devices not advertised", mixed, "none",
-			map[string]string{LabelMIGStrategy: "none", LabelCount: "2", LabelProduct: "NVIDIA-A100-SXM4-40GB"},
+			map[string]string{gpuv1alpha1.LabelMIGStrategy: "none", gpuv1alpha1.LabelCount: "2", gpuv1alpha1.LabelProduct: "NVIDIA-A100-SXM4-40GB"},
 			[]string{"nvidia.com/mig-3g.20gb.count", "nvidia.com/mig-1g.5gb.count"}},
 	}
 	for _, tt := range tests {

@@ -1,4 +1,4 @@
-package gpu
+package nodelabels
 
 import (
 	"context"
@@ -26,7 +26,7 @@ func TestMain(m *testing.M) { testenv.Main(m, &env) }
 func startManager(t *testing.T) {
 	t.Helper()
 	reg := &manager.Registry{}
-	reg.Add("gpu-labels", SetupLabels)
+	reg.Add("gpu-labels", Setup)
 	opts := testenv.ManagerOptions(t)
 	opts.LeaderElect = false
 	env.StartManager(t, opts, reg)
@@ -97,24 +97,32 @@ func TestLabellerFollowsTheInventory(t *testing.T) {
 	stop := runAgent(t, node.Name, inventory.SimOptions{System: "dgx-a100", MIG: "3g.20gb:2"})
 	testenv.Eventually(t, 20*time.Second, func() error {
 		l, _ := nodeLabels(t, node.Name)
-		for k, v := range map[string]string{LabelPresent: "true", LabelCount: "8", LabelProduct: "NVIDIA-A100-SXM4-40GB",
-			LabelMIGStrategy: "mixed", "nvidia.com/mig-3g.20gb.count": "16"} {
+		for k, v := range map[string]string{gpuv1alpha1.LabelPresent: "true", gpuv1alpha1.LabelCount: "8", gpuv1alpha1.LabelProduct: "NVIDIA-A100-SXM4-40GB",
+			gpuv1alpha1.LabelMIGStrategy: "mixed", "nvidia.com/mig-3g.20gb.count": "16"} {
 			if l[k] != v {
 				return fmt.Errorf("%s = %q, want %q (labels %v)", k, l[k], v, l)
 			}
 		}
 		return nil
 	})
-	// A ClusterPolicy with the single strategy: the MIG devices stand in
-	// for the GPUs, as GFD labels them.
+	testMIGStrategyFromPolicy(t, node.Name)
+	testHandLabelsOwnerAndIdle(t, node, hand)
+	testDeletedLabelComesBack(t, node.Name)
+	testGPUsGoAway(t, node, hand, stop)
+}
+
+// A ClusterPolicy with the single strategy: the MIG devices stand in for
+// the GPUs, as GFD labels them; without it, the strategy is mixed again.
+func testMIGStrategyFromPolicy(t *testing.T, name string) {
+	ctx := context.Background()
 	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "labels-single"},
 		Spec: gpuv1alpha1.ClusterPolicySpec{MIG: gpuv1alpha1.MIGSpec{Strategy: gpuv1alpha1.MIGStrategySingle}}}
 	if err := env.Client.Create(ctx, cp); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 20*time.Second, func() error {
-		l, _ := nodeLabels(t, node.Name)
-		for k, v := range map[string]string{LabelCount: "16", LabelProduct: "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb", LabelMIGStrategy: "single"} {
+		l, _ := nodeLabels(t, name)
+		for k, v := range map[string]string{gpuv1alpha1.LabelCount: "16", gpuv1alpha1.LabelProduct: "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb", gpuv1alpha1.LabelMIGStrategy: "single"} {
 			if l[k] != v {
 				return fmt.Errorf("%s = %q, want %q (labels %v)", k, l[k], v, l)
 			}
@@ -128,12 +136,17 @@ func TestLabellerFollowsTheInventory(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 20*time.Second, func() error {
-		if l, _ := nodeLabels(t, node.Name); l[LabelMIGStrategy] != "mixed" {
-			return fmt.Errorf("strategy %q after the policy went", l[LabelMIGStrategy])
+		if l, _ := nodeLabels(t, name); l[gpuv1alpha1.LabelMIGStrategy] != "mixed" {
+			return fmt.Errorf("strategy %q after the policy went", l[gpuv1alpha1.LabelMIGStrategy])
 		}
 		return nil
 	})
+}
 
+// Hand-set labels stay, the Node owns its GPUNode, and nothing is written
+// in the steady state.
+func testHandLabelsOwnerAndIdle(t *testing.T, node *corev1.Node, hand map[string]string) {
+	ctx := context.Background()
 	l, n := nodeLabels(t, node.Name)
 	for k, v := range hand {
 		if l[k] != v {
@@ -161,21 +174,27 @@ func TestLabellerFollowsTheInventory(t *testing.T) {
 	if n.ResourceVersion != rvNode || gn.ResourceVersion != rvGPUNode {
 		t.Errorf("steady state wrote: node rv %s -> %s, GPUNode rv %s -> %s", rvNode, n.ResourceVersion, rvGPUNode, gn.ResourceVersion)
 	}
+}
 
-	// A label deleted by hand comes back.
+// A label deleted by hand comes back.
+func testDeletedLabelComesBack(t *testing.T, name string) {
+	ctx := context.Background()
+	_, n := nodeLabels(t, name)
 	patch := client.MergeFrom(n.DeepCopy())
-	delete(n.Labels, LabelCount)
+	delete(n.Labels, gpuv1alpha1.LabelCount)
 	if err := env.Client.Patch(ctx, n, patch); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 20*time.Second, func() error {
-		if l, _ := nodeLabels(t, node.Name); l[LabelCount] != "8" {
-			return fmt.Errorf("gpu.count = %q", l[LabelCount])
+		if l, _ := nodeLabels(t, name); l[gpuv1alpha1.LabelCount] != "8" {
+			return fmt.Errorf("gpu.count = %q", l[gpuv1alpha1.LabelCount])
 		}
 		return nil
 	})
+}
 
-	// The GPUs go away: every label the labeller set goes, the rest stays.
+// The GPUs go away: every label the labeller set goes, the rest stays.
+func testGPUsGoAway(t *testing.T, node *corev1.Node, hand map[string]string, stop func()) {
 	stop()
 	runAgent(t, node.Name, inventory.SimOptions{System: "dgx-a100", GPUs: new(int)})
 	testenv.Eventually(t, 20*time.Second, func() error {
@@ -190,7 +209,7 @@ func TestLabellerFollowsTheInventory(t *testing.T) {
 		}
 		return nil
 	})
-	l, _ = nodeLabels(t, node.Name)
+	l, _ := nodeLabels(t, node.Name)
 	for k, v := range hand {
 		if l[k] != v {
 			t.Errorf("hand-set label %s = %q after the GPUs went, want %q", k, l[k], v)

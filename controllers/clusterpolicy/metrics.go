@@ -1,4 +1,4 @@
-package gpu
+package clusterpolicy
 
 import (
 	"github.com/prometheus/client_golang/prometheus"

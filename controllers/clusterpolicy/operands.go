@@ -1,9 +1,6 @@
-package gpu
+package clusterpolicy
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -14,24 +11,18 @@ import (
 	"sigs.k8s.io/yaml"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
 )
 
-// Labels on every operand object.
+// RuntimeClassName is the NVIDIA container runtime's class.
+const RuntimeClassName = "nvidia"
+
 const (
-	LabelManagedBy = "app.kubernetes.io/managed-by"
-	LabelComponent = "app.kubernetes.io/component"
-	LabelPolicy    = "gpu.loom.dev/clusterpolicy"
-	// AnnotationConfigHash on a pod template changes when the operand's
-	// configuration does, so exactly that operand's pods roll.
-	AnnotationConfigHash = "gpu.loom.dev/config-hash"
-	// AnnotationTemplateHash on a pod template (and so on its pods) is the
-	// hash of the template itself.
-	AnnotationTemplateHash = "gpu.loom.dev/template-hash"
-	// AnnotationSpecHash on a DaemonSet records what Loom applied.
-	AnnotationSpecHash = "gpu.loom.dev/spec-hash"
-	managedBy          = "loom"
-	// RuntimeClassName is the NVIDIA container runtime's class.
-	RuntimeClassName = "nvidia"
+	validationsDir         = "/run/nvidia/validations"
+	devicePluginConfigDir  = "/etc/nvidia/device-plugin"
+	devicePluginConfigKey  = "config.yaml"
+	devicePluginConfigName = "loom-device-plugin-config"
+	dcgmCountersDir        = "/etc/dcgm-exporter/loom"
 )
 
 // operand describes how one operand's pod differs from the common shape.
@@ -88,17 +79,8 @@ var operands = []operand{
 	{
 		name: gpuv1alpha1.OperandDevicePlugin, privileged: true, runtimeClass: true, waitFor: "toolkit-ready",
 		hostPaths: []hostPath{{"device-plugin", "/var/lib/kubelet/device-plugins", nil}, {"run-nvidia", "/run/nvidia", nil}},
-		env: func(cp *gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
-			env := []corev1.EnvVar{{Name: "MIG_STRATEGY", Value: string(cp.Spec.MIG.Strategy)}}
-			switch c := cp.Spec.DevicePlugin.Config; {
-			case c != nil && c.TimeSlicing != nil:
-				env = append(env, corev1.EnvVar{Name: "CONFIG_FILE", Value: devicePluginConfigDir + "/" + devicePluginConfigKey})
-			case c != nil && c.ConfigMapName != "":
-				env = append(env, corev1.EnvVar{Name: "CONFIG_FILE", Value: devicePluginConfigDir + "/" + c.DefaultConfig})
-			}
-			return env
-		},
-		volumes: devicePluginVolumes,
+		env:       devicePluginEnv,
+		volumes:   devicePluginVolumes,
 		config: func(cp *gpuv1alpha1.ClusterPolicy) any {
 			return struct {
 				MIG    gpuv1alpha1.MIGStrategy
@@ -152,18 +134,16 @@ func defaultsFor(name string) gpuv1alpha1.OperandDefaults {
 }
 
 // objectName is the name of an operand's DaemonSet and ServiceAccount.
-func objectName(op string) string { return "loom-" + op }
+func objectName(op string) string { return gpuv1alpha1.OperandObjectName(op) }
 
 func operandLabels(op string, cp *gpuv1alpha1.ClusterPolicy) map[string]string {
-	return map[string]string{LabelManagedBy: managedBy, LabelComponent: op, LabelPolicy: cp.Name}
+	return map[string]string{apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: op, gpuv1alpha1.LabelPolicy: cp.Name}
 }
 
 // BuildDaemonSet is the operand's desired DaemonSet: on GPU nodes only,
 // minus nodes that opted out (nvidia.com/gpu.deploy.<operand>=false or
 // nvidia.com/gpu.deploy.operands=false). It is a pure function of the policy.
 func BuildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string) *appsv1.DaemonSet {
-	spec := cp.Spec.Operand(op.name)
-	img, ref := spec.EffectiveImage(defaultsFor(op.name))
 	labels := operandLabels(op.name, cp)
 	podLabels := map[string]string{}
 	for k, v := range cp.Spec.DaemonSets.Labels {
@@ -177,9 +157,78 @@ func BuildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string)
 		annotations[k] = v
 	}
 	if op.config != nil {
-		annotations[AnnotationConfigHash] = hashOf(op.config(cp))
+		annotations[gpuv1alpha1.AnnotationConfigHash] = apply.Hash(op.config(cp))
 	}
+	strategy := appsv1.DaemonSetUpdateStrategy{Type: appsv1.RollingUpdateDaemonSetStrategyType}
+	if op.onDelete {
+		strategy = appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType}
+	}
+	template := corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: annotations}, Spec: podSpec(op, cp)}
+	// Pods carry the hash of the template they were made from: the driver
+	// upgrade tells old driver pods from new ones by it.
+	annotations[gpuv1alpha1.AnnotationTemplateHash] = apply.Hash(template)
+	return &appsv1.DaemonSet{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
+		ObjectMeta: metav1.ObjectMeta{Name: objectName(op.name), Namespace: namespace, Labels: labels},
+		Spec: appsv1.DaemonSetSpec{
+			Selector:       &metav1.LabelSelector{MatchLabels: map[string]string{apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: op.name}},
+			UpdateStrategy: strategy,
+			Template:       template,
+		},
+	}
+}
 
+// podSpec is the operand's pod: its container after the validation init
+// container, with its configuration volumes and host paths.
+func podSpec(op operand, cp *gpuv1alpha1.ClusterPolicy) corev1.PodSpec {
+	spec := cp.Spec.Operand(op.name)
+	img, _ := spec.EffectiveImage(defaultsFor(op.name))
+	c := container(op, cp)
+	var volumes []corev1.Volume
+	var initContainers []corev1.Container
+	if v, ic := validationInit(op, cp); ic != nil {
+		volumes, initContainers = append(volumes, v), append(initContainers, *ic)
+	}
+	if op.volumes != nil {
+		v, m := op.volumes(cp)
+		volumes = append(volumes, v...)
+		c.VolumeMounts = append(c.VolumeMounts, m...)
+	}
+	for _, hp := range op.hostPaths {
+		volumes = append(volumes, corev1.Volume{Name: hp.name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: hp.path}}})
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: hp.name, MountPath: hostMountPath(hp), MountPropagation: hp.propagation})
+	}
+	pod := corev1.PodSpec{
+		ServiceAccountName: objectName(op.name),
+		PriorityClassName:  cp.Spec.DaemonSets.PriorityClassName,
+		NodeSelector:       spec.NodeSelector,
+		Tolerations: append(append([]corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+			cp.Spec.DaemonSets.Tolerations...), spec.Tolerations...),
+		Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{
+					{Key: gpuv1alpha1.LabelPresent, Operator: corev1.NodeSelectorOpIn, Values: []string{"true"}},
+					{Key: "nvidia.com/gpu.deploy.operands", Operator: corev1.NodeSelectorOpNotIn, Values: []string{"false"}},
+					{Key: "nvidia.com/gpu.deploy." + op.name, Operator: corev1.NodeSelectorOpNotIn, Values: []string{"false"}},
+				},
+			}}},
+		}},
+		InitContainers:   initContainers,
+		Containers:       []corev1.Container{c},
+		Volumes:          volumes,
+		HostPID:          op.name == gpuv1alpha1.OperandDriver,
+		ImagePullSecrets: pullSecrets(img.PullSecrets),
+	}
+	if op.runtimeClass {
+		pod.RuntimeClassName = ptr.To(RuntimeClassName)
+	}
+	return pod
+}
+
+// container is the operand's own container, before its volume mounts.
+func container(op operand, cp *gpuv1alpha1.ClusterPolicy) corev1.Container {
+	spec := cp.Spec.Operand(op.name)
+	img, ref := spec.EffectiveImage(defaultsFor(op.name))
 	c := corev1.Container{
 		Name:            op.name,
 		Image:           ref,
@@ -203,91 +252,38 @@ func BuildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string)
 	if spec.Resources != nil {
 		c.Resources = *spec.Resources
 	}
-	var volumes []corev1.Volume
-	var initContainers []corev1.Container
-	if op.waitFor != "" || op.validates != "" {
-		// As GPU Operator does: validation writes a marker per stage on the
-		// host (/run/nvidia/validations/<stage>-ready); later operands wait
-		// for theirs, so nothing starts on a node before what it needs.
-		validator, validatorRef := cp.Spec.Validator.EffectiveImage(defaultsFor(gpuv1alpha1.OperandValidator))
-		volumes = append(volumes, corev1.Volume{Name: "validations", VolumeSource: corev1.VolumeSource{
-			HostPath: &corev1.HostPathVolumeSource{Path: validationsDir, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}}})
-		ic := corev1.Container{
-			Image: validatorRef, ImagePullPolicy: validator.PullPolicy,
-			VolumeMounts: []corev1.VolumeMount{{Name: "validations", MountPath: validationsDir}},
-		}
-		if op.validates != "" {
-			ic.Name = op.validates + "-validation"
-			ic.Command = []string{"sh", "-c", "nvidia-validator"}
-			ic.Env = []corev1.EnvVar{{Name: "COMPONENT", Value: op.validates}, {Name: "WITH_WAIT", Value: "true"}}
-			ic.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
-			ic.VolumeMounts = append(ic.VolumeMounts, corev1.VolumeMount{Name: "run-nvidia", MountPath: "/run/nvidia", MountPropagation: ptr.To(corev1.MountPropagationHostToContainer)})
-		} else {
-			ic.Name = "wait-for-" + strings.TrimSuffix(op.waitFor, "-ready")
-			ic.Command = []string{"sh", "-c", fmt.Sprintf("until [ -f %s/%s ]; do echo waiting for %s; sleep 5; done", validationsDir, op.waitFor, op.waitFor)}
-			ic.SecurityContext = &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false)}
-		}
-		initContainers = append(initContainers, ic)
-	}
-	if op.volumes != nil {
-		v, m := op.volumes(cp)
-		volumes = append(volumes, v...)
-		c.VolumeMounts = append(c.VolumeMounts, m...)
-	}
-	for _, hp := range op.hostPaths {
-		volumes = append(volumes, corev1.Volume{Name: hp.name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: hp.path}}})
-		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: hp.name, MountPath: hostMountPath(hp), MountPropagation: hp.propagation})
-	}
-
-	pod := corev1.PodSpec{
-		ServiceAccountName: objectName(op.name),
-		PriorityClassName:  cp.Spec.DaemonSets.PriorityClassName,
-		NodeSelector:       spec.NodeSelector,
-		Tolerations: append(append([]corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
-			cp.Spec.DaemonSets.Tolerations...), spec.Tolerations...),
-		Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
-			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-				MatchExpressions: []corev1.NodeSelectorRequirement{
-					{Key: LabelPresent, Operator: corev1.NodeSelectorOpIn, Values: []string{"true"}},
-					{Key: "nvidia.com/gpu.deploy.operands", Operator: corev1.NodeSelectorOpNotIn, Values: []string{"false"}},
-					{Key: "nvidia.com/gpu.deploy." + op.name, Operator: corev1.NodeSelectorOpNotIn, Values: []string{"false"}},
-				},
-			}}},
-		}},
-		InitContainers:   initContainers,
-		Containers:       []corev1.Container{c},
-		Volumes:          volumes,
-		HostPID:          op.name == gpuv1alpha1.OperandDriver,
-		ImagePullSecrets: pullSecrets(img.PullSecrets),
-	}
-	if op.runtimeClass {
-		pod.RuntimeClassName = ptr.To(RuntimeClassName)
-	}
-	strategy := appsv1.DaemonSetUpdateStrategy{Type: appsv1.RollingUpdateDaemonSetStrategyType}
-	if op.onDelete {
-		strategy = appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType}
-	}
-	template := corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: annotations}, Spec: pod}
-	// Pods carry the hash of the template they were made from: the driver
-	// upgrade controller tells old driver pods from new ones by it.
-	annotations[AnnotationTemplateHash] = hashOf(template)
-	return &appsv1.DaemonSet{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
-		ObjectMeta: metav1.ObjectMeta{Name: objectName(op.name), Namespace: namespace, Labels: labels},
-		Spec: appsv1.DaemonSetSpec{
-			Selector:       &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: managedBy, LabelComponent: op.name}},
-			UpdateStrategy: strategy,
-			Template:       template,
-		},
-	}
+	return c
 }
 
-const (
-	validationsDir         = "/run/nvidia/validations"
-	devicePluginConfigDir  = "/etc/nvidia/device-plugin"
-	devicePluginConfigKey  = "config.yaml"
-	devicePluginConfigName = "loom-device-plugin-config"
-)
+// validationInit is the operand's validation init container and the host
+// volume of the markers (nil for an operand that neither validates nor
+// waits). As GPU Operator does: validation writes a marker per stage on the
+// host (/run/nvidia/validations/<stage>-ready); later operands wait for
+// theirs, so nothing starts on a node before what it needs.
+func validationInit(op operand, cp *gpuv1alpha1.ClusterPolicy) (corev1.Volume, *corev1.Container) {
+	if op.waitFor == "" && op.validates == "" {
+		return corev1.Volume{}, nil
+	}
+	validator, validatorRef := cp.Spec.Validator.EffectiveImage(defaultsFor(gpuv1alpha1.OperandValidator))
+	v := corev1.Volume{Name: "validations", VolumeSource: corev1.VolumeSource{
+		HostPath: &corev1.HostPathVolumeSource{Path: validationsDir, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}}}
+	ic := &corev1.Container{
+		Image: validatorRef, ImagePullPolicy: validator.PullPolicy,
+		VolumeMounts: []corev1.VolumeMount{{Name: "validations", MountPath: validationsDir}},
+	}
+	if op.validates != "" {
+		ic.Name = op.validates + "-validation"
+		ic.Command = []string{"sh", "-c", "nvidia-validator"}
+		ic.Env = []corev1.EnvVar{{Name: "COMPONENT", Value: op.validates}, {Name: "WITH_WAIT", Value: "true"}}
+		ic.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+		ic.VolumeMounts = append(ic.VolumeMounts, corev1.VolumeMount{Name: "run-nvidia", MountPath: "/run/nvidia", MountPropagation: ptr.To(corev1.MountPropagationHostToContainer)})
+	} else {
+		ic.Name = "wait-for-" + strings.TrimSuffix(op.waitFor, "-ready")
+		ic.Command = []string{"sh", "-c", fmt.Sprintf("until [ -f %s/%s ]; do echo waiting for %s; sleep 5; done", validationsDir, op.waitFor, op.waitFor)}
+		ic.SecurityContext = &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false)}
+	}
+	return v, ic
+}
 
 // DevicePluginConfigMap is the ConfigMap Loom writes for inline
 // time-slicing (nil when the policy has none), in the device plugin's own
@@ -301,18 +297,16 @@ func DevicePluginConfigMap(cp *gpuv1alpha1.ClusterPolicy, namespace string) *cor
 		Name     string `json:"name"`
 		Replicas int32  `json:"replicas"`
 	}
+	resources := make([]resource, len(c.TimeSlicing.Resources))
+	for i, r := range c.TimeSlicing.Resources {
+		resources[i] = resource{r.Name, r.Replicas}
+	}
 	cfg := map[string]any{
 		"version": "v1",
 		"flags":   map[string]any{"migStrategy": string(cp.Spec.MIG.Strategy)},
 		"sharing": map[string]any{"timeSlicing": map[string]any{
 			"renameByDefault": c.TimeSlicing.RenameByDefault,
-			"resources": func() []resource {
-				out := make([]resource, len(c.TimeSlicing.Resources))
-				for i, r := range c.TimeSlicing.Resources {
-					out[i] = resource{r.Name, r.Replicas}
-				}
-				return out
-			}(),
+			"resources":       resources,
 		}},
 	}
 	b, _ := yaml.Marshal(cfg) // plain data: cannot fail
@@ -321,6 +315,17 @@ func DevicePluginConfigMap(cp *gpuv1alpha1.ClusterPolicy, namespace string) *cor
 		ObjectMeta: metav1.ObjectMeta{Name: devicePluginConfigName, Namespace: namespace, Labels: operandLabels(gpuv1alpha1.OperandDevicePlugin, cp)},
 		Data:       map[string]string{devicePluginConfigKey: string(b)},
 	}
+}
+
+func devicePluginEnv(cp *gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
+	env := []corev1.EnvVar{{Name: "MIG_STRATEGY", Value: string(cp.Spec.MIG.Strategy)}}
+	switch c := cp.Spec.DevicePlugin.Config; {
+	case c != nil && c.TimeSlicing != nil:
+		env = append(env, corev1.EnvVar{Name: "CONFIG_FILE", Value: devicePluginConfigDir + "/" + devicePluginConfigKey})
+	case c != nil && c.ConfigMapName != "":
+		env = append(env, corev1.EnvVar{Name: "CONFIG_FILE", Value: devicePluginConfigDir + "/" + c.DefaultConfig})
+	}
+	return env
 }
 
 func devicePluginVolumes(cp *gpuv1alpha1.ClusterPolicy) ([]corev1.Volume, []corev1.VolumeMount) {
@@ -354,13 +359,8 @@ func pullSecrets(names []string) []corev1.LocalObjectReference {
 	return out
 }
 
-func hashOf(v any) string {
-	b, _ := json.Marshal(v) // plain data: cannot fail
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:8])
-}
-
-// enabledOperands returns the operands the policy runs, in order.
+// enabledOperands returns the operands the policy runs, in order, and
+// those it does not.
 func enabledOperands(cp *gpuv1alpha1.ClusterPolicy) (on, off []operand) {
 	for _, op := range operands {
 		if cp.Spec.Operand(op.name).IsEnabled(defaultsFor(op.name)) {
@@ -371,5 +371,3 @@ func enabledOperands(cp *gpuv1alpha1.ClusterPolicy) (on, off []operand) {
 	}
 	return on, off
 }
-
-const dcgmCountersDir = "/etc/dcgm-exporter/loom"

@@ -1,8 +1,10 @@
-package gpu
+package nodelabels
 
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -22,10 +24,10 @@ import (
 	"github.com/loom-dev/loom/internal/manager"
 )
 
-// LabelsFieldOwner is the labeller's server-side-apply field manager: on
-// Nodes it owns exactly the labels it set, so applying a smaller set removes
-// the rest of its own and never touches anyone else's.
-const LabelsFieldOwner = "loom-gpu-labels"
+// FieldOwner is the labeller's server-side-apply field manager: on Nodes it
+// owns exactly the labels it set, so applying a smaller set removes the
+// rest of its own and never touches anyone else's.
+const FieldOwner = "loom-gpu-labels"
 
 // AnnotationManagedLabels lists the label keys the labeller set on a Node.
 // The cache strips managedFields, so this is how a pass tells, from the
@@ -34,18 +36,18 @@ const AnnotationManagedLabels = "gpu.loom.dev/managed-labels"
 
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=gpunodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=gpunodes/status,verbs=get
+// +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 
-// LabelReconciler keeps each GPU node's GFD labels in line with its GPUNode,
-// and makes each GPUNode owned by its Node (so it is garbage-collected).
-type LabelReconciler struct {
+// Reconciler keeps each GPU node's GFD labels in line with its GPUNode, and
+// makes each GPUNode owned by its Node (so it is garbage-collected).
+type Reconciler struct {
 	client.Client
 }
 
-// SetupLabels registers the labeller. Nodes are watched as metadata only:
-// labels and annotations are all it reads, and a Node's status is most of
-// its size.
-func SetupLabels(_ context.Context, mgr ctrl.Manager, _ manager.Options) error {
+// Setup registers the labeller. Nodes are watched as metadata only: labels
+// and annotations are all it reads, and a Node's status is most of its size.
+func Setup(_ context.Context, mgr ctrl.Manager, _ manager.Options) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("gpu-labels").
 		For(&gpuv1alpha1.GPUNode{}).
@@ -66,7 +68,7 @@ func SetupLabels(_ context.Context, mgr ctrl.Manager, _ manager.Options) error {
 			}
 			return out
 		}), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Complete(&LabelReconciler{Client: mgr.GetClient()})
+		Complete(&Reconciler{Client: mgr.GetClient()})
 }
 
 // metadataChanged passes Node creations and label/annotation/UID changes,
@@ -76,7 +78,7 @@ func metadataChanged() predicate.Funcs {
 		UpdateFunc: func(e event.UpdateEvent) bool {
 			o, n := e.ObjectOld, e.ObjectNew
 			return o.GetUID() != n.GetUID() ||
-				!mapsEqual(o.GetLabels(), n.GetLabels()) || !mapsEqual(o.GetAnnotations(), n.GetAnnotations())
+				!maps.Equal(o.GetLabels(), n.GetLabels()) || !maps.Equal(o.GetAnnotations(), n.GetAnnotations())
 		},
 		DeleteFunc: func(event.DeleteEvent) bool { return false },
 	}
@@ -84,7 +86,7 @@ func metadataChanged() predicate.Funcs {
 
 // Reconcile observes the GPUNode and Node in the cache, computes the labels,
 // and applies only when something differs.
-func (r *LabelReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	node := &metav1.PartialObjectMetadata{}
 	node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
 	if err := r.Get(ctx, req.NamespacedName, node); err != nil {
@@ -106,16 +108,9 @@ func (r *LabelReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	}
 	desired := map[string]string{}
 	if gn != nil {
-		cp, err := ActivePolicy(ctx, r.Client)
+		strategy, err := r.migStrategy(ctx)
 		if err != nil {
 			return ctrl.Result{}, err
-		}
-		strategy := ""
-		if cp != nil {
-			strategy = string(cp.Spec.MIG.Strategy)
-			if strategy == "" {
-				strategy = string(gpuv1alpha1.MIGStrategySingle) // the API's default
-			}
 		}
 		desired = LabelsFor(gn.Status, strategy)
 	}
@@ -125,28 +120,45 @@ func (r *LabelReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	return ctrl.Result{}, r.applyLabels(ctx, node.Name, desired)
 }
 
-func (r *LabelReconciler) applyLabels(ctx context.Context, name string, labels map[string]string) error {
+// migStrategy is the MIG strategy of the ClusterPolicy in force, "" when
+// none is.
+func (r *Reconciler) migStrategy(ctx context.Context) (string, error) {
+	list := &gpuv1alpha1.ClusterPolicyList{}
+	if err := r.List(ctx, list); err != nil {
+		return "", err
+	}
+	cp := gpuv1alpha1.Active(list.Items)
+	switch {
+	case cp == nil:
+		return "", nil
+	case cp.Spec.MIG.Strategy == "":
+		return string(gpuv1alpha1.MIGStrategySingle), nil // the API's default
+	}
+	return string(cp.Spec.MIG.Strategy), nil
+}
+
+func (r *Reconciler) applyLabels(ctx context.Context, name string, labels map[string]string) error {
 	u := &unstructured.Unstructured{}
 	u.SetAPIVersion("v1")
 	u.SetKind("Node")
 	u.SetName(name)
 	if len(labels) > 0 {
 		u.SetLabels(labels)
-		u.SetAnnotations(map[string]string{AnnotationManagedLabels: strings.Join(sortedKeys(labels), ",")})
+		u.SetAnnotations(map[string]string{AnnotationManagedLabels: managedKeys(labels)})
 	}
-	if err := r.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(LabelsFieldOwner), client.ForceOwnership); err != nil {
+	if err := r.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying GPU labels to node %s: %w", name, err)
 	}
 	return nil
 }
 
-func (r *LabelReconciler) applyOwner(ctx context.Context, gn *gpuv1alpha1.GPUNode, node *metav1.PartialObjectMetadata) error {
+func (r *Reconciler) applyOwner(ctx context.Context, gn *gpuv1alpha1.GPUNode, node *metav1.PartialObjectMetadata) error {
 	u := &unstructured.Unstructured{}
 	u.SetAPIVersion(gpuv1alpha1.GroupVersion.String())
 	u.SetKind("GPUNode")
 	u.SetName(gn.Name)
 	u.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}})
-	if err := r.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(LabelsFieldOwner), client.ForceOwnership); err != nil {
+	if err := r.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
 		return fmt.Errorf("making node %s the owner of its GPUNode: %w", node.Name, err)
 	}
 	return nil
@@ -169,22 +181,15 @@ func labelsUpToDate(node *metav1.PartialObjectMetadata, desired map[string]strin
 			return false
 		}
 	}
-	managed := node.Annotations[AnnotationManagedLabels]
+	managed, annotated := node.Annotations[AnnotationManagedLabels]
 	if len(desired) == 0 {
-		_, annotated := node.Annotations[AnnotationManagedLabels]
 		return !annotated
 	}
-	return managed == strings.Join(sortedKeys(desired), ",")
+	return managed == managedKeys(desired)
 }
 
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
+// managedKeys is the AnnotationManagedLabels value for labels: the sorted
+// keys, comma-separated.
+func managedKeys(labels map[string]string) string {
+	return strings.Join(slices.Sorted(maps.Keys(labels)), ",")
 }

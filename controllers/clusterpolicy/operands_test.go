@@ -1,14 +1,14 @@
-package gpu
+package clusterpolicy
 
 import (
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
 )
 
 func operandByName(name string) operand {
@@ -49,8 +49,8 @@ func TestConfigHashTouchesOnlyTheAffectedOperand(t *testing.T) {
 	changed.Spec.DevicePlugin.Config = &gpuv1alpha1.DevicePluginConfig{TimeSlicing: &gpuv1alpha1.TimeSlicingSpec{
 		Resources: []gpuv1alpha1.TimeSlicingResource{{Name: "nvidia.com/gpu", Replicas: 4}}}}
 	for _, op := range operands {
-		a := hashOf(BuildDaemonSet(op, base, "ns").Spec)
-		b := hashOf(BuildDaemonSet(op, changed, "ns").Spec)
+		a := apply.Hash(BuildDaemonSet(op, base, "ns").Spec)
+		b := apply.Hash(BuildDaemonSet(op, changed, "ns").Spec)
 		if (a != b) != (op.name == "device-plugin") {
 			t.Errorf("%s: spec changed = %v", op.name, a != b)
 		}
@@ -96,35 +96,6 @@ func TestOperandImagesAndOverrides(t *testing.T) {
 	}
 }
 
-func TestUpgradeBudget(t *testing.T) {
-	pct := func(s string) *intstr.IntOrString { v := intstr.FromString(s); return &v }
-	n := func(i int) *intstr.IntOrString { v := intstr.FromInt32(int32(i)); return &v }
-	tests := []struct {
-		parallel                  *int32
-		unavailable               *intstr.IntOrString
-		nodes, inProgress, failed int
-		want                      int
-	}{
-		{nil, pct("25%"), 8, 0, 0, 1},              // defaults: one at a time
-		{ptr.To[int32](2), pct("50%"), 6, 0, 0, 2}, // parallel bound
-		{ptr.To[int32](2), pct("50%"), 6, 1, 0, 1},
-		{ptr.To[int32](0), pct("25%"), 10, 0, 0, 3}, // unlimited parallel, 25% of 10 rounds up to 3
-		{ptr.To[int32](0), n(4), 10, 4, 0, 0},
-		{ptr.To[int32](5), pct("0%"), 10, 0, 0, 1}, // never stall completely
-		{ptr.To[int32](2), nil, 1, 0, 0, 1},
-		{ptr.To[int32](2), pct("25%"), 8, 0, 1, 1}, // a failed, cordoned node uses unavailability
-		{ptr.To[int32](0), pct("25%"), 8, 0, 2, 0}, // failures cannot cordon the fleet
-		{ptr.To[int32](1), nil, 8, 0, 5, 1},        // without maxUnavailable, failures do not stop the rollout
-	}
-	for _, tt := range tests {
-		p := gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: tt.parallel, MaxUnavailable: tt.unavailable}
-		if got := UpgradeBudget(p, tt.nodes, tt.inProgress, tt.failed); got != tt.want {
-			t.Errorf("UpgradeBudget(parallel %v, unavailable %v, %d nodes, %d in progress, %d failed) = %d, want %d",
-				tt.parallel, tt.unavailable, tt.nodes, tt.inProgress, tt.failed, got, tt.want)
-		}
-	}
-}
-
 // dcgm-exporter reads Loom's counters (with the ECC fields the alerts need)
 // unless the policy names its own ConfigMap; switching restarts it.
 func TestDCGMExporterCounters(t *testing.T) {
@@ -156,7 +127,7 @@ func TestDCGMExporterCounters(t *testing.T) {
 	own := cp.DeepCopy()
 	own.Spec.DCGMExporter.MetricsConfigMapName = "my-counters"
 	ds2 := BuildDaemonSet(operandByName(gpuv1alpha1.OperandDCGMExporter), own, "ns")
-	if own.Spec.DCGMExporter.CountersConfigMap() != "my-counters" || ds2.Spec.Template.Annotations[AnnotationConfigHash] == ds.Spec.Template.Annotations[AnnotationConfigHash] {
+	if own.Spec.DCGMExporter.CountersConfigMap() != "my-counters" || ds2.Spec.Template.Annotations[gpuv1alpha1.AnnotationConfigHash] == ds.Spec.Template.Annotations[gpuv1alpha1.AnnotationConfigHash] {
 		t.Errorf("naming a ConfigMap must switch the volume and restart the exporters")
 	}
 }

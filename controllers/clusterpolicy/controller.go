@@ -1,0 +1,258 @@
+// Package clusterpolicy is the ClusterPolicy reconciler: it turns the
+// ClusterPolicy in force into the GPU stack's operands (DaemonSets, their
+// ServiceAccounts and RBAC, the device plugin's ConfigMap, the NVIDIA
+// RuntimeClass), reports their rollout and the fleet's MIG state in the
+// policy's status and metrics, and marks every other ClusterPolicy ignored.
+//
+// A pass observes the cache, computes the desired children (desired, a pure
+// function of the policy), writes the difference through one apply.Writer,
+// and writes the status that status (pure) computes.
+package clusterpolicy
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/manager"
+)
+
+// FieldOwner is the ClusterPolicy reconciler's field manager.
+const FieldOwner = "loom-clusterpolicy"
+
+// +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies/status,verbs=get;patch
+// +kubebuilder:rbac:groups=gpu.loom.dev,resources=gpunodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=node.k8s.io,resources=runtimeclasses,verbs=get;list;watch;create;patch
+
+// rbacKinds are the operands' RBAC kinds, cached as metadata only (Setup's
+// Owns): a ClusterRole's rules are no reconciler's business once applied.
+var rbacKinds = []schema.GroupKind{
+	{Group: rbacv1.GroupName, Kind: "ClusterRole"},
+	{Group: rbacv1.GroupName, Kind: "ClusterRoleBinding"},
+	{Group: rbacv1.GroupName, Kind: "Role"},
+	{Group: rbacv1.GroupName, Kind: "RoleBinding"},
+}
+
+// Reconciler turns the active ClusterPolicy into operand DaemonSets and
+// reports their rollout component by component.
+type Reconciler struct {
+	client.Client
+	Namespace string
+	w         *apply.Writer
+}
+
+// New returns a reconciler writing through one writer as FieldOwner.
+func New(c client.Client, namespace string) *Reconciler {
+	return &Reconciler{Client: c, Namespace: namespace,
+		w: apply.NewWriter(c, FieldOwner, apply.Options{Conditions: []string{conditionReady}, MetadataOnly: rbacKinds})}
+}
+
+// Setup registers the ClusterPolicy reconciler.
+func Setup(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
+	r := New(mgr.GetClient(), opts.Namespace)
+	all := handler.EnqueueRequestsFromMapFunc(r.allPolicies)
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("clusterpolicy").
+		For(&gpuv1alpha1.ClusterPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Owns(&appsv1.DaemonSet{}).
+		Owns(&corev1.ServiceAccount{}).
+		Owns(&nodev1.RuntimeClass{}).
+		Owns(&corev1.ConfigMap{}).
+		Owns(&rbacv1.ClusterRole{}, builder.OnlyMetadata).
+		Owns(&rbacv1.ClusterRoleBinding{}, builder.OnlyMetadata).
+		Owns(&rbacv1.Role{}, builder.OnlyMetadata).
+		Owns(&rbacv1.RoleBinding{}, builder.OnlyMetadata).
+		// GPU nodes coming and going, their upgrade and MIG labels and
+		// failure annotations change the status.
+		WatchesMetadata(&corev1.Node{}, all, builder.WithPredicates(
+			predicate.Or[client.Object](predicate.LabelChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
+		// MIG changes reported by the node agents change status.mig.
+		Watches(&gpuv1alpha1.GPUNode{}, all, builder.WithPredicates(migChanged())).
+		Complete(r)
+}
+
+func (r *Reconciler) allPolicies(ctx context.Context, _ client.Object) []reconcile.Request {
+	list := &gpuv1alpha1.ClusterPolicyList{}
+	if err := r.List(ctx, list); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, len(list.Items))
+	for i := range list.Items {
+		reqs[i] = reconcile.Request{NamespacedName: types.NamespacedName{Name: list.Items[i].Name}}
+	}
+	return reqs
+}
+
+// Reconcile observes (cache), computes the desired children (pure),
+// writes the difference, and writes status (pure) when it changed.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	cp := &gpuv1alpha1.ClusterPolicy{}
+	if err := r.Get(ctx, req.NamespacedName, cp); err != nil {
+		if apierrors.IsNotFound(err) {
+			// Its children go by garbage collection.
+			r.w.Forget(&gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: req.Name}})
+		}
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	obs, err := r.observe(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if obs.active != cp.Name {
+		_, err := r.w.Status(ctx, cp, &cp.Status, ignoredStatus(cp, obs.active))
+		return ctrl.Result{}, err
+	}
+	writeErrs := r.write(ctx, cp, desired(cp, r.Namespace))
+	if obs.daemonSets, err = r.daemonSets(ctx, cp); err != nil {
+		return ctrl.Result{}, err
+	}
+	st := status(cp, obs, writeErrs)
+	recordMetrics(cp.Name, st, obs.upgrades)
+	wait, err := r.w.Status(ctx, cp, &cp.Status, st, apply.CountsOnly(countsOnly(&cp.Status, st)))
+	switch {
+	case err != nil:
+		return ctrl.Result{}, err
+	case len(writeErrs) > 0:
+		return ctrl.Result{}, fmt.Errorf("operands: %s", strings.Join(writeErrs, "; "))
+	}
+	return ctrl.Result{RequeueAfter: wait}, nil
+}
+
+// write ensures every wanted child and removes the policy's others,
+// returning what failed. The RuntimeClass may belong to the toolkit or an
+// admin: then it is theirs, and not a failure.
+func (r *Reconciler) write(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, want []client.Object) []string {
+	var errs []string
+	for _, obj := range want {
+		err := r.w.Ensure(ctx, cp, obj)
+		if _, rc := obj.(*nodev1.RuntimeClass); rc && apply.IsForeign(err) {
+			continue // the toolkit's or an admin's
+		}
+		if err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	for _, obj := range undesired(r.Namespace, want) {
+		if err := r.w.Remove(ctx, cp, obj); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	return errs
+}
+
+// observe reads what the status depends on beside the policy's own
+// children: the policy in force, the GPU nodes and their inventory.
+func (r *Reconciler) observe(ctx context.Context) (observed, error) {
+	var obs observed
+	policies := &gpuv1alpha1.ClusterPolicyList{}
+	if err := r.List(ctx, policies); err != nil {
+		return obs, err
+	}
+	if active := gpuv1alpha1.Active(policies.Items); active != nil {
+		obs.active = active.Name
+	}
+	nodes := &metav1.PartialObjectMetadataList{}
+	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
+	if err := r.List(ctx, nodes, client.MatchingLabels{gpuv1alpha1.LabelPresent: "true"}); err != nil {
+		return obs, err
+	}
+	obs.gpuNodes, obs.upgrades = int32(len(nodes.Items)), countUpgrades(nodes.Items)
+	inventory := &gpuv1alpha1.GPUNodeList{}
+	if err := r.List(ctx, inventory); err != nil {
+		return obs, err
+	}
+	obs.inventory = inventory.Items
+	return obs, nil
+}
+
+// daemonSets reads the enabled operands' DaemonSets from the cache.
+func (r *Reconciler) daemonSets(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy) (map[string]*appsv1.DaemonSet, error) {
+	out := map[string]*appsv1.DaemonSet{}
+	on, _ := enabledOperands(cp)
+	for _, op := range on {
+		ds := &appsv1.DaemonSet{}
+		err := r.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: objectName(op.name)}, ds)
+		switch {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			return nil, err
+		default:
+			out[op.name] = ds
+		}
+	}
+	return out, nil
+}
+
+// countUpgrades sorts the GPU nodes by driver upgrade progress and MIG
+// layout failure.
+func countUpgrades(nodes []metav1.PartialObjectMetadata) upgradeCounts {
+	var u upgradeCounts
+	why := map[string]string{}
+	for _, n := range nodes {
+		if n.Labels[gpuv1alpha1.LabelMIGConfigState] == "failed" {
+			u.migFailed = append(u.migFailed, n.Name)
+		}
+		switch n.Labels[gpuv1alpha1.LabelUpgradeState] {
+		case "", gpuv1alpha1.UpgradeDone:
+		case gpuv1alpha1.UpgradeFailed:
+			u.failed = append(u.failed, n.Name)
+			why[n.Name] = n.Annotations[gpuv1alpha1.AnnotationFailure]
+		default:
+			u.inProgress = append(u.inProgress, n.Name)
+		}
+	}
+	sort.Strings(u.failed)
+	if len(u.failed) > 0 {
+		u.firstFailure = why[u.failed[0]]
+	}
+	return u
+}
+
+// migChanged passes GPUNode events that change what summarizeMIG reads.
+func migChanged() predicate.Funcs {
+	key := func(o client.Object) string {
+		gn, ok := o.(*gpuv1alpha1.GPUNode)
+		if !ok {
+			return ""
+		}
+		var b strings.Builder
+		for _, g := range gn.Status.GPUs {
+			if g.MIG == nil {
+				continue
+			}
+			fmt.Fprintf(&b, "%v/%s/%s:", g.MIG.Capable, g.MIG.CurrentMode, g.MIG.PendingMode)
+			for _, d := range g.MIG.Devices {
+				b.WriteString(d.Profile + ",")
+			}
+			b.WriteString(";")
+		}
+		return b.String()
+	}
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool { return key(e.ObjectOld) != key(e.ObjectNew) },
+	}
+}

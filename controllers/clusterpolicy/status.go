@@ -1,0 +1,254 @@
+package clusterpolicy
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
+)
+
+// Reasons of the ClusterPolicy Ready condition.
+const (
+	ReasonAllReady       = "AllComponentsReady"
+	ReasonComponentsWait = "ComponentsNotReady"
+	ReasonNoGPUNodes     = "NoGPUNodes"
+	ReasonIgnored        = "AnotherPolicyActive"
+	ReasonApplyFailed    = "ApplyFailed"
+)
+
+const (
+	conditionReady        = "Ready"
+	componentStateReady   = "ready"
+	componentStateWaiting = "notReady"
+	componentStateOff     = "disabled"
+	// maxListed caps the node names a status list holds.
+	maxListed = 20
+)
+
+// observed is what one pass saw in the cache.
+type observed struct {
+	// active names the ClusterPolicy in force ("" when none is).
+	active string
+	// gpuNodes counts the nodes labelled nvidia.com/gpu.present=true.
+	gpuNodes int32
+	upgrades upgradeCounts
+	// inventory is every GPUNode (the MIG summary).
+	inventory []gpuv1alpha1.GPUNode
+	// daemonSets are the enabled operands' DaemonSets by operand name; a
+	// missing one is not created yet.
+	daemonSets map[string]*appsv1.DaemonSet
+}
+
+// upgradeCounts are the GPU nodes by driver upgrade progress.
+type upgradeCounts struct {
+	inProgress, failed []string
+	// firstFailure is why the first failed node (by name) failed.
+	firstFailure string
+	// migFailed are nodes whose MIG manager reports a failed layout.
+	migFailed []string
+}
+
+// ignoredStatus is the status of a policy that is not in force: it names
+// the one that is and reports no components.
+func ignoredStatus(cp *gpuv1alpha1.ClusterPolicy, active string) *gpuv1alpha1.ClusterPolicyStatus {
+	st := cp.Status.DeepCopy()
+	st.ObservedGeneration = cp.Generation
+	st.State, st.ActivePolicy, st.Components = gpuv1alpha1.PolicyIgnored, active, nil
+	setReady(st, cp.Generation, metav1.ConditionFalse, ReasonIgnored,
+		fmt.Sprintf("ClusterPolicy %s is in force (the oldest); this one is ignored", active))
+	return st
+}
+
+// status is the status of the policy in force, a pure function of the
+// policy, what the pass observed and the writes that failed.
+func status(cp *gpuv1alpha1.ClusterPolicy, obs observed, writeErrs []string) *gpuv1alpha1.ClusterPolicyStatus {
+	st := cp.Status.DeepCopy()
+	st.ObservedGeneration = cp.Generation
+	st.ActivePolicy = ""
+	st.GPUNodes = obs.gpuNodes
+	on, off := enabledOperands(cp)
+	st.Components = components(cp, on, off, obs)
+	st.MIG = summarizeMIG(obs.inventory, obs.upgrades.migFailed)
+	st.MIG.Strategy = cp.Spec.MIG.Strategy
+	if st.MIG.Strategy == "" {
+		st.MIG.Strategy = gpuv1alpha1.MIGStrategySingle
+	}
+	readiness(st, obs.gpuNodes, writeErrs, cp.Generation)
+	return st
+}
+
+// components reports each operand's rollout from its DaemonSet.
+func components(cp *gpuv1alpha1.ClusterPolicy, on, off []operand, obs observed) []gpuv1alpha1.ComponentStatus {
+	var out []gpuv1alpha1.ComponentStatus
+	for _, op := range on {
+		_, ref := cp.Spec.Operand(op.name).EffectiveImage(defaultsFor(op.name))
+		c := gpuv1alpha1.ComponentStatus{Name: op.name, Enabled: true, State: componentStateWaiting, Version: ref[strings.LastIndex(ref, ":")+1:]}
+		ds := obs.daemonSets[op.name]
+		if ds == nil {
+			c.Message = "DaemonSet " + objectName(op.name) + " not created yet"
+			out = append(out, c)
+			continue
+		}
+		c.Desired, c.Ready = ds.Status.DesiredNumberScheduled, ds.Status.NumberReady
+		switch {
+		case ds.Status.ObservedGeneration < ds.Generation:
+			c.Message = "DaemonSet controller has not seen the latest spec yet"
+		case c.Desired == 0:
+			c.Message = "no GPU node to run on (nodes need nvidia.com/gpu.present=true, and no nvidia.com/gpu.deploy." + op.name + "=false)"
+		case c.Ready < c.Desired:
+			c.Message = fmt.Sprintf("%d of %d pods ready", c.Ready, c.Desired)
+		case op.onDelete || ds.Status.UpdatedNumberScheduled >= c.Desired:
+			c.State, c.Message = componentStateReady, fmt.Sprintf("ready on %d nodes", c.Ready)
+		default:
+			c.Message = fmt.Sprintf("rolling out: %d of %d pods updated", ds.Status.UpdatedNumberScheduled, c.Desired)
+		}
+		if op.name == gpuv1alpha1.OperandDriver {
+			driverUpgradeProgress(&c, obs.upgrades)
+		}
+		out = append(out, c)
+	}
+	for _, op := range off {
+		out = append(out, gpuv1alpha1.ComponentStatus{Name: op.name, State: componentStateOff})
+	}
+	return out
+}
+
+// driverUpgradeProgress holds the driver component not ready while nodes
+// upgrade or stay failed, naming the failed ones and the first's reason.
+func driverUpgradeProgress(c *gpuv1alpha1.ComponentStatus, u upgradeCounts) {
+	if len(u.inProgress) == 0 && len(u.failed) == 0 {
+		return
+	}
+	c.State = componentStateWaiting
+	c.Message = fmt.Sprintf("upgrading: %d nodes in progress, %d failed", len(u.inProgress), len(u.failed))
+	if len(u.failed) > 0 {
+		c.Message += fmt.Sprintf(" (%s; see label %s)", strings.Join(u.failed, ", "), gpuv1alpha1.LabelUpgradeState)
+		if u.firstFailure != "" {
+			c.Message += fmt.Sprintf("; %s: %s", u.failed[0], u.firstFailure)
+		}
+	}
+}
+
+// readiness sets state and the Ready condition from the components.
+func readiness(st *gpuv1alpha1.ClusterPolicyStatus, gpuNodes int32, writeErrs []string, generation int64) {
+	var waiting []string
+	for _, c := range st.Components {
+		if c.Enabled && c.State != componentStateReady {
+			waiting = append(waiting, c.Name+" ("+c.Message+")")
+		}
+	}
+	st.State = gpuv1alpha1.PolicyNotReady
+	switch {
+	case len(writeErrs) > 0:
+		setReady(st, generation, metav1.ConditionFalse, ReasonApplyFailed, strings.Join(writeErrs, "; "))
+	case gpuNodes == 0:
+		setReady(st, generation, metav1.ConditionFalse, ReasonNoGPUNodes,
+			"no node has GPUs yet (label nvidia.com/gpu.present=true, set from the node agent's inventory)")
+	case len(waiting) > 0:
+		setReady(st, generation, metav1.ConditionFalse, ReasonComponentsWait,
+			fmt.Sprintf("%d of %d components not ready: %s", len(waiting), countEnabled(st.Components), strings.Join(waiting, ", ")))
+	default:
+		st.State = gpuv1alpha1.PolicyReady
+		setReady(st, generation, metav1.ConditionTrue, ReasonAllReady,
+			fmt.Sprintf("%d components ready on %d GPU nodes", countEnabled(st.Components), gpuNodes))
+	}
+}
+
+// setReady is the one way the Ready condition is set.
+func setReady(st *gpuv1alpha1.ClusterPolicyStatus, generation int64, status metav1.ConditionStatus, reason, message string) {
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: conditionReady, Status: status,
+		Reason: reason, Message: message, ObservedGeneration: generation})
+}
+
+func countEnabled(cs []gpuv1alpha1.ComponentStatus) int {
+	n := 0
+	for _, c := range cs {
+		if c.Enabled {
+			n++
+		}
+	}
+	return n
+}
+
+// countsOnly reports whether cur differs from old in counts and messages
+// only: such a write may wait, so that a large rollout costs one status
+// write per apply.CoalesceInterval instead of one per DaemonSet status
+// change (a rollout on 500 nodes changes DaemonSet status thousands of
+// times).
+func countsOnly(old, cur *gpuv1alpha1.ClusterPolicyStatus) bool {
+	if cur.State != old.State || cur.GPUNodes != old.GPUNodes || cur.ObservedGeneration != old.ObservedGeneration ||
+		!apply.SameConditions(old.Conditions, cur.Conditions) {
+		return false
+	}
+	for _, c := range cur.Components {
+		i := findComponent(old.Components, c.Name)
+		if i < 0 {
+			return false
+		}
+		if o := old.Components[i]; o.State != c.State || o.Enabled != c.Enabled || o.Version != c.Version {
+			return false
+		}
+	}
+	return true
+}
+
+func findComponent(cs []gpuv1alpha1.ComponentStatus, name string) int {
+	for i := range cs {
+		if cs[i].Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// summarizeMIG counts MIG-capable, MIG-enabled and pending nodes and the
+// devices by profile; node lists are sorted and capped at maxListed.
+func summarizeMIG(nodes []gpuv1alpha1.GPUNode, failed []string) *gpuv1alpha1.MIGSummary {
+	m := &gpuv1alpha1.MIGSummary{}
+	for i := range nodes {
+		capable, enabled, pending := false, false, false
+		for _, g := range nodes[i].Status.GPUs {
+			if g.MIG == nil {
+				continue
+			}
+			capable = capable || g.MIG.Capable
+			enabled = enabled || g.MIG.CurrentMode == gpuv1alpha1.MIGEnabled
+			pending = pending || (g.MIG.PendingMode != "" && g.MIG.PendingMode != g.MIG.CurrentMode)
+			if g.MIG.CurrentMode != gpuv1alpha1.MIGEnabled {
+				continue
+			}
+			for _, d := range g.MIG.Devices {
+				if m.Devices == nil {
+					m.Devices = map[string]int32{}
+				}
+				m.Devices[d.Profile]++
+			}
+		}
+		if capable {
+			m.CapableNodes++
+		}
+		if enabled {
+			m.EnabledNodes++
+		}
+		if pending {
+			m.PendingNodes = append(m.PendingNodes, nodes[i].Name)
+		}
+	}
+	m.PendingNodes = capList(m.PendingNodes)
+	m.FailedNodes = capList(append([]string(nil), failed...))
+	return m
+}
+
+func capList(s []string) []string {
+	sort.Strings(s)
+	if len(s) > maxListed {
+		return s[:maxListed]
+	}
+	return s
+}

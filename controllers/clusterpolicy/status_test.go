@@ -1,0 +1,121 @@
+package clusterpolicy
+
+import (
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+)
+
+// rolledOut is a DaemonSet of generation 1 ready on n nodes.
+func rolledOut(n int32) *appsv1.DaemonSet {
+	return &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Generation: 1}, Status: appsv1.DaemonSetStatus{
+		ObservedGeneration: 1, DesiredNumberScheduled: n, NumberReady: n, UpdatedNumberScheduled: n}}
+}
+
+func allRolledOut(n int32) map[string]*appsv1.DaemonSet {
+	out := map[string]*appsv1.DaemonSet{}
+	for _, op := range operands {
+		out[op.name] = rolledOut(n)
+	}
+	return out
+}
+
+func TestStatus(t *testing.T) {
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default", Generation: 3}}
+	stale := rolledOut(2)
+	stale.Generation = 2
+	rolling := rolledOut(2)
+	rolling.Status.UpdatedNumberScheduled = 1
+	with := func(op string, ds *appsv1.DaemonSet) map[string]*appsv1.DaemonSet {
+		m := allRolledOut(2)
+		if ds == nil {
+			delete(m, op)
+		} else {
+			m[op] = ds
+		}
+		return m
+	}
+	tests := []struct {
+		name      string
+		obs       observed
+		writeErrs []string
+		state     gpuv1alpha1.ClusterPolicyState
+		reason    string
+		message   string // in the Ready condition
+	}{
+		{"ready", observed{active: "default", gpuNodes: 2, daemonSets: allRolledOut(2)}, nil,
+			gpuv1alpha1.PolicyReady, ReasonAllReady, "6 components ready on 2 GPU nodes"},
+		{"no GPU nodes", observed{active: "default", daemonSets: allRolledOut(0)}, nil,
+			gpuv1alpha1.PolicyNotReady, ReasonNoGPUNodes, "no node has GPUs yet"},
+		{"write failed", observed{active: "default", gpuNodes: 2, daemonSets: allRolledOut(2)}, []string{"applying DaemonSet x: boom"},
+			gpuv1alpha1.PolicyNotReady, ReasonApplyFailed, "boom"},
+		{"not created", observed{active: "default", gpuNodes: 2, daemonSets: with("dcgm-exporter", nil)}, nil,
+			gpuv1alpha1.PolicyNotReady, ReasonComponentsWait, "dcgm-exporter (DaemonSet loom-dcgm-exporter not created yet)"},
+		{"spec not seen", observed{active: "default", gpuNodes: 2, daemonSets: with("device-plugin", stale)}, nil,
+			gpuv1alpha1.PolicyNotReady, ReasonComponentsWait, "has not seen the latest spec"},
+		{"rolling", observed{active: "default", gpuNodes: 2, daemonSets: with("mig-manager", rolling)}, nil,
+			gpuv1alpha1.PolicyNotReady, ReasonComponentsWait, "rolling out: 1 of 2 pods updated"},
+		{"driver OnDelete counts as rolled out", observed{active: "default", gpuNodes: 2, daemonSets: with("driver", rolling)}, nil,
+			gpuv1alpha1.PolicyReady, ReasonAllReady, "6 components ready"},
+		{"driver upgrading", observed{active: "default", gpuNodes: 2, daemonSets: allRolledOut(2),
+			upgrades: upgradeCounts{inProgress: []string{"a"}, failed: []string{"b"}, firstFailure: "GPU pods still on the node"}}, nil,
+			gpuv1alpha1.PolicyNotReady, ReasonComponentsWait, "upgrading: 1 nodes in progress, 1 failed (b; see label nvidia.com/gpu-driver-upgrade-state); b: GPU pods still on the node"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := status(cp, tt.obs, tt.writeErrs)
+			c := meta.FindStatusCondition(st.Conditions, "Ready")
+			if st.State != tt.state || c == nil || c.Reason != tt.reason || !strings.Contains(c.Message, tt.message) || c.ObservedGeneration != 3 {
+				t.Errorf("state %s, condition %+v; want %s, %s, %q", st.State, c, tt.state, tt.reason, tt.message)
+			}
+			if st.ObservedGeneration != 3 || st.GPUNodes != tt.obs.gpuNodes || len(st.Components) != len(operands) || st.MIG == nil {
+				t.Errorf("status %+v", st)
+			}
+		})
+	}
+}
+
+func TestIgnoredStatus(t *testing.T) {
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "second", Generation: 1}}
+	cp.Status.Components = []gpuv1alpha1.ComponentStatus{{Name: "driver"}}
+	st := ignoredStatus(cp, "default")
+	c := meta.FindStatusCondition(st.Conditions, "Ready")
+	if st.State != gpuv1alpha1.PolicyIgnored || st.ActivePolicy != "default" || st.Components != nil || c == nil || c.Reason != ReasonIgnored {
+		t.Errorf("ignored status %+v", st)
+	}
+	if len(cp.Status.Components) != 1 {
+		t.Error("ignoredStatus changed the policy it was given")
+	}
+}
+
+// Only counts and messages may wait; a state, a condition or a component
+// that changes is written at once.
+func TestCountsOnly(t *testing.T) {
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
+	rolling := allRolledOut(4)
+	rolling["mig-manager"].Status.UpdatedNumberScheduled = 1
+	old := status(cp, observed{active: "default", gpuNodes: 4, daemonSets: rolling}, nil)
+	more := allRolledOut(4)
+	more["mig-manager"].Status.UpdatedNumberScheduled = 2
+	if cur := status(cp, observed{active: "default", gpuNodes: 4, daemonSets: more}, nil); !countsOnly(old, cur) {
+		t.Error("one more pod updated is not a count-only change")
+	}
+	for name, obs := range map[string]observed{
+		"ready":        {active: "default", gpuNodes: 4, daemonSets: allRolledOut(4)},
+		"node count":   {active: "default", gpuNodes: 5, daemonSets: rolling},
+		"write failed": {active: "default", gpuNodes: 4, daemonSets: rolling},
+	} {
+		var errs []string
+		if name == "write failed" {
+			errs = []string{"boom"}
+		}
+		if cur := status(cp, obs, errs); countsOnly(old, cur) {
+			t.Errorf("%s: counted as a count-only change", name)
+		}
+	}
+}

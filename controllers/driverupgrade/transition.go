@@ -1,0 +1,348 @@
+package driverupgrade
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/ptr"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/inventory"
+)
+
+const (
+	// validationTimeout bounds the wait for a new driver pod to be ready.
+	validationTimeout = 10 * time.Minute
+	// defaultPodDeletionTimeout applies when the policy has no podDeletion.
+	defaultPodDeletionTimeout = 300 * time.Second
+)
+
+// actionKind is what an action does.
+type actionKind int
+
+const (
+	// cordon and uncordon set the node's spec.unschedulable.
+	cordon actionKind = iota
+	uncordon
+	// evict evicts the action's pods through the eviction API.
+	evict
+	// deleteDriver deletes the node's outdated driver pod (the DaemonSet
+	// replaces it from the new template).
+	deleteDriver
+	// setState moves the node to the action's state, setting (nil:
+	// removing) the action's annotations with it.
+	setState
+)
+
+// action is one thing next asks of the reconciler: data, so that the
+// transition is a pure function and its tests need no API server.
+type action struct {
+	kind        actionKind
+	pods        []*corev1.Pod
+	state       string
+	annotations map[string]*string
+}
+
+// target is what the rollout wants of one node.
+type target struct {
+	policy gpuv1alpha1.DriverUpgradePolicy
+	// template is the driver pod template hash the DaemonSet wants.
+	template string
+	// namespace is Loom's: its operand pods are neither waited for nor
+	// evicted.
+	namespace string
+	// start: the budget lets this node begin (or retry) its upgrade.
+	start bool
+}
+
+// next is one node's transition, GPU Operator's state machine: from the
+// node's state (its label and annotations, as the API server has them),
+// its driver pod (nil: none), the pods on it and the clock, the state it
+// moves to (at most one step) and the actions that get it there. The waits
+// and timeouts of a state count from AnnotationPhaseStarted.
+func next(node *corev1.Node, driver *corev1.Pod, pods []corev1.Pod, t target, now time.Time) (string, []action) {
+	s := transition{node: node, driver: driver, pods: pods, t: t, now: now}
+	if step, ok := steps[s.state()]; ok {
+		return step(s)
+	}
+	return s.stay()
+}
+
+// steps is the state machine: each state's transition, in order.
+var steps = map[string]func(transition) (string, []action){
+	"":                              transition.begin,
+	gpuv1alpha1.UpgradeDone:         transition.begin,
+	gpuv1alpha1.UpgradeRequired:     transition.cordon,
+	gpuv1alpha1.WaitForJobsRequired: transition.waitForJobs,
+	gpuv1alpha1.PodDeletionRequired: transition.deletePods,
+	gpuv1alpha1.DrainRequired:       transition.drain,
+	gpuv1alpha1.PodRestartRequired:  transition.restartDriver,
+	gpuv1alpha1.ValidationRequired:  transition.validate,
+	gpuv1alpha1.UncordonRequired:    transition.uncordon,
+	gpuv1alpha1.UpgradeFailed:       transition.failed,
+}
+
+// transition is one call of next.
+type transition struct {
+	node   *corev1.Node
+	driver *corev1.Pod
+	pods   []corev1.Pod
+	t      target
+	now    time.Time
+}
+
+func (s transition) state() string { return s.node.Labels[gpuv1alpha1.LabelUpgradeState] }
+
+// inPhase is how long the node has been in its state.
+func (s transition) inPhase() time.Duration {
+	started, _ := time.Parse(time.RFC3339, s.node.Annotations[gpuv1alpha1.AnnotationUpgradeStarted])
+	phase, err := time.Parse(time.RFC3339, s.node.Annotations[gpuv1alpha1.AnnotationPhaseStarted])
+	if err != nil {
+		phase = started
+	}
+	return s.now.Sub(phase)
+}
+
+// to moves the node to state after acts, stamping when the state began.
+func (s transition) to(state string, annotations map[string]*string, acts ...action) (string, []action) {
+	ann := map[string]*string{gpuv1alpha1.AnnotationPhaseStarted: ptr.To(s.now.UTC().Format(time.RFC3339))}
+	for k, v := range annotations {
+		ann[k] = v
+	}
+	return state, append(acts, action{kind: setState, state: state, annotations: ann})
+}
+
+func (s transition) stay(acts ...action) (string, []action) { return s.state(), acts }
+
+// begin starts an upgraded (or never upgraded) node when the budget lets
+// it.
+func (s transition) begin() (string, []action) {
+	if s.t.start {
+		return s.to(gpuv1alpha1.UpgradeRequired, nil)
+	}
+	return s.stay()
+}
+
+// fail moves the node to upgrade-failed, saying why: it stays cordoned
+// until the next driver template retries it.
+func (s transition) fail(why string, acts ...action) (string, []action) {
+	return s.to(gpuv1alpha1.UpgradeFailed, map[string]*string{
+		gpuv1alpha1.AnnotationFailure: ptr.To(why), gpuv1alpha1.AnnotationFailedTemplate: ptr.To(s.t.template)}, acts...)
+}
+
+// failed retries the node when the budget starts it (a new template), and
+// finishes its upgrade when the wanted driver runs ready after all (a
+// person replaced it, or a new policy brought it back).
+func (s transition) failed() (string, []action) {
+	switch {
+	case s.t.start:
+		return s.to(gpuv1alpha1.UpgradeRequired, nil)
+	case runsWanted(s.driver, s.t.template):
+		return s.to(gpuv1alpha1.UncordonRequired, map[string]*string{
+			gpuv1alpha1.AnnotationFailure: nil, gpuv1alpha1.AnnotationFailedTemplate: nil})
+	}
+	return s.stay()
+}
+
+// cordon marks the node unschedulable. A node someone else had cordoned
+// (not a failed upgrade of Loom's) stays cordoned after its upgrade.
+func (s transition) cordon() (string, []action) {
+	ann := map[string]*string{gpuv1alpha1.AnnotationUpgradeStarted: ptr.To(s.now.UTC().Format(time.RFC3339)),
+		gpuv1alpha1.AnnotationFailure: nil, gpuv1alpha1.AnnotationFailedTemplate: nil}
+	var acts []action
+	switch {
+	case s.node.Spec.Unschedulable && s.node.Annotations[gpuv1alpha1.AnnotationFailedTemplate] == "":
+		ann[gpuv1alpha1.AnnotationWasCordoned] = ptr.To("true")
+	case !s.node.Spec.Unschedulable:
+		acts = append(acts, action{kind: cordon})
+	}
+	return s.to(gpuv1alpha1.WaitForJobsRequired, ann, acts...)
+}
+
+// waitForJobs waits until no pod waitForCompletion selects runs on the
+// node, or its timeout passes (the pods are then evicted with the GPU
+// pods).
+func (s transition) waitForJobs() (string, []action) {
+	w := s.t.policy.WaitForCompletion
+	if w == nil || w.PodSelector == "" {
+		return s.to(gpuv1alpha1.PodDeletionRequired, nil)
+	}
+	sel, err := labels.Parse(w.PodSelector)
+	if err != nil {
+		return s.fail(fmt.Sprintf("waitForCompletion.podSelector %q: %v", w.PodSelector, err))
+	}
+	running := s.running(func(p *corev1.Pod) bool { return sel.Matches(labels.Set(p.Labels)) })
+	timeout := time.Duration(w.TimeoutSeconds) * time.Second
+	if len(running) == 0 || (timeout > 0 && s.inPhase() > timeout) {
+		return s.to(gpuv1alpha1.PodDeletionRequired, nil)
+	}
+	return s.stay()
+}
+
+// deletePods evicts the node's GPU pods; past podDeletion's timeout with
+// pods left, the node fails.
+func (s transition) deletePods() (string, []action) {
+	force, emptyDir, timeout := false, false, defaultPodDeletionTimeout
+	if d := s.t.policy.PodDeletion; d != nil {
+		force, emptyDir, timeout = d.Force, d.DeleteEmptyDir, time.Duration(d.TimeoutSeconds)*time.Second
+	}
+	left, acts, blocked := s.evict(func(p *corev1.Pod) bool { return inventory.PodGPUs(&p.Spec) > 0 }, force, emptyDir)
+	if left == 0 {
+		return s.to(gpuv1alpha1.DrainRequired, nil)
+	}
+	if timeout > 0 && s.inPhase() > timeout {
+		return s.fail(fmt.Sprintf("GPU pods still on the node after podDeletion.timeoutSeconds (%s): %s", timeout, describe(left, blocked)), acts...)
+	}
+	return s.stay(acts...)
+}
+
+// drain evicts the pods drain selects (all, without a selector) when the
+// policy drains; past its timeout with pods left, the node fails.
+func (s transition) drain() (string, []action) {
+	d := s.t.policy.Drain
+	if d == nil || !d.Enable {
+		return s.to(gpuv1alpha1.PodRestartRequired, nil)
+	}
+	sel := labels.Everything()
+	if d.PodSelector != "" {
+		var err error
+		if sel, err = labels.Parse(d.PodSelector); err != nil {
+			return s.fail(fmt.Sprintf("drain.podSelector %q: %v", d.PodSelector, err))
+		}
+	}
+	left, acts, blocked := s.evict(func(p *corev1.Pod) bool { return sel.Matches(labels.Set(p.Labels)) }, d.Force, d.DeleteEmptyDir)
+	if left == 0 {
+		return s.to(gpuv1alpha1.PodRestartRequired, nil)
+	}
+	if timeout := time.Duration(d.TimeoutSeconds) * time.Second; timeout > 0 && s.inPhase() > timeout {
+		return s.fail(fmt.Sprintf("drain did not finish within drain.timeoutSeconds (%s): %s", timeout, describe(left, blocked)), acts...)
+	}
+	return s.stay(acts...)
+}
+
+// restartDriver deletes the node's outdated driver pod, so that the
+// DaemonSet (OnDelete) starts the wanted one.
+func (s transition) restartDriver() (string, []action) {
+	var acts []action
+	if s.driver != nil && s.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] != s.t.template {
+		acts = append(acts, action{kind: deleteDriver, pods: []*corev1.Pod{s.driver}})
+	}
+	return s.to(gpuv1alpha1.ValidationRequired, nil, acts...)
+}
+
+// validate waits for the wanted driver pod to be ready.
+func (s transition) validate() (string, []action) {
+	switch {
+	case runsWanted(s.driver, s.t.template):
+		return s.to(gpuv1alpha1.UncordonRequired, nil)
+	case s.inPhase() > validationTimeout:
+		return s.fail(fmt.Sprintf("the new driver pod was not ready within %s", validationTimeout))
+	}
+	return s.stay()
+}
+
+// uncordon makes the node schedulable again, unless someone else had
+// cordoned it, and clears the upgrade's annotations.
+func (s transition) uncordon() (string, []action) {
+	var acts []action
+	if s.node.Annotations[gpuv1alpha1.AnnotationWasCordoned] != "true" {
+		acts = append(acts, action{kind: uncordon})
+	}
+	return s.to(gpuv1alpha1.UpgradeDone, map[string]*string{gpuv1alpha1.AnnotationWasCordoned: nil,
+		gpuv1alpha1.AnnotationUpgradeStarted: nil, gpuv1alpha1.AnnotationPhaseStarted: nil}, acts...)
+}
+
+// running are the pods on the node that keep accepts, neither finished nor
+// Loom's operands.
+func (s transition) running(keep func(*corev1.Pod) bool) []*corev1.Pod {
+	var out []*corev1.Pod
+	for i := range s.pods {
+		p := &s.pods[i]
+		if p.Namespace == s.t.namespace && p.Labels[apply.LabelManagedBy] == apply.ManagedBy {
+			continue
+		}
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || !keep(p) {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// evict chooses, as kubectl drain does, which of the pods keep accepts to
+// evict: never DaemonSet or mirror pods, pods without a controller only
+// with force, pods with emptyDir volumes only with deleteEmptyDir, and
+// none already terminating. It returns how many are left (evicted or not),
+// the eviction, and the pods it refused, and why.
+func (s transition) evict(keep func(*corev1.Pod) bool, force, deleteEmptyDir bool) (int, []action, []string) {
+	pods := s.running(func(p *corev1.Pod) bool {
+		if _, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
+			return false
+		}
+		if c := metav1.GetControllerOf(p); c != nil && c.Kind == "DaemonSet" {
+			return false
+		}
+		return keep(p)
+	})
+	var evicted []*corev1.Pod
+	var blocked []string
+	for _, p := range pods {
+		switch {
+		case p.DeletionTimestamp != nil:
+		case !force && metav1.GetControllerOf(p) == nil:
+			blocked = append(blocked, p.Namespace+"/"+p.Name+" has no controller (force evicts it)")
+		case !deleteEmptyDir && hasEmptyDir(p):
+			blocked = append(blocked, p.Namespace+"/"+p.Name+" has emptyDir data (deleteEmptyDir evicts it)")
+		default:
+			evicted = append(evicted, p)
+		}
+	}
+	var acts []action
+	if len(evicted) > 0 {
+		acts = append(acts, action{kind: evict, pods: evicted})
+	}
+	return len(pods), acts, blocked
+}
+
+func hasEmptyDir(p *corev1.Pod) bool {
+	for _, v := range p.Spec.Volumes {
+		if v.EmptyDir != nil {
+			return true
+		}
+	}
+	return false
+}
+
+func describe(left int, blocked []string) string {
+	msg := fmt.Sprintf("%d pods left", left)
+	if len(blocked) > 0 {
+		msg += "; not evicted: " + strings.Join(blocked, ", ")
+	} else {
+		msg += " (evictions refused, e.g. by a PodDisruptionBudget)"
+	}
+	return msg
+}
+
+// runsWanted reports whether driver is of the wanted template and ready.
+func runsWanted(driver *corev1.Pod, template string) bool {
+	return driver != nil && driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == template && podReady(driver)
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// needsPods reports whether next reads the pods on a node in state.
+func needsPods(state string) bool {
+	return state == gpuv1alpha1.WaitForJobsRequired || state == gpuv1alpha1.PodDeletionRequired || state == gpuv1alpha1.DrainRequired
+}

@@ -1,0 +1,295 @@
+package driverupgrade
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/inventory"
+)
+
+// t0 is when the node entered its state; each case's clock is t0 plus its
+// elapsed time.
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+const (
+	wanted = "new-template"
+	loomNS = "loom-system"
+)
+
+// node is a GPU node in state since t0, with extra annotations (short
+// keys: the part after gpu.loom.dev/driver-upgrade-).
+func node(state string, cordoned bool, ann ...string) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-0", Labels: map[string]string{},
+		Annotations: map[string]string{gpuv1alpha1.AnnotationPhaseStarted: t0.Format(time.RFC3339)}}}
+	n.Spec.Unschedulable = cordoned
+	if state != "" {
+		n.Labels[gpuv1alpha1.LabelUpgradeState] = state
+	}
+	for i := 0; i+1 < len(ann); i += 2 {
+		n.Annotations["gpu.loom.dev/driver-upgrade-"+ann[i]] = ann[i+1]
+	}
+	return n
+}
+
+func driverPod(template string, ready bool) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: "loom-driver-x",
+		Annotations: map[string]string{gpuv1alpha1.AnnotationTemplateHash: template}}}
+	status := corev1.ConditionFalse
+	if ready {
+		status = corev1.ConditionTrue
+	}
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}
+	return p
+}
+
+// pod is a running pod in default named name, controlled by a ReplicaSet,
+// changed by opts.
+func pod(name string, opts ...func(*corev1.Pod)) corev1.Pod {
+	p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{},
+		OwnerReferences: []metav1.OwnerReference{{Kind: "ReplicaSet", Name: "rs", Controller: ptr.To(true)}}}}
+	p.Spec.Containers = []corev1.Container{{Name: "c"}}
+	p.Status.Phase = corev1.PodRunning
+	for _, o := range opts {
+		o(&p)
+	}
+	return p
+}
+
+func gpus(p *corev1.Pod) {
+	p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{inventory.GPUResource: resource.MustParse("8")}
+}
+func bare(p *corev1.Pod) { p.OwnerReferences = nil }
+func emptyDir(p *corev1.Pod) {
+	p.Spec.Volumes = []corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+}
+func done(p *corev1.Pod)   { p.Status.Phase = corev1.PodSucceeded }
+func daemon(p *corev1.Pod) { p.OwnerReferences[0].Kind = "DaemonSet" }
+func mirror(p *corev1.Pod) { p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: "x"} }
+func terminating(p *corev1.Pod) {
+	p.DeletionTimestamp = ptr.To(metav1.NewTime(t0))
+}
+func labelled(k, v string) func(*corev1.Pod) { return func(p *corev1.Pod) { p.Labels[k] = v } }
+func operand(p *corev1.Pod) {
+	p.Namespace = loomNS
+	p.Labels["app.kubernetes.io/managed-by"] = "loom"
+}
+
+// show renders actions for comparison: annotation keys short, the phase
+// start left out when it is the clock's now.
+func show(acts []action, now time.Time) []string {
+	var out []string
+	for _, a := range acts {
+		switch a.kind {
+		case cordon:
+			out = append(out, "cordon")
+		case uncordon:
+			out = append(out, "uncordon")
+		case evict, deleteDriver:
+			var names []string
+			for _, p := range a.pods {
+				names = append(names, p.Namespace+"/"+p.Name)
+			}
+			verb := "evict "
+			if a.kind == deleteDriver {
+				verb = "delete driver "
+			}
+			out = append(out, verb+strings.Join(names, ","))
+		case setState:
+			s := []string{}
+			for k, v := range a.annotations {
+				k = strings.TrimPrefix(k, "gpu.loom.dev/driver-upgrade-")
+				switch {
+				case v == nil:
+					s = append(s, "-"+k)
+				case k == "phase-started" && *v == now.Format(time.RFC3339):
+				default:
+					s = append(s, k+"="+*v)
+				}
+			}
+			slices.Sort(s)
+			out = append(out, strings.TrimSpace("state "+a.state+" "+strings.Join(s, " ")))
+		}
+	}
+	return out
+}
+
+func TestNext(t *testing.T) {
+	none := gpuv1alpha1.DriverUpgradePolicy{}
+	waitFor := func(sel string, timeout int32) gpuv1alpha1.DriverUpgradePolicy {
+		return gpuv1alpha1.DriverUpgradePolicy{WaitForCompletion: &gpuv1alpha1.WaitForCompletionSpec{PodSelector: sel, TimeoutSeconds: timeout}}
+	}
+	deletion := func(force, emptyDir bool, timeout int32) gpuv1alpha1.DriverUpgradePolicy {
+		return gpuv1alpha1.DriverUpgradePolicy{PodDeletion: &gpuv1alpha1.PodDeletionSpec{Force: force, DeleteEmptyDir: emptyDir, TimeoutSeconds: timeout}}
+	}
+	drain := func(sel string, timeout int32) gpuv1alpha1.DriverUpgradePolicy {
+		return gpuv1alpha1.DriverUpgradePolicy{Drain: &gpuv1alpha1.DrainSpec{Enable: true, Force: true, PodSelector: sel, TimeoutSeconds: timeout}}
+	}
+	old, ready, starting := driverPod("old-template", true), driverPod(wanted, true), driverPod(wanted, false)
+	const failedTmpl = "failed-template=" + wanted
+	tests := []struct {
+		name    string
+		node    *corev1.Node
+		driver  *corev1.Pod
+		pods    []corev1.Pod
+		policy  gpuv1alpha1.DriverUpgradePolicy
+		start   bool
+		elapsed time.Duration
+		want    string
+		actions []string
+	}{
+		// Not upgrading: only the budget starts a node.
+		{name: "idle, not started", node: node("", false), driver: old, want: ""},
+		{name: "idle, started", node: node("", false), driver: old, start: true,
+			want: gpuv1alpha1.UpgradeRequired, actions: []string{"state upgrade-required"}},
+		{name: "done, started again", node: node(gpuv1alpha1.UpgradeDone, false), driver: old, start: true,
+			want: gpuv1alpha1.UpgradeRequired, actions: []string{"state upgrade-required"}},
+		{name: "done, not started", node: node(gpuv1alpha1.UpgradeDone, false), driver: ready, want: gpuv1alpha1.UpgradeDone},
+
+		// upgrade-failed waits for a new template, or for the wanted driver.
+		{name: "failed, retried", node: node(gpuv1alpha1.UpgradeFailed, true, "failed-template", "older"), driver: old, start: true,
+			want: gpuv1alpha1.UpgradeRequired, actions: []string{"state upgrade-required"}},
+		{name: "failed, wanted driver ready after all", node: node(gpuv1alpha1.UpgradeFailed, true, "failure", "x", "failed-template", wanted), driver: ready,
+			want: gpuv1alpha1.UncordonRequired, actions: []string{"state uncordon-required -failed-template -failure"}},
+		{name: "failed, wanted driver not ready", node: node(gpuv1alpha1.UpgradeFailed, true), driver: starting, want: gpuv1alpha1.UpgradeFailed},
+		{name: "failed, old driver", node: node(gpuv1alpha1.UpgradeFailed, true), driver: old, elapsed: 24 * time.Hour, want: gpuv1alpha1.UpgradeFailed},
+
+		// upgrade-required cordons, remembering a cordon someone else made.
+		{name: "required: cordon", node: node(gpuv1alpha1.UpgradeRequired, false), driver: old,
+			want: gpuv1alpha1.WaitForJobsRequired, actions: []string{"cordon", "state wait-for-jobs-required -failed-template -failure started=2026-03-01T12:00:00Z"}},
+		{name: "required: cordoned by someone else", node: node(gpuv1alpha1.UpgradeRequired, true), driver: old,
+			want: gpuv1alpha1.WaitForJobsRequired, actions: []string{"state wait-for-jobs-required -failed-template -failure started=2026-03-01T12:00:00Z was-cordoned=true"}},
+		{name: "required: retry, cordoned by the failed upgrade", node: node(gpuv1alpha1.UpgradeRequired, true, "failed-template", "older"), driver: old,
+			want: gpuv1alpha1.WaitForJobsRequired, actions: []string{"state wait-for-jobs-required -failed-template -failure started=2026-03-01T12:00:00Z"}},
+
+		// wait-for-jobs-required waits for the selected pods or its timeout.
+		{name: "wait: no waitForCompletion", node: node(gpuv1alpha1.WaitForJobsRequired, true), policy: none,
+			want: gpuv1alpha1.PodDeletionRequired, actions: []string{"state pod-deletion-required"}},
+		{name: "wait: job running", node: node(gpuv1alpha1.WaitForJobsRequired, true), policy: waitFor("job=batch", 0), elapsed: 24 * time.Hour,
+			pods: []corev1.Pod{pod("job", labelled("job", "batch")), pod("other")}, want: gpuv1alpha1.WaitForJobsRequired},
+		{name: "wait: job finished", node: node(gpuv1alpha1.WaitForJobsRequired, true), policy: waitFor("job=batch", 0),
+			pods:    []corev1.Pod{pod("job", labelled("job", "batch"), done), pod("other")},
+			want:    gpuv1alpha1.PodDeletionRequired,
+			actions: []string{"state pod-deletion-required"}},
+		{name: "wait: Loom's operands are not waited for", node: node(gpuv1alpha1.WaitForJobsRequired, true), policy: waitFor("job=batch", 0),
+			pods: []corev1.Pod{pod("validator", labelled("job", "batch"), operand)}, want: gpuv1alpha1.PodDeletionRequired, actions: []string{"state pod-deletion-required"}},
+		{name: "wait: within the timeout", node: node(gpuv1alpha1.WaitForJobsRequired, true), policy: waitFor("job=batch", 60), elapsed: 59 * time.Second,
+			pods: []corev1.Pod{pod("job", labelled("job", "batch"))}, want: gpuv1alpha1.WaitForJobsRequired},
+		{name: "wait: past the timeout", node: node(gpuv1alpha1.WaitForJobsRequired, true), policy: waitFor("job=batch", 60), elapsed: 61 * time.Second,
+			pods: []corev1.Pod{pod("job", labelled("job", "batch"))}, want: gpuv1alpha1.PodDeletionRequired, actions: []string{"state pod-deletion-required"}},
+		{name: "wait: timeout from the upgrade start without a phase start",
+			node: func() *corev1.Node {
+				n := node(gpuv1alpha1.WaitForJobsRequired, true, "started", t0.Format(time.RFC3339))
+				delete(n.Annotations, gpuv1alpha1.AnnotationPhaseStarted)
+				return n
+			}(),
+			policy: waitFor("job=batch", 60), elapsed: 61 * time.Second,
+			pods: []corev1.Pod{pod("job", labelled("job", "batch"))}, want: gpuv1alpha1.PodDeletionRequired, actions: []string{"state pod-deletion-required"}},
+		{name: "wait: bad selector", node: node(gpuv1alpha1.WaitForJobsRequired, true), policy: waitFor("job in (", 0),
+			want:    gpuv1alpha1.UpgradeFailed,
+			actions: []string{`state upgrade-failed ` + failedTmpl + ` failure=waitForCompletion.podSelector "job in (": unable to parse requirement: found '', expected: ',', ')' or identifier`}},
+
+		// pod-deletion-required evicts the GPU pods, within its timeout.
+		{name: "delete: no GPU pods", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: none,
+			pods:    []corev1.Pod{pod("cpu"), pod("ds", gpus, daemon), pod("static", gpus, mirror), pod("finished", gpus, done), pod("operand", gpus, operand)},
+			want:    gpuv1alpha1.DrainRequired,
+			actions: []string{"state drain-required"}},
+		{name: "delete: evicts GPU pods", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: none,
+			pods: []corev1.Pod{pod("a", gpus), pod("cpu"), pod("b", gpus)}, want: gpuv1alpha1.PodDeletionRequired, actions: []string{"evict default/a,default/b"}},
+		{name: "delete: no controller without force", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: deletion(false, false, 300),
+			pods: []corev1.Pod{pod("bare", gpus, bare)}, want: gpuv1alpha1.PodDeletionRequired},
+		{name: "delete: no controller with force", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: deletion(true, false, 300),
+			pods: []corev1.Pod{pod("bare", gpus, bare)}, want: gpuv1alpha1.PodDeletionRequired, actions: []string{"evict default/bare"}},
+		{name: "delete: emptyDir without deleteEmptyDir", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: deletion(true, false, 300),
+			pods: []corev1.Pod{pod("scratch", gpus, emptyDir)}, want: gpuv1alpha1.PodDeletionRequired},
+		{name: "delete: emptyDir with deleteEmptyDir", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: deletion(true, true, 300),
+			pods: []corev1.Pod{pod("scratch", gpus, emptyDir)}, want: gpuv1alpha1.PodDeletionRequired, actions: []string{"evict default/scratch"}},
+		{name: "delete: a terminating pod is waited for", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: none,
+			pods: []corev1.Pod{pod("going", gpus, terminating)}, want: gpuv1alpha1.PodDeletionRequired},
+		{name: "delete: within the default timeout", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: none, elapsed: 299 * time.Second,
+			pods: []corev1.Pod{pod("held", gpus)}, want: gpuv1alpha1.PodDeletionRequired, actions: []string{"evict default/held"}},
+		{name: "delete: past the default timeout", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: none, elapsed: 301 * time.Second,
+			pods: []corev1.Pod{pod("held", gpus)}, want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{"evict default/held", "state upgrade-failed " + failedTmpl +
+				" failure=GPU pods still on the node after podDeletion.timeoutSeconds (5m0s): 1 pods left (evictions refused, e.g. by a PodDisruptionBudget)"}},
+		{name: "delete: past the policy's timeout, naming the refused", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: deletion(false, false, 3), elapsed: 4 * time.Second,
+			pods: []corev1.Pod{pod("bare", gpus, bare), pod("scratch", gpus, emptyDir)}, want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{"state upgrade-failed " + failedTmpl + " failure=GPU pods still on the node after podDeletion.timeoutSeconds (3s): 2 pods left; " +
+				"not evicted: default/bare has no controller (force evicts it), default/scratch has emptyDir data (deleteEmptyDir evicts it)"}},
+		{name: "delete: timeout 0 waits for ever", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: deletion(true, true, 0), elapsed: 24 * time.Hour,
+			pods: []corev1.Pod{pod("held", gpus)}, want: gpuv1alpha1.PodDeletionRequired, actions: []string{"evict default/held"}},
+
+		// drain-required evicts the selected pods when the policy drains.
+		{name: "drain: off", node: node(gpuv1alpha1.DrainRequired, true), policy: none, pods: []corev1.Pod{pod("cpu")},
+			want: gpuv1alpha1.PodRestartRequired, actions: []string{"state pod-restart-required"}},
+		{name: "drain: selected pods only", node: node(gpuv1alpha1.DrainRequired, true), policy: drain("drain=yes", 60),
+			pods: []corev1.Pod{pod("me", labelled("drain", "yes")), pod("stays")}, want: gpuv1alpha1.DrainRequired, actions: []string{"evict default/me"}},
+		{name: "drain: everything but DaemonSets without a selector", node: node(gpuv1alpha1.DrainRequired, true), policy: drain("", 60),
+			pods: []corev1.Pod{pod("a"), pod("ds", daemon), pod("b", bare)}, want: gpuv1alpha1.DrainRequired, actions: []string{"evict default/a,default/b"}},
+		{name: "drain: nothing left", node: node(gpuv1alpha1.DrainRequired, true), policy: drain("drain=yes", 60),
+			pods: []corev1.Pod{pod("stays")}, want: gpuv1alpha1.PodRestartRequired, actions: []string{"state pod-restart-required"}},
+		{name: "drain: within the timeout", node: node(gpuv1alpha1.DrainRequired, true), policy: drain("drain=yes", 60), elapsed: 60 * time.Second,
+			pods: []corev1.Pod{pod("me", labelled("drain", "yes"))}, want: gpuv1alpha1.DrainRequired, actions: []string{"evict default/me"}},
+		{name: "drain: past the timeout", node: node(gpuv1alpha1.DrainRequired, true), policy: drain("drain=yes", 60), elapsed: 61 * time.Second,
+			pods: []corev1.Pod{pod("me", labelled("drain", "yes"))}, want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{"evict default/me", "state upgrade-failed " + failedTmpl +
+				" failure=drain did not finish within drain.timeoutSeconds (1m0s): 1 pods left (evictions refused, e.g. by a PodDisruptionBudget)"}},
+		{name: "drain: bad selector", node: node(gpuv1alpha1.DrainRequired, true), policy: drain("drain in (", 60), want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{`state upgrade-failed ` + failedTmpl + ` failure=drain.podSelector "drain in (": unable to parse requirement: found '', expected: ',', ')' or identifier`}},
+
+		// pod-restart-required replaces an outdated driver pod.
+		{name: "restart: outdated driver", node: node(gpuv1alpha1.PodRestartRequired, true), driver: old,
+			want: gpuv1alpha1.ValidationRequired, actions: []string{"delete driver loom-system/loom-driver-x", "state validation-required"}},
+		{name: "restart: wanted driver already", node: node(gpuv1alpha1.PodRestartRequired, true), driver: starting,
+			want: gpuv1alpha1.ValidationRequired, actions: []string{"state validation-required"}},
+		{name: "restart: no driver pod", node: node(gpuv1alpha1.PodRestartRequired, true),
+			want: gpuv1alpha1.ValidationRequired, actions: []string{"state validation-required"}},
+
+		// validation-required waits for the new driver, 10 minutes at most.
+		{name: "validate: ready", node: node(gpuv1alpha1.ValidationRequired, true), driver: ready,
+			want: gpuv1alpha1.UncordonRequired, actions: []string{"state uncordon-required"}},
+		{name: "validate: not ready yet", node: node(gpuv1alpha1.ValidationRequired, true), driver: starting, elapsed: 10 * time.Minute,
+			want: gpuv1alpha1.ValidationRequired},
+		{name: "validate: not replaced yet", node: node(gpuv1alpha1.ValidationRequired, true), elapsed: time.Minute, want: gpuv1alpha1.ValidationRequired},
+		{name: "validate: past the timeout", node: node(gpuv1alpha1.ValidationRequired, true), driver: starting, elapsed: 10*time.Minute + time.Second,
+			want: gpuv1alpha1.UpgradeFailed, actions: []string{"state upgrade-failed " + failedTmpl + " failure=the new driver pod was not ready within 10m0s"}},
+		{name: "validate: the old driver past the timeout", node: node(gpuv1alpha1.ValidationRequired, true), driver: old, elapsed: time.Hour,
+			want: gpuv1alpha1.UpgradeFailed, actions: []string{"state upgrade-failed " + failedTmpl + " failure=the new driver pod was not ready within 10m0s"}},
+
+		// uncordon-required finishes, leaving someone else's cordon.
+		{name: "uncordon", node: node(gpuv1alpha1.UncordonRequired, true, "started", "x"), driver: ready,
+			want: gpuv1alpha1.UpgradeDone, actions: []string{"uncordon", "state upgrade-done -phase-started -started -was-cordoned"}},
+		{name: "uncordon: cordoned by someone else", node: node(gpuv1alpha1.UncordonRequired, true, "was-cordoned", "true"), driver: ready,
+			want: gpuv1alpha1.UpgradeDone, actions: []string{"state upgrade-done -phase-started -started -was-cordoned"}},
+
+		{name: "unknown state", node: node("something-else", false), driver: old, start: true, want: "something-else"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			now := t0.Add(tt.elapsed)
+			before := tt.node.DeepCopy()
+			state, acts := next(tt.node, tt.driver, tt.pods, target{policy: tt.policy, template: wanted, namespace: loomNS, start: tt.start}, now)
+			if got := show(acts, now); state != tt.want || !slices.Equal(got, tt.actions) {
+				t.Errorf("next = %q\n  %q\nwant %q\n  %q", state, got, tt.want, tt.actions)
+			}
+			if (state != tt.node.Labels[gpuv1alpha1.LabelUpgradeState]) != slices.ContainsFunc(acts, func(a action) bool { return a.kind == setState }) {
+				t.Errorf("state %q from %q, but actions %v", state, tt.node.Labels[gpuv1alpha1.LabelUpgradeState], show(acts, now))
+			}
+			if !equalNodes(before, tt.node) {
+				t.Error("next changed the node it was given")
+			}
+		})
+	}
+}
+
+func equalNodes(a, b *corev1.Node) bool {
+	return a.Spec.Unschedulable == b.Spec.Unschedulable && maps.Equal(a.Labels, b.Labels) && maps.Equal(a.Annotations, b.Annotations)
+}
