@@ -29,19 +29,19 @@ demo: build ## Run Loom on a local simulated GPU cluster until Ctrl-C.
 
 .PHONY: bench
 bench: tools ## The fleet benchmark: NODES simulated GPU nodes (default 1000, 10,000 pods; 5000 needs a bigger machine), gang, jobs, RayClusters, idle; one table (~7 min).
-	go run ./e2e/cmd/bench --nodes $(or $(NODES),1000)
+	go run ./e2e/cmd/bench fleet --nodes $(or $(NODES),1000)
 
 .PHONY: bench-gpu-stack
 bench-gpu-stack: ## ClusterPolicy apply-to-Ready and API requests on NODES simulated GPU nodes (default 500).
-	go run ./e2e/cmd/bench-gpu-stack --nodes $(or $(NODES),500)
+	go run ./e2e/cmd/bench gpu-stack --nodes $(or $(NODES),500)
 
 .PHONY: bench-raycluster
 bench-raycluster: ## CLUSTERS RayClusters × 4 pods (default 100): time to all ready, manager peak RSS and writes.
-	go run ./e2e/cmd/bench-raycluster --clusters $(or $(CLUSTERS),100)
+	go run ./e2e/cmd/bench raycluster --clusters $(or $(CLUSTERS),100)
 
 .PHONY: bench-training
 bench-training: ## Pods/s creating a PODS-pod TrainingJob gang (default 512) at Loom's and client-go's client limits.
-	go run ./e2e/cmd/bench-training --pods $(or $(PODS),512) --nodes $$(( ($(or $(PODS),512) + 7) / 8 ))
+	go run ./e2e/cmd/bench gang --pods $(or $(PODS),512) --nodes $$(( ($(or $(PODS),512) + 7) / 8 ))
 
 ##@ Build
 

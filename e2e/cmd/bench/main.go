@@ -1,17 +1,20 @@
-// Command bench measures Loom at fleet size on the simulated cluster and
-// prints one table (package e2e/bench): ClusterPolicy apply to Ready, the
-// large gang's pods per second, RayClusters to ready, the manager's API
-// requests by phase and per idle minute, its RSS and heap, and the node
-// agent's RSS and CPU per collection.
+// Command bench runs one of Loom's benchmarks on the simulated cluster
+// (package e2e/bench) and prints its table:
 //
-//	go run ./e2e/cmd/bench                # 1,000 nodes (make bench)
-//	go run ./e2e/cmd/bench --nodes 5000   # needs more than the 2-core CI machine
+//	go run ./e2e/cmd/bench [fleet] [--nodes 1000] ...   # make bench
+//	go run ./e2e/cmd/bench gpu-stack --nodes 500        # make bench-gpu-stack
+//	go run ./e2e/cmd/bench gang --pods 512 --nodes 64   # make bench-training
+//	go run ./e2e/cmd/bench raycluster --clusters 100    # make bench-raycluster
+//
+// Every scenario takes --loom (a loom binary; default: build ./cmd/manager),
+// --manager-env KEY=VALUE, and extra manager flags after "--".
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"runtime"
@@ -20,68 +23,128 @@ import (
 	"time"
 
 	"github.com/loom-dev/loom/e2e/bench"
-	"github.com/loom-dev/loom/e2e/framework"
 )
 
+// A scenario registers its flags and returns what runs it.
+type scenario struct {
+	doc   string
+	flags func(fs *flag.FlagSet) job
+}
+
+// A job checks the parsed flags (before the cluster starts), then measures.
+type job struct {
+	check   func() error
+	measure func(ctx context.Context, env *bench.Env) (printer, error)
+}
+
+type printer interface{ Print(w io.Writer) error }
+
+var scenarios = map[string]scenario{
+	"fleet":      {"GPU nodes with their inventory, a ClusterPolicy, a gang, jobs, RayClusters, idle (the default)", fleet},
+	"gpu-stack":  {"ClusterPolicy apply to Ready and the manager's API requests on GPU nodes", gpuStack},
+	"gang":       {"pods/s creating a TrainingJob gang at Loom's and client-go's client limits", gang},
+	"raycluster": {"RayClusters × 4 pods to all ready, the manager's RSS and writes", rayCluster},
+}
+
 func main() {
-	if err := run(); err != nil {
+	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
-	cfg := bench.Config{}
-	flag.IntVar(&cfg.Nodes, "nodes", 1000, "simulated 8-GPU nodes")
-	flag.IntVar(&cfg.Agents, "agents", 5, "nodes whose inventory comes from a real node-agent process (measured); the benchmark publishes the rest")
-	flag.DurationVar(&cfg.AgentInterval, "agent-interval", 5*time.Second, "the measured agents' collection interval")
-	flag.IntVar(&cfg.GangPods, "gang", 512, "pods of the large TrainingJob (1 GPU each)")
-	flag.IntVar(&cfg.SmallJobs, "jobs", 8, "small TrainingJobs (2 pods × 8 GPUs)")
-	flag.IntVar(&cfg.RayClusters, "rayclusters", 20, "RayClusters of 1 head + 3 workers")
-	flag.IntVar(&cfg.BackgroundPods, "background-pods", 2400, "other pods in the cluster (with the defaults, 10,000 pods in all)")
-	flag.DurationVar(&cfg.Idle, "idle", 60*time.Second, "idle window after everything settled")
-	loomBin := flag.String("loom", "", "loom binary (default: build ./cmd/manager)")
-	flag.Func("manager-env", "KEY=VALUE for the manager's environment (repeatable), e.g. GOGC=50", func(v string) error {
+func run(args []string) error {
+	name := "fleet"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		name, args = args[0], args[1:]
+	}
+	sc, ok := scenarios[name]
+	if !ok {
+		return fmt.Errorf("unknown scenario %q; want fleet, gpu-stack, gang or raycluster", name)
+	}
+	fs := flag.NewFlagSet("bench "+name, flag.ExitOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: bench [scenario] [flags] [-- manager flags]; scenarios:\n")
+		for _, n := range []string{"fleet", "gpu-stack", "gang", "raycluster"} {
+			fmt.Fprintf(fs.Output(), "  %-10s  %s\n", n, scenarios[n].doc)
+		}
+		fmt.Fprintf(fs.Output(), "flags of %s:\n", name)
+		fs.PrintDefaults()
+	}
+	up := bench.UpOptions{Logf: bench.Logger(os.Stderr)}
+	fs.StringVar(&up.Loom, "loom", "", "loom binary (default: build ./cmd/manager)")
+	fs.Func("manager-env", "KEY=VALUE for the manager's environment (repeatable), e.g. GOGC=50", func(v string) error {
 		if !strings.Contains(v, "=") {
 			return fmt.Errorf("want KEY=VALUE, got %q", v)
 		}
-		cfg.ManagerEnv = append(cfg.ManagerEnv, v)
+		up.ManagerEnv = append(up.ManagerEnv, v)
 		return nil
 	})
-	flag.Parse()
-	cfg.ManagerArgs = flag.Args()
-	if cfg.Nodes > 1000 && runtime.NumCPU() < 8 {
-		fmt.Fprintf(os.Stderr, "bench: %d nodes on %d CPUs: the simulated control plane (API server, scheduler, kwok), "+
-			"not Loom, bounds the rollout and gang timings at this size; the manager's memory and API requests still hold\n",
-			cfg.Nodes, runtime.NumCPU())
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	t0 := time.Now()
-	logf := func(format string, args ...any) {
-		fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(t0).Seconds(), fmt.Sprintf(format, args...))
-	}
-	c, err := framework.Start(ctx, framework.Options{Logf: logf, KeepDir: os.Getenv("LOOM_E2E_KEEP") != ""})
-	if err != nil {
-		return err
-	}
-	defer c.Stop()
-	if *loomBin == "" {
-		if *loomBin, err = framework.BuildLoom(c.Dir); err != nil {
+	j := sc.flags(fs)
+	_ = fs.Parse(args) // ExitOnError
+	up.ManagerArgs = fs.Args()
+	if j.check != nil {
+		if err := j.check(); err != nil {
 			return err
 		}
 	}
-	if err := bench.Prepare(ctx, c, &cfg, logf); err != nil {
-		return err
-	}
-	rel, err := c.InstallChart(ctx, "loom", "loom-system")
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	t0 := time.Now()
+	env, err := bench.Up(ctx, up)
 	if err != nil {
 		return err
 	}
-	r, err := bench.Run(ctx, c, *loomBin, rel, cfg, logf)
+	defer env.Down()
+	r, err := j.measure(ctx, env)
 	if err != nil {
 		return err
 	}
-	logf("done in %s", time.Since(t0).Round(time.Second))
+	env.Logf("done in %s", time.Since(t0).Round(time.Second))
 	return r.Print(os.Stdout)
+}
+
+func fleet(fs *flag.FlagSet) job {
+	cfg := bench.Config{}
+	fs.IntVar(&cfg.Nodes, "nodes", 1000, "simulated 8-GPU nodes")
+	fs.IntVar(&cfg.Agents, "agents", 5, "nodes whose inventory comes from a real node-agent process (measured); the benchmark publishes the rest")
+	fs.DurationVar(&cfg.AgentInterval, "agent-interval", 5*time.Second, "the measured agents' collection interval")
+	fs.IntVar(&cfg.GangPods, "gang", 512, "pods of the large TrainingJob (1 GPU each)")
+	fs.IntVar(&cfg.SmallJobs, "jobs", 8, "small TrainingJobs (2 pods × 8 GPUs)")
+	fs.IntVar(&cfg.RayClusters, "rayclusters", 20, "RayClusters of 1 head + 3 workers")
+	fs.IntVar(&cfg.BackgroundPods, "background-pods", 2400, "other pods in the cluster (with the defaults, 10,000 pods in all)")
+	fs.DurationVar(&cfg.Idle, "idle", 60*time.Second, "idle window after everything settled")
+	return job{measure: func(ctx context.Context, env *bench.Env) (printer, error) {
+		if cfg.Nodes > 1000 && runtime.NumCPU() < 8 {
+			env.Logf("%d nodes on %d CPUs: the simulated control plane (API server, scheduler, kwok), "+
+				"not Loom, bounds the rollout and gang timings at this size; the manager's memory and API requests still hold",
+				cfg.Nodes, runtime.NumCPU())
+		}
+		return bench.RunFleet(ctx, env, cfg)
+	}}
+}
+
+func gpuStack(fs *flag.FlagSet) job {
+	cfg := bench.GPUStackConfig{}
+	fs.IntVar(&cfg.Nodes, "nodes", 500, "simulated GPU nodes")
+	fs.DurationVar(&cfg.Idle, "idle", 60*time.Second, "idle window measured after Ready")
+	return job{measure: func(ctx context.Context, env *bench.Env) (printer, error) { return bench.RunGPUStack(ctx, env, cfg) }}
+}
+
+func gang(fs *flag.FlagSet) job {
+	cfg := bench.GangConfig{}
+	fs.IntVar(&cfg.Pods, "pods", 512, "pods in the gang (1 master + pods-1 workers)")
+	fs.IntVar(&cfg.Nodes, "nodes", 64, "simulated 8-GPU nodes")
+	return job{
+		check:   func() error { return cfg.Check() }, // after parsing: not the method value of cfg now
+		measure: func(ctx context.Context, env *bench.Env) (printer, error) { return bench.RunGang(ctx, env, cfg) },
+	}
+}
+
+func rayCluster(fs *flag.FlagSet) job {
+	cfg := bench.RayConfig{}
+	fs.IntVar(&cfg.Clusters, "clusters", 100, "RayClusters of 1 head + 3 workers")
+	fs.DurationVar(&cfg.Idle, "idle", 30*time.Second, "idle window after all are ready")
+	return job{measure: func(ctx context.Context, env *bench.Env) (printer, error) { return bench.RunRayClusters(ctx, env, cfg) }}
 }

@@ -3,7 +3,8 @@
 // source, a few simulated GPU nodes, the chart installed with helm, and the
 // manager running locally under the chart's service account. It prints a
 // kubeconfig for kubectl and runs until Ctrl-C, then stops every process it
-// started.
+// started. Its bring-up (cluster, loom binary, chart, manager) is the
+// benchmark harness's (e2e/bench).
 package main
 
 import (
@@ -12,10 +13,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
-	"time"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -25,6 +24,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/e2e/bench"
 	"github.com/loom-dev/loom/e2e/framework"
 )
 
@@ -46,31 +46,41 @@ func run() error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	started := time.Now()
-	logf := func(format string, args ...any) {
-		fmt.Printf("[%5.1fs] %s\n", time.Since(started).Seconds(), fmt.Sprintf(format, args...))
-	}
-
+	logf := bench.Logger(os.Stdout)
 	logf("building tools if needed (the first run compiles Kubernetes from source: ~25 min on 2 cores)")
-	cluster, err := framework.Start(ctx, framework.Options{Dir: *dir, Logf: logf})
+	env, err := bench.Up(ctx, bench.UpOptions{Loom: *loomBin, Dir: *dir, Logf: logf})
 	if err != nil {
 		return err
 	}
 	defer func() {
-		logf("stopping %d processes", len(cluster.Processes()))
-		cluster.Stop()
+		logf("stopping %d processes", len(env.Cluster.Processes()))
+		env.Down()
 		logf("stopped; nothing left running")
 	}()
-
-	if *loomBin == "" {
-		if *loomBin, err = framework.BuildLoom(cluster.Dir); err != nil {
-			return err
-		}
-	} else if *loomBin, err = filepath.Abs(*loomBin); err != nil {
+	agents, err := createNodes(ctx, env, *systems, *cpuNodes)
+	if err != nil {
 		return err
 	}
+	m, rel, err := startLoom(ctx, env, agents)
+	if err != nil {
+		return err
+	}
+	if err := applySamples(ctx, env, *sampleJob, *sampleRay); err != nil {
+		return err
+	}
+	printBanner(env.Cluster, rel, m)
+	if err := env.Watch(ctx); err != nil {
+		return err
+	}
+	fmt.Println()
+	return nil
+}
+
+// createNodes creates a GPU node per entry of systems and cpuNodes CPU
+// nodes, and returns the GPU nodes' agents.
+func createNodes(ctx context.Context, env *bench.Env, systems string, cpuNodes int) ([]framework.AgentSpec, error) {
 	var agents []framework.AgentSpec
-	for i, entry := range strings.Split(*systems, ",") {
+	for i, entry := range strings.Split(systems, ",") {
 		system, mode, _ := strings.Cut(strings.TrimSpace(entry), ":")
 		if system == "" {
 			continue
@@ -80,69 +90,79 @@ func run() error {
 		if mode == "mig" {
 			spec.MIG = "3g.20gb:1,2g.10gb:1,1g.5gb:2"
 		}
-		if _, err := cluster.CreateNode(ctx, name, framework.NodeSpec{GPUs: 8, Product: system}); err != nil {
-			return err
+		if _, err := env.Cluster.CreateNode(ctx, name, framework.NodeSpec{GPUs: 8, Product: system}); err != nil {
+			return nil, err
 		}
 		agents = append(agents, spec)
 	}
-	logf("%d simulated GPU nodes Ready", len(agents))
-	if *cpuNodes > 0 {
-		names, err := cluster.CreateNodes(ctx, framework.NodeSpec{Prefix: "cpu-node", Count: *cpuNodes})
+	env.Logf("%d simulated GPU nodes Ready", len(agents))
+	if cpuNodes > 0 {
+		names, err := env.Cluster.CreateNodes(ctx, framework.NodeSpec{Prefix: "cpu-node", Count: cpuNodes})
 		if err != nil {
-			return err
+			return nil, err
 		}
-		logf("%d CPU nodes Ready: %v", len(names), names)
+		env.Logf("%d CPU nodes Ready: %v", len(names), names)
 	}
+	return agents, nil
+}
 
-	const ns = "loom-system"
-	rel, err := cluster.InstallChart(ctx, "loom", ns)
+// startLoom installs the chart, runs the manager until ready and leading,
+// and the node agents.
+func startLoom(ctx context.Context, env *bench.Env, agents []framework.AgentSpec) (*bench.Manager, *framework.Release, error) {
+	rel, err := env.Install(ctx)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	logf("chart installed: release %s in %s", rel.Name, ns)
+	env.Logf("chart installed: release %s in %s", rel.Name, rel.Namespace)
 	// No Volcano scheduler runs on the simulated cluster: gangs go to the
 	// kube-scheduler.
-	m, err := cluster.RunManager(ctx, *loomBin, rel, "--log-format=text", "--gang-scheduler=none")
+	m, err := env.StartManager(ctx, rel, "--log-format=text", "--gang-scheduler=none")
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	if err := cluster.WaitReady(ctx, m, ns, "loom-manager", 2*time.Minute); err != nil {
-		return err
-	}
-	logf("manager ready and leading (PID %d, as service account %s/%s)", m.PID(), ns, rel.ServiceAccount)
+	env.Logf("manager ready and leading (PID %d, as service account %s/%s)", m.PID(), rel.Namespace, rel.ServiceAccount)
 	for _, spec := range agents {
-		p, err := cluster.RunAgent(ctx, *loomBin, rel, spec)
+		p, err := env.Cluster.RunAgent(ctx, env.Loom, rel, spec)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
-		logf("node agent for %s simulating %s%s (PID %d, token bound to its DaemonSet pod)", spec.Node, spec.System,
+		env.Logf("node agent for %s simulating %s%s (PID %d, token bound to its DaemonSet pod)", spec.Node, spec.System,
 			map[bool]string{true: " with MIG", false: ""}[spec.MIG != ""], p.PID())
 	}
+	return m, rel, nil
+}
 
+// applySamples applies the default ClusterPolicy and the sample TrainingJob
+// and RayCluster (an empty path: none).
+func applySamples(ctx context.Context, env *bench.Env, sampleJob, sampleRay string) error {
 	// The demo's fleet mixes MIG profiles on one node: the mixed strategy
 	// advertises each profile (the API's default, single, would mark that
 	// node MIG-INVALID, as GFD does).
 	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"},
 		Spec: gpuv1alpha1.ClusterPolicySpec{MIG: gpuv1alpha1.MIGSpec{Strategy: gpuv1alpha1.MIGStrategyMixed}}}
-	if err := cluster.Client.Create(ctx, cp); err != nil {
+	if err := env.Cluster.Client.Create(ctx, cp); err != nil {
 		return fmt.Errorf("applying the default ClusterPolicy: %w", err)
 	}
-	logf("applied ClusterPolicy default (mig.strategy mixed, all else defaulted); the GPU stack rolls out on the GPU nodes")
-	if *sampleJob != "" {
-		job, err := submitJob(ctx, cluster, *sampleJob)
-		if err != nil {
+	env.Logf("applied ClusterPolicy default (mig.strategy mixed, all else defaulted); the GPU stack rolls out on the GPU nodes")
+	if sampleJob != "" {
+		job := &trainingv1alpha1.TrainingJob{}
+		if err := create(ctx, env.Cluster, sampleJob, job); err != nil {
 			return err
 		}
-		logf("submitted TrainingJob %s/%s from %s; kwok ends its pods with exit code 0 after the time its sim.loom.dev annotations say", job.Namespace, job.Name, *sampleJob)
+		env.Logf("submitted TrainingJob %s/%s from %s; kwok ends its pods with exit code 0 after the time its sim.loom.dev annotations say", job.Namespace, job.Name, sampleJob)
 	}
-	if *sampleRay != "" {
+	if sampleRay != "" {
 		rc := &rayv1.RayCluster{}
-		if err := create(ctx, cluster, *sampleRay, rc); err != nil {
+		if err := create(ctx, env.Cluster, sampleRay, rc); err != nil {
 			return err
 		}
-		logf("created RayCluster %s/%s from %s", rc.Namespace, rc.Name, *sampleRay)
+		env.Logf("created RayCluster %s/%s from %s", rc.Namespace, rc.Name, sampleRay)
 	}
+	return nil
+}
 
+func printBanner(cluster *framework.Cluster, rel *framework.Release, m *bench.Manager) {
+	kubectl, ns := cluster.Kubectl(), rel.Namespace
 	fmt.Printf(`
 Loom is running on a simulated cluster.
 
@@ -159,27 +179,7 @@ GPU node under a token bound to that node's agent pod. Logs of every process:
   %s/*.log
 
 Press Ctrl-C to stop everything.
-`, cluster.Kubeconfig, cluster.Kubectl(), cluster.Kubectl(), cluster.Kubectl(), cluster.Kubectl(), ns, cluster.Kubectl(), ns, m.PID(), cluster.Dir)
-
-	tick := time.NewTicker(5 * time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			fmt.Println()
-			return nil
-		case <-tick.C:
-			if err := cluster.Check(); err != nil {
-				return fmt.Errorf("a process of the simulated cluster died: %w", err)
-			}
-		}
-	}
-}
-
-// submitJob creates the TrainingJob of a YAML file, and its namespace.
-func submitJob(ctx context.Context, cluster *framework.Cluster, path string) (*trainingv1alpha1.TrainingJob, error) {
-	job := &trainingv1alpha1.TrainingJob{}
-	return job, create(ctx, cluster, path, job)
+`, cluster.Kubeconfig, kubectl, kubectl, kubectl, kubectl, ns, kubectl, ns, m.PID(), cluster.Dir)
 }
 
 // create creates the object of a YAML file, and its namespace.
