@@ -198,11 +198,13 @@ func (r *Reconciler) advance(ctx context.Context, name string, driver *corev1.Po
 // ownership of them.
 func (r *Reconciler) execute(ctx context.Context, node string, actions []action) error {
 	spec, meta := map[string]any{}, map[string]any{}
+	why := "node state"
 	for _, a := range actions {
 		switch a.kind {
 		case cordon, uncordon:
 			spec["unschedulable"] = a.kind == cordon
 		case setState:
+			why = "to " + a.state
 			meta["labels"] = map[string]string{gpuv1alpha1.LabelUpgradeState: a.state}
 			meta["annotations"] = a.annotations
 		case evict:
@@ -232,7 +234,7 @@ func (r *Reconciler) execute(ctx context.Context, node string, actions []action)
 		return err
 	}
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}
-	return r.Patch(ctx, n, client.RawPatch(types.MergePatchType, b))
+	return r.w.Patch(ctx, n, client.RawPatch(types.MergePatchType, b), "driver upgrade: "+why)
 }
 
 // evict evicts pods through the eviction API: a pod already gone, or one a

@@ -2,7 +2,6 @@ package nodelabels
 
 import (
 	"context"
-	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -21,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/manager"
 )
 
@@ -43,6 +43,12 @@ const AnnotationManagedLabels = "gpu.loom.dev/managed-labels"
 // makes each GPUNode owned by its Node (so it is garbage-collected).
 type Reconciler struct {
 	client.Client
+	w *apply.Writer
+}
+
+// New returns a labeller writing through c.
+func New(c client.Client) *Reconciler {
+	return &Reconciler{Client: c, w: apply.NewWriter(c, FieldOwner, apply.Options{})}
 }
 
 // Setup registers the labeller. Nodes are watched as metadata only: labels
@@ -68,7 +74,7 @@ func Setup(_ context.Context, mgr ctrl.Manager, _ manager.Options) error {
 			}
 			return out
 		}), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Complete(&Reconciler{Client: mgr.GetClient()})
+		Complete(New(mgr.GetClient()))
 }
 
 // metadataChanged passes Node creations and label/annotation/UID changes,
@@ -146,10 +152,7 @@ func (r *Reconciler) applyLabels(ctx context.Context, name string, labels map[st
 		u.SetLabels(labels)
 		u.SetAnnotations(map[string]string{AnnotationManagedLabels: managedKeys(labels)})
 	}
-	if err := r.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
-		return fmt.Errorf("applying GPU labels to node %s: %w", name, err)
-	}
-	return nil
+	return r.w.ApplyFields(ctx, u, true, "GPU labels changed")
 }
 
 func (r *Reconciler) applyOwner(ctx context.Context, gn *gpuv1alpha1.GPUNode, node *metav1.PartialObjectMetadata) error {
@@ -158,10 +161,7 @@ func (r *Reconciler) applyOwner(ctx context.Context, gn *gpuv1alpha1.GPUNode, no
 	u.SetKind("GPUNode")
 	u.SetName(gn.Name)
 	u.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}})
-	if err := r.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
-		return fmt.Errorf("making node %s the owner of its GPUNode: %w", node.Name, err)
-	}
-	return nil
+	return r.w.ApplyFields(ctx, u, true, "the Node owns its GPUNode")
 }
 
 func ownedBy(gn *gpuv1alpha1.GPUNode, node *metav1.PartialObjectMetadata) bool {

@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
+
+	"github.com/loom-dev/loom/internal/apply"
 )
 
 // CRDName is KubeRay's RayCluster CRD.
@@ -45,8 +47,8 @@ func EnsureCRD(ctx context.Context, c client.Client, reader client.Reader, insta
 	if err := yaml.Unmarshal(rayClusterCRD, &u.Object); err != nil {
 		return false, fmt.Errorf("embedded CRD: %w", err)
 	}
-	if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(CRDFieldOwner), client.ForceOwnership); err != nil {
-		return false, fmt.Errorf("applying CRD %s: %w", CRDName, err)
+	if err := apply.NewWriter(c, CRDFieldOwner, apply.Options{}).ApplyFields(ctx, u, true, "install or upgrade KubeRay's CRD"); err != nil {
+		return false, err
 	}
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		if err := reader.Get(ctx, client.ObjectKey{Name: CRDName}, have); err != nil {

@@ -97,7 +97,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	// before a create) and Roles and RoleBindings as metadata.
 	r.writer = apply.NewWriter(r.Client, FieldOwner, apply.Options{Live: r.APIReader, Conditions: conditions,
 		MetadataOnly: []schema.GroupKind{{Group: rbacv1.GroupName, Kind: "Role"}, {Group: rbacv1.GroupName, Kind: "RoleBinding"}},
-		HashOnly:     []schema.GroupKind{gang.PodGroupKind}})
+		SpecOnly:     []schema.GroupKind{gang.PodGroupKind}})
 	r.pods = podset.New(r.Client, r.APIReader, r.Recorder, nil)
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named("raycluster").

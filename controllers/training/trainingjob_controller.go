@@ -80,7 +80,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	}
 	// The cache holds only Loom's Services: the writer reads around it
 	// before creating the job's, never to apply over a user's.
-	r.writer = apply.NewWriter(r.Client, FieldOwner, apply.Options{Live: r.APIReader, Conditions: conditions, HashOnly: []schema.GroupKind{gang.PodGroupKind}})
+	r.writer = apply.NewWriter(r.Client, FieldOwner, apply.Options{Live: r.APIReader, Conditions: conditions, SpecOnly: []schema.GroupKind{gang.PodGroupKind}})
 	r.pods = podset.New(r.Client, r.APIReader, r.Recorder, sameAttempt)
 	inventoryChanged := make(chan ctrlevent.GenericEvent, 64)
 	c, err := ctrl.NewControllerManagedBy(mgr).

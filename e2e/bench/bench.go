@@ -255,7 +255,7 @@ func (r *Report) Print(w io.Writer) error {
 		t.Row("node agent RSS / CPU per collection", "%s (%s file pages) / %s (%d agents, %.0f collections each)",
 			mib(r.AgentRSS), mib(r.AgentFileRSS), r.AgentCPUPerRun.Round(100*time.Microsecond), cfg.Agents, r.AgentRuns)
 	}
-	t.Row("KubeRay (REFERENCE.md)", "%s", `"500 MB for 500 Ray pods"`)
+	t.Row("KubeRay (published)", "%s", `"500 MB for 500 Ray pods"`)
 	t.Requests(Column{Name: "rollout", Counts: r.Rollout}, Column{Name: "workloads", Counts: r.Workloads},
 		Column{Name: "idle per minute", Counts: r.Idle, PerMinuteOf: cfg.Idle})
 	return t.Flush()

@@ -11,8 +11,8 @@ import (
 	"github.com/loom-dev/loom/e2e/framework"
 )
 
-// RayConfig sizes the raycluster scenario, measured the way REFERENCE.md
-// reports KubeRay v1.5.0: Clusters RayClusters of 1 head + 3 workers on as
+// RayConfig sizes the raycluster scenario, measured the way KubeRay v1.5.0
+// was measured: Clusters RayClusters of 1 head + 3 workers on as
 // many nodes, the time from creating them to all ready, the manager's peak
 // and settled RSS (VmHWM/VmRSS of its process) and its API requests, then
 // an Idle window.
@@ -101,7 +101,7 @@ func (r *RayReport) Print(w io.Writer) error {
 	t.Row("create -> all pods created", "%s", round(r.PodsCreated))
 	t.Row("create -> all ready", "%s", round(r.Ready))
 	t.Row("manager RSS before / peak / settled", "%s / %s / %s", mib(r.RSSBefore), mib(r.RSSPeak), mib(r.RSSSettled))
-	t.Row("KubeRay v1.5.0, same machine type (REFERENCE.md)", "100 clusters: 9 s, RSS 68 MiB, 1,232 writes")
+	t.Row("KubeRay v1.5.0, same machine type (published)", "100 clusters: 9 s, RSS 68 MiB, 1,232 writes")
 	t.Requests(Column{Name: "busy", Counts: r.Busy}, Column{Name: fmt.Sprintf("idle %s", r.Config.Idle), Counts: r.Idle})
 	return t.Flush()
 }

@@ -5,7 +5,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/inventory"
 )
 
@@ -50,6 +50,7 @@ type Agent struct {
 	health  map[string]gpuv1alpha1.GPUHealth
 	last    *gpuv1alpha1.GPUNodeStatus // what the server holds, as far as we know
 	trigger chan struct{}
+	w       *apply.Writer
 }
 
 // Run collects at start, on every Interval and on NVML events, until ctx is
@@ -174,13 +175,10 @@ func (a *Agent) publish(ctx context.Context, collected, base *gpuv1alpha1.GPUNod
 	if apiequality.Semantic.DeepEqual(desired, a.last) {
 		return nil
 	}
-	u, err := statusApply(a.NodeName, desired)
-	if err != nil {
-		return err
-	}
-	if err := a.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+	gn := &gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: a.NodeName}}
+	if _, err := a.writer().Status(ctx, gn, a.last, desired); err != nil {
 		a.last = nil // re-read before the next write
-		return fmt.Errorf("applying GPUNode %s status: %w", a.NodeName, err)
+		return fmt.Errorf("GPUNode %s: %w", a.NodeName, err)
 	}
 	a.Metrics.writes.Inc()
 	a.Log.Info("published GPU inventory", "gpus", desired.GPUCount, "product", desired.Product, "mig", desired.MIG)
@@ -195,27 +193,23 @@ func (a *Agent) create(ctx context.Context) error {
 	u.SetAPIVersion(gpuv1alpha1.GroupVersion.String())
 	u.SetKind("GPUNode")
 	u.SetName(a.NodeName)
-	if err := a.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldOwner)); err != nil {
-		return fmt.Errorf("creating GPUNode %s: %w", a.NodeName, err)
+	if err := a.writer().ApplyFields(ctx, u, false, "GPUNode missing"); err != nil {
+		return err
 	}
 	a.Metrics.writes.Inc()
 	return nil
 }
 
-func statusApply(name string, st *gpuv1alpha1.GPUNodeStatus) (*unstructured.Unstructured, error) {
-	b, err := json.Marshal(st)
-	if err != nil {
-		return nil, err
+// writer is the agent's one writer: its GPUNode and that GPUNode's status,
+// with the two conditions the agent owns.
+func (a *Agent) writer() *apply.Writer {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.w == nil {
+		a.w = apply.NewWriter(a.Client, FieldOwner, apply.Options{
+			Conditions: []string{gpuv1alpha1.ConditionReady, gpuv1alpha1.ConditionNVMLUnavailable}})
 	}
-	var status map[string]any
-	if err := json.Unmarshal(b, &status); err != nil {
-		return nil, err
-	}
-	u := &unstructured.Unstructured{Object: map[string]any{"status": status}}
-	u.SetAPIVersion(gpuv1alpha1.GroupVersion.String())
-	u.SetKind("GPUNode")
-	u.SetName(name)
-	return u, nil
+	return a.w
 }
 
 func ready(st gpuv1alpha1.GPUNodeStatus) []metav1.Condition {

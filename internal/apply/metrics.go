@@ -9,7 +9,7 @@ import (
 // steady cluster is spared (skipped, coalesced) beside those it makes.
 var writes = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "loom_writes_total",
-	Help: "Child and status writes decided by Loom's writer, by kind, field owner, operation (apply, delete, status) and result (written, skipped, coalesced, error).",
+	Help: "Child and status writes decided by Loom's writer, by kind, field owner, operation (apply, patch, delete, status) and result (written, skipped, coalesced, error).",
 }, []string{"kind", "field_owner", "operation", "result"})
 
 func init() { ctrlmetrics.Registry.MustRegister(writes) }

@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -61,11 +62,12 @@ type Options struct {
 	// MetadataOnly are the kinds the manager caches as metadata only: the
 	// writer reads them as PartialObjectMetadata.
 	MetadataOnly []schema.GroupKind
-	// HashOnly are the kinds whose generation moves with their status (a
+	// SpecOnly are the kinds whose generation moves with their status (a
 	// CRD without a status subresource, such as Volcano's PodGroup): the
-	// writer trusts the hash annotation alone, instead of reading every
-	// status change as another writer's edit.
-	HashOnly []schema.GroupKind
+	// writer compares their spec with the one the server answered to its
+	// last apply, instead of reading every status change as another
+	// writer's edit.
+	SpecOnly []schema.GroupKind
 }
 
 // Writer is the one way a reconciler writes: its children (Ensure, Remove)
@@ -94,6 +96,7 @@ type record struct {
 	hash       string
 	generation int64
 	version    string
+	spec       string // specHash of the server's answer (SpecOnly kinds)
 }
 
 // NewWriter returns a writer for fieldOwner.
@@ -179,7 +182,11 @@ func (w *Writer) Ensure(ctx context.Context, owner, want client.Object) error {
 	}
 	count(gvk.Kind, w.fieldOwner, "apply", "written")
 	w.mu.Lock()
-	w.applied[ck] = record{owner: uidOf(owner), ownerKey: keyOf(owner), hash: hash, generation: u.GetGeneration(), version: u.GetResourceVersion()}
+	rec := record{owner: uidOf(owner), ownerKey: keyOf(owner), hash: hash, generation: u.GetGeneration(), version: u.GetResourceVersion()}
+	if slices.Contains(w.opts.SpecOnly, ck.gk) {
+		rec.spec = w.answeredSpec(gvk, u)
+	}
+	w.applied[ck] = rec
 	w.mu.Unlock()
 	return nil
 }
@@ -205,6 +212,25 @@ func (w *Writer) ApplyFields(ctx context.Context, obj *unstructured.Unstructured
 	return nil
 }
 
+// Patch sends patch for obj, an object Loom does not own (a Node it
+// cordons and marks with its upgrade state), counted and logged like every
+// other write. A merge patch leaves the fields it does not name to their
+// owners, as kubectl cordon does.
+func (w *Writer) Patch(ctx context.Context, obj client.Object, patch client.Patch, why string) error {
+	gvk, err := apiutil.GVKForObject(obj, w.c.Scheme())
+	if err != nil {
+		return err
+	}
+	key := client.ObjectKeyFromObject(obj)
+	log.FromContext(ctx).V(1).Info("patch", "kind", gvk.Kind, "object", key, "fieldOwner", w.fieldOwner, "why", why)
+	if err := w.c.Patch(ctx, obj, patch, client.FieldOwner(w.fieldOwner)); err != nil {
+		count(gvk.Kind, w.fieldOwner, "patch", "error")
+		return fmt.Errorf("patching %s %s: %w", gvk.Kind, key, err)
+	}
+	count(gvk.Kind, w.fieldOwner, "patch", "written")
+	return nil
+}
+
 // stale says why the cached child cur needs a write, or "" when it is
 // exactly what this writer wants.
 func (w *Writer) stale(ck childKey, cur, want client.Object, hash string) string {
@@ -223,8 +249,13 @@ func (w *Writer) stale(ck childKey, cur, want client.Object, hash string) string
 	rec, known := w.applied[ck]
 	w.mu.Unlock()
 	switch {
-	case !known || rec.hash != hash || slices.Contains(w.opts.HashOnly, ck.gk):
+	case !known || rec.hash != hash:
 		return "" // applied before a restart (or by another replica): the hash says it is ours as wanted
+	case slices.Contains(w.opts.SpecOnly, ck.gk):
+		if specHash(cur) != rec.spec {
+			return "spec changed by another writer"
+		}
+		return ""
 	case cur.GetGeneration() > 0 && cur.GetGeneration() != rec.generation:
 		return "spec changed by another writer"
 	case cur.GetGeneration() == 0 && cur.GetResourceVersion() != rec.version:
@@ -373,4 +404,27 @@ func keyOf(o client.Object) types.NamespacedName {
 		return types.NamespacedName{}
 	}
 	return client.ObjectKeyFromObject(o)
+}
+
+// specHash hashes obj's spec as a typed object converts it, so that the
+// cached copy and the server's answer compare alike.
+func specHash(obj client.Object) string {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return ""
+	}
+	return Hash(m["spec"])
+}
+
+// answeredSpec is specHash of the server's answer u, read into the kind's
+// typed object first (as the cache holds it).
+func (w *Writer) answeredSpec(gvk schema.GroupVersionKind, u *unstructured.Unstructured) string {
+	typed, err := w.c.Scheme().New(gvk)
+	if err != nil {
+		return Hash(u.Object["spec"])
+	}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, typed); err != nil {
+		return ""
+	}
+	return specHash(typed.(client.Object))
 }

@@ -8,11 +8,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/testenv"
 )
 
@@ -237,4 +240,52 @@ func TestStatusOwnsOnlyItsConditions(t *testing.T) {
 
 func cond(t, reason string) metav1.Condition {
 	return metav1.Condition{Type: t, Status: metav1.ConditionTrue, Reason: reason, Message: reason, LastTransitionTime: metav1.Now()}
+}
+
+// A kind whose generation moves with its status (Volcano's PodGroup has no
+// status subresource) costs no write when only its status changed, and is
+// still put back when its spec was edited.
+func TestSpecOnlyKinds(t *testing.T) {
+	ctx := context.Background()
+	w := apply.NewWriter(env.Client, "test-speconly", apply.Options{SpecOnly: []schema.GroupKind{gang.PodGroupKind}})
+	o := owner(t, "speconly-owner")
+	want := func() *schedulingv1beta1.PodGroup {
+		return &schedulingv1beta1.PodGroup{TypeMeta: metav1.TypeMeta{APIVersion: "scheduling.volcano.sh/v1beta1", Kind: "PodGroup"},
+			ObjectMeta: metav1.ObjectMeta{Name: "speconly", Namespace: ns}, Spec: schedulingv1beta1.PodGroupSpec{MinMember: 4}}
+	}
+	if err := w.Ensure(ctx, o, want()); err != nil {
+		t.Fatal(err)
+	}
+	pg := &schedulingv1beta1.PodGroup{}
+	key := client.ObjectKey{Namespace: ns, Name: "speconly"}
+	if err := env.Client.Get(ctx, key, pg); err != nil {
+		t.Fatal(err)
+	}
+	pg.Status.Phase = schedulingv1beta1.PodGroupRunning
+	if err := env.Client.Update(ctx, pg); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Ensure(ctx, o, want()); err != nil {
+		t.Fatal(err)
+	}
+	after := &schedulingv1beta1.PodGroup{}
+	if err := env.Client.Get(ctx, key, after); err != nil {
+		t.Fatal(err)
+	}
+	if after.ResourceVersion != pg.ResourceVersion {
+		t.Fatalf("a status-only change was read as an edit and re-applied (%s -> %s)", pg.ResourceVersion, after.ResourceVersion)
+	}
+	after.Spec.MinMember = 1
+	if err := env.Client.Update(ctx, after); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Ensure(ctx, o, want()); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Get(ctx, key, after); err != nil {
+		t.Fatal(err)
+	}
+	if after.Spec.MinMember != 4 {
+		t.Fatalf("a hand-edited spec was not put back: minMember %d", after.Spec.MinMember)
+	}
 }

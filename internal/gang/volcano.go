@@ -19,8 +19,8 @@ import (
 )
 
 // PodGroupKind is Volcano's PodGroup. Its CRD has no status subresource, so
-// its generation moves with Volcano's status updates: writers compare it by
-// hash alone (apply.Options.HashOnly).
+// its generation moves with Volcano's status updates: writers compare its spec
+// alone (apply.Options.SpecOnly).
 var PodGroupKind = schema.GroupKind{Group: schedulingv1beta1.SchemeGroupVersion.Group, Kind: "PodGroup"}
 
 // ErrNotServedYet: the PodGroup CRD exists but the API server does not serve
