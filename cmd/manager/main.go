@@ -70,9 +70,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // managerGCPercent is the manager's GOGC unless the environment sets one. Its
 // heap is mostly caches that change slowly and its CPU is idle most of the
-// time, so it collects at 50% heap growth instead of Go's 100%: at 1,000
-// nodes and 10,000 pods (make bench) that held 132 MiB settled RSS instead
-// of 141–160 MiB, for about 15% more CPU while busy.
+// time, so it collects at 50% heap growth instead of Go's 100% (the README's
+// fleet benchmark figures compare the two).
 const managerGCPercent = 50
 
 // setGCPercent applies managerGCPercent unless GOGC is set.

@@ -95,7 +95,7 @@ type group struct {
 }
 
 func setCond(st *rayv1.RayClusterStatus, t string, s metav1.ConditionStatus, reason, msg string, gen int64, now time.Time) {
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen, LastTransitionTime: metav1.NewTime(now)})
+	apply.SetCondition(&st.Conditions, t, s, reason, msg, gen, now)
 }
 
 // pass is one decision in the making: the cluster (normalized), what was

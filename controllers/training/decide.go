@@ -372,7 +372,7 @@ func viewPods(pods []*corev1.Pod, attempt int32) podView {
 }
 
 func setCond(st *trainingv1alpha1.TrainingJobStatus, t string, s metav1.ConditionStatus, reason, msg string, gen int64, now time.Time) {
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen, LastTransitionTime: metav1.NewTime(now)})
+	apply.SetCondition(&st.Conditions, t, s, reason, msg, gen, now)
 }
 
 func condTrue(st *trainingv1alpha1.TrainingJobStatus, t string) bool {

@@ -93,7 +93,13 @@ func (e *Env) StartManager(ctx context.Context, rel *framework.Release, args ...
 	m := &Manager{Manager: fm, token: e.Cluster.Config.BearerToken}
 	err = e.Cluster.WaitReady(ctx, fm, rel.Namespace, "loom-manager", 3*time.Minute)
 	if err == nil {
-		m.Ready, err = m.Snapshot()
+		// Ready comes from the probe port; the metrics server (with its
+		// authentication) may start listening a moment later.
+		err = poll(ctx, e.Cluster, 200*time.Millisecond, 30*time.Second, func() (bool, string, error) {
+			var serr error
+			m.Ready, serr = m.Snapshot()
+			return serr == nil, fmt.Sprintf("manager metrics: %v", serr), nil
+		})
 	}
 	if err != nil {
 		fm.Stop(20 * time.Second)

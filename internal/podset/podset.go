@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -36,7 +35,7 @@ const PerPass = 500
 const inFlight = 64
 
 // MaxMessage is the longest condition message the API accepts.
-const MaxMessage = 32768
+const MaxMessage = apply.MaxConditionMessage
 
 // MaxNote is the longest event note the API accepts (events.k8s.io/v1).
 const MaxNote = 1024
@@ -132,7 +131,7 @@ func (e *Executor) Sync(ctx context.Context, owner client.Object, remove, create
 		res.Created, err = e.create(ctx, owner, create)
 	}
 	if err != nil {
-		e.Recorder.Eventf(owner, nil, corev1.EventTypeWarning, reasonOf(err), actionOf(err), "%s", truncate(err.Error(), MaxNote))
+		e.Recorder.Eventf(owner, nil, corev1.EventTypeWarning, reasonOf(err), actionOf(err), "%s", apply.Truncate(err.Error(), MaxNote))
 	}
 	return res, err
 }
@@ -172,21 +171,7 @@ func actionOf(err error) string {
 }
 
 // Message is err as a condition message: the API's length limit applies.
-func Message(err error) string { return truncate(err.Error(), MaxMessage) }
-
-// truncate cuts s to at most n bytes, on a character boundary, marking the
-// cut with an ellipsis.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	const more = "…"
-	cut := n - len(more)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + more
-}
+func Message(err error) string { return apply.Truncate(err.Error(), MaxMessage) }
 
 func (e *Executor) create(ctx context.Context, owner client.Object, pods []*corev1.Pod) (int, error) {
 	var created atomic.Int64
