@@ -46,6 +46,10 @@ type Options struct {
 	// GangScheduler is the gang scheduler of TrainingJobs and RayClusters
 	// that do not name one: volcano or none.
 	GangScheduler string
+	// MaxWorkloadPods is the most pods one TrainingJob or RayCluster may
+	// ask for; a bigger one is held with a condition saying so, so that one
+	// object cannot exhaust the manager's memory or the cluster's API.
+	MaxWorkloadPods int
 	// InstallRayCRD applies KubeRay's RayCluster CRD when it is absent.
 	InstallRayCRD bool
 	// MonitoringLabels are set on every ServiceMonitor, PodMonitor and
@@ -81,6 +85,10 @@ const (
 	DefaultKubeAPIBurst = 600
 )
 
+// DefaultMaxWorkloadPods bounds one workload's pods: far above any gang a
+// GPU cluster runs today, far below what exhausts the manager.
+const DefaultMaxWorkloadPods = 5000
+
 // DefaultOptions returns the options with every default filled in.
 func DefaultOptions() Options {
 	return Options{
@@ -99,6 +107,7 @@ func DefaultOptions() Options {
 		KubeAPIQPS:              DefaultKubeAPIQPS,
 		KubeAPIBurst:            DefaultKubeAPIBurst,
 		GangScheduler:           "volcano",
+		MaxWorkloadPods:         DefaultMaxWorkloadPods,
 		InstallRayCRD:           true,
 		GrafanaDashboards:       true,
 		LogLevel:                "info",
@@ -144,6 +153,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxConcurrentReconciles, "max-concurrent-reconciles", o.MaxConcurrentReconciles, "parallel reconciles per controller")
 	fs.Float64Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "client-side rate limit of API requests per second")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "client-side burst of API requests")
+	fs.IntVar(&o.MaxWorkloadPods, "max-workload-pods", o.MaxWorkloadPods, "most pods one TrainingJob or RayCluster may ask for; bigger ones are held with a condition")
 	fs.StringVar(&o.GangScheduler, "gang-scheduler", o.GangScheduler, "gang scheduler of TrainingJobs and RayClusters that name none: volcano or none")
 	fs.BoolVar(&o.InstallRayCRD, "install-ray-crd", o.InstallRayCRD, "apply KubeRay's RayCluster CRD (server-side) when it is absent; one applied by someone else is left alone")
 	fs.Func("monitoring-labels", "comma-separated key=value labels for Loom's ServiceMonitors, PodMonitors and PrometheusRules (default: learned from the Prometheus objects' selectors)", func(s string) error {
@@ -162,6 +172,9 @@ func (o *Options) Validate() error {
 	var errs []error
 	if o.MaxConcurrentReconciles < 1 {
 		errs = append(errs, fmt.Errorf("--max-concurrent-reconciles must be at least 1, got %d", o.MaxConcurrentReconciles))
+	}
+	if o.MaxWorkloadPods < 1 {
+		errs = append(errs, fmt.Errorf("--max-workload-pods must be at least 1, got %d", o.MaxWorkloadPods))
 	}
 	if o.KubeAPIQPS <= 0 {
 		errs = append(errs, fmt.Errorf("--kube-api-qps must be positive, got %v", o.KubeAPIQPS))
