@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"slices"
@@ -113,6 +114,11 @@ func MainWithout(m *testing.M, env **Env, groups ...string) {
 		level = zapcore.ErrorLevel
 	}
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(level), zap.UseDevMode(true)))
+	if fuzzing() {
+		// Fuzz targets test pure functions: neither the coordinator nor
+		// each of its workers needs an API server of its own.
+		os.Exit(m.Run())
+	}
 
 	started := time.Now()
 	e, err := StartWithout(context.Background(), groups...)
@@ -133,4 +139,19 @@ func MainWithout(m *testing.M, env **Env, groups ...string) {
 func (e *Env) CreateNamespace(ctx context.Context, name string) error {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	return client.IgnoreAlreadyExists(e.Client.Create(ctx, ns))
+}
+
+// fuzzing reports whether this test binary runs as go test -fuzz (its
+// coordinator or a worker) with no test selected beside the fuzz target.
+func fuzzing() bool {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	lookup := func(name string) string {
+		if f := flag.Lookup(name); f != nil {
+			return f.Value.String()
+		}
+		return ""
+	}
+	return lookup("test.fuzzworker") == "true" || (lookup("test.fuzz") != "" && lookup("test.run") == "^$")
 }
