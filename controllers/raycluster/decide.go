@@ -2,6 +2,7 @@ package raycluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -31,8 +32,22 @@ const (
 	ConditionGang = "loom.dev/GangScheduling"
 	// ConditionGPUs: every group's pods fit some node of this cluster.
 	ConditionGPUs = "loom.dev/GPUInventory"
-	// ConditionValid: the spec passes KubeRay's validation.
+	// ConditionValid: the spec passes KubeRay's validation and Loom's
+	// (group names, replica bounds, derived names, the pod limit).
 	ConditionValid = "loom.dev/SpecValid"
+)
+
+// Reasons of Loom's conditions.
+const (
+	// ReasonInvalidSpec: ConditionValid is False, naming the fields.
+	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonTooManyPods: ConditionValid is False: the cluster asks for
+	// more pods than --max-workload-pods.
+	ReasonTooManyPods = "TooManyPods"
+	// ReasonNameConflict: ReplicaFailure is True: a name the cluster
+	// wants (a pod, a Service) is taken by an object it does not control,
+	// which is left alone.
+	ReasonNameConflict = "NameConflict"
 )
 
 // conditions are the condition types the RayCluster reconciler writes:
@@ -54,8 +69,9 @@ type observed struct {
 	// fits per group name (head and workers): the inventory's verdict on
 	// one pod of the group.
 	fits map[string]inventory.FitResult
-	// invalid is KubeRay's validation error, if any.
-	invalid error
+	// maxPods is the most pods the cluster may ask for (the manager's
+	// --max-workload-pods; 0: its default).
+	maxPods int
 	now     time.Time
 }
 
@@ -77,6 +93,12 @@ type decision struct {
 	err error
 	// events are the notable transitions to record.
 	events []event
+	// deferred are the missing pods not built this pass (the executor's
+	// per-pass cap): the next pass builds them.
+	deferred int64
+	// guard: the status suspends or resumes the cluster, and must be
+	// written only over the copy it was computed from.
+	guard bool
 }
 
 // event is a notable transition, recorded on the cluster.
@@ -88,7 +110,7 @@ type event struct {
 // group is one pod group of the cluster as decide sees it.
 type group struct {
 	name    string
-	desired int32
+	desired int64
 	hash    string
 	spec    *rayv1.WorkerGroupSpec // nil for the head
 	pods    []*corev1.Pod          // live (not terminating, not finished)
@@ -106,9 +128,21 @@ type pass struct {
 	obs observed
 	// sched is the cluster's gang scheduler.
 	sched string
+	// pods are the observed pods the cluster controls; any other is
+	// neither counted nor touched.
+	pods []*corev1.Pod
 	// byGroup are the live pods (not terminating, not finished) by group.
 	byGroup map[string][]*corev1.Pod
+	// missing are the pods each group lacks, in rollout order, for build.
+	missing []shortfall
 	d       decision
+}
+
+// shortfall is how many pods a group lacks.
+type shortfall struct {
+	g  *group
+	pg string // the PodGroup its pods join ("" for none)
+	n  int64
 }
 
 // set sets a condition of the pass's status.
@@ -132,6 +166,7 @@ var phases = []func(*pass) bool{
 	children,
 	inventoryGaps,
 	scale,
+	build,
 	status,
 }
 
@@ -147,18 +182,32 @@ func decide(ctx context.Context, rc *rayv1.RayCluster, obs observed, sched strin
 	return p.d
 }
 
-// begin records the generation seen.
+// begin records the generation seen and keeps the pods the cluster
+// controls: a pod of another owner (a stale cache, a hand-made pod with the
+// cluster's labels) is never counted, kept or deleted.
 func begin(p *pass) bool {
 	p.d.status.ObservedGeneration = p.rc.Generation
+	p.pods = make([]*corev1.Pod, 0, len(p.obs.pods))
+	for _, pod := range p.obs.pods {
+		if metav1.IsControlledBy(pod, p.rc) {
+			p.pods = append(p.pods, pod)
+		}
+	}
 	return false
 }
 
-// validate stops at a spec KubeRay's validation (or Loom's, of group names)
-// rejects, saying why.
+// validate holds a cluster whose spec KubeRay's validators or Loom's
+// reject, or that asks for more pods than the manager allows: no pod is
+// created or deleted, and the condition names the fields.
 func validate(p *pass) bool {
 	st := &p.d.status
-	if p.obs.invalid != nil {
-		p.set(ConditionValid, metav1.ConditionFalse, "InvalidSpec", p.obs.invalid.Error())
+	if err := validateCluster(p.rc); err != nil {
+		p.set(ConditionValid, metav1.ConditionFalse, ReasonInvalidSpec, err.Error())
+		setState(st, "", p.obs.now)
+		return true
+	}
+	if msg := podLimit(p.rc, p.obs.maxPods); msg != "" {
+		p.set(ConditionValid, metav1.ConditionFalse, ReasonTooManyPods, msg)
 		setState(st, "", p.obs.now)
 		return true
 	}
@@ -171,7 +220,7 @@ func validate(p *pass) bool {
 // count for nothing.
 func sortPods(p *pass) bool {
 	p.byGroup = map[string][]*corev1.Pod{}
-	for _, pod := range p.obs.pods {
+	for _, pod := range p.pods {
 		switch {
 		case pod.DeletionTimestamp != nil:
 		case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
@@ -190,8 +239,10 @@ func suspend(p *pass) bool {
 		return false
 	}
 	st := &p.d.status
+	p.d.guard = true
+	p.d.remove = nil // every pod goes, the finished ones sortPods chose included, once
 	left := 0
-	for _, pod := range p.obs.pods {
+	for _, pod := range p.pods {
 		if pod.DeletionTimestamp == nil {
 			p.d.remove = append(p.d.remove, pod)
 		}
@@ -217,6 +268,7 @@ func suspend(p *pass) bool {
 func resume(p *pass) bool {
 	conds := p.d.status.Conditions
 	if meta.IsStatusConditionTrue(conds, string(rayv1.RayClusterSuspended)) || meta.IsStatusConditionTrue(conds, string(rayv1.RayClusterSuspending)) {
+		p.d.guard = true
 		p.set(string(rayv1.RayClusterSuspended), metav1.ConditionFalse, "Resumed", "spec.suspend is false")
 		p.set(string(rayv1.RayClusterSuspending), metav1.ConditionFalse, "Resumed", "spec.suspend is false")
 	}
@@ -264,7 +316,7 @@ func scale(p *pass) bool {
 	groups := []*group{{name: headGroup, desired: 1, hash: headHash(rc), pods: p.byGroup[headGroup]}}
 	for i := range rc.Spec.WorkerGroupSpecs {
 		g := &rc.Spec.WorkerGroupSpecs[i]
-		groups = append(groups, &group{name: g.GroupName, desired: utils.GetWorkerGroupDesiredReplicas(p.ctx, *g), hash: groupHash(rc, g), spec: g, pods: p.byGroup[g.GroupName]})
+		groups = append(groups, &group{name: g.GroupName, desired: groupPods(g), hash: groupHash(rc, g), spec: g, pods: p.byGroup[g.GroupName]})
 	}
 	known := map[string]bool{}
 	for _, g := range groups {
@@ -292,9 +344,10 @@ func groupOf(p *corev1.Pod) string {
 	return p.Labels[utils.RayNodeGroupLabelKey]
 }
 
-// scaleGroup makes one group's pods match its desired count and template.
+// scaleGroup makes one group's pods match its desired count and template:
+// what it lacks is left to build.
 func scaleGroup(p *pass, g *group, pg string, holdRollout bool) {
-	ctx, rc, d := p.ctx, p.rc, &p.d
+	rc, d := p.rc, &p.d
 	live := g.pods
 	// workersToDelete: the autoscaler's (or a user's) choice of pods to go.
 	if g.spec != nil && len(g.spec.ScaleStrategy.WorkersToDelete) > 0 {
@@ -325,16 +378,10 @@ func scaleGroup(p *pass, g *group, pg string, holdRollout bool) {
 		p.event(false, "RollingGroup", fmt.Sprintf("group %s: recreating %d pods for its changed template", g.name, len(outdated)))
 		outdated = nil
 	}
-	n := int32(len(current) + len(outdated))
+	n := int64(len(current) + len(outdated))
 	switch {
 	case n < g.desired:
-		for range g.desired - n {
-			if g.spec == nil {
-				d.create = append(d.create, buildHeadPod(ctx, rc, pg))
-			} else {
-				d.create = append(d.create, buildWorkerPod(ctx, rc, g.spec, pg))
-			}
-		}
+		p.missing = append(p.missing, shortfall{g: g, pg: pg, n: g.desired - n})
 	case n > g.desired && (g.spec == nil || !utils.IsAutoscalingEnabled(&rc.Spec)):
 		// Without the autoscaler, scale down by the least useful pods:
 		// outdated first, then not ready, then the newest. With it, only
@@ -343,6 +390,27 @@ func scaleGroup(p *pass, g *group, pg string, holdRollout bool) {
 		d.remove = append(d.remove, cands[:n-g.desired]...)
 	}
 	g.pods = current
+}
+
+// build builds the pods the groups lack, at most what one pass creates
+// (the executor's cap, less this pass's deletes), shared by the groups in
+// rollout order; the rest are deferred to the next pass, so that how many
+// pods one pass holds in memory never grows with the cluster's size.
+func build(p *pass) bool {
+	room := int64(podset.PerPass - min(len(p.d.remove), podset.PerPass))
+	for _, s := range p.missing {
+		n := min(s.n, room)
+		for range n {
+			if s.g.spec == nil {
+				p.d.create = append(p.d.create, buildHeadPod(p.ctx, p.rc, s.pg))
+			} else {
+				p.d.create = append(p.d.create, buildWorkerPod(p.ctx, p.rc, s.g.spec, s.pg))
+			}
+		}
+		room -= n
+		p.d.deferred = add(p.d.deferred, s.n-n)
+	}
+	return false
 }
 
 // byUsefulness orders pods not ready first, then newest first.
@@ -360,7 +428,7 @@ func byUsefulness(pods []*corev1.Pod) []*corev1.Pod {
 
 // groupSettled: the group has its desired pods, all current and ready.
 func groupSettled(g *group) bool {
-	if int32(len(g.pods)) != g.desired {
+	if int64(len(g.pods)) != g.desired {
 		return false
 	}
 	for _, p := range g.pods {
@@ -405,7 +473,7 @@ func inventoryGaps(p *pass) bool {
 // from the live pods.
 func status(p *pass) bool {
 	st := &p.d.status
-	desired(p.ctx, p.rc, st)
+	desired(p.rc, st)
 	ready := workers(p.byGroup, st)
 	headReady := head(p, st)
 	allReady := headReady && ready == st.DesiredWorkerReplicas
@@ -433,11 +501,11 @@ func status(p *pass) bool {
 
 // desired fills in the replica bounds and the resources the cluster asks
 // for.
-func desired(ctx context.Context, rc *rayv1.RayCluster, st *rayv1.RayClusterStatus) {
-	st.DesiredWorkerReplicas = utils.CalculateDesiredReplicas(ctx, rc)
-	st.MinWorkerReplicas = utils.CalculateMinReplicas(rc)
-	st.MaxWorkerReplicas = utils.CalculateMaxReplicas(rc)
-	res := desiredResources(ctx, rc)
+func desired(rc *rayv1.RayCluster, st *rayv1.RayClusterStatus) {
+	st.DesiredWorkerReplicas = clamp32(workerPods(rc, groupPods))
+	st.MinWorkerReplicas = clamp32(workerPods(rc, minPods))
+	st.MaxWorkerReplicas = clamp32(workerPods(rc, maxPods))
+	res := desiredResources(rc)
 	st.DesiredCPU, st.DesiredMemory = res[corev1.ResourceCPU], res[corev1.ResourceMemory]
 	st.DesiredGPU, st.DesiredTPU = sumGPU(res), res[corev1.ResourceName("google.com/tpu")]
 }
@@ -506,12 +574,17 @@ func head(p *pass, st *rayv1.RayClusterStatus) bool {
 }
 
 // applied records on the status how applying the decision went: a failure
-// as ReplicaFailure (KubeRay's condition for it), cleared once an apply
-// succeeds.
+// as ReplicaFailure (KubeRay's condition for it; NameConflict when a name
+// the cluster wants is taken by an object it does not control), cleared
+// once an apply succeeds.
 func applied(st *rayv1.RayClusterStatus, err error, gen int64, now time.Time) {
 	failure := string(rayv1.RayClusterReplicaFailure)
 	if err != nil {
-		setCond(st, failure, metav1.ConditionTrue, "FailedToApply", podset.Message(err), gen, now)
+		reason := "FailedToApply"
+		if nameConflict(err) {
+			reason = ReasonNameConflict
+		}
+		setCond(st, failure, metav1.ConditionTrue, reason, podset.Message(err), gen, now)
 	} else if meta.IsStatusConditionTrue(st.Conditions, failure) {
 		setCond(st, failure, metav1.ConditionFalse, "Applied", "every pod and Service was created or deleted as needed", gen, now)
 	}
@@ -561,19 +634,40 @@ func sumGPU(res corev1.ResourceList) resource.Quantity {
 	return q
 }
 
+// nameConflict: err is (or wraps) a name taken by an object the cluster
+// does not control: a pod (podset.ConflictError; an earlier attempt's pod
+// is the cluster's own and goes by itself) or a child (apply.ForeignError).
+func nameConflict(err error) bool {
+	var c *podset.ConflictError
+	return errors.As(err, &c) && !c.EarlierAttempt || apply.IsForeign(err)
+}
+
 // desiredResources is what the head and the desired (clamped) workers
 // request, counting init containers and limits-only resources as the
 // scheduler does. KubeRay sums the unclamped replicas.
-func desiredResources(ctx context.Context, rc *rayv1.RayCluster) corev1.ResourceList {
+func desiredResources(rc *rayv1.RayCluster) corev1.ResourceList {
 	total := gang.PodRequests(&rc.Spec.HeadGroupSpec.Template.Spec)
 	for i := range rc.Spec.WorkerGroupSpecs {
 		g := &rc.Spec.WorkerGroupSpecs[i]
-		n := int64(utils.GetWorkerGroupDesiredReplicas(ctx, *g))
+		n := groupPods(g)
 		for name, q := range gang.PodRequests(&g.Template.Spec) {
 			sum := total[name]
-			sum.Add(*resource.NewMilliQuantity(q.MilliValue()*n, q.Format))
+			sum.Add(times(q, n))
 			total[name] = sum
 		}
 	}
 	return total
+}
+
+// times is q × n, exactly and without overflow (Quantity has no
+// multiplication; n is added in by doubling).
+func times(q resource.Quantity, n int64) resource.Quantity {
+	out := resource.Quantity{Format: q.Format}
+	for acc := q.DeepCopy(); n > 0; n >>= 1 {
+		if n&1 == 1 {
+			out.Add(acc)
+		}
+		acc.Add(acc.DeepCopy())
+	}
+	return out
 }

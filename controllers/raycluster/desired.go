@@ -80,7 +80,10 @@ func groupHash(rc *rayv1.RayCluster, g *rayv1.WorkerGroupSpec) string {
 func buildHeadPod(ctx context.Context, rc *rayv1.RayCluster, pg string) *corev1.Pod {
 	hash := headHash(rc)
 	rc = rc.DeepCopy() // KubeRay's builders write into rayStartParams
-	podName := utils.PodName(rc.Name, rayv1.HeadNode, true)
+	// With KubeRay's ENABLE_DETERMINISTIC_HEAD_POD_NAME the head pod has a
+	// fixed name (a pod of the name that is not the cluster's is a
+	// podset.ConflictError), else a generated one.
+	podName := utils.PodName(rc.Name, rayv1.HeadNode, !utils.IsDeterministicHeadPodNameEnabled())
 	fqdn := utils.GenerateFQDNServiceName(ctx, *rc, rc.Namespace)
 	headPort := common.GetHeadPort(rc.Spec.HeadGroupSpec.RayStartParams)
 	tmpl := common.DefaultHeadPodTemplate(ctx, *rc, rc.Spec.HeadGroupSpec, podName, headPort)
@@ -224,10 +227,10 @@ func gangSpec(ctx context.Context, rc *rayv1.RayCluster) gang.Spec {
 	auto := utils.IsAutoscalingEnabled(&rc.Spec)
 	for i := range rc.Spec.WorkerGroupSpecs {
 		g := &rc.Spec.WorkerGroupSpecs[i]
-		desired := utils.GetWorkerGroupDesiredReplicas(ctx, *g)
+		desired := clamp32(groupPods(g))
 		need := desired
 		if auto {
-			need = min(*g.MinReplicas*g.NumOfHosts, desired)
+			need = min(clamp32(minPods(g)), desired)
 		}
 		w := buildWorkerPod(ctx, rc, g, pg)
 		s.Tasks = append(s.Tasks, gang.Task{Name: g.GroupName, Count: desired, Min: need, Spec: &w.Spec})

@@ -9,6 +9,14 @@
 // changes to make, in ordered pure phases; the children and the status are
 // written through one apply.Writer, the pods created and deleted through one
 // podset.Executor.
+//
+// Hostile or careless clusters get bounded work and a condition, never a
+// panic: every count is computed in 64 bits (validate.go), a spec that
+// KubeRay's validators or Loom's reject, or that asks for more pods than
+// --max-workload-pods, is held with loom.dev/SpecValid False naming the
+// field; one pass builds at most the pods one pass creates
+// (podset.PerPass); a name taken by an object the cluster does not control
+// is a NameConflict on ReplicaFailure, and the object is left alone.
 package raycluster
 
 import (
@@ -23,6 +31,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -61,6 +70,9 @@ type Reconciler struct {
 	Recorder         recorder.EventRecorder
 	DefaultScheduler string
 	Index            *inventory.Index
+	// MaxWorkloadPods is the most pods one cluster may ask for (0: the
+	// manager's default); a bigger one is held with a condition.
+	MaxWorkloadPods int
 
 	// writer writes the cluster's children and status; pods creates and
 	// deletes its pods.
@@ -92,6 +104,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		Recorder:         mgr.GetEventRecorder("loom-raycluster"),
 		DefaultScheduler: opts.GangScheduler,
 		Index:            idx,
+		MaxWorkloadPods:  opts.MaxWorkloadPods,
 	}
 	// The cache holds only Loom's Services (the writer reads around it
 	// before a create) and Roles and RoleBindings as metadata.
@@ -167,16 +180,50 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 // execute carries out a decision: the events, the children and pods, then
 // the status with what applying them said. orig is the cluster as read,
-// rc its normalized copy.
+// rc its normalized copy. A status write that met a newer cluster (a
+// guarded one: suspend, resume) is decided again shortly from a fresher
+// copy; a name taken by an object the cluster does not control is reported
+// on the status and looked at again later, neither logged as an error.
 func (r *Reconciler) execute(ctx context.Context, orig, rc *rayv1.RayCluster, obs observed, d decision) (ctrl.Result, error) {
 	r.record(orig, &d)
 	res, applyErr := r.applyChildren(ctx, rc, obs, &d)
+	res.Deferred += int(clamp32(d.deferred))
+	if apply.IsForeign(applyErr) {
+		r.conflictEvent(orig, applyErr)
+	}
 	applied(&d.status, applyErr, rc.Generation, obs.now)
-	wait, err := r.writeStatus(ctx, orig, &d.status, obs.now)
+	wait, err := r.writeStatus(ctx, orig, &d.status, obs.now, d.guard)
+	switch {
+	case apierrors.IsConflict(err):
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	case err == nil && nameConflict(applyErr):
+		// Not Again for deferred pods: the pass would meet the same name.
+		return ctrl.Result{RequeueAfter: podset.Result{}.RequeueAfter(wait, conflictRecheck)}, nil
+	}
 	if err := errors.Join(applyErr, err); err != nil {
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{RequeueAfter: res.RequeueAfter(wait)}, nil
+}
+
+const (
+	// conflictRetry is how soon a pass whose guarded status write met a
+	// newer cluster runs again (the cache catches up within milliseconds).
+	conflictRetry = 250 * time.Millisecond
+	// conflictRecheck is how often a name conflict is looked at again: the
+	// object in the way is not the cluster's, so no watch event says it
+	// is gone.
+	conflictRecheck = 30 * time.Second
+)
+
+// conflictEvent records a Warning when a child's name conflict is new (the
+// pod executor records its own for pods).
+func (r *Reconciler) conflictEvent(rc *rayv1.RayCluster, err error) {
+	c := meta.FindStatusCondition(rc.Status.Conditions, string(rayv1.RayClusterReplicaFailure))
+	if c != nil && c.Status == metav1.ConditionTrue && c.Reason == ReasonNameConflict && c.Message == podset.Message(err) {
+		return
+	}
+	r.Recorder.Eventf(rc, nil, corev1.EventTypeWarning, ReasonNameConflict, "Apply", "%s", apply.Truncate(err.Error(), podset.MaxNote))
 }
 
 // record records the decision's events.
@@ -199,11 +246,7 @@ func (r *Reconciler) forget(key client.ObjectKey) {
 }
 
 func (r *Reconciler) observe(ctx context.Context, rc *rayv1.RayCluster, sched string, now time.Time) (observed, error) {
-	obs := observed{now: now, fits: map[string]inventory.FitResult{}}
-	obs.invalid = utils.ValidateRayClusterSpec(&rc.Spec, rc.Annotations)
-	if obs.invalid == nil {
-		obs.invalid = validateGroupNames(rc)
-	}
+	obs := observed{now: now, fits: map[string]inventory.FitResult{}, maxPods: r.MaxWorkloadPods}
 	var err error
 	if obs.pods, err = r.pods.List(ctx, rc, client.MatchingLabels{utils.RayClusterLabelKey: rc.Name}, now); err != nil {
 		return obs, err
@@ -246,23 +289,6 @@ func (r *Reconciler) headService(ctx context.Context, rc *rayv1.RayCluster) (*co
 	return svc, nil
 }
 
-// validateGroupNames rejects what KubeRay's validation lets through but
-// would make two groups claim the same pods: duplicate group names, or a
-// worker group named like the head's.
-func validateGroupNames(rc *rayv1.RayCluster) error {
-	seen := map[string]bool{headGroup: true}
-	for _, g := range rc.Spec.WorkerGroupSpecs {
-		if seen[g.GroupName] {
-			if g.GroupName == headGroup {
-				return fmt.Errorf("worker group name %q is reserved for the head group", g.GroupName)
-			}
-			return fmt.Errorf("worker group name %q is used twice: each group needs its own name", g.GroupName)
-		}
-		seen[g.GroupName] = true
-	}
-	return nil
-}
-
 // applyChildren makes the PodGroup, the Services, the autoscaler's RBAC and
 // the pods what the decision says, through the writer and the pod
 // executor.
@@ -277,6 +303,9 @@ func (r *Reconciler) applyChildren(ctx context.Context, rc *rayv1.RayCluster, ob
 	}
 	for _, c := range d.children {
 		if err := r.writer.Ensure(ctx, rc, c); err != nil {
+			if apply.IsForeign(err) {
+				err = fmt.Errorf("%w: rename the RayCluster (or its headService) or the %s", err, c.GetObjectKind().GroupVersionKind().Kind)
+			}
 			return podset.Result{}, err
 		}
 	}
@@ -297,10 +326,16 @@ func (r *Reconciler) applyChildren(ctx context.Context, rc *rayv1.RayCluster, ob
 
 // writeStatus writes the cluster's status through the writer, with a new
 // lastUpdateTime when it changed; a change of counts and messages only
-// waits for the coalescing interval (the returned duration).
-func (r *Reconciler) writeStatus(ctx context.Context, rc *rayv1.RayCluster, st *rayv1.RayClusterStatus, now time.Time) (time.Duration, error) {
+// waits for the coalescing interval (the returned duration). guard sends
+// the resourceVersion the status was computed from: a status that
+// suspends or resumes must not land on a newer spec.
+func (r *Reconciler) writeStatus(ctx context.Context, rc *rayv1.RayCluster, st *rayv1.RayClusterStatus, now time.Time, guard bool) (time.Duration, error) {
 	touched(&rc.Status, st, now)
-	wait, err := r.writer.Status(ctx, rc, &rc.Status, st, apply.CountsOnly(countsOnly(&rc.Status, st)))
+	opts := []apply.StatusOption{apply.CountsOnly(countsOnly(&rc.Status, st))}
+	if guard {
+		opts = append(opts, apply.Guarded())
+	}
+	wait, err := r.writer.Status(ctx, rc, &rc.Status, st, opts...)
 	if err == nil && wait == 0 {
 		rc.Status = *st.DeepCopy()
 	}

@@ -24,6 +24,7 @@ import (
 
 var env *testenv.Env
 
+// testenv starts no API server for go test -fuzz's workers.
 func TestMain(m *testing.M) { testenv.MainWithout(m, &env, "scheduling.volcano.sh") }
 
 func startManager(t *testing.T, scheduler string) {

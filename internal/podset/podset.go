@@ -215,8 +215,41 @@ func (e *Executor) createOne(ctx context.Context, owner client.Object, p *corev1
 	return nil
 }
 
+// ConflictError: a create answered AlreadyExists and the pod of that name
+// is not the owner's to use: a stranger's (the owner does not control it)
+// or, with Executor.Same, an earlier attempt's. The executor never deletes
+// or rewrites it; the caller reports the name conflict (it needs a person,
+// or the earlier pod to finish terminating). Sync returns it wrapped (in a
+// CreateError); find it with IsConflict or errors.As.
+type ConflictError struct {
+	// Namespace and Pod name the existing pod.
+	Namespace, Pod string
+	// Owner is the name of the object that wanted the pod.
+	Owner string
+	// EarlierAttempt: the owner controls the pod but Same says it is not
+	// the one this create made (an earlier attempt's); false: the owner
+	// does not control it.
+	EarlierAttempt bool
+}
+
+func (e *ConflictError) Error() string {
+	if e.EarlierAttempt {
+		return fmt.Sprintf("pod %s of an earlier attempt still exists", e.Pod)
+	}
+	return fmt.Sprintf("pod %s exists and is not controlled by %s: rename or delete it", e.Pod, e.Owner)
+}
+
+// IsConflict reports whether err is (or wraps) a ConflictError: a pod name
+// taken by a pod that is not the owner's. (Not an API 409 Conflict:
+// apierrors.IsConflict is that.)
+func IsConflict(err error) bool {
+	var c *ConflictError
+	return errors.As(err, &c)
+}
+
 // alreadyExists decides whether a pod of the name is the owner's own,
-// created before a restart (fine: the cache will show it), or not.
+// created before a restart (fine: the cache will show it), or not (a
+// ConflictError).
 func (e *Executor) alreadyExists(ctx context.Context, owner client.Object, want *corev1.Pod) error {
 	live := e.Live
 	if live == nil {
@@ -226,11 +259,13 @@ func (e *Executor) alreadyExists(ctx context.Context, owner client.Object, want 
 	if err := live.Get(ctx, client.ObjectKeyFromObject(want), have); err != nil {
 		return fmt.Errorf("pod %s exists but cannot be read: %w", want.Name, err)
 	}
+	conflict := &ConflictError{Namespace: want.Namespace, Pod: want.Name, Owner: owner.GetName()}
 	if !metav1.IsControlledBy(have, owner) {
-		return fmt.Errorf("pod %s exists and is not controlled by %s: rename or delete it", want.Name, owner.GetName())
+		return conflict
 	}
 	if e.Same != nil && !e.Same(have, want) {
-		return fmt.Errorf("pod %s of an earlier attempt still exists", want.Name)
+		conflict.EarlierAttempt = true
+		return conflict
 	}
 	return nil
 }

@@ -326,3 +326,38 @@ func TestRequeueAfter(t *testing.T) {
 		}
 	}
 }
+
+// A name taken by a stranger's pod, or by an earlier attempt's, is a
+// ConflictError naming the pod, found through Sync's wrapping; the pod is
+// left exactly as it was.
+func TestConflictError(t *testing.T) {
+	ctx := context.Background()
+	o := owner(t, "conflict")
+	stranger := pods(o, "taken", 1, false)[0]
+	s := stranger.DeepCopy()
+	s.OwnerReferences = nil
+	if err := env.Client.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	var creates atomic.Int64
+	e := podset.New(fastClient(t, &creates, nil), env.Client, &recorded{}, nil)
+	_, err := e.Sync(ctx, o, nil, []*corev1.Pod{stranger})
+	var c *podset.ConflictError
+	if !podset.IsConflict(err) || !errors.As(err, &c) || c.Pod != "taken-0" || c.Namespace != o.Namespace || c.Owner != o.Name || c.EarlierAttempt {
+		t.Fatalf("error %v (%+v), want a ConflictError for taken-0", err, c)
+	}
+	if apierrors.IsAlreadyExists(err) || !strings.Contains(podset.Message(err), "taken-0") {
+		t.Fatalf("message %q", podset.Message(err))
+	}
+	left := live(t, o.Namespace, "taken")
+	if len(left) != 1 || left[0].UID != s.UID || left[0].ResourceVersion != s.ResourceVersion || left[0].DeletionTimestamp != nil {
+		t.Fatalf("the stranger's pod was touched: %+v", left)
+	}
+	if podset.IsConflict(nil) || podset.IsConflict(errors.New("quota")) {
+		t.Fatal("IsConflict of an error that is none")
+	}
+	earlier := &podset.ConflictError{Pod: "p", Owner: "o", EarlierAttempt: true}
+	if !podset.IsConflict(fmt.Errorf("wrapped: %w", earlier)) || !strings.Contains(earlier.Error(), "of an earlier attempt") {
+		t.Fatalf("earlier attempt: %v", earlier)
+	}
+}
