@@ -1,7 +1,9 @@
 package training
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/manager"
 	"github.com/loom-dev/loom/internal/podset"
 )
 
@@ -32,14 +35,20 @@ type observed struct {
 	// fit is the inventory's verdict on the whole gang.
 	fit inventory.FitResult
 	now time.Time
+	// maxPods is the manager's --max-workload-pods; 0: its default.
+	maxPods int
 }
 
 // decision is what a reconcile must do, computed purely from the job and
 // what was observed.
 type decision struct {
 	status trainingv1alpha1.TrainingJobStatus
-	// create are pods to create, in rank order; remove are pods to delete.
+	// create are pods to create, in rank order, at most what one pass of
+	// the executor creates (podset.PerPass, less the deletes); remove are
+	// pods to delete.
 	create, remove []*corev1.Pod
+	// deferred counts the missing pods left for the next pass (not built).
+	deferred int
 	// podGroup is the PodGroup to ensure; removePodGroup: the job's
 	// PodGroup must go.
 	podGroup       *schedulingv1beta1.PodGroup
@@ -85,6 +94,8 @@ const (
 	ReasonSuspended           = "Suspended"
 	ReasonResumed             = "Resumed"
 	ReasonRestartDone         = "GangRestarted"
+	ReasonTooManyPods         = "TooManyPods"
+	ReasonNameConflict        = "NameConflict"
 )
 
 // conditions are the condition types the training reconciler writes.
@@ -131,6 +142,7 @@ var phases = []func(*pass) bool{
 	sortPods,
 	deadline,
 	outcome,
+	limit,
 	volcano,
 	neverFits,
 	children,
@@ -140,8 +152,10 @@ var phases = []func(*pass) bool{
 }
 
 // decide is the training reconciler's pure core: from the job and what was
-// observed, the next status and the changes to make.
+// observed, the next status and the changes to make. It looks only at the
+// job's own pods (ownPods).
 func decide(job *trainingv1alpha1.TrainingJob, obs observed, defScheduler trainingv1alpha1.GangScheduler) decision {
+	obs.pods = ownPods(job, obs.pods)
 	p := &pass{job: job, obs: obs, defScheduler: defScheduler, d: decision{status: *job.Status.DeepCopy()}}
 	for _, phase := range phases {
 		if phase(p) {
@@ -227,7 +241,7 @@ func resume(p *pass) bool {
 // sortPods sorts the pods for the current attempt, removes those of older
 // attempts and counts the current ones.
 func sortPods(p *pass) bool {
-	p.pods = viewPods(p.obs.pods, p.d.status.Attempt)
+	p.pods = viewPods(p.job, p.obs.pods, p.d.status.Attempt)
 	p.d.remove = append(p.d.remove, p.pods.stale...)
 	countPods(&p.d.status, p.pods)
 	return false
@@ -240,7 +254,7 @@ func deadline(p *pass) bool {
 	if dl == nil {
 		return false
 	}
-	left := p.d.status.StartTime.Add(time.Duration(*dl) * time.Second).Sub(p.obs.now)
+	left := until(p.d.status.StartTime.Time, *dl, p.obs.now)
 	if left <= 0 {
 		fail(p, ReasonDeadlineExceeded, fmt.Sprintf("the job ran longer than runPolicy.activeDeadlineSeconds (%ds)", *dl))
 		return true
@@ -265,6 +279,28 @@ func outcome(p *pass) bool {
 	default:
 		retry(p, why)
 	}
+	return true
+}
+
+// limit holds a job that asks for more pods than the manager's
+// --max-workload-pods: no pods, PodGroup or Service are created for it (pods
+// left from before the limit was lowered are left alone), and Created,
+// Scheduled and Ready say why. The count is Σ replicas in 64 bits.
+func limit(p *pass) bool {
+	total, most := totalPods(p.job), int64(maxPods(p.obs.maxPods))
+	if total <= most {
+		return false
+	}
+	st := &p.d.status
+	st.State = trainingv1alpha1.StateHeld
+	msg := fmt.Sprintf("the job asks for %d pods (1 master + %d workers), more than the manager allows one workload (--max-workload-pods=%d): no pods are created; "+
+		"lower spec.replicaSpecs.worker.replicas (suspend the job to change it) or raise the limit", total, total-1, most)
+	if c := meta.FindStatusCondition(st.Conditions, trainingv1alpha1.ConditionReady); c == nil || c.Reason != ReasonTooManyPods {
+		p.event(true, ReasonTooManyPods, msg)
+	}
+	p.set(trainingv1alpha1.ConditionCreated, metav1.ConditionFalse, ReasonTooManyPods, msg)
+	p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, ReasonTooManyPods, msg)
+	p.ready(metav1.ConditionFalse, ReasonTooManyPods, msg)
 	return true
 }
 
@@ -320,12 +356,15 @@ func children(p *pass) bool {
 }
 
 // scale creates the gang's missing pods in rank order, unless held; a pod
-// missing from a running gang breaks it instead: the gang restarts.
+// missing from a running gang breaks it instead: the gang restarts. Only the
+// pods this pass can create are built (podset.PerPass, less the deletes);
+// the others are counted as deferred, for the passes that follow.
 func scale(p *pass) bool {
 	if p.hold {
 		return false
 	}
 	st := &p.d.status
+	budget := max(podset.PerPass-len(p.d.remove), 0)
 	for _, role := range roles {
 		for i := range replicas(p.job, role) {
 			name := PodName(p.job.Name, role, i)
@@ -336,6 +375,10 @@ func scale(p *pass) bool {
 				retry(p, fmt.Sprintf("pod %s disappeared (deleted, or its node was lost)", name))
 				return true
 			}
+			if len(p.d.create) >= budget {
+				p.d.deferred++
+				continue
+			}
 			p.d.create = append(p.d.create, buildPod(p.job, frameworks[p.job.Spec.Framework], role, i, st.Attempt, st.Scheduler))
 		}
 	}
@@ -345,23 +388,25 @@ func scale(p *pass) bool {
 // podView sorts a job's pods for one pass.
 type podView struct {
 	// current are the pods of the current attempt that are not being
-	// deleted, by name.
+	// deleted and that the gang wants (named for their role and index, the
+	// index within the role's replicas), by name.
 	current map[string]*corev1.Pod
-	// occupied are names held by pods being deleted or of an older attempt:
-	// a new pod of that name must wait.
+	// occupied are names held by pods being deleted, of an older attempt or
+	// not wanted: a new pod of that name must wait.
 	occupied map[string]bool
-	// stale are pods of older attempts not yet being deleted.
+	// stale are pods of older attempts, or not wanted, not yet being
+	// deleted.
 	stale []*corev1.Pod
 }
 
-func viewPods(pods []*corev1.Pod, attempt int32) podView {
+func viewPods(job *trainingv1alpha1.TrainingJob, pods []*corev1.Pod, attempt int32) podView {
 	v := podView{current: map[string]*corev1.Pod{}, occupied: map[string]bool{}}
 	for _, p := range pods {
-		_, _, a, ok := podIdentity(p)
+		role, index, a, ok := podIdentity(p)
 		switch {
 		case p.DeletionTimestamp != nil:
 			v.occupied[p.Name] = true
-		case !ok || a != attempt:
+		case !ok || a != attempt || !wanted(job, role, index, p.Name) || v.current[p.Name] != nil:
 			v.occupied[p.Name] = true
 			v.stale = append(v.stale, p)
 		default:
@@ -491,7 +536,7 @@ func restart(p *pass, why string) {
 	}
 	// The PodGroup goes too: Volcano admits the new gang afresh.
 	p.d.removePodGroup = p.obs.podGroup != nil
-	p.d.create, p.d.children, p.d.podGroup = nil, nil, nil
+	p.d.create, p.d.children, p.d.podGroup, p.d.deferred = nil, nil, nil, 0
 	p.event(true, ReasonRetryableFailure, msg)
 	p.d.restarted = true
 	st.ReplicaStatuses = trainingv1alpha1.ReplicaStatuses{}
@@ -539,7 +584,7 @@ func clearRestarting(p *pass) {
 // PodGroup and applies the TTL.
 func finish(p *pass) {
 	st, d := &p.d.status, &p.d
-	v := viewPods(p.obs.pods, st.Attempt)
+	v := viewPods(p.job, p.obs.pods, st.Attempt)
 	countPods(st, v)
 	d.remove = append(d.remove[:0], v.stale...)
 	policy := p.job.Spec.CleanPodPolicy()
@@ -550,9 +595,9 @@ func finish(p *pass) {
 		}
 	}
 	d.removePodGroup = true
-	d.create, d.children, d.podGroup, d.requeue = nil, nil, nil, 0
+	d.create, d.children, d.podGroup, d.requeue, d.deferred = nil, nil, nil, 0, 0
 	if ttl := p.job.Spec.RunPolicy.TTLSecondsAfterFinished; ttl != nil && st.CompletionTime != nil {
-		left := st.CompletionTime.Add(time.Duration(*ttl) * time.Second).Sub(p.obs.now)
+		left := until(st.CompletionTime.Time, int64(*ttl), p.obs.now)
 		if left <= 0 {
 			d.deleteJob = true
 		} else {
@@ -706,16 +751,33 @@ func applied(st *trainingv1alpha1.TrainingJobStatus, err error, gen int64, now t
 	if err == nil {
 		return
 	}
-	msg := podset.Message(err)
-	setCond(st, trainingv1alpha1.ConditionCreated, metav1.ConditionFalse, ReasonCreateFailed, msg, gen, now)
-	setCond(st, trainingv1alpha1.ConditionReady, metav1.ConditionFalse, ReasonCreateFailed, msg, gen, now)
+	msg, reason := podset.Message(err), ReasonCreateFailed
+	if nameConflict(err) {
+		reason = ReasonNameConflict
+	}
+	setCond(st, trainingv1alpha1.ConditionCreated, metav1.ConditionFalse, reason, msg, gen, now)
+	setCond(st, trainingv1alpha1.ConditionReady, metav1.ConditionFalse, reason, msg, gen, now)
 }
 
-// urgent: the decision records a restart, an end or a new state, which is
-// written before anything else, so that a crash between the two never
-// loses it.
+// nameConflict: a child's name (a pod's, the Service's) is taken by an
+// object the job does not control, which Loom leaves alone: a person must
+// rename one of them. A pod of the job's earlier attempt still terminating
+// is no such conflict: it goes by itself.
+func nameConflict(err error) bool {
+	var c *podset.ConflictError
+	if errors.As(err, &c) {
+		return !c.EarlierAttempt
+	}
+	return apply.IsForeign(err)
+}
+
+// urgent: the decision records a restart, an end, a new attempt (a
+// resumption) or a new state, which is written before anything else, so
+// that a crash between the two never loses it, and so that a decision from
+// a stale copy of the job fails its guarded write before it deletes a pod.
 func urgent(job *trainingv1alpha1.TrainingJob, d *decision) bool {
-	return d.restarted || (d.status.Finished() && !job.Status.Finished()) || d.status.State != job.Status.State
+	return d.restarted || (d.status.Finished() && !job.Status.Finished()) || d.status.State != job.Status.State ||
+		d.status.Attempt != job.Status.Attempt
 }
 
 // countsOnly: the new status differs from the old only in counts and
@@ -732,4 +794,72 @@ func sortedPods(m map[string]*corev1.Pod) []*corev1.Pod {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+// ownPods keeps the pods that are the job's: in its namespace, labelled
+// with its name and controlled by it. The executor lists only those; decide
+// holds to it too, so that no decision deletes or counts a pod of another
+// job or of a user.
+func ownPods(job *trainingv1alpha1.TrainingJob, pods []*corev1.Pod) []*corev1.Pod {
+	out := make([]*corev1.Pod, 0, len(pods))
+	for _, p := range pods {
+		if p != nil && p.Namespace == job.Namespace && p.Labels[LabelJobName] == job.Name && metav1.IsControlledBy(p, job) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// wanted: the gang has a pod of this role and index, and this is its name.
+func wanted(job *trainingv1alpha1.TrainingJob, role trainingv1alpha1.Role, index int32, name string) bool {
+	return index >= 0 && index < replicas(job, role) && name == PodName(job.Name, role, index)
+}
+
+// totalPods is the job's Σ replicas, in 64 bits: a hostile replica count
+// cannot overflow it.
+func totalPods(job *trainingv1alpha1.TrainingJob) int64 {
+	var n int64
+	for _, role := range roles {
+		n += int64(replicas(job, role))
+	}
+	return n
+}
+
+// maxPods is the limit in effect: the manager's, or its default when unset.
+func maxPods(n int) int {
+	if n <= 0 {
+		return manager.DefaultMaxWorkloadPods
+	}
+	return n
+}
+
+// maxSeconds is the most whole seconds a time.Duration holds (about 292
+// years).
+const maxSeconds = math.MaxInt64 / int64(time.Second)
+
+// seconds is n seconds as a duration, saturated rather than overflowing,
+// and never negative.
+func seconds(n int64) time.Duration {
+	switch {
+	case n <= 0:
+		return 0
+	case n > maxSeconds:
+		return math.MaxInt64
+	}
+	return time.Duration(n) * time.Second
+}
+
+// until is how long from now until n seconds after start (a deadline, a
+// TTL), saturated: never an overflow that makes a far deadline look passed.
+// Past what a duration holds it counts in whole seconds (an API time's Unix
+// seconds are far from overflowing).
+func until(start time.Time, n int64, now time.Time) time.Duration {
+	if n <= maxSeconds {
+		return start.Add(seconds(n)).Sub(now)
+	}
+	elapsed := now.Unix() - start.Unix()
+	if elapsed <= 0 { // a start ahead of this clock (another replica's)
+		return math.MaxInt64
+	}
+	return seconds(n - elapsed)
 }

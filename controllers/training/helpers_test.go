@@ -23,7 +23,9 @@ import (
 var env *testenv.Env
 
 // Volcano's CRDs are left out so that a test can watch a job wait for them;
-// TestVolcano installs them.
+// TestVolcano installs them. A fuzzing worker process runs only FuzzDecide,
+// which needs no API server.
+// testenv starts no API server for go test -fuzz's workers.
 func TestMain(m *testing.M) { testenv.MainWithout(m, &env, "scheduling.volcano.sh") }
 
 func startManager(t *testing.T, mutate ...func(*manager.Options)) *testenv.Manager {

@@ -3,6 +3,7 @@ package training
 import (
 	"fmt"
 	"maps"
+	"math"
 	"strconv"
 	"strings"
 
@@ -214,14 +215,30 @@ func gangGPUs(job *trainingv1alpha1.TrainingJob) (int64, inventory.Gang) {
 		if rs == nil || n == 0 {
 			continue
 		}
-		per := inventory.PodGPUs(&rs.Template.Spec)
-		total += per * int64(n)
+		per := max(inventory.PodGPUs(&rs.Template.Spec), 0)
+		total = satAdd(total, satMul(per, int64(n)))
 		g.Groups = append(g.Groups, inventory.PodGroup{Count: int64(n), GPUs: per})
 		if p := rs.Template.Spec.NodeSelector[inventory.ProductLabel]; p != "" {
 			g.Product = p
 		}
 	}
 	return total, g
+}
+
+// satMul and satAdd are a*b and a+b of non-negative numbers, saturated at
+// math.MaxInt64: a hostile GPU count cannot wrap the status's total.
+func satMul(a, b int64) int64 {
+	if a != 0 && b > math.MaxInt64/a {
+		return math.MaxInt64
+	}
+	return a * b
+}
+
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // podIdentity parses a pod's role, index and attempt from its labels.

@@ -57,6 +57,9 @@ type Reconciler struct {
 	Recorder         recorder.EventRecorder
 	DefaultScheduler trainingv1alpha1.GangScheduler
 	Index            *inventory.Index
+	// MaxPods is the most pods one job may ask for (--max-workload-pods);
+	// a bigger job is held.
+	MaxPods int
 
 	// writer writes the job's children and status; pods creates and
 	// deletes its pods.
@@ -71,17 +74,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	if err != nil {
 		return err
 	}
-	r := &Reconciler{
-		Client:           mgr.GetClient(),
-		APIReader:        mgr.GetAPIReader(),
-		Recorder:         mgr.GetEventRecorder("loom-training"),
-		DefaultScheduler: trainingv1alpha1.GangScheduler(opts.GangScheduler),
-		Index:            idx,
-	}
-	// The cache holds only Loom's Services: the writer reads around it
-	// before creating the job's, never to apply over a user's.
-	r.writer = apply.NewWriter(r.Client, FieldOwner, apply.Options{Live: r.APIReader, Conditions: conditions, SpecOnly: []schema.GroupKind{gang.PodGroupKind}})
-	r.pods = podset.New(r.Client, r.APIReader, r.Recorder, sameAttempt)
+	r := newReconciler(mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder("loom-training"), opts)
+	r.Index = idx
 	inventoryChanged := make(chan ctrlevent.GenericEvent, 64)
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named("trainingjob").
@@ -101,6 +95,23 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	return mgr.Add(ctrlmanager.RunnableFunc(func(ctx context.Context) error {
 		return r.watchInventory(ctx, inventoryChanged)
 	}))
+}
+
+// newReconciler is a reconciler writing through c, reading around the cache
+// through live, without the inventory and Volcano watch Setup adds.
+func newReconciler(c client.Client, live client.Reader, rec recorder.EventRecorder, opts manager.Options) *Reconciler {
+	r := &Reconciler{
+		Client:           c,
+		APIReader:        live,
+		Recorder:         rec,
+		DefaultScheduler: trainingv1alpha1.GangScheduler(opts.GangScheduler),
+		MaxPods:          opts.MaxWorkloadPods,
+	}
+	// The cache holds only Loom's Services: the writer reads around it
+	// before creating the job's, never to apply over a user's.
+	r.writer = apply.NewWriter(r.Client, FieldOwner, apply.Options{Live: r.APIReader, Conditions: conditions, SpecOnly: []schema.GroupKind{gang.PodGroupKind}})
+	r.pods = podset.New(r.Client, r.APIReader, r.Recorder, sameAttempt)
+	return r
 }
 
 // heldJobs lists the jobs that wait for the PodGroup CRD.
@@ -190,6 +201,7 @@ func (r *Reconciler) execute(ctx context.Context, job *trainingv1alpha1.Training
 		return ctrl.Result{}, r.writer.Delete(ctx, job, "ttlSecondsAfterFinished has passed")
 	}
 	res, applyErr := r.applyChildren(ctx, job, obs, &d)
+	res.Deferred += d.deferred
 	applied(&d.status, applyErr, job.Generation, obs.now)
 	if first && applyErr != nil {
 		// The status was written from this copy of the job already; the
@@ -232,9 +244,10 @@ func (r *Reconciler) forget(key client.ObjectKey) {
 }
 
 // observe reads the job's pods and PodGroup from the cache and asks the
-// inventory whether the gang fits.
+// inventory whether the gang fits (not for a job over the pod limit: it is
+// held, and the fit's cost grows with its pods).
 func (r *Reconciler) observe(ctx context.Context, job *trainingv1alpha1.TrainingJob, now time.Time) (observed, error) {
-	obs := observed{now: now}
+	obs := observed{now: now, maxPods: r.MaxPods}
 	var err error
 	if obs.pods, err = r.pods.List(ctx, job, client.MatchingLabels{LabelJobName: job.Name}, now); err != nil {
 		return obs, err
@@ -242,7 +255,7 @@ func (r *Reconciler) observe(ctx context.Context, job *trainingv1alpha1.Training
 	if obs.podGroup, obs.volcano, err = r.volcano.Group(ctx, job, job.Name); err != nil {
 		return obs, err
 	}
-	if total, g := gangGPUs(job); total > 0 && !condTrue(&job.Status, trainingv1alpha1.ConditionScheduled) {
+	if total, g := gangGPUs(job); total > 0 && !condTrue(&job.Status, trainingv1alpha1.ConditionScheduled) && totalPods(job) <= int64(maxPods(r.MaxPods)) {
 		obs.fit = r.Index.Fits(g)
 	} else {
 		obs.fit = inventory.FitResult{Verdict: inventory.FitsNow}

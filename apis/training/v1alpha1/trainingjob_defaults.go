@@ -15,7 +15,13 @@ var DefaultRetryableExitCodes = []ExitCodeRange{{Min: 128, Max: ptr(int32(255))}
 
 func ptr[T any](v T) *T { return &v }
 
-// Replicas returns a role's pod count.
+// MaxSeconds is the largest value the API accepts in a seconds field
+// (runPolicy.activeDeadlineSeconds, runPolicy.ttlSecondsAfterFinished): ten
+// years, far below what overflows a time.Duration (about 292 years).
+const MaxSeconds = 315360000
+
+// Replicas returns a role's pod count (never negative: the API rejects a
+// negative count, an object built in Go may carry one).
 func (s *ReplicaSpec) replicas() int32 {
 	if s == nil {
 		return 0
@@ -23,7 +29,7 @@ func (s *ReplicaSpec) replicas() int32 {
 	if s.Replicas == nil {
 		return 1
 	}
-	return *s.Replicas
+	return max(*s.Replicas, 0)
 }
 
 // Workers returns the number of worker pods.

@@ -27,8 +27,15 @@ const (
 // ReplicaSpec is one role's pods.
 // +kubebuilder:validation:XValidation:rule="size(self.template.spec.containers) > 0",message="template.spec.containers must list at least one container"
 // +kubebuilder:validation:XValidation:rule="!has(self.template.spec.restartPolicy) || self.template.spec.restartPolicy == 'Never'",message="template.spec.restartPolicy must be Never or unset: Loom restarts the whole gang on a retryable failure instead of restarting single containers"
+// +kubebuilder:validation:XValidation:rule="!has(self.template.spec.nodeName) || size(self.template.spec.nodeName) == 0",message="template.spec.nodeName must not be set: it binds the pod past the scheduler and the gang; use nodeSelector or affinity"
+// +kubebuilder:validation:XValidation:rule="self.template.spec.containers.all(c, !has(c.resources) || ((!has(c.resources.requests) || c.resources.requests.all(k, !k.startsWith('nvidia.com/') || quantity(string(c.resources.requests[k])).isInteger())) && (!has(c.resources.limits) || c.resources.limits.all(k, !k.startsWith('nvidia.com/') || quantity(string(c.resources.limits[k])).isInteger()))))",message="template.spec.containers[*].resources: nvidia.com/gpu and every other nvidia.com/* request and limit must be whole numbers: a pod gets whole GPUs (use a MIG profile's resource, e.g. nvidia.com/mig-1g.10gb, for a slice)"
+// +kubebuilder:validation:XValidation:rule="!has(self.template.spec.initContainers) || self.template.spec.initContainers.all(c, !has(c.resources) || ((!has(c.resources.requests) || c.resources.requests.all(k, !k.startsWith('nvidia.com/') || quantity(string(c.resources.requests[k])).isInteger())) && (!has(c.resources.limits) || c.resources.limits.all(k, !k.startsWith('nvidia.com/') || quantity(string(c.resources.limits[k])).isInteger()))))",message="template.spec.initContainers[*].resources: nvidia.com/gpu and every other nvidia.com/* request and limit must be whole numbers: a pod gets whole GPUs (use a MIG profile's resource, e.g. nvidia.com/mig-1g.10gb, for a slice)"
+// +kubebuilder:validation:XValidation:rule="!has(self.template.spec.resources) || ((!has(self.template.spec.resources.requests) || self.template.spec.resources.requests.all(k, !k.startsWith('nvidia.com/') || quantity(string(self.template.spec.resources.requests[k])).isInteger())) && (!has(self.template.spec.resources.limits) || self.template.spec.resources.limits.all(k, !k.startsWith('nvidia.com/') || quantity(string(self.template.spec.resources.limits[k])).isInteger())))",message="template.spec.resources: nvidia.com/gpu and every other nvidia.com/* request and limit must be whole numbers: a pod gets whole GPUs (use a MIG profile's resource, e.g. nvidia.com/mig-1g.10gb, for a slice)"
 type ReplicaSpec struct {
-	// Replicas is the number of pods of this role.
+	// Replicas is the number of pods of this role. A job whose pods (the
+	// master and the workers) exceed the manager's --max-workload-pods
+	// (default 5000) is held without pods, its Ready condition saying
+	// TooManyPods.
 	// +optional
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=0
@@ -36,7 +43,10 @@ type ReplicaSpec struct {
 	Replicas *int32 `json:"replicas,omitempty"`
 	// Template is the pod template. Loom adds the rendezvous environment,
 	// the pod's hostname and subdomain, its labels and, with Volcano, the
-	// gang's scheduler name and annotations.
+	// gang's scheduler name and annotations. It must not set nodeName (the
+	// gang is placed by its scheduler); nvidia.com/* requests and limits are
+	// whole numbers; at most 64 containers and 64 init containers, 64
+	// resources per requests or limits, 64 characters per quantity.
 	Template corev1.PodTemplateSpec `json:"template"`
 }
 
@@ -88,14 +98,18 @@ type RunPolicy struct {
 	// +kubebuilder:validation:Minimum=0
 	BackoffLimit *int32 `json:"backoffLimit,omitempty"`
 	// ActiveDeadlineSeconds bounds the time from the job's (or, after a
-	// suspension, its resumption's) start; past it the job fails.
+	// suspension, its resumption's) start; past it the job fails. At most
+	// 315360000 (ten years; MaxSeconds).
 	// +optional
 	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=315360000
 	ActiveDeadlineSeconds *int64 `json:"activeDeadlineSeconds,omitempty"`
 	// TTLSecondsAfterFinished deletes the job (and so its pods) this long
-	// after it succeeded or failed. Unset: keep it.
+	// after it succeeded or failed. Unset: keep it. At most 315360000 (ten
+	// years; MaxSeconds).
 	// +optional
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=315360000
 	TTLSecondsAfterFinished *int32 `json:"ttlSecondsAfterFinished,omitempty"`
 	// CleanPodPolicy: which pods to delete when the job finishes.
 	// +optional
