@@ -97,10 +97,26 @@ lint: ## golangci-lint (includes import-direction rules).
 	$(GOLANGCI_LINT) run ./...
 	cd $(RULETEST) && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 
+# The fuzz targets of the pure functions, as package:target; `make test`
+# runs each briefly (FUZZTIME), `make fuzz` for longer. Crashers found are
+# kept under the package's testdata/fuzz and replayed by every go test.
+FUZZ_TARGETS := ./controllers/nodelabels:FuzzLabels ./internal/gang:FuzzPodRequests \
+	./controllers/training:FuzzDecide ./controllers/raycluster:FuzzDecide \
+	./controllers/clusterpolicy:FuzzDesired ./controllers/driverupgrade:FuzzNext \
+	./apis/gpu/v1alpha1:FuzzLabelSelectorPattern
+FUZZTIME ?= 5s
+
 .PHONY: test
-test: tools ## Every tier: unit, integration (envtest) and end to end (simulated cluster).
+test: tools ## Every tier: unit, integration (envtest), end to end (simulated cluster), and a short fuzz run.
 	KUBEBUILDER_ASSETS="$$($(TOOLS) kube)" go test $(GO_TEST_FLAGS) ./...
 	cd $(RULETEST) && go test $(GO_TEST_FLAGS) ./...
+	$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME)
+
+.PHONY: fuzz
+fuzz: ## Fuzz every pure decision function for FUZZTIME each (default 5s; try FUZZTIME=60s).
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "fuzz $$pkg $$fn ($(FUZZTIME))"; \
+		KUBEBUILDER_ASSETS="$$($(TOOLS) kube)" go test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
 
 .PHONY: test-unit
 test-unit: ## Unit and integration tests only (skips e2e/).

@@ -5,17 +5,28 @@ package charts
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/manager"
 	"github.com/loom-dev/loom/internal/testenv"
 )
 
@@ -278,4 +289,261 @@ func TestManagerAlertRulesAndMonitoringLabels(t *testing.T) {
 	if err == nil || !strings.Contains(out, "needs the Prometheus Operator's PrometheusRule CRD") {
 		t.Errorf("enabling the rules without their CRD did not fail clearly: %v\n%.300s", err, out)
 	}
+}
+
+// admissionPolicy renders the GPUNode writers' ValidatingAdmissionPolicy
+// and its binding (nil, nil when the chart renders none).
+func admissionPolicy(t *testing.T, set ...string) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
+	t.Helper()
+	args := []string{"template", "loom", chartDir(), "--kube-version", "1.37.2", "--namespace", "gpu-platform"}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	out, err := helm(t, args...)
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	scheme := runtime.NewScheme()
+	if err := admissionregistrationv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	decoder := serializer.NewCodecFactory(scheme).UniversalDeserializer()
+	var vap *admissionregistrationv1.ValidatingAdmissionPolicy
+	var binding *admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	for _, doc := range strings.Split(out, "\n---") {
+		if !strings.Contains(doc, "kind: ValidatingAdmissionPolicy") || !strings.Contains(doc, "gpunode-writers") {
+			continue
+		}
+		obj, _, err := decoder.Decode([]byte(doc), nil, nil)
+		if err != nil {
+			t.Fatalf("decoding %v\n%s", err, doc)
+		}
+		switch o := obj.(type) {
+		case *admissionregistrationv1.ValidatingAdmissionPolicy:
+			vap = o
+		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+			binding = o
+		}
+	}
+	return vap, binding
+}
+
+// The GPUNode writers' policy is on by default, names the release's own
+// service accounts, exempts only the groups values name, and goes with
+// admissionPolicies.enabled=false.
+func TestGPUNodeAdmissionPolicyRenders(t *testing.T) {
+	vap, binding := admissionPolicy(t)
+	if vap == nil || binding == nil {
+		t.Fatalf("policy %v, binding %v: not rendered by default", vap != nil, binding != nil)
+	}
+	if binding.Spec.PolicyName != vap.Name || len(binding.Spec.ValidationActions) != 1 || binding.Spec.ValidationActions[0] != admissionregistrationv1.Deny {
+		t.Errorf("binding %+v", binding.Spec)
+	}
+	if vap.Spec.FailurePolicy == nil || *vap.Spec.FailurePolicy != admissionregistrationv1.Fail {
+		t.Errorf("failurePolicy %v, want Fail", vap.Spec.FailurePolicy)
+	}
+	rules := vap.Spec.MatchConstraints.ResourceRules
+	if len(rules) != 1 || strings.Join(rules[0].APIGroups, ",") != "gpu.loom.dev" || strings.Join(rules[0].Resources, ",") != "gpunodes,gpunodes/status" ||
+		fmt.Sprint(rules[0].Operations) != "[CREATE UPDATE]" {
+		t.Errorf("match %+v", rules)
+	}
+	vars := map[string]string{}
+	for _, v := range vap.Spec.Variables {
+		vars[v.Name] = v.Expression
+	}
+	for name, want := range map[string]string{
+		"agent":     "'system:serviceaccount:gpu-platform:loom-node-agent'",
+		"manager":   "'system:serviceaccount:gpu-platform:loom-manager'",
+		"tokenNode": "authentication.kubernetes.io/node-name",
+	} {
+		if !strings.Contains(vars[name], want) {
+			t.Errorf("variable %s = %q, want it to contain %s", name, vars[name], want)
+		}
+	}
+	if len(vap.Spec.Validations) != 3 {
+		t.Errorf("%d validations, want 3 (own node, inventory writes, finalizers and owner references)", len(vap.Spec.Validations))
+	}
+	if m := vap.Spec.MatchConditions; len(m) != 1 || m[0].Expression != "!request.userInfo.groups.exists(g, g in ['system:masters'])" {
+		t.Errorf("match conditions %+v, want system:masters exempt", m)
+	}
+	if vap, _ := admissionPolicy(t, "admissionPolicies.exemptGroups=null"); vap == nil || len(vap.Spec.MatchConditions) != 0 {
+		t.Errorf("exemptGroups=null: %+v", vap)
+	}
+	if vap, _ := admissionPolicy(t, "admissionPolicies.exemptGroups={a,b}"); vap == nil || vap.Spec.MatchConditions[0].Expression != "!request.userInfo.groups.exists(g, g in ['a', 'b'])" {
+		t.Errorf("exemptGroups={a,b}: %+v", vap)
+	}
+	if vap, binding := admissionPolicy(t, "admissionPolicies.enabled=false"); vap != nil || binding != nil {
+		t.Error("admissionPolicies.enabled=false still renders the policy")
+	}
+	for _, set := range []string{"admissionPolicies.enabled=yes", "admissionPolicies.exemptGroups={it's}", "admissionPolicies.other=1"} {
+		out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", set)
+		if err == nil || !strings.Contains(out, "values don't meet the specifications of the schema") {
+			t.Errorf("--set %s was accepted (err %v)", set, err)
+		}
+	}
+}
+
+const admissionNS = "loom-system"
+
+// TestGPUNodeAdmissionPolicyOnAPIServer loads the rendered policy into a
+// real API server and writes GPUNodes as the node agents (impersonated, with
+// the node name a pod-bound token carries), the manager, another user and
+// an admin.
+func TestGPUNodeAdmissionPolicyOnAPIServer(t *testing.T) {
+	ctx := context.Background()
+	env, err := testenv.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	objs, err := testenv.RenderChart(admissionNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keep []*unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetLabels()["app.kubernetes.io/component"] == "admission" {
+			keep = append(keep, o)
+		}
+	}
+	if len(keep) != 2 {
+		t.Fatalf("chart rendered %d admission objects, want the policy and its binding", len(keep))
+	}
+	if err := testenv.Apply(ctx, env.Client, append(keep, gpuNodeWriterRBAC()...)); err != nil {
+		t.Fatal(err)
+	}
+	agentA, agentB := impersonate(t, env.Config, agentUser, "node-a"), impersonate(t, env.Config, agentUser, "node-b")
+	unbound, mgr, mallory := impersonate(t, env.Config, agentUser, ""), impersonate(t, env.Config, managerUser, ""), impersonate(t, env.Config, "mallory", "")
+
+	// The policy takes a moment to become active.
+	waitDenied(t, func() error { return mallory.Create(ctx, gpuNode("phantom")) },
+		"only the Loom node agent on node phantom may write GPUNode phantom's inventory; mallory may not create it")
+
+	// Each agent creates and publishes its own node's GPUNode.
+	a, b := gpuNode("node-a"), gpuNode("node-b")
+	must(t, agentA.Create(ctx, a))
+	must(t, agentB.Create(ctx, b))
+	a.Status.GPUCount, b.Status.GPUCount = 8, 8
+	must(t, agentA.Status().Update(ctx, a))
+	must(t, agentB.Status().Update(ctx, b))
+
+	// Another node's agent, an agent whose token names no node, the
+	// manager and anyone else may not create a GPUNode or write its status.
+	for _, tt := range []struct {
+		name  string
+		write func() error
+		want  string
+	}{
+		{"agent A publishes B", func() error { b := b.DeepCopy(); b.Status.GPUCount = 80; return agentA.Status().Update(ctx, b) },
+			"the Loom node agent on node node-a may write only GPUNode node-a, not node-b"},
+		{"agent A creates C", func() error { return agentA.Create(ctx, gpuNode("node-c")) },
+			"the Loom node agent on node node-a may write only GPUNode node-a, not node-c"},
+		{"agent without a node", func() error { a := a.DeepCopy(); a.Status.GPUCount = 1; return unbound.Status().Update(ctx, a) },
+			"its token is not bound to a pod on a node"},
+		{"manager publishes", func() error { a := a.DeepCopy(); a.Status.GPUCount = 1; return mgr.Status().Update(ctx, a) },
+			"the Loom manager may change GPUNode metadata (owner references, labels), not write its status"},
+		{"manager creates", func() error { return mgr.Create(ctx, gpuNode("node-d")) },
+			"the Loom manager may change GPUNode metadata (owner references, labels), not create it"},
+		{"someone publishes", func() error { a := a.DeepCopy(); a.Status.GPUCount = 1; return mallory.Status().Update(ctx, a) },
+			"only the Loom node agent on node node-a may write GPUNode node-a's inventory; mallory may not write its status"},
+	} {
+		t.Run(tt.name, func(t *testing.T) { denied(t, tt.write(), tt.want) })
+	}
+
+	// The manager makes the Node the owner and labels the GPUNode.
+	must(t, agentA.Get(ctx, client.ObjectKeyFromObject(a), a))
+	a.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: "node-a", UID: "node-a-uid"}}
+	a.Labels = map[string]string{"example.com/by": "manager"}
+	must(t, mgr.Update(ctx, a))
+
+	// The agent may label its GPUNode, but not touch finalizers or owner
+	// references, nor create one with them.
+	must(t, agentA.Get(ctx, client.ObjectKeyFromObject(a), a))
+	a.Labels["example.com/by"] = "agent"
+	must(t, agentA.Update(ctx, a))
+	const meddles = "the Loom node agent may not set or change a GPUNode's finalizers or owner references"
+	finalizer, orphan := a.DeepCopy(), a.DeepCopy()
+	finalizer.Finalizers = []string{"example.com/keep"}
+	denied(t, agentA.Update(ctx, finalizer), meddles)
+	orphan.OwnerReferences = nil
+	denied(t, agentA.Update(ctx, orphan), meddles)
+	owned := gpuNode("node-b")
+	must(t, env.Client.Delete(ctx, b))
+	owned.OwnerReferences = a.OwnerReferences
+	denied(t, agentB.Create(ctx, owned), meddles)
+
+	// An exempt admin (system:masters) may still write, as break-glass.
+	admin := gpuNode("admin-made")
+	must(t, env.Client.Create(ctx, admin))
+	admin.Status.GPUCount = 1
+	must(t, env.Client.Status().Update(ctx, admin))
+}
+
+const (
+	agentUser   = "system:serviceaccount:" + admissionNS + ":loom-node-agent"
+	managerUser = "system:serviceaccount:" + admissionNS + ":loom-manager"
+)
+
+// gpuNodeWriterRBAC lets the agent, the manager and mallory write GPUNodes
+// and their status: what stops them is the policy, not RBAC.
+func gpuNodeWriterRBAC() []*unstructured.Unstructured {
+	role := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+		"metadata": map[string]any{"name": "gpunode-writer"},
+		"rules": []any{map[string]any{"apiGroups": []any{"gpu.loom.dev"}, "resources": []any{"gpunodes", "gpunodes/status"},
+			"verbs": []any{"get", "list", "create", "update", "patch"}}}}}
+	var subjects []any
+	for _, u := range []string{agentUser, managerUser, "mallory"} {
+		subjects = append(subjects, map[string]any{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": u})
+	}
+	binding := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+		"metadata": map[string]any{"name": "gpunode-writer"},
+		"roleRef":  map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpunode-writer"},
+		"subjects": subjects}}
+	return []*unstructured.Unstructured{role, binding}
+}
+
+// impersonate is a client acting as user; node, when set, is the node name
+// a token bound to a pod on that node carries.
+func impersonate(t *testing.T, cfg *rest.Config, user, node string) client.Client {
+	t.Helper()
+	cfg = rest.CopyConfig(cfg)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user}
+	if node != "" {
+		cfg.Impersonate.Extra = map[string][]string{"authentication.kubernetes.io/node-name": {node}}
+	}
+	c, err := client.New(cfg, client.Options{Scheme: manager.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func gpuNode(name string) *gpuv1alpha1.GPUNode {
+	return &gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: name}}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func denied(t *testing.T, err error, want string) {
+	t.Helper()
+	if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) || err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("got %v, want a denial mentioning %q", err, want)
+	}
+}
+
+// waitDenied retries write until the policy denies it with want.
+func waitDenied(t *testing.T, write func() error, want string) {
+	t.Helper()
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if err = write(); err != nil && strings.Contains(err.Error(), want) {
+			return
+		}
+	}
+	t.Fatalf("the policy never denied: %v (want %q)", err, want)
 }

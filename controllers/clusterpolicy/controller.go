@@ -165,7 +165,8 @@ func (r *Reconciler) write(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, w
 }
 
 // observe reads what the status depends on beside the policy's own
-// children: the policy in force, the GPU nodes and their inventory.
+// children: the policy in force, the GPU nodes and the inventory of the
+// nodes that exist.
 func (r *Reconciler) observe(ctx context.Context) (observed, error) {
 	var obs observed
 	policies := &gpuv1alpha1.ClusterPolicyList{}
@@ -185,8 +186,36 @@ func (r *Reconciler) observe(ctx context.Context) (observed, error) {
 	if err := r.List(ctx, inventory); err != nil {
 		return obs, err
 	}
-	obs.inventory = inventory.Items
+	gpuNodes := map[string]bool{}
+	for _, n := range nodes.Items {
+		gpuNodes[n.Name] = true
+	}
+	// A GPUNode without its Node (made by hand, or left behind) is no
+	// node's inventory.
+	for _, gn := range inventory.Items {
+		if !gpuNodes[gn.Name] {
+			exists, err := r.nodeExists(ctx, gn.Name)
+			if err != nil {
+				return obs, err
+			}
+			if !exists {
+				continue
+			}
+		}
+		obs.inventory = append(obs.inventory, gn)
+	}
 	return obs, nil
+}
+
+// nodeExists reads a Node's metadata from the cache.
+func (r *Reconciler) nodeExists(ctx context.Context, name string) (bool, error) {
+	n := &metav1.PartialObjectMetadata{}
+	n.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
+	err := r.Get(ctx, client.ObjectKey{Name: name}, n)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // daemonSets reads the enabled operands' DaemonSets from the cache.
@@ -208,7 +237,7 @@ func (r *Reconciler) daemonSets(ctx context.Context, cp *gpuv1alpha1.ClusterPoli
 }
 
 // countUpgrades sorts the GPU nodes by driver upgrade progress and MIG
-// layout failure.
+// layout failure; a node in an unknown upgrade state counts as failed.
 func countUpgrades(nodes []metav1.PartialObjectMetadata) upgradeCounts {
 	var u upgradeCounts
 	why := map[string]string{}
@@ -216,11 +245,15 @@ func countUpgrades(nodes []metav1.PartialObjectMetadata) upgradeCounts {
 		if n.Labels[gpuv1alpha1.LabelMIGConfigState] == "failed" {
 			u.migFailed = append(u.migFailed, n.Name)
 		}
-		switch n.Labels[gpuv1alpha1.LabelUpgradeState] {
-		case "", gpuv1alpha1.UpgradeDone:
-		case gpuv1alpha1.UpgradeFailed:
+		switch state := n.Labels[gpuv1alpha1.LabelUpgradeState]; {
+		case state == "" || state == gpuv1alpha1.UpgradeDone:
+		case state == gpuv1alpha1.UpgradeFailed:
 			u.failed = append(u.failed, n.Name)
 			why[n.Name] = n.Annotations[gpuv1alpha1.AnnotationFailure]
+		case !gpuv1alpha1.KnownUpgradeState(state):
+			// The driver upgrade leaves such a node alone.
+			u.failed = append(u.failed, n.Name)
+			why[n.Name] = fmt.Sprintf("unknown driver upgrade state %q (Loom leaves the node alone; remove the label to let it upgrade)", state)
 		default:
 			u.inProgress = append(u.inProgress, n.Name)
 		}

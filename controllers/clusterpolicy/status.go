@@ -20,6 +20,11 @@ const (
 	ReasonNoGPUNodes     = "NoGPUNodes"
 	ReasonIgnored        = "AnotherPolicyActive"
 	ReasonApplyFailed    = "ApplyFailed"
+	// ReasonInvalidSpec: the spec holds a value the API server's rules let
+	// through (a label key too long for CEL to check, an object stored
+	// before a rule existed); the message names each field. No driver
+	// upgrade starts while it stands.
+	ReasonInvalidSpec = "InvalidSpec"
 )
 
 const (
@@ -29,6 +34,8 @@ const (
 	componentStateOff     = "disabled"
 	// maxListed caps the node names a status list holds.
 	maxListed = 20
+	// maxSpecErrors caps the field errors the InvalidSpec message lists.
+	maxSpecErrors = 5
 )
 
 // observed is what one pass saw in the cache.
@@ -79,8 +86,23 @@ func status(cp *gpuv1alpha1.ClusterPolicy, obs observed, writeErrs []string) *gp
 	if st.MIG.Strategy == "" {
 		st.MIG.Strategy = gpuv1alpha1.MIGStrategySingle
 	}
-	readiness(st, obs.gpuNodes, writeErrs, cp.Generation)
+	readiness(st, obs.gpuNodes, specErrors(cp), writeErrs, cp.Generation)
 	return st
+}
+
+// specErrors are the spec's field errors (Validate, pure), at most
+// maxSpecErrors of them and a count of the rest.
+func specErrors(cp *gpuv1alpha1.ClusterPolicy) []string {
+	errs := cp.Spec.Validate()
+	var out []string
+	for i, e := range errs {
+		if i == maxSpecErrors {
+			out = append(out, fmt.Sprintf("and %d more", len(errs)-maxSpecErrors))
+			break
+		}
+		out = append(out, e.Error())
+	}
+	return out
 }
 
 // components reports each operand's rollout from its DaemonSet.
@@ -135,8 +157,9 @@ func driverUpgradeProgress(c *gpuv1alpha1.ComponentStatus, u upgradeCounts) {
 	}
 }
 
-// readiness sets state and the Ready condition from the components.
-func readiness(st *gpuv1alpha1.ClusterPolicyStatus, gpuNodes int32, writeErrs []string, generation int64) {
+// readiness sets state and the Ready condition from the spec's errors, the
+// failed writes and the components, in that order.
+func readiness(st *gpuv1alpha1.ClusterPolicyStatus, gpuNodes int32, invalid, writeErrs []string, generation int64) {
 	var waiting []string
 	for _, c := range st.Components {
 		if c.Enabled && c.State != componentStateReady {
@@ -145,6 +168,9 @@ func readiness(st *gpuv1alpha1.ClusterPolicyStatus, gpuNodes int32, writeErrs []
 	}
 	st.State = gpuv1alpha1.PolicyNotReady
 	switch {
+	case len(invalid) > 0:
+		setReady(st, generation, metav1.ConditionFalse, ReasonInvalidSpec,
+			"invalid spec (no driver upgrade starts until it is fixed): "+strings.Join(invalid, "; "))
 	case len(writeErrs) > 0:
 		setReady(st, generation, metav1.ConditionFalse, ReasonApplyFailed, strings.Join(writeErrs, "; "))
 	case gpuNodes == 0:
@@ -163,7 +189,7 @@ func readiness(st *gpuv1alpha1.ClusterPolicyStatus, gpuNodes int32, writeErrs []
 // setReady is the one way the Ready condition is set.
 func setReady(st *gpuv1alpha1.ClusterPolicyStatus, generation int64, status metav1.ConditionStatus, reason, message string) {
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: conditionReady, Status: status,
-		Reason: reason, Message: message, ObservedGeneration: generation})
+		Reason: reason, Message: apply.TruncateMessage(message), ObservedGeneration: generation})
 }
 
 func countEnabled(cs []gpuv1alpha1.ComponentStatus) int {

@@ -7,6 +7,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 )
@@ -117,5 +118,49 @@ func TestCountsOnly(t *testing.T) {
 		if cur := status(cp, obs, errs); countsOnly(old, cur) {
 			t.Errorf("%s: counted as a count-only change", name)
 		}
+	}
+}
+
+// A spec the API server let through (stored before a rule, or beyond what
+// CEL checks) is Ready=False, InvalidSpec, naming each field, ahead of
+// failed writes and whatever the operands do.
+func TestStatusInvalidSpec(t *testing.T) {
+	zero := intstr.FromInt32(0)
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default", Generation: 2}}
+	cp.Spec.Driver.UpgradePolicy = gpuv1alpha1.DriverUpgradePolicy{MaxUnavailable: &zero,
+		Drain: &gpuv1alpha1.DrainSpec{PodSelector: "app in ("}}
+	cp.Spec.DCGMExporter.NodeSelector = map[string]string{strings.Repeat("k", 64): "v"}
+	obs := observed{active: "default", gpuNodes: 2, daemonSets: allRolledOut(2)}
+	for _, writeErrs := range [][]string{nil, {"applying DaemonSet x: boom"}} {
+		st := status(cp, obs, writeErrs)
+		c := meta.FindStatusCondition(st.Conditions, "Ready")
+		if st.State != gpuv1alpha1.PolicyNotReady || c == nil || c.Status != metav1.ConditionFalse || c.Reason != ReasonInvalidSpec {
+			t.Fatalf("state %s, condition %+v", st.State, c)
+		}
+		for _, want := range []string{"spec.driver.upgradePolicy.maxUnavailable", "spec.driver.upgradePolicy.drain.podSelector: Invalid value: \"app in (\"",
+			"spec.dcgmExporter.nodeSelector[" + strings.Repeat("k", 64) + "]", "no driver upgrade starts"} {
+			if !strings.Contains(c.Message, want) {
+				t.Errorf("message %q lacks %q", c.Message, want)
+			}
+		}
+		if again := status(cp, obs, writeErrs); meta.FindStatusCondition(again.Conditions, "Ready").Message != c.Message {
+			t.Error("the message changes between passes")
+		}
+	}
+	cp.Spec = gpuv1alpha1.ClusterPolicySpec{}
+	if c := meta.FindStatusCondition(status(cp, obs, nil).Conditions, "Ready"); c.Reason != ReasonAllReady {
+		t.Errorf("fixed spec: %+v", c)
+	}
+}
+
+// A node in an upgrade state Loom does not know is reported as failed,
+// with what to do about it.
+func TestCountUpgradesUnknownState(t *testing.T) {
+	node := func(name, state string) metav1.PartialObjectMetadata {
+		return metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{gpuv1alpha1.LabelUpgradeState: state}}}
+	}
+	u := countUpgrades([]metav1.PartialObjectMetadata{node("a", "upgrade-donе" /* a Cyrillic е */), node("b", gpuv1alpha1.DrainRequired), node("c", gpuv1alpha1.UpgradeDone)})
+	if strings.Join(u.failed, ",") != "a" || strings.Join(u.inProgress, ",") != "b" || !strings.Contains(u.firstFailure, `unknown driver upgrade state "upgrade-donе"`) {
+		t.Errorf("counts %+v", u)
 	}
 }

@@ -96,3 +96,75 @@ func policy(t *testing.T, name, spec string) *unstructured.Unstructured {
 	u.SetName(name)
 	return u
 }
+
+// Careless values are rejected at apply, each with a message naming its
+// field; their valid neighbours are accepted.
+func TestClusterPolicyRejectsCarelessValues(t *testing.T) {
+	tests := []struct {
+		name, spec string
+		want       []string // all in the error
+	}{
+		{"driver version latest", `{driver: {image: {version: latest}}}`,
+			[]string{"spec.driver.image.version", "driver.image.version must be a driver version"}},
+		{"driver version without digits", `{driver: {image: {version: stable-ubuntu22.04}}}`,
+			[]string{"spec.driver.image.version", "driver.image.version must be a driver version"}},
+		{"driver version v-prefixed", `{driver: {image: {version: v570.172.08}}}`,
+			[]string{"spec.driver.image.version", "driver.image.version must be a driver version"}},
+		{"driver version major only", `{driver: {image: {version: "570"}}}`,
+			[]string{"spec.driver.image.version", "driver.image.version must be a driver version"}},
+		{"custom driver image, tag latest", `{driver: {image: {repository: registry.example/nvidia, version: latest}}}`,
+			[]string{"spec.driver.image.version", "driver.image.version must be a driver version"}},
+		{"maxUnavailable 0", `{driver: {upgradePolicy: {maxUnavailable: 0}}}`,
+			[]string{"spec.driver.upgradePolicy.maxUnavailable", "maxUnavailable: 0 would never upgrade a node", "autoUpgrade: false"}},
+		{"maxUnavailable 0%", `{driver: {upgradePolicy: {maxUnavailable: "0%"}}}`,
+			[]string{"spec.driver.upgradePolicy.maxUnavailable", "maxUnavailable: 0 would never upgrade a node"}},
+		{"drain selector unclosed", `{driver: {upgradePolicy: {drain: {enable: true, podSelector: "app in ("}}}}`,
+			[]string{"spec.driver.upgradePolicy.drain.podSelector", "drain.podSelector must be a label selector"}},
+		{"drain selector trailing comma", `{driver: {upgradePolicy: {drain: {podSelector: "app=x,"}}}}`,
+			[]string{"spec.driver.upgradePolicy.drain.podSelector", "drain.podSelector must be a label selector"}},
+		{"drain selector bad key", `{driver: {upgradePolicy: {drain: {podSelector: "Example.com/app=x"}}}}`,
+			[]string{"spec.driver.upgradePolicy.drain.podSelector", "drain.podSelector must be a label selector"}},
+		{"drain selector value too long", `{driver: {upgradePolicy: {drain: {podSelector: "app=` + strings.Repeat("x", 64) + `"}}}}`,
+			[]string{"spec.driver.upgradePolicy.drain.podSelector", "drain.podSelector must be a label selector"}},
+		{"wait selector garbage", `{driver: {upgradePolicy: {waitForCompletion: {podSelector: "job in batch"}}}}`,
+			[]string{"spec.driver.upgradePolicy.waitForCompletion.podSelector", "waitForCompletion.podSelector must be a label selector"}},
+		{"wait selector double operator", `{driver: {upgradePolicy: {waitForCompletion: {podSelector: "job===batch"}}}}`,
+			[]string{"spec.driver.upgradePolicy.waitForCompletion.podSelector", "waitForCompletion.podSelector must be a label selector"}},
+		{"wait selector too long", `{driver: {upgradePolicy: {waitForCompletion: {podSelector: "` + strings.Repeat("a", 1025) + `"}}}}`,
+			[]string{"spec.driver.upgradePolicy.waitForCompletion.podSelector", "1024"}},
+	}
+	ok := []string{
+		`{driver: {upgradePolicy: {maxUnavailable: 1, drain: {enable: true, podSelector: "app in (training, serving),!canary,tier!=cpu"}}}}`,
+		`{driver: {upgradePolicy: {maxUnavailable: "1%", waitForCompletion: {podSelector: "example.com/job=batch, gpus>4"}}}}`,
+		`{driver: {image: {version: "550.54.15-rhel9.4"}, upgradePolicy: {maxParallelUpgrades: 0}}}`,
+		`{driver: {upgradePolicy: {drain: {podSelector: "app"}, waitForCompletion: {podSelector: "!app"}}}}`,
+		`{toolkit: {image: {version: latest}}}`, // only the driver's version is a driver version
+	}
+	ctx := context.Background()
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := env.Client.Create(ctx, policy(t, fmt.Sprintf("careless-%d", i), tt.spec))
+			if err == nil {
+				t.Fatalf("spec %s accepted", tt.spec)
+			}
+			t.Logf("rejected: %.400v", err)
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("spec %.120s: error %v\nwant one mentioning %q", tt.spec, err, w)
+				}
+			}
+		})
+	}
+	for i, spec := range ok {
+		u := policy(t, fmt.Sprintf("careful-%d", i), spec)
+		if err := env.Client.Create(ctx, u); err != nil {
+			t.Errorf("valid spec %s rejected: %v", spec, err)
+			continue
+		}
+		_ = env.Client.Delete(ctx, u)
+	}
+	long := policy(t, strings.Repeat("p", 64), "{}")
+	if err := env.Client.Create(ctx, long); err == nil || !strings.Contains(err.Error(), "metadata.name must be at most 63 characters") {
+		t.Errorf("a 64-character ClusterPolicy name: %v", err)
+	}
+}

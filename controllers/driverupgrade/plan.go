@@ -5,7 +5,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
@@ -22,8 +21,11 @@ type work struct {
 // (sorted by name), their driver pods by node, the policy and the wanted
 // driver template: every node in progress, every failed node whose wanted
 // driver runs ready after all, and as many outdated nodes (done, never
-// upgraded, or failed on another template) as UpgradeBudget allows. more
-// says a later pass has work left.
+// upgraded, or failed on another template) as UpgradeBudget allows. A node
+// in a state Loom does not know (a label set by hand) is left alone and
+// counts as unavailable, like a failed one. A policy Validate rejects
+// starts nothing (the error says why). more says a later pass has work
+// left.
 func plan(nodes []metav1.PartialObjectMetadata, drivers map[string]*corev1.Pod, p gpuv1alpha1.DriverUpgradePolicy, template string) (todo []work, more bool, err error) {
 	var candidates []string
 	failed := 0
@@ -46,12 +48,16 @@ func plan(nodes []metav1.PartialObjectMetadata, drivers map[string]*corev1.Pod, 
 				todo = append(todo, work{node: n.Name})
 			}
 		default:
+			if !gpuv1alpha1.KnownUpgradeState(n.Labels[gpuv1alpha1.LabelUpgradeState]) {
+				failed++ // perhaps cordoned; never advanced nor started
+				continue
+			}
 			todo = append(todo, work{node: n.Name})
 		}
 	}
 	start := min(UpgradeBudget(p, len(nodes), len(todo), failed), len(candidates))
 	if len(candidates) > 0 {
-		if err := validSelectors(p); err != nil {
+		if err := validPolicy(p); err != nil {
 			// Starting would cordon node after node only to fail each one.
 			return nil, false, fmt.Errorf("not starting driver upgrades: %w", err)
 		}
@@ -66,31 +72,28 @@ func plan(nodes []metav1.PartialObjectMetadata, drivers map[string]*corev1.Pod, 
 // (0 = unlimited) minus those in progress, and maxUnavailable (a count, or a
 // percentage of the GPU nodes rounded up, at least 1) minus those in progress
 // and those failed (they stay cordoned): failures cannot cordon the fleet.
+// Values the API server rejects (a negative parallel count, a maxUnavailable
+// that is no count or percentage) count as 1.
 func UpgradeBudget(p gpuv1alpha1.DriverUpgradePolicy, gpuNodes, inProgress, failed int) int {
 	budget := gpuNodes - inProgress
-	if n := p.Parallel(); n > 0 {
+	switch n := p.Parallel(); {
+	case n > 0:
 		budget = min(budget, int(n)-inProgress)
+	case n < 0:
+		budget = min(budget, 1-inProgress)
 	}
 	if p.MaxUnavailable != nil {
 		u, err := intstr.GetScaledValueFromIntOrPercent(p.MaxUnavailable, gpuNodes, true)
-		if err == nil {
-			budget = min(budget, max(u, 1)-inProgress-failed)
+		if err != nil {
+			u = 1
 		}
+		budget = min(budget, max(u, 1)-inProgress-failed)
 	}
 	return max(budget, 0)
 }
 
-// validSelectors checks the policy's pod selectors before any node starts.
-func validSelectors(p gpuv1alpha1.DriverUpgradePolicy) error {
-	if w := p.WaitForCompletion; w != nil && w.PodSelector != "" {
-		if _, err := labels.Parse(w.PodSelector); err != nil {
-			return fmt.Errorf("waitForCompletion.podSelector %q: %w", w.PodSelector, err)
-		}
-	}
-	if d := p.Drain; d != nil && d.PodSelector != "" {
-		if _, err := labels.Parse(d.PodSelector); err != nil {
-			return fmt.Errorf("drain.podSelector %q: %w", d.PodSelector, err)
-		}
-	}
-	return nil
+// validPolicy checks the policy (its pod selectors, budget and timeouts)
+// before any node starts.
+func validPolicy(p gpuv1alpha1.DriverUpgradePolicy) error {
+	return p.Validate(nil).ToAggregate()
 }

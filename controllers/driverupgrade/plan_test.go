@@ -118,3 +118,39 @@ func TestPlan(t *testing.T) {
 		})
 	}
 }
+
+// A policy the API server would now reject (stored before its rule) starts
+// no node, and says which field is wrong; a node in a state Loom does not
+// know is left alone and holds maxUnavailable like a failed one.
+func TestPlanRefusesInvalidPolicies(t *testing.T) {
+	old := driverPod("old-template", true)
+	nodes := []metav1.PartialObjectMetadata{gpuNode("a", ""), gpuNode("b", "")}
+	drivers := map[string]*corev1.Pod{"a": old, "b": old}
+	zero, half := intstr.FromInt32(0), intstr.FromString("half")
+	for name, tt := range map[string]struct {
+		p   gpuv1alpha1.DriverUpgradePolicy
+		err string
+	}{
+		"maxUnavailable 0":        {gpuv1alpha1.DriverUpgradePolicy{MaxUnavailable: &zero}, "maxUnavailable: Invalid value: \"0\""},
+		"maxUnavailable garbage":  {gpuv1alpha1.DriverUpgradePolicy{MaxUnavailable: &half}, "maxUnavailable: Invalid value: \"half\""},
+		"negative parallel":       {gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](-1)}, "maxParallelUpgrades"},
+		"wait selector":           {gpuv1alpha1.DriverUpgradePolicy{WaitForCompletion: &gpuv1alpha1.WaitForCompletionSpec{PodSelector: "a,,b"}}, "waitForCompletion.podSelector"},
+		"negative drain timeout":  {gpuv1alpha1.DriverUpgradePolicy{Drain: &gpuv1alpha1.DrainSpec{TimeoutSeconds: -1}}, "drain.timeoutSeconds"},
+		"negative delete timeout": {gpuv1alpha1.DriverUpgradePolicy{PodDeletion: &gpuv1alpha1.PodDeletionSpec{TimeoutSeconds: -1}}, "podDeletion.timeoutSeconds"},
+	} {
+		todo, _, err := plan(nodes, drivers, tt.p, wanted)
+		if len(todo) != 0 || err == nil || !strings.Contains(err.Error(), "not starting driver upgrades: "+tt.err) {
+			t.Errorf("%s: plan = %q, %v; want nothing started and an error naming %s", name, showWork(todo), err, tt.err)
+		}
+	}
+	one := ptr.To(intstr.FromInt32(1))
+	unknown := []metav1.PartialObjectMetadata{gpuNode("a", "Upgrade-Done"), gpuNode("b", "")}
+	todo, _, err := plan(unknown, drivers, gpuv1alpha1.DriverUpgradePolicy{MaxUnavailable: one}, wanted)
+	if len(todo) != 0 || err != nil {
+		t.Errorf("unknown state holding maxUnavailable 1: plan = %q, %v; want nothing", showWork(todo), err)
+	}
+	todo, _, err = plan(unknown, drivers, gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](1)}, wanted)
+	if showWork(todo) != "start b" || err != nil {
+		t.Errorf("unknown state: plan = %q, %v; want b started, a left alone", showWork(todo), err)
+	}
+}

@@ -172,7 +172,7 @@ func (s transition) waitForJobs() (string, []action) {
 	if w == nil || w.PodSelector == "" {
 		return s.to(gpuv1alpha1.PodDeletionRequired, nil)
 	}
-	sel, err := labels.Parse(w.PodSelector)
+	sel, err := gpuv1alpha1.ParseSelector(w.PodSelector)
 	if err != nil {
 		return s.fail(fmt.Sprintf("waitForCompletion.podSelector %q: %v", w.PodSelector, err))
 	}
@@ -211,7 +211,7 @@ func (s transition) drain() (string, []action) {
 	sel := labels.Everything()
 	if d.PodSelector != "" {
 		var err error
-		if sel, err = labels.Parse(d.PodSelector); err != nil {
+		if sel, err = gpuv1alpha1.ParseSelector(d.PodSelector); err != nil {
 			return s.fail(fmt.Sprintf("drain.podSelector %q: %v", d.PodSelector, err))
 		}
 	}
@@ -246,15 +246,26 @@ func (s transition) validate() (string, []action) {
 	return s.stay()
 }
 
-// uncordon makes the node schedulable again, unless someone else had
-// cordoned it, and clears the upgrade's annotations.
+// uncordon makes the node schedulable again if Loom cordoned it, and
+// clears the upgrade's annotations. Loom cordoned it when its upgrade
+// started (AnnotationUpgradeStarted) without AnnotationWasCordoned (of any
+// value): a node someone else had cordoned, or whose upgrade record is
+// gone (a label set by hand), stays as it is.
 func (s transition) uncordon() (string, []action) {
 	var acts []action
-	if s.node.Annotations[gpuv1alpha1.AnnotationWasCordoned] != "true" {
+	if loomCordoned(s.node) {
 		acts = append(acts, action{kind: uncordon})
 	}
 	return s.to(gpuv1alpha1.UpgradeDone, map[string]*string{gpuv1alpha1.AnnotationWasCordoned: nil,
 		gpuv1alpha1.AnnotationUpgradeStarted: nil, gpuv1alpha1.AnnotationPhaseStarted: nil}, acts...)
+}
+
+// loomCordoned reports whether Loom's cordon is the node's: its upgrade
+// started, and it was not cordoned before.
+func loomCordoned(n *corev1.Node) bool {
+	_, started := n.Annotations[gpuv1alpha1.AnnotationUpgradeStarted]
+	_, was := n.Annotations[gpuv1alpha1.AnnotationWasCordoned]
+	return started && !was
 }
 
 // running are the pods on the node that keep accepts, neither finished nor

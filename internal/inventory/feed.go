@@ -6,16 +6,35 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 )
 
-// Feed keeps idx up to date from the manager's shared GPUNode and Pod
-// informers: every add, update and delete is applied as it arrives, so the
-// index is never rebuilt.
+// Feed keeps idx up to date from the manager's shared GPUNode, Node
+// (metadata only, the informer the GPU stack's reconcilers watch too) and
+// Pod informers: every add, update and delete is applied as it arrives, so
+// the index is never rebuilt. A GPUNode counts only while its Node exists
+// (Index.RequireNodes).
 func Feed(ctx context.Context, c cache.Cache, idx *Index) error {
+	idx.RequireNodes()
+	ni, err := c.GetInformer(ctx, nodeMetadata())
+	if err != nil {
+		return fmt.Errorf("node informer: %w", err)
+	}
+	if _, err := ni.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { setNode(idx, o) },
+		UpdateFunc: func(_, o any) { setNode(idx, o) },
+		DeleteFunc: func(o any) {
+			if n, ok := unwrap(o).(metav1.Object); ok {
+				idx.DeleteNode(n.GetName())
+			}
+		},
+	}); err != nil {
+		return err
+	}
 	gni, err := c.GetInformer(ctx, &gpuv1alpha1.GPUNode{})
 	if err != nil {
 		return fmt.Errorf("GPUNode informer: %w", err)
@@ -45,6 +64,18 @@ func Feed(ctx context.Context, c cache.Cache, idx *Index) error {
 		},
 	})
 	return err
+}
+
+func nodeMetadata() *metav1.PartialObjectMetadata {
+	n := &metav1.PartialObjectMetadata{}
+	n.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
+	return n
+}
+
+func setNode(idx *Index, o any) {
+	if n, ok := o.(metav1.Object); ok {
+		idx.SetNode(n.GetName())
+	}
 }
 
 func setGPUNode(idx *Index, o any) {

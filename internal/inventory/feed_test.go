@@ -44,6 +44,10 @@ func TestFeedFollowsTheAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Its Node: a GPUNode counts only while the Node exists.
+	if err := env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "feed-0"}}); err != nil {
+		t.Fatal(err)
+	}
 	gn := &gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: "feed-0"}}
 	if err := env.Client.Create(ctx, gn); err != nil {
 		t.Fatal(err)
@@ -74,16 +78,85 @@ func TestFeedFollowsTheAPIServer(t *testing.T) {
 	waitFree(t, idx, 0, 0)
 }
 
+// A GPUNode someone wrote for a node that does not exist, status and all,
+// adds no GPUs; its Node appearing counts them, its Node going uncounts
+// them.
+func TestFeedSkipsGPUNodesWithoutANode(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, err := cache.New(env.Config, cache.Options{Scheme: manager.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := inventory.NewIndex()
+	if err := inventory.Feed(ctx, c, idx); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Start(ctx) }()
+	sim, err := inventory.Simulate(inventory.SimOptions{System: "dgx-h100", Seed: "phantom"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := inventory.Collect(sim, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gn := &gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: "phantom"}}
+	if err := env.Client.Create(ctx, gn); err != nil {
+		t.Fatal(err)
+	}
+	gn.Status = st
+	if err := env.Client.Status().Update(ctx, gn); err != nil {
+		t.Fatal(err)
+	}
+	// A real node's GPUNode, written after the phantom's: once it counts,
+	// the informers have delivered the phantom too.
+	if err := env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "real"}}); err != nil {
+		t.Fatal(err)
+	}
+	real := &gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: "real"}}
+	if err := env.Client.Create(ctx, real); err != nil {
+		t.Fatal(err)
+	}
+	real.Status = st
+	if err := env.Client.Status().Update(ctx, real); err != nil {
+		t.Fatal(err)
+	}
+	waitNodeFree(t, idx, "real", 8, 8)
+	if c, _ := idx.NodeFree("phantom"); c != 0 {
+		t.Fatalf("the phantom GPUNode adds %d GPUs", c)
+	}
+	for _, s := range idx.Summary() {
+		if s.Nodes != 1 || s.Total != 8 {
+			t.Fatalf("summary %+v counts the phantom", idx.Summary())
+		}
+	}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "phantom"}}
+	if err := env.Client.Create(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	waitNodeFree(t, idx, "phantom", 8, 8)
+	if err := env.Client.Delete(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	waitNodeFree(t, idx, "phantom", 0, 0)
+}
+
 func waitFree(t *testing.T, idx *inventory.Index, capacity, free int64) {
+	t.Helper()
+	waitNodeFree(t, idx, "feed-0", capacity, free)
+}
+
+func waitNodeFree(t *testing.T, idx *inventory.Index, node string, capacity, free int64) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		c, f := idx.NodeFree("feed-0")
+		c, f := idx.NodeFree(node)
 		if c == capacity && f == free {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("node feed-0: %d/%d GPUs free, want %d/%d", f, c, free, capacity)
+			t.Fatalf("node %s: %d/%d GPUs free, want %d/%d", node, f, c, free, capacity)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -21,12 +21,28 @@ const GPUResource corev1.ResourceName = "nvidia.com/gpu"
 // and answers Fits without scanning nodes: per product it keeps a histogram
 // of free GPUs per node, so a query costs O(pod groups × distinct free
 // counts) however many nodes there are. Safe for concurrent use.
+//
+// Once RequireNodes is called (Feed does, and feeds it the Nodes with
+// SetNode and DeleteNode), a GPUNode's GPUs count only while a Node of its
+// name exists: a GPUNode without one (made by hand, or left behind) adds no
+// phantom GPUs, and counts as soon as its Node appears.
 type Index struct {
 	mu       sync.RWMutex
 	nodes    map[string]*nodeEntry
 	pods     map[types.UID]podEntry
 	products map[string]*productEntry
 	subs     []chan struct{}
+	// requireNodes: count a GPUNode only while its Node is in nodeNames.
+	requireNodes bool
+	nodeNames    map[string]struct{}
+	// inventory is every GPUNode's GPUs, counted or not.
+	inventory map[string]gpuInventory
+}
+
+// gpuInventory is what a GPUNode adds to its node's entry.
+type gpuInventory struct {
+	product  string
+	capacity int64
 }
 
 type nodeEntry struct {
@@ -51,7 +67,59 @@ type productEntry struct {
 
 // NewIndex returns an empty index.
 func NewIndex() *Index {
-	return &Index{nodes: map[string]*nodeEntry{}, pods: map[types.UID]podEntry{}, products: map[string]*productEntry{}}
+	return &Index{nodes: map[string]*nodeEntry{}, pods: map[types.UID]podEntry{}, products: map[string]*productEntry{},
+		nodeNames: map[string]struct{}{}, inventory: map[string]gpuInventory{}}
+}
+
+// RequireNodes makes the index count a GPUNode's GPUs only while SetNode
+// has recorded its Node (and DeleteNode has not removed it since).
+func (x *Index) RequireNodes() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.requireNodes {
+		return
+	}
+	x.requireNodes = true
+	for name := range x.inventory {
+		x.count(name)
+	}
+}
+
+// SetNode records that a Node exists; its GPUNode, seen before or later,
+// counts.
+func (x *Index) SetNode(name string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if _, ok := x.nodeNames[name]; ok {
+		return
+	}
+	x.nodeNames[name] = struct{}{}
+	x.count(name)
+}
+
+// DeleteNode records that a Node is gone: its GPUNode no longer counts
+// (until the GPUNode goes too, or the Node comes back).
+func (x *Index) DeleteNode(name string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if _, ok := x.nodeNames[name]; !ok {
+		return
+	}
+	delete(x.nodeNames, name)
+	x.count(name)
+}
+
+// count sets a node's product and capacity from its GPUNode when it counts,
+// to none when it does not.
+func (x *Index) count(name string) {
+	inv, ok := x.inventory[name]
+	if _, node := x.nodeNames[name]; x.requireNodes && !node {
+		inv, ok = gpuInventory{}, false
+	}
+	if !ok && x.nodes[name] == nil {
+		return // nothing counted, nothing to take back
+	}
+	x.update(name, func(n *nodeEntry) { n.product, n.capacity = inv.product, inv.capacity })
 }
 
 // update applies f to a node's entry, moving the node between the product
@@ -131,7 +199,8 @@ func (x *Index) SetGPUNode(gn *gpuv1alpha1.GPUNode) {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.update(gn.Name, func(n *nodeEntry) { n.product, n.capacity = product, capacity })
+	x.inventory[gn.Name] = gpuInventory{product: product, capacity: capacity}
+	x.count(gn.Name)
 }
 
 // DeleteGPUNode forgets a node's inventory (its pods stay counted until
@@ -139,6 +208,7 @@ func (x *Index) SetGPUNode(gn *gpuv1alpha1.GPUNode) {
 func (x *Index) DeleteGPUNode(name string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	delete(x.inventory, name)
 	x.update(name, func(n *nodeEntry) { n.product, n.capacity = "", 0 })
 }
 

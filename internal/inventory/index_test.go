@@ -332,3 +332,105 @@ func TestSubscribeCoalescesChanges(t *testing.T) {
 	default:
 	}
 }
+
+// With RequireNodes, a GPUNode counts only while its Node exists, whatever
+// the order the two arrive, leave and come back in.
+func TestIndexCountsOnlyGPUNodesWithANode(t *testing.T) {
+	type step struct {
+		op, name string
+	}
+	tests := []struct {
+		name  string
+		steps []step
+		// want is node "n"'s capacity and the H100 product's node and GPU
+		// totals after the steps.
+		capacity, nodes, total int64
+	}{
+		{"GPUNode without a Node", []step{{"gpunode", "n"}}, 0, 0, 0},
+		{"Node, then GPUNode", []step{{"node", "n"}, {"gpunode", "n"}}, 8, 1, 8},
+		{"GPUNode, then Node", []step{{"gpunode", "n"}, {"node", "n"}}, 8, 1, 8},
+		{"Node deleted", []step{{"node", "n"}, {"gpunode", "n"}, {"-node", "n"}}, 0, 0, 0},
+		{"Node back", []step{{"node", "n"}, {"gpunode", "n"}, {"-node", "n"}, {"node", "n"}}, 8, 1, 8},
+		{"GPUNode deleted, Node stays", []step{{"node", "n"}, {"gpunode", "n"}, {"-gpunode", "n"}}, 0, 0, 0},
+		{"another node's Node", []step{{"node", "m"}, {"gpunode", "n"}}, 0, 0, 0},
+		{"Node twice, deleted once", []step{{"node", "n"}, {"node", "n"}, {"gpunode", "n"}, {"-node", "n"}}, 0, 0, 0},
+		{"updated while orphaned", []step{{"node", "n"}, {"gpunode", "n"}, {"-node", "n"}, {"gpunode4", "n"}, {"node", "n"}}, 4, 1, 4},
+		{"required after the fact", []step{{"unjoined", ""}, {"gpunode", "n"}, {"require", ""}}, 0, 0, 0},
+		{"required after the fact, with its Node", []step{{"unjoined", ""}, {"node", "n"}, {"gpunode", "n"}, {"require", ""}}, 8, 1, 8},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			x := NewIndex()
+			steps := tt.steps
+			if len(steps) > 0 && steps[0].op == "unjoined" {
+				steps = steps[1:]
+			} else {
+				x.RequireNodes()
+			}
+			x.SetPod(pod("p", "n", 2, corev1.PodRunning)) // a pod's GPUs are used whether or not they count
+			for _, s := range steps {
+				switch s.op {
+				case "node":
+					x.SetNode(s.name)
+				case "-node":
+					x.DeleteNode(s.name)
+				case "gpunode":
+					x.SetGPUNode(gpuNode(s.name, h100, 8))
+				case "gpunode4":
+					x.SetGPUNode(gpuNode(s.name, h100, 4))
+				case "-gpunode":
+					x.DeleteGPUNode(s.name)
+				case "require":
+					x.RequireNodes()
+				}
+			}
+			c, f := x.NodeFree("n")
+			var nodes, total int64
+			for _, p := range x.Summary() {
+				nodes, total = nodes+p.Nodes, total+p.Total
+			}
+			if c != tt.capacity || nodes != tt.nodes || total != tt.total || f != max(tt.capacity-2, 0) {
+				t.Errorf("node n %d/%d free, fleet %d nodes %d GPUs; want %d/%d, %d, %d", f, c, nodes, total, max(tt.capacity-2, 0), tt.capacity, tt.nodes, tt.total)
+			}
+			if r := x.Fits(Gang{Groups: []PodGroup{{1, 1}}}); tt.total == 0 && r.Verdict != Never {
+				t.Errorf("an orphan's GPUs fit a pod: %s %s", r.Verdict, r.Message)
+			}
+		})
+	}
+}
+
+// Random joins leave the index equal to one rebuilt from the surviving
+// Nodes and GPUNodes.
+func TestIndexJoinMatchesRebuild(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	x := NewIndex()
+	x.RequireNodes()
+	gpuNodes, nodes := map[string]*gpuv1alpha1.GPUNode{}, map[string]bool{}
+	for range 3000 {
+		n := fmt.Sprintf("n%d", rng.IntN(12))
+		switch rng.IntN(4) {
+		case 0:
+			gn := gpuNode(n, h100, rng.IntN(9))
+			gpuNodes[n] = gn
+			x.SetGPUNode(gn)
+		case 1:
+			delete(gpuNodes, n)
+			x.DeleteGPUNode(n)
+		case 2:
+			nodes[n] = true
+			x.SetNode(n)
+		case 3:
+			delete(nodes, n)
+			x.DeleteNode(n)
+		}
+	}
+	y := NewIndex()
+	for n, gn := range gpuNodes {
+		if nodes[n] {
+			y.SetGPUNode(gn)
+		}
+	}
+	if a, b := fmt.Sprint(x.Summary()), fmt.Sprint(y.Summary()); a != b {
+		t.Fatalf("incremental %s != rebuilt %s", a, b)
+	}
+}

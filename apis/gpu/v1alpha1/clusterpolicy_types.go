@@ -20,8 +20,10 @@ type ImageSpec struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9._/-]*[a-z0-9])?$`
 	Image string `json:"image,omitempty"`
-	// Version is the image tag, e.g. 570.172.08 or v0.17.2-ubuntu22.04.
+	// Version is the image tag, e.g. 570.172.08 or v0.17.2-ubuntu22.04. The
+	// driver's is a driver version (see DriverSpec).
 	// +optional
+	// +kubebuilder:validation:MaxLength=128
 	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`
 	Version string `json:"version,omitempty"`
 	// +optional
@@ -74,8 +76,12 @@ type DrainSpec struct {
 	// Force evicts pods not managed by a controller.
 	// +optional
 	Force bool `json:"force,omitempty"`
-	// PodSelector limits the pods drained (label selector syntax).
+	// PodSelector limits the pods drained, in label selector syntax
+	// (app=training,tier in (gpu,cpu),!canary); empty drains every pod. A
+	// malformed one is rejected at apply (the rule is LabelSelectorPattern).
 	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:XValidation:rule=`self.matches('^[ \\t\\r\\n]*((![ \\t\\r\\n]*([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?|([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?([ \\t\\r\\n]*(==|=|!=)[ \\t\\r\\n]*([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?|[ \\t\\r\\n]*[<>][ \\t\\r\\n]*[0-9]{1,63}|[ \\t\\r\\n]+(in|notin)[ \\t\\r\\n]*[(][ \\t\\r\\n]*([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?[ \\t\\r\\n]*(,[ \\t\\r\\n]*([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?[ \\t\\r\\n]*)*[)])?)([ \\t\\r\\n]*,[ \\t\\r\\n]*(![ \\t\\r\\n]*([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?|([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?([ \\t\\r\\n]*(==|=|!=)[ \\t\\r\\n]*([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?|[ \\t\\r\\n]*[<>][ \\t\\r\\n]*[0-9]{1,63}|[ \\t\\r\\n]+(in|notin)[ \\t\\r\\n]*[(][ \\t\\r\\n]*([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?[ \\t\\r\\n]*(,[ \\t\\r\\n]*([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?[ \\t\\r\\n]*)*[)])?))*)?[ \\t\\r\\n]*$')`,message="drain.podSelector must be a label selector, e.g. app=training,tier in (gpu,cpu),!canary (keys and values of letters, digits, '-', '_' and '.', at most 63 characters; key in (v1,v2) needs a space before in)"
 	PodSelector string `json:"podSelector,omitempty"`
 	// +optional
 	// +kubebuilder:default=300
@@ -101,8 +107,12 @@ type PodDeletionSpec struct {
 // WaitForCompletionSpec waits for matching pods to finish before a node's
 // driver is replaced.
 type WaitForCompletionSpec struct {
-	// PodSelector selects the pods to wait for (label selector syntax).
+	// PodSelector selects the pods to wait for, in label selector syntax
+	// (app=training,tier in (gpu,cpu),!canary); empty waits for none. A
+	// malformed one is rejected at apply (the rule is LabelSelectorPattern).
 	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:XValidation:rule=`self.matches('^[ \\t\\r\\n]*((![ \\t\\r\\n]*([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?|([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?([ \\t\\r\\n]*(==|=|!=)[ \\t\\r\\n]*([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?|[ \\t\\r\\n]*[<>][ \\t\\r\\n]*[0-9]{1,63}|[ \\t\\r\\n]+(in|notin)[ \\t\\r\\n]*[(][ \\t\\r\\n]*([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?[ \\t\\r\\n]*(,[ \\t\\r\\n]*([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?[ \\t\\r\\n]*)*[)])?)([ \\t\\r\\n]*,[ \\t\\r\\n]*(![ \\t\\r\\n]*([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?|([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?([ \\t\\r\\n]*(==|=|!=)[ \\t\\r\\n]*([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?|[ \\t\\r\\n]*[<>][ \\t\\r\\n]*[0-9]{1,63}|[ \\t\\r\\n]+(in|notin)[ \\t\\r\\n]*[(][ \\t\\r\\n]*([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?[ \\t\\r\\n]*(,[ \\t\\r\\n]*([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?[ \\t\\r\\n]*)*[)])?))*)?[ \\t\\r\\n]*$')`,message="waitForCompletion.podSelector must be a label selector, e.g. app=training,tier in (gpu,cpu),!canary (keys and values of letters, digits, '-', '_' and '.', at most 63 characters; key in (v1,v2) needs a space before in)"
 	PodSelector string `json:"podSelector,omitempty"`
 	// TimeoutSeconds; 0 waits for ever.
 	// +optional
@@ -112,6 +122,7 @@ type WaitForCompletionSpec struct {
 
 // DriverUpgradePolicy governs rolling driver upgrades.
 // +kubebuilder:validation:XValidation:rule="!has(self.maxUnavailable) || (type(self.maxUnavailable) == int ? int(self.maxUnavailable) >= 0 : string(self.maxUnavailable).matches('^(100|[1-9]?[0-9])%$'))",message="maxUnavailable must be a non-negative integer or a percentage from 0% to 100%"
+// +kubebuilder:validation:XValidation:rule="!has(self.maxUnavailable) || (type(self.maxUnavailable) == int ? int(self.maxUnavailable) != 0 : string(self.maxUnavailable) != '0%')",message="maxUnavailable: 0 would never upgrade a node; set at least 1 (or 1%), or autoUpgrade: false to pause driver upgrades",fieldPath=".maxUnavailable"
 type DriverUpgradePolicy struct {
 	// AutoUpgrade lets Loom replace drivers node by node when the version
 	// changes; off, a new version waits until a node's driver pod is deleted.
@@ -120,12 +131,20 @@ type DriverUpgradePolicy struct {
 	// +optional
 	// +kubebuilder:default=true
 	AutoUpgrade *bool `json:"autoUpgrade,omitempty"`
-	// MaxParallelUpgrades is how many nodes upgrade at once; 0 is unlimited.
+	// MaxParallelUpgrades is how many nodes upgrade at once. 0 is unlimited
+	// (as in GPU Operator), still bounded by maxUnavailable: it does not
+	// pause upgrades (autoUpgrade: false does).
 	// +optional
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=0
 	MaxParallelUpgrades *int32 `json:"maxParallelUpgrades,omitempty"`
-	// MaxUnavailable bounds the GPU nodes unavailable at once (count or %).
+	// MaxUnavailable bounds the GPU nodes unavailable at once: a count of at
+	// least 1, or a percentage from 1% to 100% of the GPU nodes, rounded up.
+	// Nodes upgrading and nodes whose upgrade failed (they stay cordoned)
+	// count against it. 0 (and 0%) is rejected at apply: it would never
+	// upgrade a node; to pause upgrades set autoUpgrade: false. (A 0 stored
+	// before this rule existed holds every upgrade, with the policy's
+	// Ready condition False, reason InvalidSpec.)
 	// +optional
 	// +kubebuilder:default="25%"
 	// +kubebuilder:validation:XIntOrString
@@ -138,7 +157,11 @@ type DriverUpgradePolicy struct {
 	Drain *DrainSpec `json:"drain,omitempty"`
 }
 
-// DriverSpec is the NVIDIA driver operand.
+// DriverSpec is the NVIDIA driver operand. Its image.version is a driver
+// version (DriverVersionPattern): digits and dots such as 570.172.08 or
+// 550.54.15, optionally with a suffix such as -ubuntu22.04 (the OS the
+// image is built for); not a tag like latest.
+// +kubebuilder:validation:XValidation:rule=`!has(self.image) || !has(self.image.version) || self.image.version.matches('^[0-9]+([.][0-9]+)+(-[A-Za-z0-9][A-Za-z0-9_.-]*)?$')`,message="driver.image.version must be a driver version such as 570.172.08 or 550.54.15, optionally with a suffix such as -ubuntu22.04 (not a tag such as latest)",fieldPath=".image.version"
 type DriverSpec struct {
 	OperandSpec `json:",inline"`
 	// +optional
@@ -344,8 +367,11 @@ type MIGSummary struct {
 }
 
 // ClusterPolicy is the desired GPU software stack of the cluster. Only one is
-// in force (the oldest); others are marked ignored.
+// in force (the oldest); others are marked ignored. Its name is the value of
+// the gpu.loom.dev/clusterpolicy label on every operand object, so it has at
+// most 63 characters.
 // +kubebuilder:object:root=true
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63",message="metadata.name must be at most 63 characters: it is the gpu.loom.dev/clusterpolicy label value of every operand object"
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=cp,categories=loom
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`

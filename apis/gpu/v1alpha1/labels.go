@@ -91,3 +91,24 @@ const (
 	// AnnotationFailedTemplate is the driver template hash that failed.
 	AnnotationFailedTemplate = "gpu.loom.dev/driver-upgrade-failed-template"
 )
+
+// UpgradeStates are the values of LabelUpgradeState Loom knows, in the
+// order a node goes through them (upgrade-failed last). A node with another
+// value is left alone (not advanced, not started) and reported until a
+// person removes the label.
+var UpgradeStates = []string{UpgradeRequired, WaitForJobsRequired, PodDeletionRequired, DrainRequired,
+	PodRestartRequired, ValidationRequired, UncordonRequired, UpgradeDone, UpgradeFailed}
+
+// KnownUpgradeState reports whether s is "" (never upgraded) or one of
+// UpgradeStates.
+func KnownUpgradeState(s string) bool {
+	if s == "" {
+		return true
+	}
+	for _, k := range UpgradeStates {
+		if s == k {
+			return true
+		}
+	}
+	return false
+}
