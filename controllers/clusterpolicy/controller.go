@@ -65,15 +65,18 @@ type Reconciler struct {
 	w         *apply.Writer
 }
 
-// New returns a reconciler writing through one writer as FieldOwner.
-func New(c client.Client, namespace string) *Reconciler {
+// New returns a reconciler writing through one writer as FieldOwner. The
+// manager caches only Loom's ConfigMaps, ServiceAccounts and DaemonSets:
+// live reads around the cache before a create find a foreign object of a
+// child's name.
+func New(c client.Client, live client.Reader, namespace string) *Reconciler {
 	return &Reconciler{Client: c, Namespace: namespace,
-		w: apply.NewWriter(c, FieldOwner, apply.Options{Conditions: []string{conditionReady}, MetadataOnly: rbacKinds})}
+		w: apply.NewWriter(c, FieldOwner, apply.Options{Live: live, Conditions: []string{conditionReady}, MetadataOnly: rbacKinds})}
 }
 
 // Setup registers the ClusterPolicy reconciler.
 func Setup(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
-	r := New(mgr.GetClient(), opts.Namespace)
+	r := New(mgr.GetClient(), mgr.GetAPIReader(), opts.Namespace)
 	all := handler.EnqueueRequestsFromMapFunc(r.allPolicies)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("clusterpolicy").

@@ -23,7 +23,7 @@ func TestWriteLeavesForeignChildren(t *testing.T) {
 	admins := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: RuntimeClassName}, Handler: "nvidia-cdi"}
 	users := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: "loom-system", Name: "loom-dcgm-exporter"}}
 	c := fake.NewClientBuilder().WithScheme(manager.Scheme()).WithObjects(cp, admins, users).Build()
-	r := New(c, "loom-system")
+	r := New(c, c, "loom-system")
 
 	errs := r.write(ctx, cp, desired(cp, "loom-system"))
 	if len(errs) != 1 || !strings.Contains(errs[0], "DaemonSet loom-system/loom-dcgm-exporter exists and is not managed by Loom") {

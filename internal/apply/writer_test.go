@@ -289,3 +289,38 @@ func TestSpecOnlyKinds(t *testing.T) {
 		t.Fatalf("a hand-edited spec was not put back: minMember %d", after.Spec.MinMember)
 	}
 }
+
+// loomOnly is a client whose reads see only Loom's objects, as the
+// manager's label-scoped cache does.
+type loomOnly struct{ client.Client }
+
+func (c loomOnly) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if err := c.Client.Get(ctx, key, obj, opts...); err != nil {
+		return err
+	}
+	if obj.GetLabels()[apply.LabelManagedBy] != apply.ManagedBy {
+		return apierrors.NewNotFound(corev1.Resource("configmaps"), key.Name)
+	}
+	return nil
+}
+
+// With a cache that holds only Loom's objects, the live read before a
+// create finds a user's object of the child's name, which is left alone.
+func TestLiveReadFindsWhatTheCacheHides(t *testing.T) {
+	ctx := context.Background()
+	o := owner(t, "live-owner")
+	users := child("hidden-users", "theirs")
+	if err := env.Client.Create(ctx, users); err != nil {
+		t.Fatal(err)
+	}
+	w := apply.NewWriter(loomOnly{env.Client}, "test-live", apply.Options{Live: env.Client})
+	if err := w.Ensure(ctx, o, child("hidden-users", "ours")); !apply.IsForeign(err) {
+		t.Fatalf("Ensure over a user's object the cache hides: got %v, want a ForeignError", err)
+	}
+	if got := get(t, "hidden-users").Data["k"]; got != "theirs" {
+		t.Fatalf("the user's object was changed: %q", got)
+	}
+	if err := w.Ensure(ctx, o, child("live-new", "ours")); err != nil {
+		t.Fatalf("a free name: %v", err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
@@ -120,6 +121,14 @@ func ctrlOptions(opts Options) ctrl.Options {
 			// others (often thousands) stay out of memory.
 			ByObject: map[client.Object]cache.ByObject{
 				&corev1.Service{}: {Label: ownedByLoom},
+				// Likewise the kinds Loom only writes: a cluster's own
+				// ConfigMaps, ServiceAccounts and DaemonSets (often
+				// gigabytes of ConfigMaps) stay out of memory. Writers read
+				// around the cache before a create, so a foreign object of
+				// a child's name is still found and left alone.
+				&corev1.ConfigMap{}:      {Label: ownedByLoom},
+				&corev1.ServiceAccount{}: {Label: ownedByLoom},
+				&appsv1.DaemonSet{}:      {Label: ownedByLoom},
 				// Every pod of the cluster (the inventory counts their
 				// GPUs), but only workloads' own pods in full; see TrimPod.
 				&corev1.Pod{}: {Transform: TrimPod},

@@ -129,6 +129,7 @@ func gpuStack(fs *flag.FlagSet) job {
 	cfg := bench.GPUStackConfig{}
 	fs.IntVar(&cfg.Nodes, "nodes", 500, "simulated GPU nodes")
 	fs.DurationVar(&cfg.Idle, "idle", 60*time.Second, "idle window measured after Ready")
+	fs.IntVar(&cfg.ForeignConfigMapsMiB, "foreign-configmaps-mib", 0, "then create this many MiB of ConfigMaps that are not Loom's and report the manager's RSS before and after")
 	return job{measure: func(ctx context.Context, env *bench.Env) (printer, error) { return bench.RunGPUStack(ctx, env, cfg) }}
 }
 
