@@ -142,10 +142,13 @@ func (r *Reconciler) all(ctx context.Context, _ client.Object) []ctrl.Request {
 }
 
 // scheduler is the cluster's gang scheduler: its ray.io/scheduler-name
-// label, else the manager's.
+// label, else the manager's (none for auto).
 func scheduler(rc *rayv1.RayCluster, def string) string {
 	if s := rc.Labels[LabelScheduler]; s != "" {
 		return s
+	}
+	if def == manager.GangAuto {
+		return "" // as KubeRay: a gang only when the cluster asks for one
 	}
 	return def
 }

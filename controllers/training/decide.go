@@ -110,9 +110,11 @@ var conditions = []string{
 type pass struct {
 	job *trainingv1alpha1.TrainingJob
 	obs observed
-	// defScheduler is the manager's gang scheduler.
-	defScheduler trainingv1alpha1.GangScheduler
-	pods         podView
+	// defScheduler is the manager's gang scheduler; autoScheduler: its
+	// auto chose the job's.
+	defScheduler  trainingv1alpha1.GangScheduler
+	autoScheduler bool
+	pods          podView
 	// hold: no pods are created, the gang waits for Volcano to admit it.
 	hold bool
 	d    decision
@@ -172,7 +174,7 @@ func begin(p *pass) bool {
 	st := &p.d.status
 	st.ObservedGeneration = p.job.Generation
 	if st.Scheduler == "" || !condTrue(st, trainingv1alpha1.ConditionScheduled) {
-		st.Scheduler = scheduler(p.job, p.defScheduler)
+		st.Scheduler, p.autoScheduler = scheduler(p.job, p.defScheduler, p.obs.volcano)
 	}
 	st.Workers = p.job.Spec.Workers()
 	st.GPUs, _ = gangGPUs(p.job)
@@ -315,8 +317,11 @@ func volcano(p *pass) bool {
 		p.ready(metav1.ConditionFalse, ReasonVolcanoNotInstalled, msg)
 		return true
 	}
-	p.set(trainingv1alpha1.ConditionCreated, metav1.ConditionTrue, ReasonCreated,
-		fmt.Sprintf("gang of %d pods (%d nvidia.com/gpu), scheduler %s", p.job.Spec.Pods(), st.GPUs, st.Scheduler))
+	msg := fmt.Sprintf("gang of %d pods (%d nvidia.com/gpu), scheduler %s", p.job.Spec.Pods(), st.GPUs, st.Scheduler)
+	if p.autoScheduler && st.Scheduler == trainingv1alpha1.GangNone {
+		msg += "; gang scheduling off: Volcano is not installed, so pods are scheduled one by one (the manager's --gang-scheduler=auto)"
+	}
+	p.set(trainingv1alpha1.ConditionCreated, metav1.ConditionTrue, ReasonCreated, msg)
 	return false
 }
 

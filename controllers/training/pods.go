@@ -16,6 +16,7 @@ import (
 	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/manager"
 )
 
 // Labels on every pod (and the Service and PodGroup) of a job; the shape of
@@ -51,12 +52,19 @@ func replicas(job *trainingv1alpha1.TrainingJob, role trainingv1alpha1.Role) int
 	return job.Spec.Workers()
 }
 
-// scheduler is the job's gang scheduler: its spec's, else the manager's.
-func scheduler(job *trainingv1alpha1.TrainingJob, def trainingv1alpha1.GangScheduler) trainingv1alpha1.GangScheduler {
-	if job.Spec.Gang.Scheduler != "" {
-		return job.Spec.Gang.Scheduler
+// scheduler is the job's gang scheduler: its spec's, else the manager's,
+// where the manager's auto is Volcano when its CRDs are served and none
+// otherwise. auto says whether auto chose it.
+func scheduler(job *trainingv1alpha1.TrainingJob, def trainingv1alpha1.GangScheduler, volcano bool) (s trainingv1alpha1.GangScheduler, auto bool) {
+	switch {
+	case job.Spec.Gang.Scheduler != "":
+		return job.Spec.Gang.Scheduler, false
+	case def != manager.GangAuto:
+		return def, false
+	case volcano:
+		return trainingv1alpha1.GangVolcano, true
 	}
-	return def
+	return trainingv1alpha1.GangNone, true
 }
 
 func jobLabels(job *trainingv1alpha1.TrainingJob) map[string]string {

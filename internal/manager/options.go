@@ -44,7 +44,9 @@ type Options struct {
 	KubeAPIBurst            int
 
 	// GangScheduler is the gang scheduler of TrainingJobs and RayClusters
-	// that do not name one: volcano or none.
+	// that do not name one: auto (Volcano for TrainingJobs when its CRDs are
+	// served, otherwise none; RayClusters gang only when they ask, as with
+	// KubeRay), volcano or none.
 	GangScheduler string
 	// MaxWorkloadPods is the most pods one TrainingJob or RayCluster may
 	// ask for; a bigger one is held with a condition saying so, so that one
@@ -85,6 +87,9 @@ const (
 	DefaultKubeAPIBurst = 600
 )
 
+// GangAuto is the default gang scheduler: Volcano where it is installed.
+const GangAuto = "auto"
+
 // DefaultMaxWorkloadPods bounds one workload's pods: far above any gang a
 // GPU cluster runs today, far below what exhausts the manager.
 const DefaultMaxWorkloadPods = 5000
@@ -106,7 +111,7 @@ func DefaultOptions() Options {
 		MaxConcurrentReconciles: 4,
 		KubeAPIQPS:              DefaultKubeAPIQPS,
 		KubeAPIBurst:            DefaultKubeAPIBurst,
-		GangScheduler:           "volcano",
+		GangScheduler:           GangAuto,
 		MaxWorkloadPods:         DefaultMaxWorkloadPods,
 		InstallRayCRD:           true,
 		GrafanaDashboards:       true,
@@ -154,7 +159,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "client-side rate limit of API requests per second")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "client-side burst of API requests")
 	fs.IntVar(&o.MaxWorkloadPods, "max-workload-pods", o.MaxWorkloadPods, "most pods one TrainingJob or RayCluster may ask for; bigger ones are held with a condition")
-	fs.StringVar(&o.GangScheduler, "gang-scheduler", o.GangScheduler, "gang scheduler of TrainingJobs and RayClusters that name none: volcano or none")
+	fs.StringVar(&o.GangScheduler, "gang-scheduler", o.GangScheduler, "gang scheduler of TrainingJobs and RayClusters that name none: auto (Volcano when installed, for TrainingJobs), volcano or none")
 	fs.BoolVar(&o.InstallRayCRD, "install-ray-crd", o.InstallRayCRD, "apply KubeRay's RayCluster CRD (server-side) when it is absent; one applied by someone else is left alone")
 	fs.Func("monitoring-labels", "comma-separated key=value labels for Loom's ServiceMonitors, PodMonitors and PrometheusRules (default: learned from the Prometheus objects' selectors)", func(s string) error {
 		l, err := parseLabels(s)
@@ -195,8 +200,8 @@ func (o *Options) Validate() error {
 	if _, err := ParseLogLevel(o.LogLevel); err != nil {
 		errs = append(errs, err)
 	}
-	if o.GangScheduler != "volcano" && o.GangScheduler != "none" {
-		errs = append(errs, fmt.Errorf("--gang-scheduler must be volcano or none, got %q", o.GangScheduler))
+	if o.GangScheduler != GangAuto && o.GangScheduler != "volcano" && o.GangScheduler != "none" {
+		errs = append(errs, fmt.Errorf("--gang-scheduler must be auto, volcano or none, got %q", o.GangScheduler))
 	}
 	if o.LogFormat != "json" && o.LogFormat != "text" {
 		errs = append(errs, fmt.Errorf("--log-format must be json or text, got %q", o.LogFormat))
