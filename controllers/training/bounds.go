@@ -1,0 +1,90 @@
+package training
+
+import (
+	"math"
+	"sort"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/manager"
+)
+
+func sortedPods(m map[string]*corev1.Pod) []*corev1.Pod {
+	out := make([]*corev1.Pod, 0, len(m))
+	for _, p := range m {
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// ownPods keeps the pods that are the job's: in its namespace, labelled
+// with its name and controlled by it. The executor lists only those; decide
+// holds to it too, so that no decision deletes or counts a pod of another
+// job or of a user.
+func ownPods(job *trainingv1alpha1.TrainingJob, pods []*corev1.Pod) []*corev1.Pod {
+	out := make([]*corev1.Pod, 0, len(pods))
+	for _, p := range pods {
+		if p != nil && p.Namespace == job.Namespace && p.Labels[LabelJobName] == job.Name && metav1.IsControlledBy(p, job) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// wanted: the gang has a pod of this role and index, and this is its name.
+func wanted(job *trainingv1alpha1.TrainingJob, role trainingv1alpha1.Role, index int32, name string) bool {
+	return index >= 0 && index < replicas(job, role) && name == PodName(job.Name, role, index)
+}
+
+// totalPods is the job's Σ replicas, in 64 bits: a hostile replica count
+// cannot overflow it.
+func totalPods(job *trainingv1alpha1.TrainingJob) int64 {
+	var n int64
+	for _, role := range roles {
+		n += int64(replicas(job, role))
+	}
+	return n
+}
+
+// maxPods is the limit in effect: the manager's, or its default when unset.
+func maxPods(n int) int {
+	if n <= 0 {
+		return manager.DefaultMaxWorkloadPods
+	}
+	return n
+}
+
+// maxSeconds is the most whole seconds a time.Duration holds (about 292
+// years).
+const maxSeconds = math.MaxInt64 / int64(time.Second)
+
+// seconds is n seconds as a duration, saturated rather than overflowing,
+// and never negative.
+func seconds(n int64) time.Duration {
+	switch {
+	case n <= 0:
+		return 0
+	case n > maxSeconds:
+		return math.MaxInt64
+	}
+	return time.Duration(n) * time.Second
+}
+
+// until is how long from now until n seconds after start (a deadline, a
+// TTL), saturated: never an overflow that makes a far deadline look passed.
+// Past what a duration holds it counts in whole seconds (an API time's Unix
+// seconds are far from overflowing).
+func until(start time.Time, n int64, now time.Time) time.Duration {
+	if n <= maxSeconds {
+		return start.Add(seconds(n)).Sub(now)
+	}
+	elapsed := now.Unix() - start.Unix()
+	if elapsed <= 0 { // a start ahead of this clock (another replica's)
+		return math.MaxInt64
+	}
+	return seconds(n - elapsed)
+}

@@ -1,0 +1,174 @@
+package training
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+)
+
+// failures looks at the current attempt's failed pods: whether any failed,
+// whether all failures are retryable, and why (the first permanent failure,
+// else the first retryable one, by pod name).
+func failures(job *trainingv1alpha1.TrainingJob, v podView) (retryable bool, why string, failed bool) {
+	names := make([]string, 0, len(v.current))
+	for n, p := range v.current {
+		if p.Status.Phase == corev1.PodFailed {
+			names = append(names, n)
+		}
+	}
+	if len(names) == 0 {
+		return false, "", false
+	}
+	sort.Strings(names)
+	var firstRetryable string
+	for _, n := range names {
+		r, w := classify(job, v.current[n])
+		if !r {
+			return false, w, true
+		}
+		if firstRetryable == "" {
+			firstRetryable = w
+		}
+	}
+	return true, firstRetryable, true
+}
+
+// disruptionReasons are pod status reasons of failures the pod did not
+// cause.
+var disruptionReasons = map[string]bool{"Evicted": true, "Preempting": true, "Preempted": true, "NodeLost": true, "Shutdown": true, "NodeShutdown": true, "Terminated": true, "UnexpectedAdmissionError": true, "OutOfgpu": true}
+
+// classify says whether a failed pod's failure is retryable, and describes
+// it.
+func classify(job *trainingv1alpha1.TrainingJob, p *corev1.Pod) (bool, string) {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+			return true, fmt.Sprintf("pod %s was disrupted (%s: %s)", p.Name, c.Reason, c.Message)
+		}
+	}
+	if disruptionReasons[p.Status.Reason] {
+		return true, fmt.Sprintf("pod %s failed: %s: %s", p.Name, p.Status.Reason, p.Status.Message)
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		t := cs.State.Terminated
+		if t == nil || t.ExitCode == 0 {
+			continue
+		}
+		kind := "permanent"
+		r := job.Spec.Retryable(t.ExitCode)
+		if r {
+			kind = "retryable"
+		}
+		detail := t.Reason
+		if detail == "" {
+			detail = "Error"
+		}
+		return r, fmt.Sprintf("pod %s: container %s exited with code %d (%s, %s)", p.Name, cs.Name, t.ExitCode, detail, kind)
+	}
+	msg := strings.TrimSpace(p.Status.Reason + " " + p.Status.Message)
+	if msg == "" {
+		msg = "no container exit code"
+	}
+	return true, fmt.Sprintf("pod %s failed: %s", p.Name, msg)
+}
+
+// retry restarts the gang after a retryable failure, or fails the job once
+// runPolicy.backoffLimit restarts have been spent.
+func retry(p *pass, why string) {
+	st := &p.d.status
+	if limit := p.job.Spec.BackoffLimit(); st.Restarts >= limit {
+		fail(p, ReasonBackoffLimit, fmt.Sprintf("%s; the gang was restarted %d times, runPolicy.backoffLimit is %d", why, st.Restarts, limit))
+		return
+	}
+	restart(p, why)
+}
+
+// restart deletes the whole gang and starts the next attempt.
+func restart(p *pass, why string) {
+	st := &p.d.status
+	st.Restarts++
+	st.Attempt++
+	st.State = trainingv1alpha1.StateRestarting
+	msg := fmt.Sprintf("%s: restarting the whole gang (restart %d of at most %d)", why, st.Restarts, p.job.Spec.BackoffLimit())
+	p.set(trainingv1alpha1.ConditionRestarting, metav1.ConditionTrue, ReasonRetryableFailure, msg)
+	p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, ReasonRetryableFailure, msg)
+	p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, ReasonPodsPending, "restarting: the new gang has not been scheduled yet")
+	p.ready(metav1.ConditionFalse, ReasonRetryableFailure, msg)
+	for _, pod := range p.pods.current {
+		p.d.remove = append(p.d.remove, pod)
+	}
+	// The PodGroup goes too: Volcano admits the new gang afresh.
+	p.d.removePodGroup = p.obs.podGroup != nil
+	p.d.create, p.d.children, p.d.podGroup, p.d.deferred = nil, nil, nil, 0
+	p.event(true, ReasonRetryableFailure, msg)
+	p.d.restarted = true
+	st.ReplicaStatuses = trainingv1alpha1.ReplicaStatuses{}
+}
+
+// succeed ends the job: the master exited 0.
+func succeed(p *pass) {
+	st := &p.d.status
+	msg := fmt.Sprintf("the master exited 0 (attempt %d, %d restarts)", st.Attempt, st.Restarts)
+	end(p, trainingv1alpha1.StateSucceeded, trainingv1alpha1.ConditionSucceeded, ReasonMasterSucceeded, msg)
+}
+
+// fail ends the job with a failure.
+func fail(p *pass, reason, msg string) {
+	end(p, trainingv1alpha1.StateFailed, trainingv1alpha1.ConditionFailed, reason, msg)
+}
+
+// end ends the job in state (Succeeded or Failed) with its condition true,
+// Running false, Ready true only for a success and an event (a warning for
+// a failure), then cleans up (finish).
+func end(p *pass, state trainingv1alpha1.JobState, cond, reason, msg string) {
+	st := &p.d.status
+	st.State = state
+	t := metav1.NewTime(p.obs.now)
+	st.CompletionTime = &t
+	ready := metav1.ConditionFalse
+	if state == trainingv1alpha1.StateSucceeded {
+		ready = metav1.ConditionTrue
+	}
+	p.set(cond, metav1.ConditionTrue, reason, msg)
+	p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, reason, msg)
+	clearRestarting(p)
+	p.ready(ready, reason, msg)
+	p.event(ready == metav1.ConditionFalse, reason, msg)
+	finish(p)
+}
+
+func clearRestarting(p *pass) {
+	if condTrue(&p.d.status, trainingv1alpha1.ConditionRestarting) {
+		p.set(trainingv1alpha1.ConditionRestarting, metav1.ConditionFalse, "Finished", "the job has finished")
+	}
+}
+
+// finish cleans a finished job's pods per cleanPodPolicy, releases its
+// PodGroup and applies the TTL.
+func finish(p *pass) {
+	st, d := &p.d.status, &p.d
+	v := viewPods(p.job, p.obs.pods, st.Attempt)
+	countPods(st, v)
+	d.remove = append(d.remove[:0], v.stale...)
+	policy := p.job.Spec.CleanPodPolicy()
+	for _, pod := range v.current {
+		done := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+		if policy == trainingv1alpha1.CleanPodAll || (policy == trainingv1alpha1.CleanPodRunning && !done) {
+			d.remove = append(d.remove, pod)
+		}
+	}
+	d.removePodGroup = true
+	d.create, d.children, d.podGroup, d.requeue, d.deferred = nil, nil, nil, 0, 0
+	if ttl := p.job.Spec.RunPolicy.TTLSecondsAfterFinished; ttl != nil && st.CompletionTime != nil {
+		left := until(st.CompletionTime.Time, int64(*ttl), p.obs.now)
+		if left <= 0 {
+			d.deleteJob = true
+		} else {
+			d.requeue = left
+		}
+	}
+}

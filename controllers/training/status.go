@@ -1,0 +1,199 @@
+package training
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
+
+	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/podset"
+)
+
+// schedule sets the Scheduled condition: Volcano's PodGroup phase, or every
+// pod bound; with the scheduler's or Volcano's own words plus the
+// inventory's when it is not.
+func schedule(p *pass) bool {
+	st := &p.d.status
+	if condTrue(st, trainingv1alpha1.ConditionScheduled) {
+		return false // sticky for the attempt: pods finishing do not unschedule it
+	}
+	total := int(p.job.Spec.Pods())
+	bound, podMsg := placed(p.pods)
+	pgPhase := schedulingv1beta1.PodGroupPhase("")
+	if p.obs.podGroup != nil {
+		pgPhase = p.obs.podGroup.Status.Phase
+	}
+	if bound == total || pgPhase == schedulingv1beta1.PodGroupRunning {
+		p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionTrue, ReasonGangScheduled, fmt.Sprintf("all %d pods of the gang are placed", total))
+		start := p.job.CreationTimestamp.Time
+		if c := meta.FindStatusCondition(p.job.Status.Conditions, trainingv1alpha1.ConditionScheduled); c != nil && st.Attempt > 0 {
+			start = c.LastTransitionTime.Time
+		}
+		if !start.IsZero() {
+			p.d.scheduledAfter = max(p.obs.now.Sub(start), 0)
+		}
+		return false
+	}
+	reason, parts := pending(p, pgPhase, bound, total, podMsg)
+	p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, reason, strings.Join(parts, "; "))
+	return false
+}
+
+// placed counts the current pods bound to a node, and quotes the first
+// unbound pod's scheduler message.
+func placed(v podView) (bound int, podMsg string) {
+	for _, p := range sortedPods(v.current) {
+		if p.Spec.NodeName != "" {
+			bound++
+			continue
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Message != "" && podMsg == "" {
+				podMsg = fmt.Sprintf("pod %s: %s", p.Name, c.Message)
+			}
+		}
+	}
+	return bound, podMsg
+}
+
+// pending explains a gang not scheduled yet: the scheduler's words (Volcano's
+// or the pods'), then the inventory's, then whether pods are held.
+func pending(p *pass, pgPhase schedulingv1beta1.PodGroupPhase, bound, total int, podMsg string) (string, []string) {
+	reason, parts := ReasonPodsPending, []string{}
+	queue := p.job.Spec.Queue()
+	switch {
+	case p.d.status.Scheduler == trainingv1alpha1.GangVolcano && pgPhase == schedulingv1beta1.PodGroupInqueue:
+		reason = ReasonGangInqueue
+		parts = append(parts, fmt.Sprintf("Volcano admitted the gang to queue %s; %d of %d pods placed", queue, bound, total))
+	case p.d.status.Scheduler == trainingv1alpha1.GangVolcano:
+		reason = ReasonGangPending
+		msg := fmt.Sprintf("PodGroup %s waits for Volcano to admit it to queue %s", p.job.Name, queue)
+		if pg := p.obs.podGroup; pg != nil {
+			for _, c := range pg.Status.Conditions {
+				if c.Type == schedulingv1beta1.PodGroupUnschedulableType && c.Status == corev1.ConditionTrue {
+					msg = fmt.Sprintf("Volcano: %s", strings.TrimSpace(c.Reason+": "+c.Message))
+				}
+			}
+		}
+		parts = append(parts, msg)
+	default:
+		parts = append(parts, fmt.Sprintf("%d of %d pods placed", bound, total))
+		if podMsg != "" {
+			parts = append(parts, podMsg)
+		}
+	}
+	switch p.obs.fit.Verdict {
+	case inventory.Never:
+		reason = ReasonNeverFits
+		parts = append(parts, "inventory: "+p.obs.fit.Message)
+	case inventory.NotNow:
+		if reason != ReasonGangInqueue {
+			reason = ReasonNotEnoughGPUs
+		}
+		parts = append(parts, "inventory: "+p.obs.fit.Message)
+	}
+	if p.hold {
+		parts = append(parts, "no pods are created until the gang is admitted")
+	}
+	return reason, parts
+}
+
+// status sets Running, the state and Ready from the current pods.
+func status(p *pass) bool {
+	st := &p.d.status
+	total := p.job.Spec.Pods()
+	running, masterRunning := runningPods(p.pods)
+	if running == total && masterRunning {
+		msg := fmt.Sprintf("all %d pods run", total)
+		if !condTrue(st, trainingv1alpha1.ConditionRunning) {
+			p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionTrue, ReasonPodsRunning, msg)
+		}
+		if condTrue(st, trainingv1alpha1.ConditionRestarting) {
+			p.set(trainingv1alpha1.ConditionRestarting, metav1.ConditionFalse, ReasonRestartDone, fmt.Sprintf("the gang runs again after restart %d", st.Restarts))
+		}
+		st.State = trainingv1alpha1.StateRunning
+		p.ready(metav1.ConditionTrue, ReasonPodsRunning, msg)
+		return false
+	}
+	msg := fmt.Sprintf("%d of %d pods run", running, total)
+	if !condTrue(st, trainingv1alpha1.ConditionRunning) {
+		p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, ReasonWaitingForPods, msg)
+	}
+	st.State = trainingv1alpha1.StatePending
+	if condTrue(st, trainingv1alpha1.ConditionRestarting) {
+		st.State = trainingv1alpha1.StateRestarting
+	}
+	reason := ReasonWaitingForPods
+	if sc := meta.FindStatusCondition(st.Conditions, trainingv1alpha1.ConditionScheduled); sc != nil && sc.Status != metav1.ConditionTrue {
+		reason, msg = sc.Reason, sc.Message
+	}
+	p.ready(metav1.ConditionFalse, reason, msg)
+	return false
+}
+
+// runningPods counts the current pods that belong to a running gang (a
+// worker that finished first still does), and whether the master runs.
+func runningPods(v podView) (running int32, masterRunning bool) {
+	for _, p := range v.current {
+		role, _, _, _ := podIdentity(p)
+		switch {
+		case p.Status.Phase == corev1.PodRunning:
+			running++
+			masterRunning = masterRunning || role == trainingv1alpha1.RoleMaster
+		case p.Status.Phase == corev1.PodSucceeded && role == trainingv1alpha1.RoleWorker:
+			running++
+		}
+	}
+	return running, masterRunning
+}
+
+// applied records on the status that applying the decision failed: what
+// stops the job (a missing PriorityClass, a quota, an admission webhook) is
+// said on the job, not only in the manager's log.
+func applied(st *trainingv1alpha1.TrainingJobStatus, err error, gen int64, now time.Time) {
+	if err == nil {
+		return
+	}
+	msg, reason := podset.Message(err), ReasonCreateFailed
+	if nameConflict(err) {
+		reason = ReasonNameConflict
+	}
+	setCond(st, trainingv1alpha1.ConditionCreated, metav1.ConditionFalse, reason, msg, gen, now)
+	setCond(st, trainingv1alpha1.ConditionReady, metav1.ConditionFalse, reason, msg, gen, now)
+}
+
+// nameConflict: a child's name (a pod's, the Service's) is taken by an
+// object the job does not control, which Loom leaves alone: a person must
+// rename one of them. A pod of the job's earlier attempt still terminating
+// is no such conflict: it goes by itself.
+func nameConflict(err error) bool {
+	var c *podset.ConflictError
+	if errors.As(err, &c) {
+		return !c.EarlierAttempt
+	}
+	return apply.IsForeign(err)
+}
+
+// urgent: the decision records a restart, an end, a new attempt (a
+// resumption) or a new state, which is written before anything else, so
+// that a crash between the two never loses it, and so that a decision from
+// a stale copy of the job fails its guarded write before it deletes a pod.
+func urgent(job *trainingv1alpha1.TrainingJob, d *decision) bool {
+	return d.restarted || (d.status.Finished() && !job.Status.Finished()) || d.status.State != job.Status.State ||
+		d.status.Attempt != job.Status.Attempt
+}
+
+// countsOnly: the new status differs from the old only in counts and
+// condition messages (no state, condition status or reason changes).
+func countsOnly(old, st *trainingv1alpha1.TrainingJobStatus) bool {
+	return old.State == st.State && old.Attempt == st.Attempt && old.Restarts == st.Restarts &&
+		old.ObservedGeneration == st.ObservedGeneration && apply.SameConditions(old.Conditions, st.Conditions)
+}
