@@ -285,6 +285,19 @@ type ClusterPolicySpec struct {
 	MIGManager MIGManagerSpec `json:"migManager,omitempty"`
 	// +optional
 	NodeStatusExporter OperandSpec `json:"nodeStatusExporter,omitempty"`
+	// Health is what Loom does about GPUs its node agents find unhealthy.
+	// +optional
+	Health GPUHealthSpec `json:"health,omitempty"`
+}
+
+// GPUHealthSpec is the optional remediation of unhealthy GPUs.
+type GPUHealthSpec struct {
+	// TaintUnhealthyNodes taints a node nvidia.com/gpu.unhealthy:NoSchedule
+	// (value: the reason) while any of its GPUs is unhealthy (a critical Xid,
+	// a pending row remap, a double-bit ECC error), so no new work lands on
+	// it; the taint is lifted when its GPUs are healthy again. Off by default.
+	// +optional
+	TaintUnhealthyNodes bool `json:"taintUnhealthyNodes,omitempty"`
 }
 
 // ClusterPolicyState summarises a ClusterPolicy.

@@ -50,6 +50,27 @@ type GPUHealth struct {
 	// Xid is the last critical Xid error code seen on this GPU, if any.
 	// +optional
 	Xid int64 `json:"xid,omitempty"`
+	// Since is when the GPU entered this state. An unhealthy GPU stays
+	// unhealthy across agent restarts until it is reset or a person clears
+	// it.
+	// +optional
+	Since *metav1.Time `json:"since,omitempty"`
+}
+
+// PCIDevice is an NVIDIA GPU as the node's PCI bus shows it (sysfs), with no
+// driver needed.
+type PCIDevice struct {
+	// BusID is the PCI address, e.g. 0000:18:00.0.
+	BusID string `json:"busID"`
+	// DeviceID is the PCI device ID, e.g. 0x2330.
+	DeviceID string `json:"deviceID"`
+	// Class is the PCI class, e.g. 0x030200 (3D controller).
+	// +optional
+	Class string `json:"class,omitempty"`
+	// Product is the product name when the device ID is known, e.g.
+	// "NVIDIA H100 80GB HBM3".
+	// +optional
+	Product string `json:"product,omitempty"`
 }
 
 // MIGDevice is one MIG device (a GPU instance with a compute instance).
@@ -123,6 +144,13 @@ type GPUNodeStatus struct {
 	// runs in simulation mode; empty on real hardware.
 	// +optional
 	Simulated string `json:"simulated,omitempty"`
+	// PCIDevices are the node's NVIDIA GPUs on the PCI bus, read without the
+	// driver: they say the node has GPUs before NVML can.
+	// +optional
+	// +listType=map
+	// +listMapKey=busID
+	// +kubebuilder:validation:MaxItems=64
+	PCIDevices []PCIDevice `json:"pciDevices,omitempty"`
 	// +optional
 	// +listType=map
 	// +listMapKey=index
