@@ -61,6 +61,8 @@ type Cluster struct {
 	tools   tools
 	procs   []*Process
 	ownsDir bool
+	// managers counts RunManager calls: each manager logs to its own file.
+	managers int
 }
 
 type tools struct{ kube, kwok, helm string }
@@ -265,6 +267,25 @@ func (c *Cluster) Check() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// CrashAPIServer kills kube-apiserver with SIGKILL, starts it again with the
+// same flags (same port, same etcd) after down, and waits until it serves.
+func (c *Cluster) CrashAPIServer(ctx context.Context, down time.Duration) error {
+	for i, p := range c.procs {
+		if p.Name != "kube-apiserver" {
+			continue
+		}
+		p.Kill()
+		time.Sleep(down)
+		np, err := startProcess(c.Dir, fmt.Sprintf("kube-apiserver-%d", i), p.bin, nil, p.args...)
+		if err != nil {
+			return err
+		}
+		c.procs[i] = np
+		return c.waitHealthy(ctx, "/readyz", 90*time.Second)
+	}
+	return errors.New("no kube-apiserver process")
 }
 
 func (c *Cluster) start(name, bin string, args ...string) error {

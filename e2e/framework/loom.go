@@ -102,7 +102,12 @@ func (c *Cluster) RunManagerEnv(ctx context.Context, loomBin string, rel *Releas
 	if err != nil {
 		return nil, fmt.Errorf("token for %s/%s: %w", rel.Namespace, rel.ServiceAccount, err)
 	}
-	kubeconfig := filepath.Join(c.Dir, "manager.kubeconfig")
+	c.managers++
+	name := "loom-manager"
+	if c.managers > 1 {
+		name = fmt.Sprintf("loom-manager-%d", c.managers)
+	}
+	kubeconfig := filepath.Join(c.Dir, name+".kubeconfig")
 	if err := WriteKubeconfig(kubeconfig, c.Server, c.CAFile, tr.Status.Token, "system:serviceaccount:"+rel.Namespace+":"+rel.ServiceAccount); err != nil {
 		return nil, err
 	}
@@ -118,7 +123,7 @@ func (c *Cluster) RunManagerEnv(ctx context.Context, loomBin string, rel *Releas
 		"--leader-election-id=" + "loom-manager",
 	}, args...)
 	started := time.Now()
-	p, err := c.StartProcess("loom-manager", loomBin,
+	p, err := c.StartProcess(name, loomBin,
 		append([]string{"KUBECONFIG=" + kubeconfig, "POD_NAMESPACE=" + rel.Namespace}, env...), all...)
 	if err != nil {
 		return nil, err

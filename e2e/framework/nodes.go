@@ -35,6 +35,13 @@ type NodeSpec struct {
 	Memory  string // default 512Gi
 	Pods    string // default 110
 	Labels  map[string]string
+	// Bare is a GPU node as it comes: GPUs on its PCI bus (and NFD's label
+	// for them) but no driver and no device plugin yet, so no GPU resource;
+	// NodeSim's simulated device plugin advertises it once the stack runs.
+	Bare bool
+	// OSImage and KernelVersion are the node's status.nodeInfo (default
+	// Ubuntu 22.04 on 5.15).
+	OSImage, KernelVersion string
 }
 
 // CreateNode creates one node named name (spec's Prefix and Count are
@@ -67,7 +74,7 @@ func (c *Cluster) createNode(ctx context.Context, name string, spec NodeSpec) er
 			corev1.ResourceMemory: resource.MustParse(mem),
 			corev1.ResourcePods:   resource.MustParse(pods),
 		}
-		if spec.GPUs > 0 {
+		if spec.GPUs > 0 && !spec.Bare {
 			capacity[GPUResource] = *resource.NewQuantity(int64(spec.GPUs), resource.DecimalSI)
 		}
 		labels := map[string]string{
@@ -92,9 +99,11 @@ func (c *Cluster) createNode(ctx context.Context, name string, spec NodeSpec) er
 			Status: corev1.NodeStatus{
 				Capacity:    capacity,
 				Allocatable: capacity,
-				NodeInfo:    corev1.NodeSystemInfo{Architecture: "amd64", OperatingSystem: "linux", KubeletVersion: "v1.37.2-kwok"},
+				NodeInfo: corev1.NodeSystemInfo{Architecture: "amd64", OperatingSystem: "linux", KubeletVersion: "v1.37.2-kwok",
+					OSImage: orDefault(spec.OSImage, "Ubuntu 22.04.4 LTS"), KernelVersion: orDefault(spec.KernelVersion, "5.15.0-105-generic")},
 			},
 		}
+		info := node.Status.NodeInfo // the create drops status
 		if err := c.Client.Create(ctx, node); err != nil {
 			return fmt.Errorf("creating node %s: %w", name, err)
 		}
@@ -102,7 +111,7 @@ func (c *Cluster) createNode(ctx context.Context, name string, spec NodeSpec) er
 		// subresource as a kubelet would.
 		// A merge patch, not an update: kwok may already have written the
 		// node's conditions.
-		patch, err := json.Marshal(map[string]any{"status": map[string]any{"capacity": capacity, "allocatable": capacity}})
+		patch, err := json.Marshal(map[string]any{"status": map[string]any{"capacity": capacity, "allocatable": capacity, "nodeInfo": info}})
 		if err != nil {
 			return err
 		}

@@ -18,6 +18,8 @@ import (
 type Process struct {
 	Name    string
 	LogPath string
+	bin     string
+	args    []string
 	cmd     *exec.Cmd
 	done    chan struct{}
 	err     error
@@ -40,7 +42,7 @@ func startProcess(dir, name, bin string, env []string, args ...string) (*Process
 		logFile.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
-	p := &Process{Name: name, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
+	p := &Process{Name: name, LogPath: logPath, bin: bin, args: args, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		logFile.Close()
@@ -77,6 +79,20 @@ func (p *Process) Stop(grace time.Duration) {
 		}
 		// Anything it forked that outlived it.
 		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	})
+}
+
+// AllowExit tells Check that this process may exit on its own from now on
+// (a manager that loses its lease while the API server is down must).
+func (p *Process) AllowExit() { p.stopped.Store(true) }
+
+// Kill sends SIGKILL to the process group and waits until it is gone: a
+// crash, not a stop (no deferred cleanup, no lease released).
+func (p *Process) Kill() {
+	p.stopped.Store(true)
+	p.once.Do(func() {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
 	})
 }
 

@@ -1,0 +1,195 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/e2e/framework"
+)
+
+// The chaos tests crash what a real cluster crashes: the manager with
+// SIGKILL (no deferred cleanup, no lease released), the leader while a
+// standby waits, the API server under the manager. Each asserts its
+// invariants from the API server: exactly the pods the spec asks for, one
+// per index, nothing orphaned, and the object's status converged.
+
+const chaosPool = "loom.dev/e2e-chaos"
+
+// chaosJob is a 1 + workers TrainingJob of one-GPU pods that run for long.
+func chaosJob(ns, name string, workers int32) *trainingv1alpha1.TrainingJob {
+	job := simJob(ns, name, workers, map[string]string{"sim.loom.dev/exit-code": "0", "sim.loom.dev/run-for": "10m"},
+		map[string]string{"sim.loom.dev/exit-code": "0", "sim.loom.dev/run-for": "10m"})
+	for _, t := range []*corev1.PodTemplateSpec{&job.Spec.ReplicaSpecs.Master.Template, &job.Spec.ReplicaSpecs.Worker.Template} {
+		t.Spec.NodeSelector = map[string]string{chaosPool: "true"}
+		t.Spec.Containers[0].Resources.Limits[framework.GPUResource] = resource.MustParse("1")
+	}
+	return job
+}
+
+// assertOnePodPerIndex checks that the job's pods are exactly 1 master and
+// workers workers, each index once, all owned by the job.
+func assertOnePodPerIndex(t *testing.T, job *trainingv1alpha1.TrainingJob, workers int) {
+	t.Helper()
+	pods := podsOf(t, job)
+	seen := map[string]string{}
+	for _, p := range pods {
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		key := p.Labels[trainingv1alpha1.LabelReplicaType] + "/" + p.Labels[trainingv1alpha1.LabelReplicaIndex]
+		if other, dup := seen[key]; dup {
+			t.Errorf("two pods for %s: %s and %s", key, other, p.Name)
+		}
+		seen[key] = p.Name
+		if ref := metav1.GetControllerOf(&p); ref == nil || ref.UID != job.UID {
+			t.Errorf("pod %s is not controlled by the job (%+v)", p.Name, ref)
+		}
+	}
+	if len(seen) != 1+workers {
+		t.Errorf("%d live pods, want %d", len(seen), 1+workers)
+	}
+}
+
+func chaosNamespace(t *testing.T, ns string) {
+	t.Helper()
+	if err := cluster.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); client.IgnoreAlreadyExists(err) != nil {
+		t.Fatal(err)
+	}
+}
+
+// The manager is SIGKILLed while it creates a 400-pod gang, twice; the
+// next one finishes the gang without a duplicate or a lost index.
+func TestChaosManagerSIGKILLMidGang(t *testing.T) {
+	ctx := context.Background()
+	if _, err := cluster.CreateNodes(ctx, framework.NodeSpec{Prefix: "chaos-gang", Count: 50, GPUs: 8, Labels: map[string]string{chaosPool: "true"}}); err != nil {
+		t.Fatal(err)
+	}
+	rel, m := startLoomManager(t, "--gang-scheduler=none")
+	chaosNamespace(t, "chaos")
+	const workers = 399
+	job := chaosJob("chaos", "gang", workers)
+	if err := cluster.Client.Create(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	for round, at := range []int{20, 150} {
+		eventually(t, 60*time.Second, func() (bool, string) {
+			n := len(podsOf(t, job))
+			return n >= at, fmt.Sprintf("%d pods before kill %d", n, round)
+		})
+		m.Kill()
+		t.Logf("SIGKILLed the manager with %d pods created", len(podsOf(t, job)))
+		var err error
+		if m, err = cluster.RunManager(ctx, loomBin, rel, "--gang-scheduler=none"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Stop(20 * time.Second) })
+		if err := cluster.WaitReady(ctx, m, loomNS, "loom-manager", 90*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := waitJob(t, job, trainingv1alpha1.StateRunning, 3*time.Minute)
+	assertOnePodPerIndex(t, got, workers)
+	if got.Status.Restarts != 0 {
+		t.Errorf("the crashes restarted the gang %d times", got.Status.Restarts)
+	}
+	if err := cluster.Client.Delete(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Minute, func() (bool, string) {
+		n := len(podsOf(t, job))
+		return n == 0, fmt.Sprintf("%d pods left after delete", n)
+	})
+}
+
+// Two managers: the leader is SIGKILLed mid-work and never releases its
+// lease; the standby takes over within the lease duration and finishes.
+func TestChaosLeaderSIGKILLFailover(t *testing.T) {
+	ctx := context.Background()
+	if _, err := cluster.CreateNodes(ctx, framework.NodeSpec{Prefix: "chaos-fo", Count: 20, GPUs: 8, Labels: map[string]string{chaosPool: "true"}}); err != nil {
+		t.Fatal(err)
+	}
+	rel, leader := startLoomManager(t, "--gang-scheduler=none")
+	standby, err := cluster.RunManager(ctx, loomBin, rel, "--gang-scheduler=none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { standby.Stop(20 * time.Second) })
+	chaosNamespace(t, "chaos-fo")
+	const workers = 159
+	job := chaosJob("chaos-fo", "fo", workers)
+	if err := cluster.Client.Create(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, func() (bool, string) {
+		n := len(podsOf(t, job))
+		return n >= 30, fmt.Sprintf("%d pods", n)
+	})
+	leader.Kill()
+	killed := time.Now()
+	got := waitJob(t, job, trainingv1alpha1.StateRunning, 2*time.Minute)
+	t.Logf("standby finished the gang %s after the leader's SIGKILL", time.Since(killed).Round(100*time.Millisecond))
+	assertOnePodPerIndex(t, got, workers)
+	if exited, err := standby.Exited(); exited {
+		t.Fatalf("the standby exited: %v\n%s", err, standby.Tail(3000))
+	}
+}
+
+// The API server is SIGKILLed while the manager scales a job up, and comes
+// back on the same etcd after a pause; the job converges with one pod per
+// index, and an edit made after the restart is acted on (the manager's
+// watches came back).
+func TestChaosAPIServerSIGKILL(t *testing.T) {
+	ctx := context.Background()
+	if _, err := cluster.CreateNodes(ctx, framework.NodeSpec{Prefix: "chaos-api", Count: 20, GPUs: 8, Labels: map[string]string{chaosPool: "true"}}); err != nil {
+		t.Fatal(err)
+	}
+	rel, m := startLoomManager(t, "--gang-scheduler=none")
+	chaosNamespace(t, "chaos-api")
+	const workers = 99
+	job := chaosJob("chaos-api", "api", workers)
+	if err := cluster.Client.Create(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, func() (bool, string) {
+		n := len(podsOf(t, job))
+		return n >= 10, fmt.Sprintf("%d pods", n)
+	})
+	// A manager that loses its lease while the API server is down exits, as
+	// it must (its Deployment restarts it): allow that, and play the kubelet.
+	m.AllowExit()
+	if err := cluster.CrashAPIServer(ctx, 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	exited := false
+	for deadline := time.Now().Add(15 * time.Second); !exited && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		exited, _ = m.Exited()
+	}
+	if exited {
+		t.Logf("the manager exited while the API server was down (lease lost); restarting it as its Deployment would")
+		var err error
+		if m, err = cluster.RunManager(ctx, loomBin, rel, "--gang-scheduler=none"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Stop(20 * time.Second) })
+	}
+	got := waitJob(t, job, trainingv1alpha1.StateRunning, 3*time.Minute)
+	assertOnePodPerIndex(t, got, workers)
+
+	// Watches work after the restart: a second job is created and runs.
+	second := chaosJob("chaos-api", "after", 3)
+	second.Spec.ReplicaSpecs.Worker.Replicas = ptr.To[int32](3)
+	if err := cluster.Client.Create(ctx, second); err != nil {
+		t.Fatal(err)
+	}
+	got = waitJob(t, second, trainingv1alpha1.StateRunning, 90*time.Second)
+	assertOnePodPerIndex(t, got, 3)
+}
