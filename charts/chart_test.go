@@ -169,12 +169,33 @@ func TestNodeAgentIsLeastPrivileged(t *testing.T) {
 	}
 	pod := ds.Spec.Template.Spec
 	c := pod.Containers[0]
-	if c.SecurityContext == nil || c.SecurityContext.Privileged != nil || !*c.SecurityContext.ReadOnlyRootFilesystem ||
-		len(c.SecurityContext.Capabilities.Drop) != 1 || pod.HostNetwork || pod.HostPID || len(pod.Volumes) != 0 {
+	// Privileged (NVML's device nodes without the nvidia runtime), yet a
+	// read-only root, no capabilities kept, no host namespaces, and only
+	// the three read-only host paths the agent reads.
+	if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged || !*sc.ReadOnlyRootFilesystem ||
+		len(sc.Capabilities.Drop) != 1 || pod.HostNetwork || pod.HostPID || pod.HostIPC {
 		t.Errorf("agent pod is not minimal: %+v %+v", c.SecurityContext, pod)
 	}
-	if pod.RuntimeClassName == nil || *pod.RuntimeClassName != "nvidia" {
-		t.Errorf("runtimeClassName = %v", pod.RuntimeClassName)
+	if pod.RuntimeClassName != nil {
+		t.Errorf("runtimeClassName = %v: the agent must run before the nvidia runtime exists", *pod.RuntimeClassName)
+	}
+	checkAgentHostPaths(t, pod)
+	args := strings.Join(c.Args, " ")
+	if !strings.Contains(args, "--sysfs-root=/host-sys") || strings.Contains(args, "--driver-root") {
+		t.Errorf("agent args %q", args)
+	}
+	for _, e := range c.Env {
+		if strings.HasPrefix(e.Name, "NVIDIA_") {
+			t.Errorf("agent env %s is for the nvidia runtime, which it does not use", e.Name)
+		}
+	}
+	var nfd []string
+	for _, term := range pod.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		nfd = append(nfd, term.MatchExpressions[0].Key)
+	}
+	if got := strings.Join(nfd, " "); got != "feature.node.kubernetes.io/pci-10de.present feature.node.kubernetes.io/pci-0302_10de.present "+
+		"feature.node.kubernetes.io/pci-0300_10de.present nvidia.com/gpu.present" {
+		t.Errorf("agent node affinity keys %s", got)
 	}
 	tolerates := false
 	for _, tol := range pod.Tolerations {
@@ -185,6 +206,47 @@ func TestNodeAgentIsLeastPrivileged(t *testing.T) {
 	}
 	if env := c.Env[0]; env.Name != "NODE_NAME" || env.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
 		t.Errorf("NODE_NAME env = %+v", env)
+	}
+}
+
+// checkAgentHostPaths: host /sys, /run/nvidia/driver and /, each mounted
+// read-only; the driver root and / with HostToContainer propagation.
+func checkAgentHostPaths(t *testing.T, pod corev1.PodSpec) {
+	t.Helper()
+	want := map[string]string{"/sys": "/host-sys", "/run/nvidia/driver": "/run/nvidia/driver", "/": "/host"}
+	if len(pod.Volumes) != len(want) {
+		t.Errorf("agent volumes %+v", pod.Volumes)
+	}
+	for _, v := range pod.Volumes {
+		if v.HostPath == nil {
+			t.Errorf("volume %s is not a host path", v.Name)
+			continue
+		}
+		at, ok := want[v.HostPath.Path]
+		found := false
+		for _, m := range pod.Containers[0].VolumeMounts {
+			if m.Name == v.Name {
+				found = ok && m.MountPath == at && m.ReadOnly &&
+					(at == "/host-sys" || m.MountPropagation != nil && *m.MountPropagation == corev1.MountPropagationHostToContainer)
+			}
+		}
+		if !found {
+			t.Errorf("host path %s not mounted read-only where expected: %+v", v.HostPath.Path, pod.Containers[0].VolumeMounts)
+		}
+	}
+}
+
+// nodeAgent.privileged=false gives an unprivileged agent that cannot
+// escalate.
+func TestNodeAgentUnprivileged(t *testing.T) {
+	out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", "nodeAgent.privileged=false",
+		"--set", "nodeAgent.driverRoot=/opt/driver", "--show-only", "templates/node-agent.yaml")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if strings.Contains(out, "privileged: true") || !strings.Contains(out, "allowPrivilegeEscalation: false") ||
+		!strings.Contains(out, "--driver-root=/opt/driver") {
+		t.Errorf("unprivileged agent:\n%s", out)
 	}
 }
 

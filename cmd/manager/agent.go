@@ -23,56 +23,88 @@ import (
 	"github.com/loom-dev/loom/internal/manager"
 )
 
-func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+// agentFlags are `loom node-agent`'s flags.
+type agentFlags struct {
+	nodeName, sysfsRoot, driverRoot  string
+	sysfsRootSet                     bool
+	interval                         time.Duration
+	once                             bool
+	simulate, simMIG, simMIGFile     string
+	simGPUs                          int
+	simBare                          bool
+	metricsAddr, logLevel, logFormat string
+}
+
+func parseAgentFlags(args []string, stderr io.Writer) (*agentFlags, int) {
+	f := &agentFlags{}
 	fs := flag.NewFlagSet("loom node-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	nodeName := fs.String("node-name", os.Getenv("NODE_NAME"), "this node's name (default: $NODE_NAME, from the downward API)")
-	interval := fs.Duration("interval", 60*time.Second, "time between collections; NVML events trigger extra ones")
-	once := fs.Bool("once", false, "print the inventory as JSON and exit (needs no cluster)")
-	simulate := fs.String("simulate", "", "simulate a system on go-nvml's mock servers instead of real NVML: "+strings.Join(inventory.SimulatedSystemNames(), "|"))
-	simGPUs := fs.Int("simulate-gpus", 8, "GPUs of the simulated system")
-	simMIG := fs.String("simulate-mig", "", "put simulated GPUs in MIG mode with these devices, e.g. 1g.5gb:7 or 3g.20gb:1,2g.10gb:2")
-	metricsAddr := fs.String("metrics-bind-address", ":8090", "address of /metrics and /healthz; \"0\" disables")
-	logLevel := fs.String("log-level", "info", "log level: debug, info, error or a verbosity number")
-	logFormat := fs.String("log-format", "json", "log format: json or text")
+	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default: $NODE_NAME, from the downward API)")
+	fs.DurationVar(&f.interval, "interval", 60*time.Second, "time between collections; NVML events trigger extra ones")
+	fs.BoolVar(&f.once, "once", false, "print the inventory (PCI and NVML) as JSON and exit (needs no cluster)")
+	fs.StringVar(&f.sysfsRoot, "sysfs-root", "/sys", "sysfs to read the PCI bus from (<root>/bus/pci/devices)")
+	fs.StringVar(&f.driverRoot, "driver-root", "", "root of the driver's files; libnvidia-ml.so.1 is loaded from its usr/lib64, "+
+		"usr/lib/x86_64-linux-gnu or usr/lib/aarch64-linux-gnu (default: "+strings.Join(agent.DefaultDriverRoots, ", then ")+
+		", then the dynamic loader's search path)")
+	fs.StringVar(&f.simulate, "simulate", "", "simulate a system on go-nvml's mock servers instead of real NVML: "+strings.Join(inventory.SimulatedSystemNames(), "|"))
+	fs.IntVar(&f.simGPUs, "simulate-gpus", 8, "GPUs of the simulated system")
+	fs.StringVar(&f.simMIG, "simulate-mig", "", "put simulated GPUs in MIG mode with these devices, e.g. 1g.5gb:7 or 3g.20gb:1,2g.10gb:2")
+	fs.StringVar(&f.simMIGFile, "simulate-mig-file", "", "before each collection, apply the MIG layout in this file to the simulated GPUs "+
+		"(a spec per GPU per line, or one line for all; a spec as --simulate-mig takes, or \"disabled\")")
+	fs.BoolVar(&f.simBare, "simulate-bare", false, "simulate a node without a loaded driver: NVML fails until "+
+		"<driver-root>/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 exists (needs --driver-root)")
+	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8090", "address of /metrics and /healthz; \"0\" disables")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, error or a verbosity number")
+	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return 0
+			return nil, 0
 		}
+		return nil, 2
+	}
+	fs.Visit(func(fl *flag.Flag) { f.sysfsRootSet = f.sysfsRootSet || fl.Name == "sysfs-root" })
+	return f, f.validate(stderr)
+}
+
+func (f *agentFlags) validate(stderr io.Writer) int {
+	var msg string
+	if _, err := manager.ParseLogLevel(f.logLevel); err != nil {
+		msg = err.Error()
+	}
+	switch {
+	case msg != "":
+	case f.interval < time.Second:
+		msg = fmt.Sprintf("--interval must be at least 1s, got %s", f.interval)
+	case !f.once && f.nodeName == "":
+		msg = "--node-name (or $NODE_NAME) is required"
+	case f.simulate == "" && (f.simBare || f.simMIGFile != "" || f.simMIG != ""):
+		msg = "--simulate-bare, --simulate-mig and --simulate-mig-file need --simulate"
+	case f.simBare && f.driverRoot == "":
+		msg = "--simulate-bare needs --driver-root (where the simulated driver's library appears)"
+	}
+	if msg != "" {
+		fmt.Fprintf(stderr, "loom node-agent: %s\n", msg)
 		return 2
 	}
-	if _, err := manager.ParseLogLevel(*logLevel); err != nil {
+	return 0
+}
+
+func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	f, code := parseAgentFlags(args, stderr)
+	if f == nil || code != 0 {
+		return code
+	}
+	setupLogging(f.logLevel, f.logFormat, stderr)
+	log := ctrl.Log.WithName("node-agent").WithValues("node", f.nodeName)
+	lib, before, cleanup, err := agentLibrary(f, log)
+	if err != nil {
 		fmt.Fprintf(stderr, "loom node-agent: %v\n", err)
 		return 2
 	}
-	if *interval < time.Second {
-		fmt.Fprintf(stderr, "loom node-agent: --interval must be at least 1s, got %s\n", *interval)
-		return 2
+	defer cleanup()
+	if f.once {
+		return printOnce(lib, f.sysfsRoot, f.simulate, before, stdout, stderr)
 	}
-	if !*once && *nodeName == "" {
-		fmt.Fprintln(stderr, "loom node-agent: --node-name (or $NODE_NAME) is required")
-		return 2
-	}
-	setupLogging(*logLevel, *logFormat, stderr)
-	log := ctrl.Log.WithName("node-agent").WithValues("node", *nodeName)
-
-	var lib nvml.Interface
-	if *simulate != "" {
-		sim, err := inventory.Simulate(inventory.SimOptions{System: *simulate, GPUs: simGPUs, MIG: *simMIG, Seed: *nodeName})
-		if err != nil {
-			fmt.Fprintf(stderr, "loom node-agent: --simulate: %v\n", err)
-			return 2
-		}
-		lib = sim
-		log.Info("SIMULATED: GPUs come from go-nvml's mock server, not from hardware", "system", *simulate, "gpus", *simGPUs, "mig", *simMIG)
-	} else {
-		lib = nvml.New()
-	}
-
-	if *once {
-		return printOnce(lib, *simulate, stdout, stderr)
-	}
-
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
 		log.Error(err, "cannot load a kubeconfig or in-cluster config")
@@ -85,16 +117,47 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 1
 	}
 	metrics := agent.NewMetrics()
-	if *metricsAddr != "0" {
-		defer serveAgentMetrics(*metricsAddr, metrics, log)()
+	if f.metricsAddr != "0" {
+		defer serveAgentMetrics(f.metricsAddr, metrics, log)()
 	}
-	a := &agent.Agent{NodeName: *nodeName, Lib: lib, Client: c, Log: log, Interval: *interval, Simulated: *simulate, Metrics: metrics}
+	a := &agent.Agent{NodeName: f.nodeName, Lib: lib, Client: c, Log: log, Interval: f.interval, Simulated: f.simulate,
+		Metrics: metrics, SysfsRoot: f.sysfsRoot, BeforeCollect: before}
 	if err := a.Run(ctx); err != nil {
 		log.Error(err, "node agent stopped")
 		return 1
 	}
 	log.Info("node agent stopped")
 	return 0
+}
+
+// agentLibrary is NVML: from the driver root, or simulated. A simulation
+// without --sysfs-root gets a fabricated PCI bus of its GPUs in a temporary
+// directory (f.sysfsRoot is set to it) that cleanup removes.
+func agentLibrary(f *agentFlags, log logr.Logger) (nvml.Interface, func() error, func(), error) {
+	if f.simulate == "" {
+		return agent.NewDriverLibrary(f.driverRoot), nil, func() {}, nil
+	}
+	sim, err := inventory.Simulate(inventory.SimOptions{System: f.simulate, GPUs: &f.simGPUs, MIG: f.simMIG, Seed: f.nodeName,
+		Bare: f.simBare, DriverRoot: f.driverRoot, MIGFile: f.simMIGFile})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("--simulate: %w", err)
+	}
+	cleanup := func() {}
+	if !f.sysfsRootSet {
+		dir, err := os.MkdirTemp("", "loom-simulated-sysfs-")
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		cleanup = func() { _ = os.RemoveAll(dir) }
+		if err := inventory.WritePCITree(dir, sim.PCIDevices()); err != nil {
+			cleanup()
+			return nil, nil, nil, fmt.Errorf("writing the simulated PCI bus: %w", err)
+		}
+		f.sysfsRoot = dir
+	}
+	log.Info("SIMULATED: GPUs come from go-nvml's mock server, not from hardware", "system", f.simulate, "gpus", f.simGPUs,
+		"mig", f.simMIG, "migFile", f.simMIGFile, "bare", f.simBare, "driverRoot", f.driverRoot, "sysfsRoot", f.sysfsRoot)
+	return sim, sim.ReloadMIG, cleanup, nil
 }
 
 // serveAgentMetrics serves /metrics and /healthz on addr until the
@@ -112,21 +175,21 @@ func serveAgentMetrics(addr string, metrics *agent.Metrics, log logr.Logger) fun
 	return func() { _ = srv.Close() }
 }
 
-func printOnce(lib nvml.Interface, simulated string, stdout, stderr io.Writer) int {
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		fmt.Fprintf(stderr, "loom node-agent: NVML unavailable: %s\n", nvml.ErrorString(ret))
-		return 1
+// printOnce prints one reading of the node as JSON: the PCI GPUs and, when
+// NVML works, its inventory; NVML unavailable is in the conditions and
+// still exits 0. It fails only when nothing could be read.
+func printOnce(lib nvml.Interface, sysfsRoot, simulated string, before func() error, stdout, stderr io.Writer) int {
+	st, warn, err := agent.Once(lib, sysfsRoot, simulated, before)
+	if warn != nil {
+		fmt.Fprintf(stderr, "loom node-agent: %v\n", warn)
 	}
-	defer func() { _ = lib.Shutdown() }()
-	st, err := inventory.Collect(lib, nil)
-	if err != nil {
-		fmt.Fprintf(stderr, "loom node-agent: %v\n", err)
-		return 1
-	}
-	st.Simulated = simulated
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(st); err != nil {
+	if encErr := enc.Encode(st); encErr != nil {
+		return 1
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "loom node-agent: nothing could be read: %v\n", err)
 		return 1
 	}
 	return 0

@@ -20,6 +20,7 @@ import (
 	nodev1 "k8s.io/api/node/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -80,7 +81,7 @@ func Setup(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	all := handler.EnqueueRequestsFromMapFunc(r.allPolicies)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("clusterpolicy").
-		For(&gpuv1alpha1.ClusterPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		For(&gpuv1alpha1.ClusterPolicy{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, driverUpgradeChanged()))).
 		Owns(&appsv1.DaemonSet{}).
 		Owns(&corev1.ServiceAccount{}).
 		Owns(&nodev1.RuntimeClass{}).
@@ -93,6 +94,13 @@ func Setup(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		// failure annotations change the status.
 		WatchesMetadata(&corev1.Node{}, all, builder.WithPredicates(
 			predicate.Or[client.Object](predicate.LabelChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
+		// Their OS and kernel pick the driver's DaemonSets (typed Nodes
+		// are cached trimmed, with nodeInfo's OS image and kernel).
+		Watches(&corev1.Node{}, all, builder.WithPredicates(nodeInfoChanged())).
+		// The content of the user ConfigMaps the policy names is hashed
+		// onto the operands that read them.
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.policiesReading),
+			builder.WithPredicates(configMapChanged(r.Namespace))).
 		// MIG changes reported by the node agents change status.mig.
 		Watches(&gpuv1alpha1.GPUNode{}, all, builder.WithPredicates(migChanged())).
 		Complete(r)
@@ -121,7 +129,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	obs, err := r.observe(ctx)
+	obs, err := r.observe(ctx, cp)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -129,8 +137,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		_, err := r.w.Status(ctx, cp, &cp.Status, ignoredStatus(cp, obs.active))
 		return ctrl.Result{}, err
 	}
-	writeErrs := r.write(ctx, cp, desired(cp, r.Namespace))
-	if obs.daemonSets, err = r.daemonSets(ctx, cp); err != nil {
+	p := desired(cp, r.Namespace, obs.cluster)
+	obs.held, obs.noDriver = p.held, p.noDriver
+	writeErrs := r.write(ctx, cp, p, obs.driverSets)
+	if obs.daemonSets, err = r.daemonSets(ctx, cp, p); err != nil {
 		return ctrl.Result{}, err
 	}
 	st := status(cp, obs, writeErrs)
@@ -148,9 +158,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // write ensures every wanted child and removes the policy's others,
 // returning what failed. The RuntimeClass may belong to the toolkit or an
 // admin: then it is theirs, and not a failure.
-func (r *Reconciler) write(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, want []client.Object) []string {
+func (r *Reconciler) write(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, p plan, driverSets []string) []string {
 	var errs []string
-	for _, obj := range want {
+	for _, obj := range p.objects {
 		err := r.w.Ensure(ctx, cp, obj)
 		if _, rc := obj.(*nodev1.RuntimeClass); rc && apply.IsForeign(err) {
 			continue // the toolkit's or an admin's
@@ -159,7 +169,7 @@ func (r *Reconciler) write(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, w
 			errs = append(errs, err.Error())
 		}
 	}
-	for _, obj := range undesired(r.Namespace, want) {
+	for _, obj := range undesired(r.Namespace, p, driverSets) {
 		if err := r.w.Remove(ctx, cp, obj); err != nil {
 			errs = append(errs, err.Error())
 		}
@@ -167,10 +177,10 @@ func (r *Reconciler) write(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, w
 	return errs
 }
 
-// observe reads what the status depends on beside the policy's own
-// children: the policy in force, the GPU nodes and the inventory of the
-// nodes that exist.
-func (r *Reconciler) observe(ctx context.Context) (observed, error) {
+// observe reads what the children and the status depend on beside the
+// policy: the policy in force, the GPU nodes, the ConfigMaps the policy
+// names, the driver's DaemonSets and the inventory of the nodes that exist.
+func (r *Reconciler) observe(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy) (observed, error) {
 	var obs observed
 	policies := &gpuv1alpha1.ClusterPolicyList{}
 	if err := r.List(ctx, policies); err != nil {
@@ -184,7 +194,17 @@ func (r *Reconciler) observe(ctx context.Context) (observed, error) {
 	if err := r.List(ctx, nodes, client.MatchingLabels{gpuv1alpha1.LabelPresent: "true"}); err != nil {
 		return obs, err
 	}
-	obs.gpuNodes, obs.upgrades = int32(len(nodes.Items)), countUpgrades(nodes.Items)
+	obs.gpuNodes, obs.upgrades, obs.migStates = int32(len(nodes.Items)), countUpgrades(nodes.Items, cp.Name), countMIGStates(nodes.Items)
+	var err error
+	if obs.cluster.nodes, err = r.withNodeInfo(ctx, nodes.Items); err != nil {
+		return obs, err
+	}
+	if obs.cluster.configMaps, err = r.configMaps(ctx, cp); err != nil {
+		return obs, err
+	}
+	if obs.driverSets, err = r.driverSets(ctx, cp); err != nil {
+		return obs, err
+	}
 	inventory := &gpuv1alpha1.GPUNodeList{}
 	if err := r.List(ctx, inventory); err != nil {
 		return obs, err
@@ -210,6 +230,24 @@ func (r *Reconciler) observe(ctx context.Context) (observed, error) {
 	return obs, nil
 }
 
+// withNodeInfo is the nodes' metadata with their nodeInfo (the OS and
+// kernel) from the typed cache; a node not there yet has none.
+func (r *Reconciler) withNodeInfo(ctx context.Context, meta []metav1.PartialObjectMetadata) ([]corev1.Node, error) {
+	typed := &corev1.NodeList{}
+	if err := r.List(ctx, typed, client.MatchingLabels{gpuv1alpha1.LabelPresent: "true"}); err != nil {
+		return nil, err
+	}
+	info := map[string]corev1.NodeSystemInfo{}
+	for _, n := range typed.Items {
+		info[n.Name] = n.Status.NodeInfo
+	}
+	out := make([]corev1.Node, len(meta))
+	for i, m := range meta {
+		out[i] = corev1.Node{ObjectMeta: m.ObjectMeta, Status: corev1.NodeStatus{NodeInfo: info[m.Name]}}
+	}
+	return out, nil
+}
+
 // nodeExists reads a Node's metadata from the cache.
 func (r *Reconciler) nodeExists(ctx context.Context, name string) (bool, error) {
 	n := &metav1.PartialObjectMetadata{}
@@ -221,42 +259,97 @@ func (r *Reconciler) nodeExists(ctx context.Context, name string) (bool, error) 
 	return err == nil, err
 }
 
-// daemonSets reads the enabled operands' DaemonSets from the cache.
-func (r *Reconciler) daemonSets(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy) (map[string]*appsv1.DaemonSet, error) {
+// daemonSets reads the wanted DaemonSets from the cache by operand; the
+// driver's, one per OS, are summed into one.
+func (r *Reconciler) daemonSets(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, p plan) (map[string]*appsv1.DaemonSet, error) {
 	out := map[string]*appsv1.DaemonSet{}
-	on, _ := enabledOperands(cp)
-	for _, op := range on {
+	var driver []*appsv1.DaemonSet
+	for _, obj := range p.objects {
+		if _, ok := obj.(*appsv1.DaemonSet); !ok {
+			continue
+		}
 		ds := &appsv1.DaemonSet{}
-		err := r.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: objectName(op.name)}, ds)
+		err := r.Get(ctx, client.ObjectKeyFromObject(obj), ds)
+		switch op := obj.GetLabels()[gpuv1alpha1.LabelComponent]; {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			return nil, err
+		case op == gpuv1alpha1.OperandDriver:
+			driver = append(driver, ds)
+		default:
+			out[op] = ds
+		}
+	}
+	if len(driver) > 0 {
+		out[gpuv1alpha1.OperandDriver] = sumDaemonSets(driver)
+	}
+	return out, nil
+}
+
+// configMaps reads the user ConfigMaps the policy names (Loom's namespace
+// is cached whole); a missing one is left out.
+func (r *Reconciler) configMaps(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy) (map[string]*corev1.ConfigMap, error) {
+	out := map[string]*corev1.ConfigMap{}
+	for _, n := range namedConfigMaps(cp) {
+		cm := &corev1.ConfigMap{}
+		err := r.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: n.name}, cm)
 		switch {
 		case apierrors.IsNotFound(err):
 		case err != nil:
 			return nil, err
 		default:
-			out[op.name] = ds
+			out[n.name] = cm
 		}
 	}
 	return out, nil
 }
 
-// countUpgrades sorts the GPU nodes by driver upgrade progress and MIG
-// layout failure; a node in an unknown upgrade state counts as failed.
-func countUpgrades(nodes []metav1.PartialObjectMetadata) upgradeCounts {
+// driverSets names the policy's driver DaemonSets there are.
+func (r *Reconciler) driverSets(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy) ([]string, error) {
+	list := &appsv1.DaemonSetList{}
+	if err := r.List(ctx, list, client.InNamespace(r.Namespace),
+		client.MatchingLabels{gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver, gpuv1alpha1.LabelPolicy: cp.Name}); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, ds := range list.Items {
+		out = append(out, ds.Name)
+	}
+	return out, nil
+}
+
+// policiesReading maps a ConfigMap of Loom's namespace to the policies
+// that name it.
+func (r *Reconciler) policiesReading(ctx context.Context, o client.Object) []reconcile.Request {
+	list := &gpuv1alpha1.ClusterPolicyList{}
+	if err := r.List(ctx, list); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		if referencesConfigMap(&list.Items[i], o.GetName()) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Name: list.Items[i].Name}})
+		}
+	}
+	return reqs
+}
+
+// countUpgrades sorts the GPU nodes the policy's driver upgrade enrolled
+// (they carry its claim) by progress. Nodes with a state label but no claim
+// (left by GPU Operator, say) or with a value Loom does not know are the
+// driver upgrade's to name in its condition; they are not counted here.
+func countUpgrades(nodes []metav1.PartialObjectMetadata, policy string) upgradeCounts {
 	var u upgradeCounts
 	why := map[string]string{}
 	for _, n := range nodes {
-		if n.Labels[gpuv1alpha1.LabelMIGConfigState] == "failed" {
-			u.migFailed = append(u.migFailed, n.Name)
+		if n.Annotations[gpuv1alpha1.AnnotationClaim] != policy {
+			continue
 		}
 		switch state := n.Labels[gpuv1alpha1.LabelUpgradeState]; {
-		case state == "" || state == gpuv1alpha1.UpgradeDone:
+		case state == "" || state == gpuv1alpha1.UpgradeDone || !gpuv1alpha1.KnownUpgradeState(state):
 		case state == gpuv1alpha1.UpgradeFailed:
 			u.failed = append(u.failed, n.Name)
 			why[n.Name] = n.Annotations[gpuv1alpha1.AnnotationFailure]
-		case !gpuv1alpha1.KnownUpgradeState(state):
-			// The driver upgrade leaves such a node alone.
-			u.failed = append(u.failed, n.Name)
-			why[n.Name] = fmt.Sprintf("unknown driver upgrade state %q (Loom leaves the node alone; remove the label to let it upgrade)", state)
 		default:
 			u.inProgress = append(u.inProgress, n.Name)
 		}
@@ -266,6 +359,28 @@ func countUpgrades(nodes []metav1.PartialObjectMetadata) upgradeCounts {
 		u.firstFailure = why[u.failed[0]]
 	}
 	return u
+}
+
+// driverUpgradeChanged passes ClusterPolicy updates whose DriverUpgrade
+// condition (the driver upgrade controller's) changed: the driver
+// component's message and Ready follow it.
+func driverUpgradeChanged() predicate.Funcs {
+	cond := func(o client.Object) string {
+		cp, ok := o.(*gpuv1alpha1.ClusterPolicy)
+		if !ok {
+			return ""
+		}
+		if c := meta.FindStatusCondition(cp.Status.Conditions, gpuv1alpha1.ConditionDriverUpgrade); c != nil {
+			return string(c.Status) + c.Reason + c.Message
+		}
+		return ""
+	}
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		UpdateFunc:  func(e event.UpdateEvent) bool { return cond(e.ObjectOld) != cond(e.ObjectNew) },
+	}
 }
 
 // migChanged passes GPUNode events that change what summarizeMIG reads.

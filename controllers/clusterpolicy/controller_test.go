@@ -27,6 +27,9 @@ const ns = "loom-system"
 var defaultOn = []string{"driver", "container-toolkit", "operator-validator", "device-plugin", "dcgm-exporter", "mig-manager"}
 
 func getDS(name string) (*appsv1.DaemonSet, error) {
+	if name == "driver" {
+		name = "driver-ubuntu22.04" // both GPU nodes run Ubuntu 22.04
+	}
 	ds := &appsv1.DaemonSet{}
 	return ds, env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "loom-" + name}, ds)
 }
@@ -68,11 +71,14 @@ func TestClusterPolicyReconciler(t *testing.T) {
 	opts.Namespace = ns
 	env.StartManager(t, opts, reg)
 	gpu := map[string]string{gpuv1alpha1.LabelPresent: "true"}
-	for name, labels := range map[string]map[string]string{"cp-gpu-0": gpu, "cp-gpu-1": gpu, "cp-cpu": nil} {
+	// One GPU node's OS known by NFD's labels, the other's by its osImage.
+	nfd := map[string]string{gpuv1alpha1.LabelPresent: "true", gpuv1alpha1.LabelOSReleaseID: "ubuntu", gpuv1alpha1.LabelOSReleaseVersionID: "22.04"}
+	for name, labels := range map[string]map[string]string{"cp-gpu-0": nfd, "cp-gpu-1": gpu, "cp-cpu": nil} {
 		if err := env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	setOSImage(t, "cp-gpu-1", "Ubuntu 22.04.4 LTS")
 
 	if err := env.Client.Create(ctx, policy(t, "default", "{}")); err != nil {
 		t.Fatal(err)
@@ -81,6 +87,8 @@ func TestClusterPolicyReconciler(t *testing.T) {
 	testReadyAndIdle(t)
 	testSelfRepair(t)
 	testTimeSlicing(t)
+	testNamedConfigMaps(t)
+	testDriverPerOS(t)
 	testDisabling(t)
 	testSecondPolicy(t)
 }

@@ -106,9 +106,10 @@ func FuzzDesired(f *testing.F) {
 			envValue: envValue, tolKey: tolKey, tolValue: tolValue, tolOp: tolOp, selKey: selKey, selValue: selValue, resource: resource,
 			replicas: replicas, flags: flags}
 		cp := in.policy()
-		want := desired(cp, ns)
-		checkChildren(t, cp, ns, want)
-		if again := desired(cp, ns); apply.Hash(again) != apply.Hash(want) {
+		p := desired(cp, ns, testFleet())
+		want := p.objects
+		checkChildren(t, cp, ns, p)
+		if again := desired(cp, ns, testFleet()); apply.Hash(again.objects) != apply.Hash(want) {
 			t.Fatal("desired is not a function of the policy: a second call differs")
 		}
 		if admitted(cp, ns) {
@@ -128,9 +129,11 @@ func FuzzDesired(f *testing.F) {
 }
 
 // checkChildren holds desired's invariants on want.
-func checkChildren(t *testing.T, cp *gpuv1alpha1.ClusterPolicy, ns string, want []client.Object) {
+func checkChildren(t *testing.T, cp *gpuv1alpha1.ClusterPolicy, ns string, p plan) {
 	t.Helper()
-	own := undesired(ns, nil) // every child a policy can have, but the RuntimeClass
+	want := p.objects
+	// every child a policy can have, but the RuntimeClass
+	own := undesired(ns, plan{}, dsNames(want))
 	seen := map[string]bool{}
 	for _, obj := range want {
 		key := fmt.Sprintf("%s %s/%s", reflect.TypeOf(obj), obj.GetNamespace(), obj.GetName())
@@ -174,7 +177,7 @@ func checkChildren(t *testing.T, cp *gpuv1alpha1.ClusterPolicy, ns string, want 
 			}
 		}
 	}
-	if left := undesired(ns, want); containsAny(left, want) {
+	if left := undesired(ns, p, dsNames(want)); containsAny(left, want) {
 		t.Fatal("undesired would remove a wanted child")
 	}
 }

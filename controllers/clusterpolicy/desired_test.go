@@ -9,6 +9,7 @@ import (
 	"slices"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,7 +34,8 @@ func representativePolicy() *gpuv1alpha1.ClusterPolicy {
 		Labels: map[string]string{"team": "platform"}, Annotations: map[string]string{"example.com/owner": "gpu-team"},
 		Tolerations: []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "gpu", Effect: corev1.TaintEffectNoSchedule}}}
 	s.Driver.Image.Version = "580.65.06"
-	s.Driver.Env = []corev1.EnvVar{{Name: "KERNEL_MODULE_TYPE", Value: "open"}}
+	s.Driver.KernelModuleType = "open"
+	s.Driver.Env = []corev1.EnvVar{{Name: "DRIVER_LOG_LEVEL", Value: "debug"}}
 	s.Driver.Resources = &corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Gi")}}
 	s.Driver.UpgradePolicy = gpuv1alpha1.DriverUpgradePolicy{AutoUpgrade: ptr.To(true), MaxParallelUpgrades: ptr.To[int32](2), MaxUnavailable: ptr.To(intstr.FromString("25%"))}
 	s.Toolkit.Image = gpuv1alpha1.ImageSpec{Repository: "registry.example/nvidia", Version: "v1.18.0", PullSecrets: []string{"regcred"}}
@@ -48,11 +50,28 @@ func representativePolicy() *gpuv1alpha1.ClusterPolicy {
 	return cp
 }
 
-// Every child of a representative policy, as a golden file: go test
-// -run TestDesiredGolden -update rewrites it; review the diff.
+// sharingPolicy runs precompiled drivers and reads the user's ConfigMaps:
+// the device plugin's named configs (with the config manager), the
+// built-in MIG layouts.
+func sharingPolicy() *gpuv1alpha1.ClusterPolicy {
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "gpu-stack", UID: "5f3c0e2a-policy-uid"}}
+	cp.Spec.Driver.UsePrecompiled = true
+	cp.Spec.DevicePlugin.Config = &gpuv1alpha1.DevicePluginConfig{ConfigMapName: "sharing", DefaultConfig: "a100"}
+	return cp
+}
+
+// Every child of a representative policy (and of one sharing GPUs through
+// ConfigMaps), for a fleet of two OSes, as golden files: go test
+// -run TestDesiredGolden -update rewrites them; review the diff.
 func TestDesiredGolden(t *testing.T) {
+	for file, cp := range map[string]*gpuv1alpha1.ClusterPolicy{"desired.golden.yaml": representativePolicy(), "sharing.golden.yaml": sharingPolicy()} {
+		t.Run(file, func(t *testing.T) { checkGolden(t, file, cp) })
+	}
+}
+
+func checkGolden(t *testing.T, file string, cp *gpuv1alpha1.ClusterPolicy) {
 	var b bytes.Buffer
-	for _, obj := range desired(representativePolicy(), "loom-system") {
+	for _, obj := range desired(cp, "loom-system", testFleet()).objects {
 		u, err := apply.ToUnstructured(obj) // what the writer applies, before its owner reference and hash
 		if err != nil {
 			t.Fatal(err)
@@ -64,7 +83,7 @@ func TestDesiredGolden(t *testing.T) {
 		b.WriteString("---\n")
 		b.Write(y)
 	}
-	path := filepath.Join("testdata", "desired.golden.yaml")
+	path := filepath.Join("testdata", file)
 	if *update {
 		if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
 			t.Fatal(err)
@@ -82,16 +101,18 @@ func TestDesiredGolden(t *testing.T) {
 // A pod template's hash is what the driver upgrade compares, and a
 // changed template restarts the operand on every node: a Loom upgrade must
 // not move them by accident. These are the hashes of spec: {} since the
-// template was introduced; change them only on purpose.
+// template was introduced; change them only on purpose. (The driver's
+// moved with KERNEL_MODULE_TYPE, the MIG manager's with its mounted
+// config.)
 func TestTemplateHashesAreStable(t *testing.T) {
 	want := map[string]string{
-		gpuv1alpha1.OperandDriver:             "c62be889d4781a4d",
+		gpuv1alpha1.OperandDriver:             "2dec423ca06fae91",
 		gpuv1alpha1.OperandToolkit:            "9a021e7d68714123",
 		gpuv1alpha1.OperandValidator:          "a7cc5dcc918a9013",
 		gpuv1alpha1.OperandDevicePlugin:       "624eb836d15be9e3",
 		gpuv1alpha1.OperandDCGM:               "4130989bb3143811",
 		gpuv1alpha1.OperandDCGMExporter:       "72c0096e3c539d32",
-		gpuv1alpha1.OperandMIGManager:         "6434442b7452c611",
+		gpuv1alpha1.OperandMIGManager:         "dd029c827afbc17b",
 		gpuv1alpha1.OperandNodeStatusExporter: "0f409936cfad2f21",
 	}
 	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
@@ -100,6 +121,58 @@ func TestTemplateHashesAreStable(t *testing.T) {
 			t.Errorf("%s template hash %s, want %s", op.name, got, want[op.name])
 		}
 	}
+}
+
+// testFleet is GPU nodes of two OSes (one known by NFD's labels, one by
+// its osImage), a third OS sharing the first's images, and nodes without a
+// driver: unknown and unsupported OSes.
+func testFleet() cluster {
+	node := func(name, osImage, kernel string, labels map[string]string) corev1.Node {
+		return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{OSImage: osImage, KernelVersion: kernel}}}
+	}
+	nfd := map[string]string{gpuv1alpha1.LabelOSReleaseID: "ubuntu", gpuv1alpha1.LabelOSReleaseVersionID: "22.04"}
+	cms := map[string]*corev1.ConfigMap{}
+	for name, key := range map[string]string{"mig-layouts": "config.yaml", "my-counters": gpuv1alpha1.DCGMCountersKey, "sharing": "a100"} {
+		cms[name] = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "loom-system"}, Data: map[string]string{key: name + " content"}}
+	}
+	return cluster{configMaps: cms, nodes: []corev1.Node{
+		node("gpu-a", "Ubuntu 22.04.4 LTS", "5.15.0-105-generic", nfd),
+		node("gpu-b", "Ubuntu 22.04.5 LTS", "5.15.0-105-generic", nil),
+		node("gpu-c", "Red Hat Enterprise Linux 9.4 (Plow)", "5.14.0-427.13.1.el9_4.x86_64", nil),
+		node("gpu-d", "", "", nil),
+		node("gpu-e", "Debian GNU/Linux 12 (bookworm)", "6.1.0-18-amd64", nil),
+	}}
+}
+
+func (p plan) drivers() []string {
+	var out []string
+	for _, o := range p.objects {
+		if ds, ok := o.(*appsv1.DaemonSet); ok && ds.Labels[gpuv1alpha1.LabelComponent] == gpuv1alpha1.OperandDriver {
+			out = append(out, ds.Name)
+		}
+	}
+	return out
+}
+
+// plainDriver is the per-OS driver DaemonSets beyond the one plain name
+// every policy can have.
+func plainDriver(p plan) int {
+	n := len(p.drivers())
+	if slices.Contains(p.drivers(), "loom-driver") {
+		n--
+	}
+	return n
+}
+
+func dsNames(objs []client.Object) []string {
+	var out []string
+	for _, o := range objs {
+		if _, ok := o.(*appsv1.DaemonSet); ok {
+			out = append(out, o.GetName())
+		}
+	}
+	return out
 }
 
 func names(objs []client.Object) []string {
@@ -127,7 +200,8 @@ func TestUndesired(t *testing.T) {
 			[]string{"*v1.DaemonSet loom-system/loom-dcgm", "*v1.ServiceAccount loom-system/loom-node-status-exporter",
 				"*v1.ClusterRole /loom-system-loom-node-status-exporter", "*v1.ConfigMap loom-system/loom-device-plugin-config",
 				"*v1.Role loom-system/loom-driver"},
-			[]string{"*v1.DaemonSet loom-system/loom-driver", "*v1.ClusterRole /loom-system-loom-driver", "*v1.Role loom-system/loom-mig-manager"}},
+			[]string{"*v1.DaemonSet loom-system/loom-driver-ubuntu22.04", "*v1.DaemonSet loom-system/loom-driver-rhel9.4",
+				"*v1.ClusterRole /loom-system-loom-driver", "*v1.Role loom-system/loom-mig-manager", "*v1.ConfigMap loom-system/loom-mig-parted-config"}},
 		{"representative", rep,
 			[]string{"*v1.DaemonSet loom-system/loom-node-status-exporter", "*v1.ClusterRoleBinding /loom-system-loom-node-status-exporter"},
 			[]string{"*v1.ConfigMap loom-system/loom-device-plugin-config", "*v1.DaemonSet loom-system/loom-dcgm"}},
@@ -136,8 +210,9 @@ func TestUndesired(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			want := desired(tt.cp, "loom-system")
-			gone := names(undesired("loom-system", want))
+			p := desired(tt.cp, "loom-system", testFleet())
+			want := p.objects
+			gone := names(undesired("loom-system", p, nil))
 			for _, g := range tt.gone {
 				if !slices.Contains(gone, g) {
 					t.Errorf("%s not removed (removed: %v)", g, gone)
@@ -148,7 +223,8 @@ func TestUndesired(t *testing.T) {
 					t.Errorf("%s both wanted and removed", w)
 				}
 			}
-			if len(gone)+len(want) != 6*len(operands)+2 {
+			// The driver's one plain name is replaced by one per OS.
+			if len(gone)+len(want) != 6*len(operands)+3+plainDriver(p) {
 				t.Errorf("%d removed + %d wanted: not every possible child is accounted for", len(gone), len(want))
 			}
 		})

@@ -2,6 +2,8 @@ package clusterpolicy
 
 import (
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -23,6 +25,15 @@ const (
 	devicePluginConfigKey  = "config.yaml"
 	devicePluginConfigName = "loom-device-plugin-config"
 	dcgmCountersDir        = "/etc/dcgm-exporter/loom"
+	// The device plugin's config manager (GPU Operator's pattern) copies
+	// the config its node's label names from the ConfigMap's directory to
+	// the file the plugin reads.
+	availableConfigsDir = "/available-configs"
+	selectedConfigDir   = "/config"
+	// migConfigDir holds the MIG manager's mig-parted config.
+	migConfigDir = "/mig-parted-config"
+	// migConfigName is Loom's ConfigMap of the built-in MIG layouts.
+	migConfigName = "loom-mig-parted-config"
 )
 
 // operand describes how one operand's pod differs from the common shape.
@@ -64,6 +75,9 @@ var operands = []operand{
 	{
 		name: gpuv1alpha1.OperandDriver, privileged: true, onDelete: true,
 		hostPaths: []hostPath{{"run-nvidia", "/run/nvidia", bidirectional}, {"host-root", "/", nil}, {"dev", "/dev", nil}},
+		env: func(cp *gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
+			return []corev1.EnvVar{{Name: "KERNEL_MODULE_TYPE", Value: kernelModuleType(cp)}}
+		},
 	},
 	{
 		name: gpuv1alpha1.OperandToolkit, privileged: true, validates: "driver",
@@ -114,7 +128,11 @@ var operands = []operand{
 		hostPaths: []hostPath{{"run-nvidia", "/run/nvidia", nil}, {"host-sys", "/sys", nil}},
 		env: func(cp *gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
 			return []corev1.EnvVar{{Name: "DEFAULT_MIG_CONFIG", Value: cp.Spec.MIGManager.DefaultConfig},
-				{Name: "CONFIG_FILE", Value: cp.Spec.MIGManager.ConfigMapName}}
+				{Name: "CONFIG_FILE", Value: migConfigDir + "/" + gpuv1alpha1.MIGConfigKey}}
+		},
+		volumes: func(cp *gpuv1alpha1.ClusterPolicy) ([]corev1.Volume, []corev1.VolumeMount) {
+			return []corev1.Volume{configMapVolume("mig-parted-config", migConfigMap(cp))},
+				[]corev1.VolumeMount{{Name: "mig-parted-config", MountPath: migConfigDir, ReadOnly: true}}
 		},
 		config: func(cp *gpuv1alpha1.ClusterPolicy) any { return cp.Spec.MIGManager },
 	},
@@ -144,34 +162,71 @@ func operandLabels(op string, cp *gpuv1alpha1.ClusterPolicy) map[string]string {
 // minus nodes that opted out (nvidia.com/gpu.deploy.<operand>=false or
 // nvidia.com/gpu.deploy.operands=false). It is a pure function of the policy.
 func BuildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string) *appsv1.DaemonSet {
+	return buildDaemonSet(op, cp, namespace, variant{})
+}
+
+// variant is how one of an operand's DaemonSets differs from the plain one:
+// the driver's per-OS DaemonSets, a named ConfigMap's content.
+type variant struct {
+	// target is the driver's OS (and kernel): the DaemonSet is
+	// loom-driver-<target>, labelled and selected by it ("" for the plain
+	// DaemonSet).
+	target string
+	// image replaces the operand's image reference.
+	image string
+	// restrict are alternative node terms the DaemonSet's nodes must also
+	// match (nil: every GPU node). Left out of the template hash: a node
+	// joining its OS changes no pod.
+	restrict []corev1.NodeSelectorTerm
+	// configData is the content of the ConfigMaps the operand reads.
+	configData any
+}
+
+func buildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string, v variant) *appsv1.DaemonSet {
 	labels := operandLabels(op.name, cp)
-	podLabels := map[string]string{}
-	for k, v := range cp.Spec.DaemonSets.Labels {
-		podLabels[k] = v
+	name, selector := objectName(op.name), map[string]string{apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: op.name}
+	if v.target != "" {
+		labels[gpuv1alpha1.LabelDriverTarget] = v.target
+		selector[gpuv1alpha1.LabelDriverTarget] = v.target
+		name += "-" + v.target
 	}
-	for k, v := range labels {
-		podLabels[k] = v
+	podLabels := map[string]string{}
+	for k, val := range cp.Spec.DaemonSets.Labels {
+		podLabels[k] = val
+	}
+	for k, val := range labels {
+		podLabels[k] = val
 	}
 	annotations := map[string]string{}
-	for k, v := range cp.Spec.DaemonSets.Annotations {
-		annotations[k] = v
+	for k, val := range cp.Spec.DaemonSets.Annotations {
+		annotations[k] = val
 	}
-	if op.config != nil {
+	switch {
+	case op.config != nil && v.configData != nil:
+		annotations[gpuv1alpha1.AnnotationConfigHash] = apply.Hash([]any{op.config(cp), v.configData})
+	case op.config != nil:
 		annotations[gpuv1alpha1.AnnotationConfigHash] = apply.Hash(op.config(cp))
 	}
 	strategy := appsv1.DaemonSetUpdateStrategy{Type: appsv1.RollingUpdateDaemonSetStrategyType}
 	if op.onDelete {
 		strategy = appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType}
 	}
-	template := corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: annotations}, Spec: podSpec(op, cp)}
+	spec := podSpec(op, cp)
+	if v.image != "" {
+		spec.Containers[0].Image = v.image
+	}
+	template := corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: annotations}, Spec: spec}
 	// Pods carry the hash of the template they were made from: the driver
 	// upgrade tells old driver pods from new ones by it.
 	annotations[gpuv1alpha1.AnnotationTemplateHash] = apply.Hash(template)
+	if v.restrict != nil {
+		restrictNodes(&template.Spec, v.restrict)
+	}
 	return &appsv1.DaemonSet{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
-		ObjectMeta: metav1.ObjectMeta{Name: objectName(op.name), Namespace: namespace, Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: labels},
 		Spec: appsv1.DaemonSetSpec{
-			Selector:       &metav1.LabelSelector{MatchLabels: map[string]string{apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: op.name}},
+			Selector:       &metav1.LabelSelector{MatchLabels: selector},
 			UpdateStrategy: strategy,
 			Template:       template,
 		},
@@ -221,6 +276,9 @@ func podSpec(op operand, cp *gpuv1alpha1.ClusterPolicy) corev1.PodSpec {
 	}
 	if op.runtimeClass {
 		pod.RuntimeClassName = ptr.To(RuntimeClassName)
+	}
+	if op.name == gpuv1alpha1.OperandDevicePlugin {
+		withConfigManager(&pod, cp)
 	}
 	return pod
 }
@@ -323,25 +381,97 @@ func devicePluginEnv(cp *gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
 	case c != nil && c.TimeSlicing != nil:
 		env = append(env, corev1.EnvVar{Name: "CONFIG_FILE", Value: devicePluginConfigDir + "/" + devicePluginConfigKey})
 	case c != nil && c.ConfigMapName != "":
-		env = append(env, corev1.EnvVar{Name: "CONFIG_FILE", Value: devicePluginConfigDir + "/" + c.DefaultConfig})
+		env = append(env, corev1.EnvVar{Name: "CONFIG_FILE", Value: selectedConfigDir + "/" + devicePluginConfigKey})
 	}
 	return env
 }
 
+// devicePluginVolumes mounts the inline time-slicing config, or for a
+// ConfigMap of named configs the ConfigMap (every config) and the
+// directory of the one selected for the node.
 func devicePluginVolumes(cp *gpuv1alpha1.ClusterPolicy) ([]corev1.Volume, []corev1.VolumeMount) {
-	c := cp.Spec.DevicePlugin.Config
-	name := ""
-	switch {
+	switch c := cp.Spec.DevicePlugin.Config; {
 	case c != nil && c.TimeSlicing != nil:
-		name = devicePluginConfigName
+		return []corev1.Volume{configMapVolume("config", devicePluginConfigName)},
+			[]corev1.VolumeMount{{Name: "config", MountPath: devicePluginConfigDir, ReadOnly: true}}
 	case c != nil && c.ConfigMapName != "":
-		name = c.ConfigMapName
-	default:
-		return nil, nil
+		return []corev1.Volume{configMapVolume("available-configs", c.ConfigMapName),
+				{Name: "config", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+			[]corev1.VolumeMount{{Name: "available-configs", MountPath: availableConfigsDir, ReadOnly: true},
+				{Name: "config", MountPath: selectedConfigDir}}
 	}
-	return []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
-			LocalObjectReference: corev1.LocalObjectReference{Name: name}}}}},
-		[]corev1.VolumeMount{{Name: "config", MountPath: devicePluginConfigDir, ReadOnly: true}}
+	return nil, nil
+}
+
+// configManager is GPU Operator's config manager for the device plugin's
+// ConfigMap of named configs: it follows its node's
+// nvidia.com/device-plugin.config label (defaultConfig without it), copies
+// that config to the file the plugin reads and signals the plugin to
+// reload. oneshot is the init container that writes the first one.
+func configManager(cp *gpuv1alpha1.ClusterPolicy, image corev1.Container, oneshot bool) corev1.Container {
+	c := cp.Spec.DevicePlugin.Config
+	name, signal := "config-manager", "true"
+	if oneshot {
+		name, signal = "config-manager-init", "false"
+	}
+	return corev1.Container{
+		Name: name, Image: image.Image, ImagePullPolicy: image.ImagePullPolicy,
+		Command: []string{"config-manager"},
+		Env: []corev1.EnvVar{
+			{Name: "ONESHOT", Value: strconv.FormatBool(oneshot)},
+			{Name: "KUBECONFIG", Value: ""},
+			{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
+			{Name: "NODE_LABEL", Value: gpuv1alpha1.LabelDevicePluginConfig},
+			{Name: "CONFIG_FILE_SRCDIR", Value: availableConfigsDir},
+			{Name: "CONFIG_FILE_DST", Value: selectedConfigDir + "/" + devicePluginConfigKey},
+			{Name: "DEFAULT_CONFIG", Value: c.DefaultConfig},
+			{Name: "FALLBACK_STRATEGIES", Value: "empty"},
+			{Name: "SEND_SIGNAL", Value: signal},
+			{Name: "SIGNAL", Value: "1"},
+			{Name: "PROCESS_TO_SIGNAL", Value: "nvidia-device-plugin"},
+		},
+		VolumeMounts: []corev1.VolumeMount{{Name: "available-configs", MountPath: availableConfigsDir, ReadOnly: true},
+			{Name: "config", MountPath: selectedConfigDir}},
+		SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(false), AllowPrivilegeEscalation: ptr.To(false),
+			Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}},
+	}
+}
+
+// withConfigManager adds the config manager to a device plugin pod that
+// reads a ConfigMap of named configs; the sidecar signals the plugin, so
+// the pod shares one process namespace.
+func withConfigManager(pod *corev1.PodSpec, cp *gpuv1alpha1.ClusterPolicy) {
+	if c := cp.Spec.DevicePlugin.Config; c == nil || c.ConfigMapName == "" {
+		return
+	}
+	plugin := pod.Containers[0]
+	pod.InitContainers = append(pod.InitContainers, configManager(cp, plugin, true))
+	pod.Containers = append(pod.Containers, configManager(cp, plugin, false))
+	pod.ShareProcessNamespace = ptr.To(true)
+}
+
+func configMapVolume(volume, configMap string) corev1.Volume {
+	return corev1.Volume{Name: volume, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+		LocalObjectReference: corev1.LocalObjectReference{Name: configMap}}}}
+}
+
+// restrictNodes narrows the pod's node affinity to nodes matching one of
+// terms as well (each term joined with the shared requirements).
+func restrictNodes(pod *corev1.PodSpec, terms []corev1.NodeSelectorTerm) {
+	required := pod.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+	base := required.NodeSelectorTerms[0].MatchExpressions
+	out := make([]corev1.NodeSelectorTerm, len(terms))
+	for i, t := range terms {
+		out[i] = corev1.NodeSelectorTerm{MatchExpressions: append(slices.Clone(base), t.MatchExpressions...), MatchFields: t.MatchFields}
+	}
+	required.NodeSelectorTerms = out
+}
+
+func kernelModuleType(cp *gpuv1alpha1.ClusterPolicy) string {
+	if t := cp.Spec.Driver.KernelModuleType; t != "" {
+		return t
+	}
+	return "auto"
 }
 
 func hostMountPath(hp hostPath) string {

@@ -11,15 +11,6 @@ import (
 	"github.com/loom-dev/loom/internal/apply"
 )
 
-func operandByName(name string) operand {
-	for _, op := range operands {
-		if op.name == name {
-			return op
-		}
-	}
-	panic(name)
-}
-
 // Each operand waits on the node for what it depends on: the toolkit
 // validates the driver first, everything after it waits for the toolkit.
 func TestOperandOrdering(t *testing.T) {

@@ -47,9 +47,19 @@ type observed struct {
 	upgrades upgradeCounts
 	// inventory is every GPUNode (the MIG summary).
 	inventory []gpuv1alpha1.GPUNode
-	// daemonSets are the enabled operands' DaemonSets by operand name; a
-	// missing one is not created yet.
+	// daemonSets are the enabled operands' DaemonSets by operand name (the
+	// driver's summed); a missing one is not created yet.
 	daemonSets map[string]*appsv1.DaemonSet
+	// migStates counts the GPU nodes by MIG manager state.
+	migStates migStates
+	// cluster is what desired reads beside the policy.
+	cluster cluster
+	// driverSets names the driver DaemonSets there are.
+	driverSets []string
+	// held and noDriver are desired's: operands not rolled out and why,
+	// GPU nodes without a driver and why.
+	held     map[string]string
+	noDriver []string
 }
 
 // upgradeCounts are the GPU nodes by driver upgrade progress.
@@ -57,8 +67,6 @@ type upgradeCounts struct {
 	inProgress, failed []string
 	// firstFailure is why the first failed node (by name) failed.
 	firstFailure string
-	// migFailed are nodes whose MIG manager reports a failed layout.
-	migFailed []string
 }
 
 // ignoredStatus is the status of a policy that is not in force: it names
@@ -81,12 +89,16 @@ func status(cp *gpuv1alpha1.ClusterPolicy, obs observed, writeErrs []string) *gp
 	st.GPUNodes = obs.gpuNodes
 	on, off := enabledOperands(cp)
 	st.Components = components(cp, on, off, obs)
-	st.MIG = summarizeMIG(obs.inventory, obs.upgrades.migFailed)
+	st.MIG = summarizeMIG(obs.inventory, obs.migStates)
 	st.MIG.Strategy = cp.Spec.MIG.Strategy
 	if st.MIG.Strategy == "" {
 		st.MIG.Strategy = gpuv1alpha1.MIGStrategySingle
 	}
 	readiness(st, obs.gpuNodes, specErrors(cp), writeErrs, cp.Generation)
+	if u := meta.FindStatusCondition(cp.Status.Conditions, gpuv1alpha1.ConditionDriverUpgrade); u != nil &&
+		u.Reason == gpuv1alpha1.ReasonUpgradePaused && readyReason(st) == ReasonComponentsWait {
+		setReady(st, cp.Generation, metav1.ConditionFalse, gpuv1alpha1.ReasonUpgradePaused, "driver upgrade paused: "+u.Message)
+	}
 	return st
 }
 
@@ -112,7 +124,17 @@ func components(cp *gpuv1alpha1.ClusterPolicy, on, off []operand, obs observed) 
 		_, ref := cp.Spec.Operand(op.name).EffectiveImage(defaultsFor(op.name))
 		c := gpuv1alpha1.ComponentStatus{Name: op.name, Enabled: true, State: componentStateWaiting, Version: ref[strings.LastIndex(ref, ":")+1:]}
 		ds := obs.daemonSets[op.name]
-		if ds == nil {
+		switch {
+		case obs.held[op.name] != "":
+			c.Message = obs.held[op.name]
+			out = append(out, c)
+			continue
+		case ds == nil && op.name == gpuv1alpha1.OperandDriver && len(obs.noDriver) > 0:
+			c.Message = "no GPU node with a supported OS (" + strings.Join(supportedOS, ", ") + ")"
+			noDriverMessage(&c, obs.noDriver)
+			out = append(out, c)
+			continue
+		case ds == nil:
 			c.Message = "DaemonSet " + objectName(op.name) + " not created yet"
 			out = append(out, c)
 			continue
@@ -131,7 +153,8 @@ func components(cp *gpuv1alpha1.ClusterPolicy, on, off []operand, obs observed) 
 			c.Message = fmt.Sprintf("rolling out: %d of %d pods updated", ds.Status.UpdatedNumberScheduled, c.Desired)
 		}
 		if op.name == gpuv1alpha1.OperandDriver {
-			driverUpgradeProgress(&c, obs.upgrades)
+			driverUpgradeProgress(&c, meta.FindStatusCondition(cp.Status.Conditions, gpuv1alpha1.ConditionDriverUpgrade), obs.upgrades)
+			noDriverMessage(&c, obs.noDriver)
 		}
 		out = append(out, c)
 	}
@@ -141,9 +164,29 @@ func components(cp *gpuv1alpha1.ClusterPolicy, on, off []operand, obs observed) 
 	return out
 }
 
-// driverUpgradeProgress holds the driver component not ready while nodes
-// upgrade or stay failed, naming the failed ones and the first's reason.
-func driverUpgradeProgress(c *gpuv1alpha1.ComponentStatus, u upgradeCounts) {
+// noDriverMessage names the GPU nodes that get no driver (their OS is
+// unknown or unsupported) and holds the driver component not ready.
+func noDriverMessage(c *gpuv1alpha1.ComponentStatus, noDriver []string) {
+	if len(noDriver) == 0 {
+		return
+	}
+	c.State = componentStateWaiting
+	c.Message += fmt.Sprintf("; %d GPU nodes get no driver: %s", len(noDriver), namedList(noDriver))
+}
+
+// driverUpgradeProgress holds the driver component not ready while the
+// driver upgrade controller's DriverUpgrade condition is False (upgrading,
+// paused, or an invalid policy), with that condition's message: it names
+// the failed, blocked and ignored nodes. Until that controller has written
+// its condition, the claimed nodes' labels say the same in short.
+func driverUpgradeProgress(c *gpuv1alpha1.ComponentStatus, cond *metav1.Condition, u upgradeCounts) {
+	if cond != nil {
+		if cond.Status == metav1.ConditionFalse {
+			c.State = componentStateWaiting
+			c.Message = cond.Reason + ": " + cond.Message
+		}
+		return
+	}
 	if len(u.inProgress) == 0 && len(u.failed) == 0 {
 		return
 	}
@@ -184,6 +227,13 @@ func readiness(st *gpuv1alpha1.ClusterPolicyStatus, gpuNodes int32, invalid, wri
 		setReady(st, generation, metav1.ConditionTrue, ReasonAllReady,
 			fmt.Sprintf("%d components ready on %d GPU nodes", countEnabled(st.Components), gpuNodes))
 	}
+}
+
+func readyReason(st *gpuv1alpha1.ClusterPolicyStatus) string {
+	if c := meta.FindStatusCondition(st.Conditions, conditionReady); c != nil {
+		return c.Reason
+	}
+	return ""
 }
 
 // setReady is the one way the Ready condition is set.
@@ -235,8 +285,9 @@ func findComponent(cs []gpuv1alpha1.ComponentStatus, name string) int {
 
 // summarizeMIG counts MIG-capable, MIG-enabled and pending nodes and the
 // devices by profile; node lists are sorted and capped at maxListed.
-func summarizeMIG(nodes []gpuv1alpha1.GPUNode, failed []string) *gpuv1alpha1.MIGSummary {
-	m := &gpuv1alpha1.MIGSummary{}
+func summarizeMIG(nodes []gpuv1alpha1.GPUNode, states migStates) *gpuv1alpha1.MIGSummary {
+	m := &gpuv1alpha1.MIGSummary{ConfigPending: states.pending, ConfigSuccess: states.success, ConfigFailed: states.failed,
+		FailureMessage: apply.TruncateMessage(states.firstFailure)}
 	for i := range nodes {
 		capable, enabled, pending := false, false, false
 		for _, g := range nodes[i].Status.GPUs {
@@ -267,7 +318,7 @@ func summarizeMIG(nodes []gpuv1alpha1.GPUNode, failed []string) *gpuv1alpha1.MIG
 		}
 	}
 	m.PendingNodes = capList(m.PendingNodes)
-	m.FailedNodes = capList(append([]string(nil), failed...))
+	m.FailedNodes = capList(append([]string(nil), states.failedNodes...))
 	return m
 }
 

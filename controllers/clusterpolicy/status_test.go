@@ -153,14 +153,38 @@ func TestStatusInvalidSpec(t *testing.T) {
 	}
 }
 
-// A node in an upgrade state Loom does not know is reported as failed,
-// with what to do about it.
-func TestCountUpgradesUnknownState(t *testing.T) {
-	node := func(name, state string) metav1.PartialObjectMetadata {
-		return metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{gpuv1alpha1.LabelUpgradeState: state}}}
+// Only the nodes the policy's driver upgrade claimed count: an unknown
+// state value and another owner's label (GPU Operator's leftovers) are the
+// driver upgrade's to name, not in progress here.
+func TestCountUpgradesOnlyClaimed(t *testing.T) {
+	node := func(name, state, claim string) metav1.PartialObjectMetadata {
+		n := metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{gpuv1alpha1.LabelUpgradeState: state}}}
+		if claim != "" {
+			n.Annotations = map[string]string{gpuv1alpha1.AnnotationClaim: claim, gpuv1alpha1.AnnotationFailure: "timed out"}
+		}
+		return n
 	}
-	u := countUpgrades([]metav1.PartialObjectMetadata{node("a", "upgrade-donе" /* a Cyrillic е */), node("b", gpuv1alpha1.DrainRequired), node("c", gpuv1alpha1.UpgradeDone)})
-	if strings.Join(u.failed, ",") != "a" || strings.Join(u.inProgress, ",") != "b" || !strings.Contains(u.firstFailure, `unknown driver upgrade state "upgrade-donе"`) {
+	u := countUpgrades([]metav1.PartialObjectMetadata{
+		node("a", "upgrade-donе" /* a Cyrillic е */, "p"), node("b", gpuv1alpha1.DrainRequired, "p"), node("c", gpuv1alpha1.UpgradeDone, "p"),
+		node("d", gpuv1alpha1.DrainRequired, ""), node("e", gpuv1alpha1.UpgradeFailed, "other"), node("f", gpuv1alpha1.UpgradeFailed, "p"),
+	}, "p")
+	if strings.Join(u.failed, ",") != "f" || strings.Join(u.inProgress, ",") != "b" || u.firstFailure != "timed out" {
 		t.Errorf("counts %+v", u)
+	}
+}
+
+// The driver component follows the driver upgrade's condition: paused
+// holds it with that message and turns Ready's reason to UpgradePaused.
+func TestDriverComponentFollowsUpgradeCondition(t *testing.T) {
+	c := gpuv1alpha1.ComponentStatus{Name: gpuv1alpha1.OperandDriver, State: componentStateReady, Message: "ready on 3 nodes"}
+	driverUpgradeProgress(&c, &metav1.Condition{Type: gpuv1alpha1.ConditionDriverUpgrade, Status: metav1.ConditionFalse,
+		Reason: gpuv1alpha1.ReasonUpgradePaused, Message: "1 failed (maxFailures 1): n1"}, upgradeCounts{})
+	if c.State != componentStateWaiting || c.Message != "UpgradePaused: 1 failed (maxFailures 1): n1" {
+		t.Errorf("paused: %+v", c)
+	}
+	c = gpuv1alpha1.ComponentStatus{State: componentStateReady, Message: "ready on 3 nodes"}
+	driverUpgradeProgress(&c, &metav1.Condition{Status: metav1.ConditionTrue, Reason: gpuv1alpha1.ReasonUpgradeUpToDate}, upgradeCounts{inProgress: []string{"x"}})
+	if c.State != componentStateReady {
+		t.Errorf("up to date: %+v", c)
 	}
 }

@@ -51,6 +51,10 @@ func TestClusterPolicyValidation(t *testing.T) {
 		{"negative parallel", `{driver: {upgradePolicy: {maxParallelUpgrades: -1}}}`, "maxParallelUpgrades"},
 		{"custom image without version", `{driver: {image: {repository: "registry.example/nvidia"}}}`, "a custom repository or image needs a version"},
 		{"bad version", `{driver: {image: {version: "570 beta"}}}`, "version"},
+		{"latest", `{driver: {image: {version: latest}}}`, "driver.image.version must be a driver version"},
+		{"no digits", `{driver: {image: {version: stable-ubuntu22.04}}}`, "driver.image.version must be a driver version"},
+		{"precompiled with an OS suffix", `{driver: {usePrecompiled: true, image: {version: "570.172.08-ubuntu22.04"}}}`, "driver.usePrecompiled takes the branch"},
+		{"unknown kernel module type", `{driver: {kernelModuleType: nouveau}}`, "kernelModuleType"},
 		{"bad pull policy", `{toolkit: {image: {pullPolicy: Sometimes}}}`, "pullPolicy"},
 		{"one replica is no sharing", `{devicePlugin: {config: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 1}]}}}}`, "replicas"},
 		{"unknown resource", `{devicePlugin: {config: {timeSlicing: {resources: [{name: nvidia.com/tpu, replicas: 4}]}}}}`, "name"},
@@ -62,6 +66,7 @@ func TestClusterPolicyValidation(t *testing.T) {
 		`{driver: {upgradePolicy: {maxUnavailable: "100%", maxParallelUpgrades: 0}}}`,
 		`{driver: {upgradePolicy: {maxUnavailable: 3}, image: {version: "580.65.06"}}}`,
 		`{driver: {image: {repository: "registry.example/nvidia", version: "570.172.08-ubuntu22.04"}}}`,
+		`{driver: {usePrecompiled: true, kernelModuleType: open, image: {version: "570.172.08"}}}`,
 		`{devicePlugin: {config: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 4}, {name: nvidia.com/mig-1g.10gb, replicas: 2}]}}}}`,
 		`{devicePlugin: {config: {configMapName: sharing, defaultConfig: any}}, mig: {strategy: mixed}, dcgm: {enabled: true}}`,
 	}

@@ -20,12 +20,13 @@ import (
 func TestWriteLeavesForeignChildren(t *testing.T) {
 	ctx := context.Background()
 	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default", UID: "cp-uid"}}
+	cp.Spec.Driver.Image.Version = "570.172.08-ubuntu22.04" // one driver DaemonSet for every OS
 	admins := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: RuntimeClassName}, Handler: "nvidia-cdi"}
 	users := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: "loom-system", Name: "loom-dcgm-exporter"}}
 	c := fake.NewClientBuilder().WithScheme(manager.Scheme()).WithObjects(cp, admins, users).Build()
 	r := New(c, c, "loom-system")
 
-	errs := r.write(ctx, cp, desired(cp, "loom-system"))
+	errs := r.write(ctx, cp, desired(cp, "loom-system", cluster{}), nil)
 	if len(errs) != 1 || !strings.Contains(errs[0], "DaemonSet loom-system/loom-dcgm-exporter exists and is not managed by Loom") {
 		t.Errorf("write errors %q, want one for the user's DaemonSet", errs)
 	}

@@ -4,24 +4,29 @@
 // optionally drain, replace the node's driver pod, wait for it to be ready,
 // uncordon. Progress lives in the node label
 // nvidia.com/gpu-driver-upgrade-state (GPU Operator's values) and the
-// node's annotations, so a manager restart resumes where it stopped.
+// node's annotations, so a manager restart resumes where it stopped. Loom
+// steps only the nodes it enrolled: those carrying its claim annotation,
+// written with the first state and the cordon in one patch conditional on
+// the node's resourceVersion.
 //
-// plan (pure) picks the nodes a pass advances within the policy's budget;
-// next (pure) is one node's transition, from its state, driver pod, pods
-// and the clock to its next state and the actions that get it there; the
-// reconciler observes, calls them and executes the actions.
+// A pass is keyed by the ClusterPolicy. plan (pure) picks the nodes it
+// advances within the policy's budget and failure bound; next (pure) is
+// one node's transition, from its state, driver pod, its target (the
+// template of the driver DaemonSet owning that pod), its pods and the
+// clock to its next state and the actions that get it there; the
+// reconciler observes, calls them and executes the actions; status (pure)
+// is the policy's DriverUpgrade condition.
 package driverupgrade
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -40,13 +45,16 @@ import (
 	"github.com/loom-dev/loom/internal/manager"
 )
 
-// FieldOwner names the driver upgrade's writes (its driver pod deletes).
+// FieldOwner names the driver upgrade's writes: its node patches (so a
+// node's managed fields say whether Loom's cordon is still the node's),
+// its driver pod deletes and its condition on the ClusterPolicy.
 const FieldOwner = "loom-driver-upgrade"
 
 // requeue is how soon a pass with upgrades in progress runs again.
 const requeue = 3 * time.Second
 
-// +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies/status,verbs=get;patch
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;delete
@@ -56,8 +64,9 @@ const requeue = 3 * time.Second
 type Reconciler struct {
 	client.Client
 	// Reader reads nodes and pods straight from the API server: the
-	// manager does not cache every pod for a rare upgrade, and a node's
-	// state must be current before it moves on.
+	// manager does not cache every pod for a rare upgrade, and the budget
+	// must be counted from the nodes as they are, not as a lagging cache
+	// has them.
 	Reader    client.Reader
 	Namespace string
 	// Now is the clock the waits and timeouts are measured by.
@@ -67,85 +76,192 @@ type Reconciler struct {
 
 // New returns a reconciler of Loom's namespace on the wall clock.
 func New(c client.Client, reader client.Reader, namespace string) *Reconciler {
-	return &Reconciler{Client: c, Reader: reader, Namespace: namespace, Now: time.Now, w: apply.NewWriter(c, FieldOwner, apply.Options{})}
+	return &Reconciler{Client: c, Reader: reader, Namespace: namespace, Now: time.Now,
+		w: apply.NewWriter(c, FieldOwner, apply.Options{Conditions: []string{gpuv1alpha1.ConditionDriverUpgrade}})}
 }
 
-// Setup registers the driver upgrade controller.
+// Setup registers the driver upgrade controller. A pass is keyed by the
+// ClusterPolicy; driver DaemonSets map to the policy that owns them, nodes
+// to the policy that claimed them (or to every policy).
 func Setup(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	r := New(mgr.GetClient(), mgr.GetAPIReader(), opts.Namespace)
-	driverKey := types.NamespacedName{Namespace: opts.Namespace, Name: gpuv1alpha1.OperandObjectName(gpuv1alpha1.OperandDriver)}
 	isDriver := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return o.GetNamespace() == driverKey.Namespace && o.GetName() == driverKey.Name
+		return o.GetNamespace() == opts.Namespace && o.GetLabels()[gpuv1alpha1.LabelComponent] == gpuv1alpha1.OperandDriver
 	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("driver-upgrade").
+		// A new version, a changed upgrade policy, a resume annotation,
+		// a deletion; not this controller's own condition writes.
+		For(&gpuv1alpha1.ClusterPolicy{}, builder.WithPredicates(
+			predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
 		// Only a new template starts upgrades; while one runs, the
 		// reconciler requeues itself. DaemonSet status churn (every pod of a
 		// rollout) would otherwise cost a pod list each.
-		For(&appsv1.DaemonSet{}, builder.WithPredicates(isDriver, predicate.GenerationChangedPredicate{})).
-		WatchesMetadata(&corev1.Node{},
-			handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
-				return []reconcile.Request{{NamespacedName: driverKey}}
-			}),
-			builder.WithPredicates(predicate.Funcs{
-				UpdateFunc: func(e event.UpdateEvent) bool {
-					return e.ObjectOld.GetLabels()[gpuv1alpha1.LabelUpgradeState] != e.ObjectNew.GetLabels()[gpuv1alpha1.LabelUpgradeState]
-				},
-				CreateFunc: func(event.CreateEvent) bool { return false },
-				DeleteFunc: func(event.DeleteEvent) bool { return false },
-			})).
+		Watches(&appsv1.DaemonSet{}, handler.EnqueueRequestsFromMapFunc(ownerPolicy),
+			builder.WithPredicates(isDriver, predicate.GenerationChangedPredicate{})).
+		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.nodePolicies), builder.WithPredicates(nodeChanged())).
 		Complete(r)
 }
 
-// Reconcile advances every node's upgrade by at most one step and starts
-// new ones within the policy's budget.
+// ownerPolicy maps a driver DaemonSet to the ClusterPolicy controlling it.
+func ownerPolicy(_ context.Context, o client.Object) []reconcile.Request {
+	if ref := metav1.GetControllerOf(o); ref != nil && ref.Kind == "ClusterPolicy" {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: ref.Name}}}
+	}
+	return nil
+}
+
+// nodePolicies maps a node to the policy that claimed it, or to every
+// policy (a node that may start, or carries a label Loom reports).
+func (r *Reconciler) nodePolicies(ctx context.Context, o client.Object) []reconcile.Request {
+	if claim := o.GetAnnotations()[gpuv1alpha1.AnnotationClaim]; claim != "" {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: claim}}}
+	}
+	list := &gpuv1alpha1.ClusterPolicyList{}
+	if err := r.List(ctx, list); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, len(list.Items))
+	for i := range list.Items {
+		reqs[i] = reconcile.Request{NamespacedName: types.NamespacedName{Name: list.Items[i].Name}}
+	}
+	return reqs
+}
+
+// nodeChanged passes a node's state label, claim or GPU presence
+// changing, and every claimed or labelled node the informer lists (a
+// restarted manager resumes, and lets go of nodes a deleted policy left).
+func nodeChanged() predicate.Funcs {
+	key := func(o client.Object) string {
+		return o.GetLabels()[gpuv1alpha1.LabelUpgradeState] + "|" + o.GetAnnotations()[gpuv1alpha1.AnnotationClaim] + "|" +
+			o.GetLabels()[gpuv1alpha1.LabelPresent]
+	}
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool { return key(e.ObjectOld) != key(e.ObjectNew) },
+		CreateFunc: func(e event.CreateEvent) bool {
+			return e.Object.GetAnnotations()[gpuv1alpha1.AnnotationClaim] != "" || e.Object.GetLabels()[gpuv1alpha1.LabelUpgradeState] != ""
+		},
+		DeleteFunc: func(event.DeleteEvent) bool { return false },
+	}
+}
+
+// observed is what a pass reads.
+type observed struct {
+	// cp is the policy (nil: deleted).
+	cp *gpuv1alpha1.ClusterPolicy
+	// release: the policy is gone, being deleted, or runs no driver.
+	release bool
+	// daemonSets counts the policy's driver DaemonSets.
+	daemonSets int
+	// nodes is the node set, sorted by name.
+	nodes []nodeView
+}
+
+// Reconcile advances every node's upgrade by at most one step, starts new
+// ones within the policy's budget, and writes the policy's DriverUpgrade
+// condition. One node's failure never stops another's step.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	ds := &appsv1.DaemonSet{}
-	if err := r.Get(ctx, req.NamespacedName, ds); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	cp, err := r.owner(ctx, ds)
-	if err != nil || cp == nil {
-		return ctrl.Result{}, err
-	}
-	t := target{policy: cp.Spec.Driver.UpgradePolicy, template: ds.Spec.Template.Annotations[gpuv1alpha1.AnnotationTemplateHash], namespace: r.Namespace}
-	drivers, err := r.driverPods(ctx)
+	obs, err := r.observe(ctx, req.Name)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	nodes := &metav1.PartialObjectMetadataList{}
-	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
-	if err := r.List(ctx, nodes, client.MatchingLabels{gpuv1alpha1.LabelPresent: "true"}); err != nil {
-		return ctrl.Result{}, err
+	var pl planned
+	if obs.cp != nil {
+		pl = plan(obs.nodes, obs.cp.Spec.Driver.UpgradePolicy, req.Name, obs.cp.Annotations[gpuv1alpha1.AnnotationResume] != "")
 	}
-	sort.Slice(nodes.Items, func(i, j int) bool { return nodes.Items[i].Name < nodes.Items[j].Name })
-	todo, more, err := plan(nodes.Items, drivers, t.policy, t.template)
-	if err != nil {
-		return ctrl.Result{}, err
+	if obs.release {
+		pl = planned{todo: claimedBy(obs.nodes, req.Name)}
+		pl.more = len(pl.todo) > 0
 	}
-	for _, w := range todo {
-		t.start = w.start
-		if err := r.advance(ctx, w.node, drivers[w.node], t); err != nil {
-			return ctrl.Result{}, fmt.Errorf("node %s: %w", w.node, err)
+	retry, errs := r.step(ctx, obs, req.Name, pl.todo)
+	if obs.cp != nil && obs.cp.DeletionTimestamp == nil {
+		errs = append(errs, r.acknowledge(ctx, obs.cp, pl)...)
+		if err := r.status(ctx, obs, pl); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	if more {
+	if err := errors.Join(errs...); err != nil {
+		return ctrl.Result{}, err
+	}
+	if pl.more || retry {
 		return ctrl.Result{RequeueAfter: requeue}, nil
 	}
 	return ctrl.Result{}, nil
 }
 
-// owner is the ClusterPolicy controlling the driver DaemonSet, or nil.
-func (r *Reconciler) owner(ctx context.Context, ds *appsv1.DaemonSet) (*gpuv1alpha1.ClusterPolicy, error) {
-	ref := metav1.GetControllerOf(ds)
-	if ref == nil || ref.Kind != "ClusterPolicy" {
-		return nil, nil
+// claimedBy are the work items of a release: every node claim enrolled.
+func claimedBy(nodes []nodeView, claim string) []work {
+	var todo []work
+	for _, v := range nodes {
+		if v.node.Annotations[gpuv1alpha1.AnnotationClaim] == claim {
+			todo = append(todo, work{node: v.node.Name})
+		}
 	}
+	return todo
+}
+
+// observe reads the policy (cache), its driver DaemonSets (cache), the
+// driver pods and the nodes (API server).
+func (r *Reconciler) observe(ctx context.Context, name string) (observed, error) {
+	var obs observed
 	cp := &gpuv1alpha1.ClusterPolicy{}
-	if err := r.Get(ctx, client.ObjectKey{Name: ref.Name}, cp); err != nil {
-		return nil, client.IgnoreNotFound(err)
+	switch err := r.Get(ctx, client.ObjectKey{Name: name}, cp); {
+	case apierrors.IsNotFound(err):
+		obs.release = true
+	case err != nil:
+		return obs, err
+	default:
+		obs.cp = cp
+		obs.release = cp.DeletionTimestamp != nil || !cp.Spec.OperandEnabled(gpuv1alpha1.OperandDriver)
 	}
-	return cp, nil
+	templates := map[string]string{}
+	if obs.cp != nil {
+		list := &appsv1.DaemonSetList{}
+		if err := r.List(ctx, list, client.InNamespace(r.Namespace), client.MatchingLabels{gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver}); err != nil {
+			return obs, err
+		}
+		for _, ds := range list.Items {
+			if ref := metav1.GetControllerOf(&ds); ref != nil && ref.UID == cp.UID {
+				templates[ds.Name] = ds.Spec.Template.Annotations[gpuv1alpha1.AnnotationTemplateHash]
+			}
+		}
+		obs.daemonSets = len(templates)
+	}
+	drivers, err := r.driverPods(ctx)
+	if err != nil {
+		return obs, err
+	}
+	obs.nodes, err = r.nodeSet(ctx, drivers, templates)
+	return obs, err
+}
+
+// nodeSet is every node carrying the upgrade's claim or state label, the
+// nodes labelled GPU-present and those running a driver pod, whether or
+// not they are labelled present right now, each with its driver pod and
+// its target (the template of the DaemonSet that owns that pod).
+func (r *Reconciler) nodeSet(ctx context.Context, drivers map[string]*corev1.Pod, templates map[string]string) ([]nodeView, error) {
+	list := &corev1.NodeList{}
+	if err := r.Reader.List(ctx, list); err != nil {
+		return nil, err
+	}
+	var out []nodeView
+	for i := range list.Items {
+		n := &list.Items[i]
+		driver := drivers[n.Name]
+		_, labelled := n.Labels[gpuv1alpha1.LabelUpgradeState]
+		if !labelled && driver == nil && n.Labels[gpuv1alpha1.LabelPresent] != "true" && n.Annotations[gpuv1alpha1.AnnotationClaim] == "" {
+			continue
+		}
+		v := nodeView{node: n, driver: driver}
+		if driver != nil {
+			if ref := metav1.GetControllerOf(driver); ref != nil && ref.Kind == "DaemonSet" {
+				v.target = templates[ref.Name]
+			}
+		}
+		out = append(out, v)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].node.Name < out[j].node.Name })
+	return out, nil
 }
 
 // driverPods are the driver pods by node, not being deleted.
@@ -165,86 +281,49 @@ func (r *Reconciler) driverPods(ctx context.Context) (map[string]*corev1.Pod, er
 	return out, nil
 }
 
-// advance observes one node as the API server has it (and its pods when
-// its state reads them), computes its transition and executes it.
-func (r *Reconciler) advance(ctx context.Context, name string, driver *corev1.Pod, t target) error {
-	node := &corev1.Node{}
-	if err := r.Reader.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
-		return client.IgnoreNotFound(err)
+// step advances each work item's node on its own: an error is collected,
+// and a conflict (the node changed since it was read) retried next pass.
+func (r *Reconciler) step(ctx context.Context, obs observed, claim string, todo []work) (retry bool, errs []error) {
+	byName := map[string]nodeView{}
+	for _, v := range obs.nodes {
+		byName[v.node.Name] = v
 	}
+	t := target{claim: claim, namespace: r.Namespace, release: obs.release}
+	if obs.cp != nil {
+		t.policy = obs.cp.Spec.Driver.UpgradePolicy
+	}
+	for _, w := range todo {
+		v := byName[w.node]
+		t.start, t.template = w.start, v.template()
+		err := r.advance(ctx, v, t)
+		switch {
+		case apierrors.IsConflict(err):
+			retry = true
+		case err != nil:
+			errs = append(errs, fmt.Errorf("node %s: %w", w.node, err))
+		}
+	}
+	return retry, errs
+}
+
+// advance reads the node's pods when its state needs them, computes its
+// transition and executes it.
+func (r *Reconciler) advance(ctx context.Context, v nodeView, t target) error {
 	var pods []corev1.Pod
-	if needsPods(node.Labels[gpuv1alpha1.LabelUpgradeState]) {
+	from := v.node.Labels[gpuv1alpha1.LabelUpgradeState]
+	if needsPods(from) && !t.release {
 		list := &corev1.PodList{}
-		if err := r.Reader.List(ctx, list, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("spec.nodeName", name)}); err != nil {
+		if err := r.Reader.List(ctx, list, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("spec.nodeName", v.node.Name)}); err != nil {
 			return err
 		}
 		pods = list.Items
 	}
-	from := node.Labels[gpuv1alpha1.LabelUpgradeState]
-	state, actions := next(node, driver, pods, t, r.Now())
-	if err := r.execute(ctx, name, actions); err != nil {
+	state, actions := next(v.node, v.driver, pods, t, r.Now())
+	if err := r.execute(ctx, v.node, actions); err != nil {
 		return err
 	}
-	if state != from {
-		log.FromContext(ctx).Info("driver upgrade", "node", name, "from", from, "to", state)
-	}
-	return nil
-}
-
-// execute carries out next's actions: evictions and the driver pod delete
-// in order, then the node's own changes (cordon, state, annotations) in
-// one merge patch. spec.unschedulable and the upgrade label are shared with
-// people and other tools, so Loom does not take server-side apply
-// ownership of them.
-func (r *Reconciler) execute(ctx context.Context, node string, actions []action) error {
-	spec, meta := map[string]any{}, map[string]any{}
-	why := "node state"
-	for _, a := range actions {
-		switch a.kind {
-		case cordon, uncordon:
-			spec["unschedulable"] = a.kind == cordon
-		case setState:
-			why = "to " + a.state
-			meta["labels"] = map[string]string{gpuv1alpha1.LabelUpgradeState: a.state}
-			meta["annotations"] = a.annotations
-		case evict:
-			if err := r.evict(ctx, a.pods); err != nil {
-				return err
-			}
-		case deleteDriver:
-			for _, p := range a.pods {
-				if err := r.w.Delete(ctx, p, "its driver template is outdated"); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	patch := map[string]any{}
-	if len(spec) > 0 {
-		patch["spec"] = spec
-	}
-	if len(meta) > 0 {
-		patch["metadata"] = meta
-	}
-	if len(patch) == 0 {
-		return nil
-	}
-	b, err := json.Marshal(patch)
-	if err != nil {
-		return err
-	}
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}
-	return r.w.Patch(ctx, n, client.RawPatch(types.MergePatchType, b), "driver upgrade: "+why)
-}
-
-// evict evicts pods through the eviction API: a pod already gone, or one a
-// disruption budget holds (429), is not an error; the next pass sees it.
-func (r *Reconciler) evict(ctx context.Context, pods []*corev1.Pod) error {
-	for _, p := range pods {
-		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
-		if err := r.SubResource("eviction").Create(ctx, p, ev); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsTooManyRequests(err) {
-			return fmt.Errorf("evicting %s/%s: %w", p.Namespace, p.Name, err)
-		}
+	if state != from || len(actions) > 0 && t.release {
+		log.FromContext(ctx).Info("driver upgrade", "node", v.node.Name, "from", from, "to", state, "release", t.release)
 	}
 	return nil
 }

@@ -2,95 +2,167 @@ package driverupgrade
 
 import (
 	"context"
-	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
-	"github.com/loom-dev/loom/internal/manager"
 )
 
-// The reconciler executes next's actions against the API (a fake client,
-// no API server) and a fake clock: one node goes through every state, its
-// GPU pod is evicted, its driver pod replaced, and it ends schedulable.
-func TestReconcileUpgradesANode(t *testing.T) {
-	ctx := context.Background()
-	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default", UID: "cp-uid"}}
-	cp.Spec.Driver.UpgradePolicy = gpuv1alpha1.DriverUpgradePolicy{PodDeletion: &gpuv1alpha1.PodDeletionSpec{Force: true, TimeoutSeconds: 300}}
-	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: "loom-driver", Generation: 2,
-		OwnerReferences: []metav1.OwnerReference{{APIVersion: gpuv1alpha1.GroupVersion.String(), Kind: "ClusterPolicy", Name: "default", UID: "cp-uid", Controller: ptr.To(true)}}}}
-	ds.Spec.Template.Annotations = map[string]string{gpuv1alpha1.AnnotationTemplateHash: wanted}
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-0", Labels: map[string]string{gpuv1alpha1.LabelPresent: "true"}}}
-	workload := pod("training", gpus)
-	workload.Spec.NodeName = "gpu-0"
-	c := fake.NewClientBuilder().WithScheme(manager.Scheme()).
-		WithObjects(cp, ds, n, &workload, scheduledDriver("old-template")).
-		WithIndex(&corev1.Pod{}, "spec.nodeName", func(o client.Object) []string { return []string{o.(*corev1.Pod).Spec.NodeName} }).
-		Build()
-	clock := t0
-	r := New(c, c, loomNS)
-	r.Now = func() time.Time { return clock }
-
-	var states []string
-	for range 20 {
-		res, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(ds)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		playDaemonSetController(t, c)
-		got := &corev1.Node{}
-		if err := c.Get(ctx, client.ObjectKeyFromObject(n), got); err != nil {
-			t.Fatal(err)
-		}
-		if s := got.Labels[gpuv1alpha1.LabelUpgradeState]; len(states) == 0 || states[len(states)-1] != s {
-			states = append(states, s)
-		}
-		if states[len(states)-1] == gpuv1alpha1.UpgradeDone {
-			if got.Spec.Unschedulable || len(got.Annotations) != 0 {
-				t.Errorf("done: unschedulable %v, annotations %v", got.Spec.Unschedulable, got.Annotations)
-			}
-			if res, err = r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(ds)}); err != nil || res.RequeueAfter != 0 {
-				t.Errorf("after the upgrade: requeue %s, %v", res.RequeueAfter, err)
-			}
-			break
-		}
-		clock = clock.Add(time.Second)
-	}
-	want := []string{gpuv1alpha1.UpgradeRequired, gpuv1alpha1.WaitForJobsRequired, gpuv1alpha1.PodDeletionRequired, gpuv1alpha1.DrainRequired,
-		gpuv1alpha1.PodRestartRequired, gpuv1alpha1.ValidationRequired, gpuv1alpha1.UncordonRequired, gpuv1alpha1.UpgradeDone}
-	if !slices.Equal(states, want) {
-		t.Errorf("states %v\nwant %v", states, want)
-	}
-	if err := c.Get(ctx, client.ObjectKeyFromObject(&workload), &corev1.Pod{}); !apierrors.IsNotFound(err) {
-		t.Errorf("the GPU pod was not evicted (%v)", err)
-	}
-}
-
-func scheduledDriver(template string) *corev1.Pod {
-	p := driverPod(template, true)
-	p.Labels = map[string]string{"app.kubernetes.io/managed-by": "loom", gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver}
-	p.Spec.NodeName = "gpu-0"
-	return p
-}
-
-// playDaemonSetController replaces a deleted driver pod with one of the
-// wanted template (envtest and the fake client run no controllers).
-func playDaemonSetController(t *testing.T, c client.Client) {
+// envNode creates a Ready node with labels on the API server.
+func envNode(t *testing.T, name string, unschedulable bool, labels map[string]string) *corev1.Node {
 	t.Helper()
-	err := c.Get(context.Background(), client.ObjectKey{Namespace: loomNS, Name: "loom-driver-x"}, &corev1.Pod{})
-	if apierrors.IsNotFound(err) {
-		err = c.Create(context.Background(), scheduledDriver(wanted))
-	}
-	if err != nil {
+	ctx := context.Background()
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+	n.Spec.Unschedulable = unschedulable
+	if err := env.Client.Create(ctx, n); err != nil {
 		t.Fatal(err)
+	}
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	if err := env.Client.Status().Update(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), n) })
+	return n
+}
+
+func getNode(t *testing.T, name string) *corev1.Node {
+	t.Helper()
+	n := &corev1.Node{}
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Name: name}, n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// The claim, first state and cordon are one patch conditional on the
+// node as it was read: a node changed since gets none of them.
+func TestClaimPatchConflict(t *testing.T) {
+	ctx := context.Background()
+	read := envNode(t, "claim-conflict", false, map[string]string{gpuv1alpha1.LabelPresent: "true"})
+	read = getNode(t, read.Name)
+	changed := read.DeepCopy()
+	changed.Labels["someone"] = "else"
+	if err := env.Client.Update(ctx, changed); err != nil {
+		t.Fatal(err)
+	}
+	r := New(env.Client, env.Client, loomNS)
+	_, acts := next(read, driverPod("old-template", true), nil, target{claim: policy, template: wanted, start: true}, t0)
+	if err := r.execute(ctx, read, acts); !apierrors.IsConflict(err) {
+		t.Fatalf("execute on a stale read: %v, want a conflict", err)
+	}
+	got := getNode(t, read.Name)
+	if got.Spec.Unschedulable || got.Annotations[gpuv1alpha1.AnnotationClaim] != "" || got.Labels[gpuv1alpha1.LabelUpgradeState] != "" {
+		t.Errorf("after the conflict: unschedulable %v, labels %v, annotations %v", got.Spec.Unschedulable, got.Labels, got.Annotations)
+	}
+	_, acts = next(got, driverPod("old-template", true), nil, target{claim: policy, template: wanted, start: true}, t0)
+	if err := r.execute(ctx, got, acts); err != nil {
+		t.Fatal(err)
+	}
+	if got = getNode(t, read.Name); !got.Spec.Unschedulable || got.Annotations[gpuv1alpha1.AnnotationClaim] != policy ||
+		got.Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.UpgradeRequired || !managesUnschedulable(got.ManagedFields, FieldOwner) {
+		t.Errorf("after a fresh read: unschedulable %v, labels %v, annotations %v", got.Spec.Unschedulable, got.Labels, got.Annotations)
+	}
+}
+
+// A pass against the API server: a node with GPU Operator's leftover label
+// is neither claimed nor cordoned nor counted, and is named in the
+// DriverUpgrade condition; a node whose presence label went is still
+// stepped; deleting the policy mid-upgrade uncordons the nodes Loom
+// cordoned and removes its label and annotations, leaving a user's cordon.
+func TestReconcileClaimsAndReleases(t *testing.T) {
+	ctx := context.Background()
+	if err := env.CreateNamespace(ctx, loomNS); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: policy}}
+	cp.Spec.Driver.UpgradePolicy = gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](0), MaxUnavailable: ptr.To(intstr.FromInt32(10))}
+	if err := env.Client.Create(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: "loom-driver-ubuntu22.04",
+		Labels:          map[string]string{gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver, "app.kubernetes.io/managed-by": "loom"},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: gpuv1alpha1.GroupVersion.String(), Kind: "ClusterPolicy", Name: cp.Name, UID: cp.UID, Controller: ptr.To(true)}}}}
+	ds.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": "driver"}}
+	ds.Spec.Template.Labels = map[string]string{"app": "driver"}
+	ds.Spec.Template.Annotations = map[string]string{gpuv1alpha1.AnnotationTemplateHash: wanted}
+	ds.Spec.Template.Spec.Containers = []corev1.Container{{Name: "driver", Image: "driver"}}
+	if err := env.Client.Create(ctx, ds); err != nil {
+		t.Fatal(err)
+	}
+	present := map[string]string{gpuv1alpha1.LabelPresent: "true"}
+	envNode(t, "mine", false, present)
+	envNode(t, "users", true, present)
+	envNode(t, "gone-label", false, nil) // a driver pod, no presence label
+	envNode(t, "operators", true, map[string]string{gpuv1alpha1.LabelPresent: "true", gpuv1alpha1.LabelUpgradeState: gpuv1alpha1.DrainRequired})
+	for _, n := range []string{"mine", "users", "gone-label", "operators"} {
+		p := driverPod("old-template", true)
+		p.Name = "loom-driver-" + n
+		p.Labels = map[string]string{"app.kubernetes.io/managed-by": "loom", gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver, "app": "driver"}
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds.Name, UID: ds.UID, Controller: ptr.To(true)}}
+		p.Spec.NodeName = n
+		p.Spec.Containers = []corev1.Container{{Name: "driver", Image: "driver"}}
+		if err := env.Client.Create(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := New(env.Client, env.Client, loomNS)
+	r.Now = func() time.Time { return t0 }
+	req := ctrl.Request{NamespacedName: client.ObjectKey{Name: cp.Name}}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	for name, cordoned := range map[string]bool{"mine": true, "users": true, "gone-label": true} {
+		n := getNode(t, name)
+		if n.Annotations[gpuv1alpha1.AnnotationClaim] != policy || n.Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.UpgradeRequired || n.Spec.Unschedulable != cordoned {
+			t.Errorf("%s: labels %v, annotations %v, unschedulable %v", name, n.Labels, n.Annotations, n.Spec.Unschedulable)
+		}
+		if len(n.ManagedFields) > 0 && !managesUnschedulable(n.ManagedFields, FieldOwner) && name != "users" {
+			t.Errorf("%s: Loom does not manage its cordon: %v", name, n.ManagedFields)
+		}
+	}
+	if n := getNode(t, "operators"); n.Annotations[gpuv1alpha1.AnnotationClaim] != "" || n.Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.DrainRequired {
+		t.Errorf("the foreign node was touched: %v %v", n.Labels, n.Annotations)
+	}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
+		t.Fatal(err)
+	}
+	c := meta.FindStatusCondition(cp.Status.Conditions, gpuv1alpha1.ConditionDriverUpgrade)
+	if c == nil || c.Reason != gpuv1alpha1.ReasonUpgradeInProgress || !strings.Contains(c.Message, "ignored: 1 nodes carry") || !strings.HasSuffix(c.Message, ": operators") {
+		t.Errorf("condition %+v", c)
+	}
+
+	if err := env.Client.Delete(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	for name, cordoned := range map[string]bool{"mine": false, "users": true, "gone-label": false, "operators": true} {
+		n := getNode(t, name)
+		var left []string
+		for k := range n.Annotations {
+			if strings.HasPrefix(k, upgradeAnnotationPrefix) {
+				left = append(left, k)
+			}
+		}
+		wantState := ""
+		if name == "operators" {
+			wantState = gpuv1alpha1.DrainRequired
+		}
+		if n.Spec.Unschedulable != cordoned || len(left) > 0 || n.Labels[gpuv1alpha1.LabelUpgradeState] != wantState {
+			t.Errorf("after the policy's deletion, %s: unschedulable %v (want %v), state %q, annotations %v", name, n.Spec.Unschedulable, cordoned,
+				n.Labels[gpuv1alpha1.LabelUpgradeState], left)
+		}
 	}
 }

@@ -93,6 +93,14 @@ func FuzzNext(f *testing.F) {
 		elapsed int64, fleet []byte, parallel int32, unavailable string) {
 		now := t0.Add(time.Duration(elapsed))
 		n := node(fuzzStates[int(state)%len(fuzzStates)], unschedulable)
+		switch len(podBytes) % 4 {
+		case 1: // a foreign label
+			delete(n.Annotations, gpuv1alpha1.AnnotationClaim)
+		case 2: // a cordon someone else wrote
+			cordonedBy("kubectl")(n)
+		case 3: // a claim without a label
+			n.Annotations[gpuv1alpha1.AnnotationClaim] = policy
+		}
 		delete(n.Annotations, gpuv1alpha1.AnnotationPhaseStarted)
 		for k, v := range map[string]string{gpuv1alpha1.AnnotationWasCordoned: wasCordoned, gpuv1alpha1.AnnotationUpgradeStarted: started,
 			gpuv1alpha1.AnnotationPhaseStarted: phase, gpuv1alpha1.AnnotationFailure: failure, gpuv1alpha1.AnnotationFailedTemplate: failedTemplate} {
@@ -111,7 +119,7 @@ func FuzzNext(f *testing.F) {
 			AutoUpgrade:       ptr.To(flags&32 == 0),
 		}
 		pods := fuzzPods(podBytes, "drain", now)
-		checkNext(t, n, driver, pods, target{policy: p, template: wanted, namespace: loomNS, start: flags&0x20 != 0}, now)
+		checkNext(t, n, driver, pods, target{policy: p, claim: policy, template: wanted, namespace: loomNS, start: flags&0x20 != 0, release: elapsed%7 == 0}, now)
 
 		p.MaxParallelUpgrades = &parallel
 		if u := intstr.Parse(unavailable); unavailable != "" {
@@ -130,8 +138,15 @@ func checkNext(t *testing.T, n *corev1.Node, driver *corev1.Pod, pods []corev1.P
 	if !equalNodes(before, n) || fmt.Sprint(pods) != podsBefore {
 		t.Fatal("next changed its input")
 	}
-	if !gpuv1alpha1.KnownUpgradeState(from) && (state != from || len(acts) != 0) {
+	claimed := n.Annotations[gpuv1alpha1.AnnotationClaim] == policy
+	if !gpuv1alpha1.KnownUpgradeState(from) && (state != from || (len(acts) != 0 && !tg.release)) {
 		t.Fatalf("a node in unknown state %q: moved to %q with %v", from, state, show(acts, now))
+	}
+	if !claimed && from != "" && from != gpuv1alpha1.UpgradeDone && (state != from || len(acts) != 0) {
+		t.Fatalf("a node in state %q without Loom's claim: moved to %q with %v", from, state, show(acts, now))
+	}
+	if tg.release && (len(acts) != 0) != claimed {
+		t.Fatalf("release of a node (claimed %v): %v", claimed, show(acts, now))
 	}
 	if !gpuv1alpha1.KnownUpgradeState(state) && state != from {
 		t.Fatalf("moved to unknown state %q", state)
@@ -151,11 +166,14 @@ func checkNext(t *testing.T, n *corev1.Node, driver *corev1.Pod, pods []corev1.P
 			}
 		case cordon:
 			cordons++
+			if a := acts[len(acts)-1]; a.kind != setState || a.annotations[gpuv1alpha1.AnnotationClaim] == nil || n.Spec.Unschedulable {
+				t.Fatalf("cordons without the claim in the same patch, or a cordoned node: %v", show(acts, now))
+			}
 		case uncordon:
 			uncordons++
 			_, was := n.Annotations[gpuv1alpha1.AnnotationWasCordoned]
 			_, began := n.Annotations[gpuv1alpha1.AnnotationUpgradeStarted]
-			if was || !began {
+			if was || !began || !claimed || !n.Spec.Unschedulable || (len(n.ManagedFields) > 0 && !managesUnschedulable(n.ManagedFields, FieldOwner)) {
 				t.Fatalf("uncordons a node Loom did not cordon: %v", n.Annotations)
 			}
 		case evict:
@@ -168,7 +186,7 @@ func checkNext(t *testing.T, n *corev1.Node, driver *corev1.Pod, pods []corev1.P
 			}
 		}
 	}
-	if (state != from) != (sets == 1) || sets > 1 || cordons+uncordons > 1 {
+	if (state != from && sets != 1) || sets > 1 || cordons+uncordons > 1 {
 		t.Fatalf("%q -> %q with actions %v", from, state, show(acts, now))
 	}
 }
@@ -190,62 +208,67 @@ func checkEvictable(t *testing.T, p *corev1.Pod, pods []corev1.Pod, tg target) {
 
 // checkPlan builds a fleet from bytes (per node: its state, whether its
 // driver is outdated, ready, missing, and whether it failed on the wanted
-// template) and holds plan to the budget.
+// template; by position, whether it carries the claim, is cordoned by
+// someone else or NotReady) and holds plan to the budget.
 func checkPlan(t *testing.T, fleet []byte, p gpuv1alpha1.DriverUpgradePolicy) {
 	t.Helper()
-	var nodes []metav1.PartialObjectMetadata
-	drivers := map[string]*corev1.Pod{}
+	var nodes []nodeView
 	inProgress, unavailable := 0, 0
 	for i, b := range fleet {
 		if i == 64 {
 			break
 		}
-		name := fmt.Sprintf("n%02d", i)
 		state := fuzzStates[int(b&0x0f)%len(fuzzStates)]
-		var ann []string
+		v := nodeView{node: readyNode(fmt.Sprintf("n%02d", i), state)}
 		if b&0x10 != 0 {
-			ann = []string{gpuv1alpha1.AnnotationFailedTemplate, wanted}
+			v.node.Annotations[gpuv1alpha1.AnnotationFailedTemplate] = wanted
 		}
-		nodes = append(nodes, gpuNode(name, state, ann...))
+		if i%5 == 4 {
+			delete(v.node.Annotations, gpuv1alpha1.AnnotationClaim)
+		}
+		v.node.Spec.Unschedulable = i%7 == 3
+		if i%11 == 5 {
+			v.node.Status.Conditions = nil
+		}
 		if b&0x20 == 0 {
 			tmpl := wanted
 			if b&0x40 != 0 {
 				tmpl = "old-template"
 			}
-			drivers[name] = driverPod(tmpl, b&0x80 != 0)
+			v.driver, v.target = driverPod(tmpl, b&0x80 != 0), wanted
 		}
-		switch {
-		case state == "" || state == gpuv1alpha1.UpgradeDone:
-		case state == gpuv1alpha1.UpgradeFailed || !gpuv1alpha1.KnownUpgradeState(state):
-			unavailable++
-		default:
+		k, _ := classify(v.node, policy)
+		if k == upgrading {
 			inProgress++
 		}
+		if k == upgrading || !available(v.node) {
+			unavailable++
+		}
+		nodes = append(nodes, v)
 	}
-	todo, _, err := plan(nodes, drivers, p, wanted)
+	pl := plan(nodes, p, policy, false)
 	started, seen := 0, map[string]bool{}
-	for _, w := range todo {
-		i := slices.IndexFunc(nodes, func(n metav1.PartialObjectMetadata) bool { return n.Name == w.node })
+	for _, w := range pl.todo {
+		i := slices.IndexFunc(nodes, func(v nodeView) bool { return v.node.Name == w.node })
 		if i < 0 || seen[w.node] {
-			t.Fatalf("plan advances %s: unknown or twice (%v)", w.node, todo)
+			t.Fatalf("plan advances %s: unknown or twice (%v)", w.node, pl.todo)
 		}
 		seen[w.node] = true
-		s := nodes[i].Labels[gpuv1alpha1.LabelUpgradeState]
-		if !gpuv1alpha1.KnownUpgradeState(s) {
-			t.Fatalf("plan advances %s in unknown state %q", w.node, s)
+		if k, _ := classify(nodes[i].node, policy); k == ignored {
+			t.Fatalf("plan advances %s, which it ignores (%v)", w.node, nodes[i].node.Labels)
 		}
 		if w.start {
 			started++
-			if s != "" && s != gpuv1alpha1.UpgradeDone && s != gpuv1alpha1.UpgradeFailed {
-				t.Fatalf("plan starts %s, already upgrading (%s)", w.node, s)
+			if k, _ := classify(nodes[i].node, policy); k != idle && k != failed {
+				t.Fatalf("plan starts %s, already upgrading", w.node)
 			}
 		}
 	}
 	if started == 0 {
 		return
 	}
-	if err != nil {
-		t.Fatalf("plan starts %d nodes with an invalid policy: %v", started, err)
+	if pl.invalid != nil || pl.summary.paused {
+		t.Fatalf("plan starts %d nodes with an invalid policy or paused: %v", started, pl.invalid)
 	}
 	if n := p.Parallel(); n > 0 && inProgress+started > int(n) {
 		t.Fatalf("%d upgrading + %d started > maxParallelUpgrades %d", inProgress, started, n)
@@ -256,8 +279,8 @@ func checkPlan(t *testing.T, fleet []byte, p gpuv1alpha1.DriverUpgradePolicy) {
 			limit = max(u, 1)
 		}
 	}
-	if p.MaxUnavailable != nil && inProgress+unavailable+started > limit {
-		t.Fatalf("%d upgrading + %d failed + %d started > maxUnavailable %v (%d of %d nodes)", inProgress, unavailable, started, p.MaxUnavailable, limit, len(nodes))
+	if p.MaxUnavailable != nil && unavailable+started > limit {
+		t.Fatalf("%d unavailable + %d started > maxUnavailable %v (%d of %d nodes)", unavailable, started, p.MaxUnavailable, limit, len(nodes))
 	}
 	if inProgress+started > len(nodes) {
 		t.Fatalf("%d upgrading + %d started on %d nodes", inProgress, started, len(nodes))

@@ -4,11 +4,29 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 )
+
+// nodeView is one node of the driver upgrade's set as a pass observed it.
+type nodeView struct {
+	node *corev1.Node
+	// driver is the node's driver pod (nil: none).
+	driver *corev1.Pod
+	// target is the pod template hash of the driver DaemonSet that owns
+	// the driver pod ("" when there is none, or it is not the policy's).
+	target string
+}
+
+// template is the driver template the node's upgrade aims at: its
+// DaemonSet's, or without one the template its upgrade began for.
+func (v nodeView) template() string {
+	if v.target != "" {
+		return v.target
+	}
+	return v.node.Annotations[gpuv1alpha1.AnnotationTarget]
+}
 
 // work is one node a pass advances: start says the budget lets it begin
 // (or retry) its upgrade.
@@ -17,64 +35,159 @@ type work struct {
 	start bool
 }
 
-// plan picks the nodes a pass advances, a pure function of the GPU nodes
-// (sorted by name), their driver pods by node, the policy and the wanted
-// driver template: every node in progress, every failed node whose wanted
-// driver runs ready after all, and as many outdated nodes (done, never
-// upgraded, or failed on another template) as UpgradeBudget allows. A node
-// in a state Loom does not know (a label set by hand) is left alone and
-// counts as unavailable, like a failed one. A policy Validate rejects
-// starts nothing (the error says why). more says a later pass has work
-// left.
-func plan(nodes []metav1.PartialObjectMetadata, drivers map[string]*corev1.Pod, p gpuv1alpha1.DriverUpgradePolicy, template string) (todo []work, more bool, err error) {
-	var candidates []string
-	failed := 0
-	for _, n := range nodes {
-		pod := drivers[n.Name]
-		outdated := pod != nil && pod.Annotations[gpuv1alpha1.AnnotationTemplateHash] != template
-		switch n.Labels[gpuv1alpha1.LabelUpgradeState] {
-		case "", gpuv1alpha1.UpgradeDone:
+// planned is what plan decides for a pass.
+type planned struct {
+	todo []work
+	// more says a later pass has work left.
+	more bool
+	// invalid says why no node starts: the policy is one the API server
+	// would now reject.
+	invalid error
+	// acknowledge are the failed nodes a resume lets the rollout go past;
+	// resumed says the resume annotation was acted on (and is removed).
+	acknowledge []string
+	resumed     bool
+	summary     summary
+}
+
+// kind sorts a node of the set for the planner.
+type kind int
+
+const (
+	// idle: not in an upgrade (never upgraded, or upgrade-done).
+	idle kind = iota
+	// upgrading: claimed, in one of the steps.
+	upgrading
+	// failed: claimed, upgrade-failed.
+	failed
+	// ignored: a state Loom does not step (another's, or unknown).
+	ignored
+)
+
+// classify sorts a node: a state label without the policy's claim, or a
+// value Loom does not know, is ignored (a foreign upgrade-done is idle:
+// nothing is in flight on it). A claimed node whose label a person removed
+// counts as upgrading until the pass lets go of it.
+func classify(n *corev1.Node, claim string) (kind, string) {
+	state := n.Labels[gpuv1alpha1.LabelUpgradeState]
+	mine := n.Annotations[gpuv1alpha1.AnnotationClaim] == claim
+	switch {
+	case !gpuv1alpha1.KnownUpgradeState(state):
+		return ignored, fmt.Sprintf("%s (unknown state %q)", n.Name, state)
+	case state == gpuv1alpha1.UpgradeDone || (state == "" && !mine):
+		return idle, ""
+	case !mine:
+		return ignored, n.Name
+	case state == "":
+		return upgrading, ""
+	case state == gpuv1alpha1.UpgradeFailed:
+		return failed, ""
+	}
+	return upgrading, ""
+}
+
+// plan picks the nodes a pass advances, a pure function of the node set
+// (sorted by name), the policy, its name (the claim) and whether the
+// policy carries the resume annotation: every node Loom claimed and is
+// upgrading, every failed one whose wanted driver runs ready after all,
+// and as many outdated nodes (idle, or failed on another template) as
+// UpgradeBudget allows, unless maxFailures paused the rollout. Ignored
+// nodes are neither advanced nor started. A policy Validate rejects
+// starts nothing (invalid says why).
+func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, resume bool) planned {
+	var out planned
+	var candidates, failures []string
+	inProgress, unavailable := 0, 0
+	for _, v := range nodes {
+		k, why := classify(v.node, claim)
+		out.summary.add(v, k, why)
+		if k == upgrading {
+			inProgress++
+		}
+		if k == upgrading || !available(v.node) {
+			unavailable++
+		}
+		tmpl := v.template()
+		outdated := v.driver != nil && v.target != "" && v.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] != v.target
+		switch k {
+		case idle:
 			if outdated && p.AutoUpgradeEnabled() {
-				candidates = append(candidates, n.Name)
+				candidates = append(candidates, v.node.Name)
 			}
-		case gpuv1alpha1.UpgradeFailed:
-			// A failed node waits for a new driver version (or a person).
-			// It stays cordoned, so it counts against maxUnavailable.
-			failed++
+		case upgrading:
+			out.todo = append(out.todo, work{node: v.node.Name})
+		case failed:
+			failedOn := v.node.Annotations[gpuv1alpha1.AnnotationFailedTemplate]
 			switch {
-			case outdated && p.AutoUpgradeEnabled() && n.Annotations[gpuv1alpha1.AnnotationFailedTemplate] != template:
-				candidates = append(candidates, n.Name)
-			case runsWanted(pod, template):
-				todo = append(todo, work{node: n.Name})
+			case outdated && p.AutoUpgradeEnabled() && failedOn != tmpl:
+				candidates = append(candidates, v.node.Name)
+			case runsWanted(v.driver, tmpl):
+				out.todo = append(out.todo, work{node: v.node.Name})
 			}
-		default:
-			if !gpuv1alpha1.KnownUpgradeState(n.Labels[gpuv1alpha1.LabelUpgradeState]) {
-				failed++ // perhaps cordoned; never advanced nor started
-				continue
+			if failedOn == tmpl && v.node.Annotations[gpuv1alpha1.AnnotationFailureAcknowledged] == "" {
+				failures = append(failures, v.node.Name)
 			}
-			todo = append(todo, work{node: n.Name})
 		}
 	}
-	start := min(UpgradeBudget(p, len(nodes), len(todo), failed), len(candidates))
-	if len(candidates) > 0 {
+	if resume && len(failures) > 0 {
+		out.acknowledge, failures = failures, nil
+	}
+	out.resumed = resume
+	out.summary.paused = paused(p, len(failures))
+	start := min(UpgradeBudget(p, len(nodes), inProgress, unavailable), len(candidates))
+	switch {
+	case out.summary.paused:
+		start = 0
+	case len(candidates) > 0:
 		if err := validPolicy(p); err != nil {
 			// Starting would cordon node after node only to fail each one.
-			return nil, false, fmt.Errorf("not starting driver upgrades: %w", err)
+			out.invalid = fmt.Errorf("not starting driver upgrades: %w", err)
+			start = 0
 		}
 	}
 	for _, name := range candidates[:start] {
-		todo = append(todo, work{node: name, start: true})
+		out.todo = append(out.todo, work{node: name, start: true})
 	}
-	return todo, len(todo) > 0 || len(candidates) > start, nil
+	out.summary.waiting, out.summary.inProgress = len(candidates)-start, out.summary.inProgress+start
+	out.more = len(out.todo) > 0 || len(candidates) > start
+	return out
+}
+
+// paused reports whether failures (nodes failed on the template they are
+// being upgraded to, not acknowledged by a resume) reach maxFailures
+// (default 1; 0 never pauses; a negative value, which the API server
+// rejects, counts as 1).
+func paused(p gpuv1alpha1.DriverUpgradePolicy, failures int) bool {
+	limit := 1
+	if p.MaxFailures != nil {
+		limit = int(*p.MaxFailures)
+		if limit < 0 {
+			limit = 1
+		}
+	}
+	return limit > 0 && failures >= limit
+}
+
+// available reports whether a node can run work: Ready and schedulable.
+func available(n *corev1.Node) bool {
+	if n.Spec.Unschedulable {
+		return false
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // UpgradeBudget is how many nodes may start upgrading now: maxParallelUpgrades
 // (0 = unlimited) minus those in progress, and maxUnavailable (a count, or a
-// percentage of the GPU nodes rounded up, at least 1) minus those in progress
-// and those failed (they stay cordoned): failures cannot cordon the fleet.
-// Values the API server rejects (a negative parallel count, a maxUnavailable
-// that is no count or percentage) count as 1.
-func UpgradeBudget(p gpuv1alpha1.DriverUpgradePolicy, gpuNodes, inProgress, failed int) int {
+// percentage of the GPU nodes rounded up, at least 1) minus the GPU nodes
+// unavailable: every one NotReady or unschedulable, Loom's or not, and every
+// one upgrading. Values the API server rejects (a negative parallel count, a
+// maxUnavailable that is no count or percentage) count as 1.
+func UpgradeBudget(p gpuv1alpha1.DriverUpgradePolicy, gpuNodes, inProgress, unavailable int) int {
 	budget := gpuNodes - inProgress
 	switch n := p.Parallel(); {
 	case n > 0:
@@ -87,7 +200,7 @@ func UpgradeBudget(p gpuv1alpha1.DriverUpgradePolicy, gpuNodes, inProgress, fail
 		if err != nil {
 			u = 1
 		}
-		budget = min(budget, max(u, 1)-inProgress-failed)
+		budget = min(budget, max(u, 1)-unavailable)
 	}
 	return max(budget, 0)
 }

@@ -1,6 +1,7 @@
 package driverupgrade
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -16,16 +17,17 @@ func TestUpgradeBudget(t *testing.T) {
 	pct := func(s string) *intstr.IntOrString { v := intstr.FromString(s); return &v }
 	n := func(i int) *intstr.IntOrString { v := intstr.FromInt32(int32(i)); return &v }
 	tests := []struct {
-		parallel                  *int32
-		unavailable               *intstr.IntOrString
-		nodes, inProgress, failed int
-		want                      int
+		parallel                *int32
+		unavailable             *intstr.IntOrString
+		nodes, inProgress, down int
+		want                    int
 	}{
 		{nil, pct("25%"), 8, 0, 0, 1},              // defaults: one at a time
 		{ptr.To[int32](2), pct("50%"), 6, 0, 0, 2}, // parallel bound
-		{ptr.To[int32](2), pct("50%"), 6, 1, 0, 1},
+		{ptr.To[int32](2), pct("50%"), 6, 1, 1, 1},
 		{ptr.To[int32](0), pct("25%"), 10, 0, 0, 3}, // unlimited parallel, 25% of 10 rounds up to 3
-		{ptr.To[int32](0), n(4), 10, 4, 0, 0},
+		{ptr.To[int32](0), n(4), 10, 4, 4, 0},
+		{ptr.To[int32](0), n(4), 10, 1, 3, 1},      // cordoned or NotReady nodes, Loom's or not, use unavailability
 		{ptr.To[int32](5), pct("0%"), 10, 0, 0, 1}, // never stall completely
 		{ptr.To[int32](2), nil, 1, 0, 0, 1},
 		{ptr.To[int32](2), pct("25%"), 8, 0, 1, 1}, // a failed, cordoned node uses unavailability
@@ -34,24 +36,43 @@ func TestUpgradeBudget(t *testing.T) {
 	}
 	for _, tt := range tests {
 		p := gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: tt.parallel, MaxUnavailable: tt.unavailable}
-		if got := UpgradeBudget(p, tt.nodes, tt.inProgress, tt.failed); got != tt.want {
-			t.Errorf("UpgradeBudget(parallel %v, unavailable %v, %d nodes, %d in progress, %d failed) = %d, want %d",
-				tt.parallel, tt.unavailable, tt.nodes, tt.inProgress, tt.failed, got, tt.want)
+		if got := UpgradeBudget(p, tt.nodes, tt.inProgress, tt.down); got != tt.want {
+			t.Errorf("UpgradeBudget(parallel %v, unavailable %v, %d nodes, %d in progress, %d unavailable) = %d, want %d",
+				tt.parallel, tt.unavailable, tt.nodes, tt.inProgress, tt.down, got, tt.want)
 		}
 	}
 }
 
-// gpuNode is a GPU node (as the cache has it) in state, with annotations
-// given as key, value pairs.
-func gpuNode(name, state string, ann ...string) metav1.PartialObjectMetadata {
-	n := metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{}, Annotations: map[string]string{}}}
-	if state != "" {
-		n.Labels[gpuv1alpha1.LabelUpgradeState] = state
-	}
-	for i := 0; i+1 < len(ann); i += 2 {
-		n.Annotations[ann[i]] = ann[i+1]
-	}
+// readyNode is a Ready, schedulable GPU node in state (claimed by the
+// policy when in one).
+func readyNode(name, state string) *corev1.Node {
+	n := node(state, false)
+	n.Name = name
+	delete(n.Annotations, gpuv1alpha1.AnnotationPhaseStarted)
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
 	return n
+}
+
+// gpuNode is a node of the set in state, its driver pod of template
+// driver ("" none, ready unless it ends in " starting"), with options.
+func gpuNode(name, state, driver string, opts ...func(*nodeView)) nodeView {
+	v := nodeView{node: readyNode(name, state), target: wanted}
+	if driver != "" {
+		tmpl, starting := strings.CutSuffix(driver, " starting")
+		v.driver = driverPod(tmpl, !starting)
+	}
+	for _, o := range opts {
+		o(&v)
+	}
+	return v
+}
+
+func ann(k, v string) func(*nodeView) { return func(n *nodeView) { n.node.Annotations[k] = v } }
+func foreign(n *nodeView)             { delete(n.node.Annotations, gpuv1alpha1.AnnotationClaim) }
+func cordoned(n *nodeView)            { n.node.Spec.Unschedulable = true }
+func notReady(n *nodeView)            { n.node.Status.Conditions[0].Status = corev1.ConditionFalse }
+func targets(t string) func(*nodeView) {
+	return func(n *nodeView) { n.target = t }
 }
 
 func showWork(todo []work) string {
@@ -67,65 +88,105 @@ func showWork(todo []work) string {
 }
 
 func TestPlan(t *testing.T) {
-	old, ready, starting := driverPod("old-template", true), driverPod(wanted, true), driverPod(wanted, false)
+	const old = "old-template"
 	one := gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](1)}
 	two := gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](2)}
+	all := gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](0)}
 	manual := gpuv1alpha1.DriverUpgradePolicy{AutoUpgrade: ptr.To(false)}
-	failedOn := func(tmpl string) []string { return []string{gpuv1alpha1.AnnotationFailedTemplate, tmpl} }
+	failures := func(n int32) gpuv1alpha1.DriverUpgradePolicy {
+		return gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](0), MaxFailures: &n}
+	}
+	failedOn := func(tmpl string) func(*nodeView) { return ann(gpuv1alpha1.AnnotationFailedTemplate, tmpl) }
+	acked := ann(gpuv1alpha1.AnnotationFailureAcknowledged, "true")
+	failed := gpuv1alpha1.UpgradeFailed
 	tests := []struct {
-		name    string
-		nodes   []metav1.PartialObjectMetadata
-		drivers map[string]*corev1.Pod
-		policy  gpuv1alpha1.DriverUpgradePolicy
-		want    string
-		more    bool
-		err     string
+		name   string
+		nodes  []nodeView
+		policy gpuv1alpha1.DriverUpgradePolicy
+		resume bool
+		want   string
+		more   bool
+		err    string
+		paused bool
+		ack    string
 	}{
-		{name: "all current", nodes: []metav1.PartialObjectMetadata{gpuNode("a", ""), gpuNode("b", gpuv1alpha1.UpgradeDone)},
-			drivers: map[string]*corev1.Pod{"a": ready, "b": ready}, policy: one},
-		{name: "one at a time", nodes: []metav1.PartialObjectMetadata{gpuNode("a", ""), gpuNode("b", ""), gpuNode("c", "")},
-			drivers: map[string]*corev1.Pod{"a": old, "b": old, "c": old}, policy: one, want: "start a", more: true},
-		{name: "in progress uses the budget", nodes: []metav1.PartialObjectMetadata{gpuNode("a", gpuv1alpha1.DrainRequired), gpuNode("b", ""), gpuNode("c", "")},
-			drivers: map[string]*corev1.Pod{"a": old, "b": old, "c": old}, policy: two, want: "a, start b", more: true},
-		{name: "no driver pod yet is not outdated", nodes: []metav1.PartialObjectMetadata{gpuNode("a", "")}, policy: one},
-		{name: "autoUpgrade off", nodes: []metav1.PartialObjectMetadata{gpuNode("a", ""), gpuNode("b", gpuv1alpha1.ValidationRequired)},
-			drivers: map[string]*corev1.Pod{"a": old, "b": starting}, policy: manual, want: "b", more: true},
-		{name: "failed on this template waits", nodes: []metav1.PartialObjectMetadata{gpuNode("a", gpuv1alpha1.UpgradeFailed, failedOn(wanted)...)},
-			drivers: map[string]*corev1.Pod{"a": old}, policy: two},
-		{name: "failed on an older template is retried", nodes: []metav1.PartialObjectMetadata{gpuNode("a", gpuv1alpha1.UpgradeFailed, failedOn("older")...)},
-			drivers: map[string]*corev1.Pod{"a": old}, policy: two, want: "start a", more: true},
-		{name: "failed, wanted driver ready: finishes", nodes: []metav1.PartialObjectMetadata{gpuNode("a", gpuv1alpha1.UpgradeFailed, failedOn(wanted)...)},
-			drivers: map[string]*corev1.Pod{"a": ready}, policy: two, want: "a", more: true},
-		{name: "failed nodes hold maxUnavailable", policy: gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](0), MaxUnavailable: ptr.To(intstr.FromInt32(1))},
-			nodes:   []metav1.PartialObjectMetadata{gpuNode("a", gpuv1alpha1.UpgradeFailed, failedOn(wanted)...), gpuNode("b", "")},
-			drivers: map[string]*corev1.Pod{"a": old, "b": old}, more: true},
-		{name: "bad selector starts nothing", nodes: []metav1.PartialObjectMetadata{gpuNode("a", gpuv1alpha1.DrainRequired), gpuNode("b", "")},
-			drivers: map[string]*corev1.Pod{"a": old, "b": old},
-			policy:  gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](2), Drain: &gpuv1alpha1.DrainSpec{PodSelector: "x in ("}},
-			err:     "not starting driver upgrades: drain.podSelector"},
-		{name: "bad selector, nothing to start", nodes: []metav1.PartialObjectMetadata{gpuNode("a", gpuv1alpha1.DrainRequired)},
-			drivers: map[string]*corev1.Pod{"a": old},
-			policy:  gpuv1alpha1.DriverUpgradePolicy{WaitForCompletion: &gpuv1alpha1.WaitForCompletionSpec{PodSelector: "x in ("}},
-			want:    "a", more: true},
+		{name: "all current", nodes: []nodeView{gpuNode("a", "", wanted), gpuNode("b", gpuv1alpha1.UpgradeDone, wanted)}, policy: one},
+		{name: "one at a time", nodes: []nodeView{gpuNode("a", "", old), gpuNode("b", "", old), gpuNode("c", "", old)}, policy: one, want: "start a", more: true},
+		{name: "in progress uses the budget", nodes: []nodeView{gpuNode("a", gpuv1alpha1.DrainRequired, old), gpuNode("b", "", old), gpuNode("c", "", old)},
+			policy: two, want: "a, start b", more: true},
+		{name: "no driver pod yet is not outdated", nodes: []nodeView{gpuNode("a", "", "")}, policy: one},
+		{name: "a driver pod of no DaemonSet of the policy is not outdated", nodes: []nodeView{gpuNode("a", "", old, targets(""))}, policy: one},
+		{name: "each node against its own DaemonSet's template", policy: all, want: "start b", more: true,
+			nodes: []nodeView{gpuNode("a", "", "rhel", targets("rhel")), gpuNode("b", "", "rhel", targets("ubuntu"))}},
+		{name: "autoUpgrade off", nodes: []nodeView{gpuNode("a", "", old), gpuNode("b", gpuv1alpha1.ValidationRequired, wanted+" starting")},
+			policy: manual, want: "b", more: true},
+
+		// Labels without Loom's claim are neither stepped nor counted.
+		{name: "foreign labels on five nodes start no five upgrades", policy: one, want: "start f", more: true,
+			nodes: []nodeView{gpuNode("a", gpuv1alpha1.DrainRequired, old, foreign), gpuNode("b", gpuv1alpha1.UpgradeRequired, old, foreign),
+				gpuNode("c", gpuv1alpha1.PodRestartRequired, old, foreign), gpuNode("d", gpuv1alpha1.ValidationRequired, old, foreign),
+				gpuNode("e", failed, old, foreign), gpuNode("f", "", old), gpuNode("g", "", old)}},
+		{name: "another policy's claim is foreign", policy: one, nodes: []nodeView{gpuNode("a", gpuv1alpha1.DrainRequired, old, ann(gpuv1alpha1.AnnotationClaim, "other"))}},
+		{name: "a foreign upgrade-done is idle", policy: one, want: "start a", more: true, nodes: []nodeView{gpuNode("a", gpuv1alpha1.UpgradeDone, old, foreign)}},
+		{name: "an unknown state is ignored", policy: one, want: "start b", more: true, nodes: []nodeView{gpuNode("a", "Upgrade-Done", old), gpuNode("b", "", old)}},
+		{name: "a claimed node whose label went is let go, in the budget", policy: one, want: "a", more: true,
+			nodes: []nodeView{gpuNode("a", "", old, ann(gpuv1alpha1.AnnotationClaim, policy)), gpuNode("b", "", old)}},
+
+		// maxUnavailable counts every unavailable GPU node, Loom's or not.
+		{name: "cordoned by someone else holds maxUnavailable", policy: gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](0), MaxUnavailable: ptr.To(intstr.FromInt32(2))},
+			nodes: []nodeView{gpuNode("a", "", wanted, cordoned), gpuNode("b", "", wanted, notReady), gpuNode("c", "", old)}, more: true},
+		{name: "a foreign-labelled cordoned node holds maxUnavailable", policy: gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](0), MaxUnavailable: ptr.To(intstr.FromInt32(2))},
+			nodes: []nodeView{gpuNode("a", gpuv1alpha1.DrainRequired, old, foreign, cordoned), gpuNode("b", "", old), gpuNode("c", "", old)}, want: "start b", more: true},
+		{name: "failed nodes hold maxUnavailable", policy: gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](0), MaxUnavailable: ptr.To(intstr.FromInt32(1)), MaxFailures: ptr.To[int32](0)},
+			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), cordoned), gpuNode("b", "", old)}, more: true},
+
+		// Failures: retried on a new template, paused at maxFailures.
+		{name: "failed on this template waits, and pauses", nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted)), gpuNode("b", "", old)}, policy: two,
+			paused: true, more: true},
+		{name: "failed on an older template is retried", nodes: []nodeView{gpuNode("a", failed, old, failedOn("older"))}, policy: two, want: "start a", more: true},
+		{name: "failed, wanted driver ready: finishes", nodes: []nodeView{gpuNode("a", failed, wanted, failedOn(wanted))}, policy: two, want: "a", more: true, paused: true},
+		{name: "maxFailures 2: one failure goes on", nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted)), gpuNode("b", "", old)}, policy: failures(2),
+			want: "start b", more: true},
+		{name: "maxFailures 2: two failures pause", policy: failures(2), paused: true, more: true,
+			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted)), gpuNode("b", failed, old, failedOn(wanted)), gpuNode("c", "", old)}},
+		{name: "maxFailures 0 never pauses", policy: failures(0), want: "start c", more: true,
+			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted)), gpuNode("b", failed, old, failedOn(wanted)), gpuNode("c", "", old)}},
+		{name: "paused, in-progress nodes still step", policy: failures(1), want: "b", paused: true, more: true,
+			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted)), gpuNode("b", gpuv1alpha1.DrainRequired, old), gpuNode("c", "", old)}},
+		{name: "a foreign failed node does not pause", policy: failures(1), want: "start b", more: true,
+			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), foreign), gpuNode("b", "", old)}},
+		{name: "resume acknowledges the failures and goes on", policy: failures(1), resume: true, want: "start c", more: true, ack: "a",
+			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted)), gpuNode("c", "", old)}},
+		{name: "acknowledged failures do not count", policy: failures(1), want: "start c", more: true,
+			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), acked), gpuNode("c", "", old)}},
+		{name: "a failure after the resume pauses again", policy: failures(1), paused: true, more: true,
+			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), acked), gpuNode("b", failed, old, failedOn(wanted)), gpuNode("c", "", old)}},
+
+		{name: "bad selector starts nothing", nodes: []nodeView{gpuNode("a", gpuv1alpha1.DrainRequired, old), gpuNode("b", "", old)},
+			policy: gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](2), Drain: &gpuv1alpha1.DrainSpec{PodSelector: "x in ("}},
+			want:   "a", more: true, err: "not starting driver upgrades: drain.podSelector"},
+		{name: "bad selector, nothing to start", nodes: []nodeView{gpuNode("a", gpuv1alpha1.DrainRequired, old)},
+			policy: gpuv1alpha1.DriverUpgradePolicy{WaitForCompletion: &gpuv1alpha1.WaitForCompletionSpec{PodSelector: "x in ("}},
+			want:   "a", more: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			todo, more, err := plan(tt.nodes, tt.drivers, tt.policy, wanted)
+			pl := plan(tt.nodes, tt.policy, policy, tt.resume)
+			err := pl.invalid
 			errOK := (err == nil && tt.err == "") || (err != nil && tt.err != "" && strings.Contains(err.Error(), tt.err))
-			if got := showWork(todo); got != tt.want || more != tt.more || !errOK {
-				t.Errorf("plan = %q, more %v, err %v; want %q, %v, %q", got, more, err, tt.want, tt.more, tt.err)
+			if got := showWork(pl.todo); got != tt.want || pl.more != tt.more || !errOK || pl.summary.paused != tt.paused ||
+				strings.Join(pl.acknowledge, ",") != tt.ack || pl.resumed != tt.resume {
+				t.Errorf("plan = %q, more %v, err %v, paused %v, ack %v; want %q, %v, %q, %v, %q",
+					got, pl.more, err, pl.summary.paused, pl.acknowledge, tt.want, tt.more, tt.err, tt.paused, tt.ack)
 			}
 		})
 	}
 }
 
 // A policy the API server would now reject (stored before its rule) starts
-// no node, and says which field is wrong; a node in a state Loom does not
-// know is left alone and holds maxUnavailable like a failed one.
+// no node, and says which field is wrong.
 func TestPlanRefusesInvalidPolicies(t *testing.T) {
-	old := driverPod("old-template", true)
-	nodes := []metav1.PartialObjectMetadata{gpuNode("a", ""), gpuNode("b", "")}
-	drivers := map[string]*corev1.Pod{"a": old, "b": old}
+	nodes := []nodeView{gpuNode("a", "", "old"), gpuNode("b", "", "old")}
 	zero, half := intstr.FromInt32(0), intstr.FromString("half")
 	for name, tt := range map[string]struct {
 		p   gpuv1alpha1.DriverUpgradePolicy
@@ -138,19 +199,39 @@ func TestPlanRefusesInvalidPolicies(t *testing.T) {
 		"negative drain timeout":  {gpuv1alpha1.DriverUpgradePolicy{Drain: &gpuv1alpha1.DrainSpec{TimeoutSeconds: -1}}, "drain.timeoutSeconds"},
 		"negative delete timeout": {gpuv1alpha1.DriverUpgradePolicy{PodDeletion: &gpuv1alpha1.PodDeletionSpec{TimeoutSeconds: -1}}, "podDeletion.timeoutSeconds"},
 	} {
-		todo, _, err := plan(nodes, drivers, tt.p, wanted)
-		if len(todo) != 0 || err == nil || !strings.Contains(err.Error(), "not starting driver upgrades: "+tt.err) {
-			t.Errorf("%s: plan = %q, %v; want nothing started and an error naming %s", name, showWork(todo), err, tt.err)
+		pl := plan(nodes, tt.p, policy, false)
+		if len(pl.todo) != 0 || pl.invalid == nil || !strings.Contains(pl.invalid.Error(), "not starting driver upgrades: "+tt.err) {
+			t.Errorf("%s: plan = %q, %v; want nothing started and an error naming %s", name, showWork(pl.todo), pl.invalid, tt.err)
 		}
 	}
-	one := ptr.To(intstr.FromInt32(1))
-	unknown := []metav1.PartialObjectMetadata{gpuNode("a", "Upgrade-Done"), gpuNode("b", "")}
-	todo, _, err := plan(unknown, drivers, gpuv1alpha1.DriverUpgradePolicy{MaxUnavailable: one}, wanted)
-	if len(todo) != 0 || err != nil {
-		t.Errorf("unknown state holding maxUnavailable 1: plan = %q, %v; want nothing", showWork(todo), err)
+}
+
+// The DriverUpgrade condition says how far the rollout is and names the
+// failed, blocked and ignored nodes.
+func TestCondition(t *testing.T) {
+	one := gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](1)}
+	nodes := []nodeView{
+		gpuNode("a", gpuv1alpha1.DrainRequired, "old", foreign), gpuNode("b", gpuv1alpha1.UpgradeRequired, "old", foreign),
+		gpuNode("c", "Upgrade-Done", "old"), gpuNode("d", gpuv1alpha1.PodDeletionRequired, "old", ann(gpuv1alpha1.AnnotationBlocked, "evicting x/y: forbidden")),
+		gpuNode("e", "", wanted), gpuNode("f", gpuv1alpha1.UpgradeFailed, "old", ann(gpuv1alpha1.AnnotationFailedTemplate, wanted)), gpuNode("g", "", "old"),
 	}
-	todo, _, err = plan(unknown, drivers, gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](1)}, wanted)
-	if showWork(todo) != "start b" || err != nil {
-		t.Errorf("unknown state: plan = %q, %v; want b started, a left alone", showWork(todo), err)
+	st, reason, msg := condition(plan(nodes, one, policy, false).summary, nil)
+	want := "paused: maxFailures reached, no node starts until a new driver version or the annotation gpu.loom.dev/driver-upgrade-resume on the ClusterPolicy; " +
+		"1 of 7 GPU nodes run the wanted driver; 1 upgrading; 1 waiting; failed (1): f (see annotation gpu.loom.dev/driver-upgrade-failure); " +
+		"blocked (1): d (evicting x/y: forbidden); ignored: 3 nodes carry nvidia.com/gpu-driver-upgrade-state without Loom's claim " +
+		"(gpu.loom.dev/driver-upgrade-claim) or with a value Loom does not know: a, b, c (unknown state \"Upgrade-Done\")"
+	if st != metav1.ConditionFalse || reason != gpuv1alpha1.ReasonUpgradePaused || msg != want {
+		t.Errorf("condition = %s %s %q\nwant False UpgradePaused %q", st, reason, msg, want)
+	}
+	st, reason, msg = condition(plan([]nodeView{gpuNode("e", "", wanted)}, one, policy, false).summary, nil)
+	if st != metav1.ConditionTrue || reason != gpuv1alpha1.ReasonUpgradeUpToDate || msg != "1 of 1 GPU nodes run the wanted driver" {
+		t.Errorf("up to date: %s %s %q", st, reason, msg)
+	}
+	var many []string
+	for i := range 25 {
+		many = append(many, fmt.Sprint(i))
+	}
+	if got := names(many); !strings.HasSuffix(got, "9 and 15 more") {
+		t.Errorf("names = %q", got)
 	}
 }

@@ -1,6 +1,7 @@
 package driverupgrade
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -51,22 +52,43 @@ type action struct {
 // target is what the rollout wants of one node.
 type target struct {
 	policy gpuv1alpha1.DriverUpgradePolicy
-	// template is the driver pod template hash the DaemonSet wants.
+	// claim is the ClusterPolicy's name, the value of the claim annotation
+	// on the nodes it enrolls.
+	claim string
+	// template is the pod template hash of the driver DaemonSet that owns
+	// the node's driver pod (or, without one, the template the node's
+	// upgrade is for).
 	template string
 	// namespace is Loom's: its operand pods are neither waited for nor
 	// evicted.
 	namespace string
 	// start: the budget lets this node begin (or retry) its upgrade.
 	start bool
+	// release: the policy is gone or its driver disabled; Loom lets go of
+	// the node (lifts its own cordon, removes its label and annotations).
+	release bool
 }
 
 // next is one node's transition, GPU Operator's state machine: from the
 // node's state (its label and annotations, as the API server has them),
 // its driver pod (nil: none), the pods on it and the clock, the state it
 // moves to (at most one step) and the actions that get it there. The waits
-// and timeouts of a state count from AnnotationPhaseStarted.
+// and timeouts of a state count from AnnotationPhaseStarted. Only a node
+// carrying t.claim is stepped; an unclaimed one only begins (when the
+// budget starts it) from no state or upgrade-done, and a node in a state
+// Loom does not know is never touched, claimed or not, except that a
+// release lets go of Loom's claim on it.
 func next(node *corev1.Node, driver *corev1.Pod, pods []corev1.Pod, t target, now time.Time) (string, []action) {
 	s := transition{node: node, driver: driver, pods: pods, t: t, now: now}
+	claimed := s.claimed()
+	switch {
+	case t.release || (claimed && s.state() == ""):
+		// A person removing the state label from a claimed node ends its
+		// upgrade there, as a release does.
+		return s.letGo()
+	case !claimed && s.state() != "" && s.state() != gpuv1alpha1.UpgradeDone:
+		return s.stay()
+	}
 	if step, ok := steps[s.state()]; ok {
 		return step(s)
 	}
@@ -77,7 +99,7 @@ func next(node *corev1.Node, driver *corev1.Pod, pods []corev1.Pod, t target, no
 var steps = map[string]func(transition) (string, []action){
 	"":                              transition.begin,
 	gpuv1alpha1.UpgradeDone:         transition.begin,
-	gpuv1alpha1.UpgradeRequired:     transition.cordon,
+	gpuv1alpha1.UpgradeRequired:     transition.required,
 	gpuv1alpha1.WaitForJobsRequired: transition.waitForJobs,
 	gpuv1alpha1.PodDeletionRequired: transition.deletePods,
 	gpuv1alpha1.DrainRequired:       transition.drain,
@@ -98,6 +120,12 @@ type transition struct {
 
 func (s transition) state() string { return s.node.Labels[gpuv1alpha1.LabelUpgradeState] }
 
+func (s transition) claimed() bool {
+	return s.t.claim != "" && s.node.Annotations[gpuv1alpha1.AnnotationClaim] == s.t.claim
+}
+
+func (s transition) nowString() *string { return ptr.To(s.now.UTC().Format(time.RFC3339)) }
+
 // inPhase is how long the node has been in its state.
 func (s transition) inPhase() time.Duration {
 	started, _ := time.Parse(time.RFC3339, s.node.Annotations[gpuv1alpha1.AnnotationUpgradeStarted])
@@ -110,7 +138,10 @@ func (s transition) inPhase() time.Duration {
 
 // to moves the node to state after acts, stamping when the state began.
 func (s transition) to(state string, annotations map[string]*string, acts ...action) (string, []action) {
-	ann := map[string]*string{gpuv1alpha1.AnnotationPhaseStarted: ptr.To(s.now.UTC().Format(time.RFC3339))}
+	ann := map[string]*string{gpuv1alpha1.AnnotationPhaseStarted: s.nowString()}
+	if _, ok := s.node.Annotations[gpuv1alpha1.AnnotationBlocked]; ok {
+		ann[gpuv1alpha1.AnnotationBlocked] = nil // a new state, a new try
+	}
 	for k, v := range annotations {
 		ann[k] = v
 	}
@@ -119,18 +150,39 @@ func (s transition) to(state string, annotations map[string]*string, acts ...act
 
 func (s transition) stay(acts ...action) (string, []action) { return s.state(), acts }
 
-// begin starts an upgraded (or never upgraded) node when the budget lets
-// it.
+// begin enrolls an upgraded (or never upgraded) node when the budget
+// starts it: the claim, the first state, the cordon and the record of a
+// cordon that was already there go in one patch, which the reconciler
+// sends conditional on the node's resourceVersion.
 func (s transition) begin() (string, []action) {
-	if s.t.start {
-		return s.to(gpuv1alpha1.UpgradeRequired, nil)
+	if !s.t.start {
+		return s.stay()
 	}
-	return s.stay()
+	ann := map[string]*string{gpuv1alpha1.AnnotationClaim: ptr.To(s.t.claim), gpuv1alpha1.AnnotationTarget: ptr.To(s.t.template),
+		gpuv1alpha1.AnnotationUpgradeStarted: s.nowString(), gpuv1alpha1.AnnotationFailure: nil, gpuv1alpha1.AnnotationFailedTemplate: nil,
+		gpuv1alpha1.AnnotationFailureAcknowledged: nil, gpuv1alpha1.AnnotationWasCordoned: nil}
+	var acts []action
+	switch {
+	case !s.node.Spec.Unschedulable:
+		acts = append(acts, action{kind: cordon})
+	case s.claimed() && s.state() == gpuv1alpha1.UpgradeFailed:
+		// A retry: the cordon is the failed upgrade's, as recorded then.
+		if v, ok := s.node.Annotations[gpuv1alpha1.AnnotationWasCordoned]; ok {
+			ann[gpuv1alpha1.AnnotationWasCordoned] = ptr.To(v)
+		}
+	default:
+		ann[gpuv1alpha1.AnnotationWasCordoned] = ptr.To("true")
+	}
+	return s.to(gpuv1alpha1.UpgradeRequired, ann, acts...)
 }
 
-// fail moves the node to upgrade-failed, saying why: it stays cordoned
-// until the next driver template retries it.
+// fail moves the node to upgrade-failed, saying why (and the last refused
+// eviction, if any): it stays cordoned until the next driver template
+// retries it.
 func (s transition) fail(why string, acts ...action) (string, []action) {
+	if b := s.node.Annotations[gpuv1alpha1.AnnotationBlocked]; b != "" {
+		why += "; last refused eviction: " + b
+	}
 	return s.to(gpuv1alpha1.UpgradeFailed, map[string]*string{
 		gpuv1alpha1.AnnotationFailure: ptr.To(why), gpuv1alpha1.AnnotationFailedTemplate: ptr.To(s.t.template)}, acts...)
 }
@@ -141,27 +193,17 @@ func (s transition) fail(why string, acts ...action) (string, []action) {
 func (s transition) failed() (string, []action) {
 	switch {
 	case s.t.start:
-		return s.to(gpuv1alpha1.UpgradeRequired, nil)
+		return s.begin()
 	case runsWanted(s.driver, s.t.template):
-		return s.to(gpuv1alpha1.UncordonRequired, map[string]*string{
-			gpuv1alpha1.AnnotationFailure: nil, gpuv1alpha1.AnnotationFailedTemplate: nil})
+		return s.to(gpuv1alpha1.UncordonRequired, map[string]*string{gpuv1alpha1.AnnotationFailure: nil,
+			gpuv1alpha1.AnnotationFailedTemplate: nil, gpuv1alpha1.AnnotationFailureAcknowledged: nil})
 	}
 	return s.stay()
 }
 
-// cordon marks the node unschedulable. A node someone else had cordoned
-// (not a failed upgrade of Loom's) stays cordoned after its upgrade.
-func (s transition) cordon() (string, []action) {
-	ann := map[string]*string{gpuv1alpha1.AnnotationUpgradeStarted: ptr.To(s.now.UTC().Format(time.RFC3339)),
-		gpuv1alpha1.AnnotationFailure: nil, gpuv1alpha1.AnnotationFailedTemplate: nil}
-	var acts []action
-	switch {
-	case s.node.Spec.Unschedulable && s.node.Annotations[gpuv1alpha1.AnnotationFailedTemplate] == "":
-		ann[gpuv1alpha1.AnnotationWasCordoned] = ptr.To("true")
-	case !s.node.Spec.Unschedulable:
-		acts = append(acts, action{kind: cordon})
-	}
-	return s.to(gpuv1alpha1.WaitForJobsRequired, ann, acts...)
+// required moves an enrolled node on: its cordon came with its claim.
+func (s transition) required() (string, []action) {
+	return s.to(gpuv1alpha1.WaitForJobsRequired, nil)
 }
 
 // waitForJobs waits until no pod waitForCompletion selects runs on the
@@ -232,40 +274,97 @@ func (s transition) restartDriver() (string, []action) {
 	if s.driver != nil && s.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] != s.t.template {
 		acts = append(acts, action{kind: deleteDriver, pods: []*corev1.Pod{s.driver}})
 	}
-	return s.to(gpuv1alpha1.ValidationRequired, nil, acts...)
+	return s.to(gpuv1alpha1.ValidationRequired, map[string]*string{gpuv1alpha1.AnnotationTarget: ptr.To(s.t.template)}, acts...)
 }
 
-// validate waits for the wanted driver pod to be ready.
+// validate waits for the wanted driver pod to be ready. A new driver
+// version while it waits (the DaemonSet's template is no longer the one
+// the node restarted for) restarts the driver again, for the new one.
 func (s transition) validate() (string, []action) {
 	switch {
 	case runsWanted(s.driver, s.t.template):
 		return s.to(gpuv1alpha1.UncordonRequired, nil)
+	case s.t.template != "" && s.node.Annotations[gpuv1alpha1.AnnotationTarget] != s.t.template:
+		return s.to(gpuv1alpha1.PodRestartRequired, map[string]*string{gpuv1alpha1.AnnotationTarget: ptr.To(s.t.template)})
 	case s.inPhase() > validationTimeout:
 		return s.fail(fmt.Sprintf("the new driver pod was not ready within %s", validationTimeout))
 	}
 	return s.stay()
 }
 
-// uncordon makes the node schedulable again if Loom cordoned it, and
-// clears the upgrade's annotations. Loom cordoned it when its upgrade
-// started (AnnotationUpgradeStarted) without AnnotationWasCordoned (of any
-// value): a node someone else had cordoned, or whose upgrade record is
-// gone (a label set by hand), stays as it is.
+// uncordon makes the node schedulable again if Loom's cordon is the
+// node's (loomCordoned), and clears the upgrade's annotations; the claim
+// stays with the finished node.
 func (s transition) uncordon() (string, []action) {
 	var acts []action
-	if loomCordoned(s.node) {
+	if loomCordoned(s.node, s.t.claim) {
 		acts = append(acts, action{kind: uncordon})
 	}
-	return s.to(gpuv1alpha1.UpgradeDone, map[string]*string{gpuv1alpha1.AnnotationWasCordoned: nil,
+	return s.to(gpuv1alpha1.UpgradeDone, map[string]*string{gpuv1alpha1.AnnotationWasCordoned: nil, gpuv1alpha1.AnnotationTarget: nil,
 		gpuv1alpha1.AnnotationUpgradeStarted: nil, gpuv1alpha1.AnnotationPhaseStarted: nil}, acts...)
 }
 
-// loomCordoned reports whether Loom's cordon is the node's: its upgrade
-// started, and it was not cordoned before.
-func loomCordoned(n *corev1.Node) bool {
+// letGo ends Loom's hold on a claimed node (a clean exit): it lifts
+// Loom's own cordon, removes the state label when its value is one of
+// Loom's, and every upgrade annotation. An unclaimed node is not touched.
+func (s transition) letGo() (string, []action) {
+	if !s.claimed() {
+		return s.stay()
+	}
+	var acts []action
+	if loomCordoned(s.node, s.t.claim) {
+		acts = append(acts, action{kind: uncordon})
+	}
+	ann := map[string]*string{}
+	for k := range s.node.Annotations {
+		if strings.HasPrefix(k, upgradeAnnotationPrefix) {
+			ann[k] = nil
+		}
+	}
+	state := s.state()
+	if gpuv1alpha1.KnownUpgradeState(state) {
+		state = ""
+	}
+	return state, append(acts, action{kind: setState, state: state, annotations: ann})
+}
+
+// upgradeAnnotationPrefix starts every node annotation of the upgrade.
+const upgradeAnnotationPrefix = "gpu.loom.dev/driver-upgrade-"
+
+// loomCordoned reports whether the node's cordon is Loom's to lift: the
+// node carries claim, its upgrade started without someone else's cordon
+// (AnnotationWasCordoned, of any value), it is unschedulable, and Loom's
+// field owner still manages spec.unschedulable. Anyone who writes the
+// field after Loom (kubectl uncordon then cordon, another tool) takes it
+// over, and their cordon is left in place; a kubectl cordon of a node
+// already cordoned changes nothing on the server and cannot be told apart
+// (annotate the node AnnotationWasCordoned to keep it cordoned). A node
+// without managed fields (stripped by a client) gives no evidence either
+// way, and the annotations decide.
+func loomCordoned(n *corev1.Node, claim string) bool {
 	_, started := n.Annotations[gpuv1alpha1.AnnotationUpgradeStarted]
 	_, was := n.Annotations[gpuv1alpha1.AnnotationWasCordoned]
-	return started && !was
+	return claim != "" && n.Annotations[gpuv1alpha1.AnnotationClaim] == claim && started && !was &&
+		n.Spec.Unschedulable && (len(n.ManagedFields) == 0 || managesUnschedulable(n.ManagedFields, FieldOwner))
+}
+
+// managesUnschedulable reports whether manager owns the node's
+// spec.unschedulable in its managed fields.
+func managesUnschedulable(fields []metav1.ManagedFieldsEntry, manager string) bool {
+	for _, f := range fields {
+		if f.Manager != manager || f.FieldsV1 == nil {
+			continue
+		}
+		var set struct {
+			Spec map[string]json.RawMessage `json:"f:spec"`
+		}
+		if json.Unmarshal(f.FieldsV1.GetRawBytes(), &set) == nil {
+			if _, ok := set.Spec["f:unschedulable"]; ok {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // running are the pods on the node that keep accepts, neither finished nor

@@ -23,22 +23,42 @@ var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 const (
 	wanted = "new-template"
 	loomNS = "loom-system"
+	policy = "default"
 )
 
 // node is a GPU node in state since t0, with extra annotations (short
-// keys: the part after gpu.loom.dev/driver-upgrade-).
+// keys: the part after gpu.loom.dev/driver-upgrade-). A node in a state
+// carries the policy's claim (ann "claim", "" removes it); a cordoned one
+// was cordoned by Loom's field owner (managed fields).
 func node(state string, cordoned bool, ann ...string) *corev1.Node {
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-0", Labels: map[string]string{},
 		Annotations: map[string]string{gpuv1alpha1.AnnotationPhaseStarted: t0.Format(time.RFC3339)}}}
 	n.Spec.Unschedulable = cordoned
 	if state != "" {
 		n.Labels[gpuv1alpha1.LabelUpgradeState] = state
+		n.Annotations[gpuv1alpha1.AnnotationClaim] = policy
+	}
+	if cordoned {
+		cordonedBy(FieldOwner)(n)
 	}
 	for i := 0; i+1 < len(ann); i += 2 {
 		n.Annotations["gpu.loom.dev/driver-upgrade-"+ann[i]] = ann[i+1]
+		if ann[i+1] == "" && ann[i] == "claim" {
+			delete(n.Annotations, gpuv1alpha1.AnnotationClaim)
+		}
 	}
 	return n
 }
+
+// cordonedBy makes manager the owner of the node's spec.unschedulable.
+func cordonedBy(manager string) func(*corev1.Node) {
+	return func(n *corev1.Node) {
+		n.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: manager, Operation: metav1.ManagedFieldsOperationUpdate,
+			FieldsV1: metav1.NewFieldsV1(`{"f:spec":{"f:unschedulable":{}}}`)}}
+	}
+}
+
+func with(n *corev1.Node, f func(*corev1.Node)) *corev1.Node { f(n); return n }
 
 func driverPod(template string, ready bool) *corev1.Pod {
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: "loom-driver-x",
@@ -135,6 +155,9 @@ func TestNext(t *testing.T) {
 	}
 	old, ready, starting := driverPod("old-template", true), driverPod(wanted, true), driverPod(wanted, false)
 	const failedTmpl = "failed-template=" + wanted
+	const enrolled = "state upgrade-required -failed-template -failure -failure-acknowledged -was-cordoned claim=default started=2026-03-01T12:00:00Z target=" + wanted
+	const enrolledCordoned = "state upgrade-required -failed-template -failure -failure-acknowledged claim=default started=2026-03-01T12:00:00Z target=" + wanted + " was-cordoned=true"
+	const released = "state  -claim -phase-started -started"
 	tests := []struct {
 		name    string
 		node    *corev1.Node
@@ -142,33 +165,58 @@ func TestNext(t *testing.T) {
 		pods    []corev1.Pod
 		policy  gpuv1alpha1.DriverUpgradePolicy
 		start   bool
+		release bool
 		elapsed time.Duration
 		want    string
 		actions []string
 	}{
-		// Not upgrading: only the budget starts a node.
+		// Not upgrading: only the budget starts a node, claiming and
+		// cordoning it in one patch.
 		{name: "idle, not started", node: node("", false), driver: old, want: ""},
 		{name: "idle, started", node: node("", false), driver: old, start: true,
-			want: gpuv1alpha1.UpgradeRequired, actions: []string{"state upgrade-required"}},
+			want: gpuv1alpha1.UpgradeRequired, actions: []string{"cordon", enrolled}},
+		{name: "idle, started, cordoned by someone else", node: with(node("", true), cordonedBy("kubectl-cordon")), driver: old, start: true,
+			want: gpuv1alpha1.UpgradeRequired, actions: []string{enrolledCordoned}},
 		{name: "done, started again", node: node(gpuv1alpha1.UpgradeDone, false), driver: old, start: true,
-			want: gpuv1alpha1.UpgradeRequired, actions: []string{"state upgrade-required"}},
+			want: gpuv1alpha1.UpgradeRequired, actions: []string{"cordon", enrolled}},
 		{name: "done, not started", node: node(gpuv1alpha1.UpgradeDone, false), driver: ready, want: gpuv1alpha1.UpgradeDone},
+		{name: "done without Loom's claim (GPU Operator's), started", node: node(gpuv1alpha1.UpgradeDone, false, "claim", ""), driver: old, start: true,
+			want: gpuv1alpha1.UpgradeRequired, actions: []string{"cordon", enrolled}},
+		{name: "done, blocked annotation left: cleared on enrolling", node: node(gpuv1alpha1.UpgradeDone, false, "blocked", "x"), driver: old, start: true,
+			want: gpuv1alpha1.UpgradeRequired, actions: []string{"cordon", strings.Replace(enrolled, "-failed-template", "-blocked -failed-template", 1)}},
+
+		// A state label without Loom's claim, or another policy's claim, or
+		// a value Loom does not know, is never stepped, started or released.
+		{name: "foreign: drain-required without claim", node: node(gpuv1alpha1.DrainRequired, true, "claim", ""), driver: old, start: true,
+			pods: []corev1.Pod{pod("a", gpus)}, want: gpuv1alpha1.DrainRequired},
+		{name: "foreign: upgrade-required without claim", node: node(gpuv1alpha1.UpgradeRequired, false, "claim", ""), driver: old, start: true,
+			want: gpuv1alpha1.UpgradeRequired},
+		{name: "foreign: uncordon-required without claim", node: node(gpuv1alpha1.UncordonRequired, true, "claim", "", "started", "x"), driver: ready,
+			want: gpuv1alpha1.UncordonRequired},
+		{name: "foreign: another policy's claim", node: node(gpuv1alpha1.PodRestartRequired, true, "claim", "other"), driver: old,
+			want: gpuv1alpha1.PodRestartRequired},
+		{name: "foreign: failed without claim, started", node: node(gpuv1alpha1.UpgradeFailed, true, "claim", ""), driver: old, start: true,
+			want: gpuv1alpha1.UpgradeFailed},
+		{name: "foreign: released, untouched", node: node(gpuv1alpha1.DrainRequired, true, "claim", "", "started", "x"), release: true,
+			want: gpuv1alpha1.DrainRequired},
+		{name: "unknown state", node: node("something-else", false), driver: old, start: true, want: "something-else"},
+		{name: "unknown state, unclaimed", node: node("Upgrade-Done", true, "claim", ""), driver: old, start: true, want: "Upgrade-Done"},
 
 		// upgrade-failed waits for a new template, or for the wanted driver.
 		{name: "failed, retried", node: node(gpuv1alpha1.UpgradeFailed, true, "failed-template", "older"), driver: old, start: true,
-			want: gpuv1alpha1.UpgradeRequired, actions: []string{"state upgrade-required"}},
+			want: gpuv1alpha1.UpgradeRequired, actions: []string{enrolled}},
+		{name: "failed, retried, someone else's cordon kept", node: node(gpuv1alpha1.UpgradeFailed, true, "failed-template", "older", "was-cordoned", "true"),
+			driver: old, start: true, want: gpuv1alpha1.UpgradeRequired, actions: []string{enrolledCordoned}},
+		{name: "failed, retried, uncordoned by a person meanwhile", node: node(gpuv1alpha1.UpgradeFailed, false, "failed-template", "older"), driver: old, start: true,
+			want: gpuv1alpha1.UpgradeRequired, actions: []string{"cordon", enrolled}},
 		{name: "failed, wanted driver ready after all", node: node(gpuv1alpha1.UpgradeFailed, true, "failure", "x", "failed-template", wanted), driver: ready,
-			want: gpuv1alpha1.UncordonRequired, actions: []string{"state uncordon-required -failed-template -failure"}},
+			want: gpuv1alpha1.UncordonRequired, actions: []string{"state uncordon-required -failed-template -failure -failure-acknowledged"}},
 		{name: "failed, wanted driver not ready", node: node(gpuv1alpha1.UpgradeFailed, true), driver: starting, want: gpuv1alpha1.UpgradeFailed},
 		{name: "failed, old driver", node: node(gpuv1alpha1.UpgradeFailed, true), driver: old, elapsed: 24 * time.Hour, want: gpuv1alpha1.UpgradeFailed},
 
-		// upgrade-required cordons, remembering a cordon someone else made.
-		{name: "required: cordon", node: node(gpuv1alpha1.UpgradeRequired, false), driver: old,
-			want: gpuv1alpha1.WaitForJobsRequired, actions: []string{"cordon", "state wait-for-jobs-required -failed-template -failure started=2026-03-01T12:00:00Z"}},
-		{name: "required: cordoned by someone else", node: node(gpuv1alpha1.UpgradeRequired, true), driver: old,
-			want: gpuv1alpha1.WaitForJobsRequired, actions: []string{"state wait-for-jobs-required -failed-template -failure started=2026-03-01T12:00:00Z was-cordoned=true"}},
-		{name: "required: retry, cordoned by the failed upgrade", node: node(gpuv1alpha1.UpgradeRequired, true, "failed-template", "older"), driver: old,
-			want: gpuv1alpha1.WaitForJobsRequired, actions: []string{"state wait-for-jobs-required -failed-template -failure started=2026-03-01T12:00:00Z"}},
+		// upgrade-required moves on: the cordon came with the claim.
+		{name: "required", node: node(gpuv1alpha1.UpgradeRequired, true), driver: old,
+			want: gpuv1alpha1.WaitForJobsRequired, actions: []string{"state wait-for-jobs-required"}},
 
 		// wait-for-jobs-required waits for the selected pods or its timeout.
 		{name: "wait: no waitForCompletion", node: node(gpuv1alpha1.WaitForJobsRequired, true), policy: none,
@@ -245,42 +293,74 @@ func TestNext(t *testing.T) {
 		{name: "drain: bad selector", node: node(gpuv1alpha1.DrainRequired, true), policy: drain("drain in (", 60), want: gpuv1alpha1.UpgradeFailed,
 			actions: []string{`state upgrade-failed ` + failedTmpl + ` failure=drain.podSelector "drain in (": unable to parse requirement: found '', expected: ',', ')' or identifier`}},
 
+		// A refused eviction (the node's blocked annotation) is named when
+		// the phase times out; a new state clears it.
+		{name: "delete: past the timeout, blocked", node: node(gpuv1alpha1.PodDeletionRequired, true, "blocked", "evicting default/held: forbidden"), policy: none,
+			elapsed: 301 * time.Second, pods: []corev1.Pod{pod("held", gpus)}, want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{"evict default/held", "state upgrade-failed -blocked " + failedTmpl +
+				" failure=GPU pods still on the node after podDeletion.timeoutSeconds (5m0s): 1 pods left (evictions refused, e.g. by a PodDisruptionBudget); " +
+				"last refused eviction: evicting default/held: forbidden"}},
+		{name: "delete: blocked, pods gone", node: node(gpuv1alpha1.PodDeletionRequired, true, "blocked", "x"), policy: none,
+			want: gpuv1alpha1.DrainRequired, actions: []string{"state drain-required -blocked"}},
+
 		// pod-restart-required replaces an outdated driver pod.
 		{name: "restart: outdated driver", node: node(gpuv1alpha1.PodRestartRequired, true), driver: old,
-			want: gpuv1alpha1.ValidationRequired, actions: []string{"delete driver loom-system/loom-driver-x", "state validation-required"}},
+			want: gpuv1alpha1.ValidationRequired, actions: []string{"delete driver loom-system/loom-driver-x", "state validation-required target=" + wanted}},
 		{name: "restart: wanted driver already", node: node(gpuv1alpha1.PodRestartRequired, true), driver: starting,
-			want: gpuv1alpha1.ValidationRequired, actions: []string{"state validation-required"}},
+			want: gpuv1alpha1.ValidationRequired, actions: []string{"state validation-required target=" + wanted}},
 		{name: "restart: no driver pod", node: node(gpuv1alpha1.PodRestartRequired, true),
-			want: gpuv1alpha1.ValidationRequired, actions: []string{"state validation-required"}},
+			want: gpuv1alpha1.ValidationRequired, actions: []string{"state validation-required target=" + wanted}},
 
 		// validation-required waits for the new driver, 10 minutes at most.
-		{name: "validate: ready", node: node(gpuv1alpha1.ValidationRequired, true), driver: ready,
+		{name: "validate: ready", node: node(gpuv1alpha1.ValidationRequired, true, "target", wanted), driver: ready,
 			want: gpuv1alpha1.UncordonRequired, actions: []string{"state uncordon-required"}},
-		{name: "validate: not ready yet", node: node(gpuv1alpha1.ValidationRequired, true), driver: starting, elapsed: 10 * time.Minute,
+		{name: "validate: not ready yet", node: node(gpuv1alpha1.ValidationRequired, true, "target", wanted), driver: starting, elapsed: 10 * time.Minute,
 			want: gpuv1alpha1.ValidationRequired},
-		{name: "validate: not replaced yet", node: node(gpuv1alpha1.ValidationRequired, true), elapsed: time.Minute, want: gpuv1alpha1.ValidationRequired},
-		{name: "validate: past the timeout", node: node(gpuv1alpha1.ValidationRequired, true), driver: starting, elapsed: 10*time.Minute + time.Second,
+		{name: "validate: not replaced yet", node: node(gpuv1alpha1.ValidationRequired, true, "target", wanted), elapsed: time.Minute, want: gpuv1alpha1.ValidationRequired},
+		{name: "validate: past the timeout", node: node(gpuv1alpha1.ValidationRequired, true, "target", wanted), driver: starting, elapsed: 10*time.Minute + time.Second,
 			want: gpuv1alpha1.UpgradeFailed, actions: []string{"state upgrade-failed " + failedTmpl + " failure=the new driver pod was not ready within 10m0s"}},
-		{name: "validate: the old driver past the timeout", node: node(gpuv1alpha1.ValidationRequired, true), driver: old, elapsed: time.Hour,
+		{name: "validate: the old driver past the timeout", node: node(gpuv1alpha1.ValidationRequired, true, "target", wanted), driver: old, elapsed: time.Hour,
 			want: gpuv1alpha1.UpgradeFailed, actions: []string{"state upgrade-failed " + failedTmpl + " failure=the new driver pod was not ready within 10m0s"}},
+		{name: "validate: a second version bump restarts the driver for it", node: node(gpuv1alpha1.ValidationRequired, true, "target", "middle"),
+			driver: driverPod("middle", false), want: gpuv1alpha1.PodRestartRequired, actions: []string{"state pod-restart-required target=" + wanted}},
+		{name: "validate: the newest driver ready already", node: node(gpuv1alpha1.ValidationRequired, true, "target", "middle"), driver: ready,
+			want: gpuv1alpha1.UncordonRequired, actions: []string{"state uncordon-required"}},
 
-		// uncordon-required finishes, leaving someone else's cordon.
-		{name: "uncordon", node: node(gpuv1alpha1.UncordonRequired, true, "started", "x"), driver: ready,
-			want: gpuv1alpha1.UpgradeDone, actions: []string{"uncordon", "state upgrade-done -phase-started -started -was-cordoned"}},
+		// uncordon-required finishes, lifting only Loom's own cordon.
+		{name: "uncordon", node: node(gpuv1alpha1.UncordonRequired, true, "started", "x", "target", wanted), driver: ready,
+			want: gpuv1alpha1.UpgradeDone, actions: []string{"uncordon", "state upgrade-done -phase-started -started -target -was-cordoned"}},
 		{name: "uncordon: cordoned by someone else", node: node(gpuv1alpha1.UncordonRequired, true, "was-cordoned", "true"), driver: ready,
-			want: gpuv1alpha1.UpgradeDone, actions: []string{"state upgrade-done -phase-started -started -was-cordoned"}},
+			want: gpuv1alpha1.UpgradeDone, actions: []string{"state upgrade-done -phase-started -started -target -was-cordoned"}},
+		{name: "uncordon: a person re-cordoned during the upgrade", node: with(node(gpuv1alpha1.UncordonRequired, true, "started", "x"), cordonedBy("kubectl-cordon")),
+			driver: ready, want: gpuv1alpha1.UpgradeDone, actions: []string{"state upgrade-done -phase-started -started -target -was-cordoned"}},
+		{name: "uncordon: a person uncordoned during the upgrade", node: with(node(gpuv1alpha1.UncordonRequired, false, "started", "x"), cordonedBy("kubectl-cordon")),
+			driver: ready, want: gpuv1alpha1.UpgradeDone, actions: []string{"state upgrade-done -phase-started -started -target -was-cordoned"}},
 
-		{name: "unknown state", node: node("something-else", false), driver: old, start: true, want: "something-else"},
+		// A release (policy deleted, driver disabled) lets go of every
+		// claimed node in any state, lifting only Loom's own cordon.
+		{name: "release: draining", node: node(gpuv1alpha1.DrainRequired, true, "started", "x"), release: true, pods: []corev1.Pod{pod("a")},
+			want: "", actions: []string{"uncordon", released}},
+		{name: "release: someone else's cordon stays", node: node(gpuv1alpha1.ValidationRequired, true, "started", "x", "was-cordoned", "true"), release: true,
+			want: "", actions: []string{released + " -was-cordoned"}},
+		{name: "release: a person re-cordoned", node: with(node(gpuv1alpha1.WaitForJobsRequired, true, "started", "x"), cordonedBy("kubectl-cordon")), release: true,
+			want: "", actions: []string{released}},
+		{name: "release: failed", node: node(gpuv1alpha1.UpgradeFailed, true, "started", "x", "failure", "f", "failed-template", wanted), release: true,
+			want: "", actions: []string{"uncordon", "state  -claim -failed-template -failure -phase-started -started"}},
+		{name: "release: done", node: node(gpuv1alpha1.UpgradeDone, false), release: true, want: "", actions: []string{"state  -claim -phase-started"}},
+		{name: "release: an unknown state keeps its label", node: node("something-else", false), release: true,
+			want: "something-else", actions: []string{"state something-else -claim -phase-started"}},
+		{name: "claimed, its label removed by a person: let go", node: node("", true, "claim", policy, "started", "x"), driver: old, start: true,
+			want: "", actions: []string{"uncordon", "state  -claim -phase-started -started"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			now := t0.Add(tt.elapsed)
 			before := tt.node.DeepCopy()
-			state, acts := next(tt.node, tt.driver, tt.pods, target{policy: tt.policy, template: wanted, namespace: loomNS, start: tt.start}, now)
+			state, acts := next(tt.node, tt.driver, tt.pods, target{policy: tt.policy, claim: policy, template: wanted, namespace: loomNS, start: tt.start, release: tt.release}, now)
 			if got := show(acts, now); state != tt.want || !slices.Equal(got, tt.actions) {
 				t.Errorf("next = %q\n  %q\nwant %q\n  %q", state, got, tt.want, tt.actions)
 			}
-			if (state != tt.node.Labels[gpuv1alpha1.LabelUpgradeState]) != slices.ContainsFunc(acts, func(a action) bool { return a.kind == setState }) {
+			if (state != tt.node.Labels[gpuv1alpha1.LabelUpgradeState]) && !slices.ContainsFunc(acts, func(a action) bool { return a.kind == setState }) {
 				t.Errorf("state %q from %q, but actions %v", state, tt.node.Labels[gpuv1alpha1.LabelUpgradeState], show(acts, now))
 			}
 			if !equalNodes(before, tt.node) {

@@ -16,12 +16,15 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/manager"
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 // FieldOwner is the labeller's server-side-apply field manager: on Nodes it
@@ -34,26 +37,47 @@ const FieldOwner = "loom-gpu-labels"
 // cache alone, whether an apply would change anything.
 const AnnotationManagedLabels = "gpu.loom.dev/managed-labels"
 
+// AnnotationTaint records the value of the nvidia.com/gpu.unhealthy taint
+// the labeller set on a Node (the cache holds Nodes' metadata only, not
+// their taints).
+const AnnotationTaint = "gpu.loom.dev/unhealthy-taint"
+
+// ReasonInvalidConfig is the reason of the Warning event on the
+// ClusterPolicy when a node's device plugin config cannot be used.
+const ReasonInvalidConfig = "InvalidDevicePluginConfig"
+
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=gpunodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=gpunodes/status,verbs=get
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
 
-// Reconciler keeps each GPU node's GFD labels in line with its GPUNode, and
-// makes each GPUNode owned by its Node (so it is garbage-collected).
+// Reconciler keeps each GPU node's GFD labels in line with its GPUNode, its
+// NFD labels and its device plugin config, taints nodes with unhealthy GPUs
+// when the policy asks, and makes each GPUNode owned by its Node (so it is
+// garbage-collected).
 type Reconciler struct {
 	client.Client
-	w *apply.Writer
+	// Live reads Nodes in full (their taints), around the metadata-only
+	// cache, only when the taint is to change.
+	Live client.Reader
+	// Recorder records config errors on the ClusterPolicy.
+	Recorder recorder.EventRecorder
+	// Namespace is Loom's: the device plugin's ConfigMap lives there.
+	Namespace string
+	w         *apply.Writer
 }
 
 // New returns a labeller writing through c.
-func New(c client.Client) *Reconciler {
-	return &Reconciler{Client: c, w: apply.NewWriter(c, FieldOwner, apply.Options{})}
+func New(c client.Client, live client.Reader, rec recorder.EventRecorder, namespace string) *Reconciler {
+	return &Reconciler{Client: c, Live: live, Recorder: rec, Namespace: namespace, w: apply.NewWriter(c, FieldOwner, apply.Options{})}
 }
 
 // Setup registers the labeller. Nodes are watched as metadata only: labels
-// and annotations are all it reads, and a Node's status is most of its size.
-func Setup(_ context.Context, mgr ctrl.Manager, _ manager.Options) error {
+// and annotations are all it reads (NFD's PCI labels included), and a
+// Node's status is most of its size.
+func Setup(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
+	r := New(mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder(FieldOwner), opts.Namespace)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("gpu-labels").
 		For(&gpuv1alpha1.GPUNode{}).
@@ -62,19 +86,40 @@ func Setup(_ context.Context, mgr ctrl.Manager, _ manager.Options) error {
 				return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetName()}}}
 			}),
 			builder.WithPredicates(metadataChanged())).
-		// The MIG strategy of the policy in force shapes the labels.
+		// The policy in force shapes the labels (MIG strategy, sharing)
+		// and the taint.
 		Watches(&gpuv1alpha1.ClusterPolicy{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
-			list := &gpuv1alpha1.GPUNodeList{}
-			if err := mgr.GetClient().List(ctx, list); err != nil {
-				return nil
-			}
-			out := make([]reconcile.Request, 0, len(list.Items))
-			for _, gn := range list.Items {
-				out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Name: gn.Name}})
-			}
-			return out
+			return r.gpuNodes(ctx)
 		}), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Complete(New(mgr.GetClient()))
+		// So does the content of the device plugin's ConfigMap.
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.configMapNodes)).
+		Complete(r)
+}
+
+// gpuNodes are requests for every GPUNode's node.
+func (r *Reconciler) gpuNodes(ctx context.Context) []reconcile.Request {
+	list := &gpuv1alpha1.GPUNodeList{}
+	if err := r.List(ctx, list); err != nil {
+		return nil
+	}
+	out := make([]reconcile.Request, 0, len(list.Items))
+	for _, gn := range list.Items {
+		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Name: gn.Name}})
+	}
+	return out
+}
+
+// configMapNodes are the GPU nodes to relabel when o, a ConfigMap, is the
+// device plugin config of the policy in force.
+func (r *Reconciler) configMapNodes(ctx context.Context, o client.Object) []reconcile.Request {
+	if o.GetNamespace() != r.Namespace {
+		return nil
+	}
+	cp, err := r.activePolicy(ctx)
+	if err != nil || cp == nil || cp.Spec.DevicePlugin.Config == nil || cp.Spec.DevicePlugin.Config.ConfigMapName != o.GetName() {
+		return nil
+	}
+	return r.gpuNodes(ctx)
 }
 
 // metadataChanged passes Node creations and label/annotation/UID changes,
@@ -90,8 +135,9 @@ func metadataChanged() predicate.Funcs {
 	}
 }
 
-// Reconcile observes the GPUNode and Node in the cache, computes the labels,
-// and applies only when something differs.
+// Reconcile observes the Node, its GPUNode, the policy in force and its
+// device plugin config in the cache, computes the labels and the taint,
+// and writes only what differs.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	node := &metav1.PartialObjectMetadata{}
 	node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
@@ -106,41 +152,123 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	} else if err != nil {
 		return ctrl.Result{}, err
 	}
-
 	if gn != nil && !ownedBy(gn, node) {
 		if err := r.applyOwner(ctx, gn, node); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
-	desired := map[string]string{}
+	cp, err := r.activePolicy(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	in := Input{NodeLabels: node.Labels, Managed: managedList(node), MIGStrategy: migStrategy(cp)}
+	var st *gpuv1alpha1.GPUNodeStatus
 	if gn != nil {
-		strategy, err := r.migStrategy(ctx)
-		if err != nil {
+		st = &gn.Status
+		in.GPUNode = st
+		if len(st.GPUs) > 0 {
+			if in.Sharing, err = r.sharingFor(ctx, cp, node); err != nil {
+				return ctrl.Result{}, err
+			}
+		}
+	}
+	if desired := Desired(in); !labelsUpToDate(node, desired) {
+		if err := r.applyLabels(ctx, node.Name, desired); err != nil {
 			return ctrl.Result{}, err
 		}
-		desired = LabelsFor(gn.Status, strategy)
 	}
-	if labelsUpToDate(node, desired) {
-		return ctrl.Result{}, nil
-	}
-	return ctrl.Result{}, r.applyLabels(ctx, node.Name, desired)
+	return ctrl.Result{}, r.syncTaint(ctx, node, UnhealthyTaint(st, cp != nil && cp.Spec.Health.TaintUnhealthyNodes))
 }
 
-// migStrategy is the MIG strategy of the ClusterPolicy in force, "" when
-// none is.
-func (r *Reconciler) migStrategy(ctx context.Context) (string, error) {
+// activePolicy is the ClusterPolicy in force, nil when none is.
+func (r *Reconciler) activePolicy(ctx context.Context) (*gpuv1alpha1.ClusterPolicy, error) {
 	list := &gpuv1alpha1.ClusterPolicyList{}
 	if err := r.List(ctx, list); err != nil {
-		return "", err
+		return nil, err
 	}
-	cp := gpuv1alpha1.Active(list.Items)
+	return gpuv1alpha1.Active(list.Items), nil
+}
+
+// migStrategy is the MIG strategy of the policy, "" without one.
+func migStrategy(cp *gpuv1alpha1.ClusterPolicy) string {
 	switch {
 	case cp == nil:
-		return "", nil
+		return ""
 	case cp.Spec.MIG.Strategy == "":
-		return string(gpuv1alpha1.MIGStrategySingle), nil // the API's default
+		return string(gpuv1alpha1.MIGStrategySingle) // the API's default
 	}
-	return string(cp.Spec.MIG.Strategy), nil
+	return string(cp.Spec.MIG.Strategy)
+}
+
+// sharingFor is the node's device plugin config, read from the cache. A
+// config that cannot be used gives nil (the node's sharing labels stay as
+// they are) and a Warning event on the policy naming the ConfigMap, the key
+// and the error.
+func (r *Reconciler) sharingFor(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, node *metav1.PartialObjectMetadata) (*sharing.Node, error) {
+	src := sharing.Source{Namespace: r.Namespace}
+	if cp != nil {
+		src.Policy = cp.Spec.DevicePlugin.Config
+	}
+	if p := src.Policy; p != nil && p.TimeSlicing == nil && p.ConfigMapName != "" {
+		cm := &corev1.ConfigMap{}
+		err := r.Get(ctx, types.NamespacedName{Namespace: r.Namespace, Name: p.ConfigMapName}, cm)
+		switch {
+		case err == nil:
+			src.Data = cm.Data
+			if src.Data == nil {
+				src.Data = map[string]string{}
+			}
+		case !apierrors.IsNotFound(err):
+			return nil, err
+		}
+	}
+	n, err := sharing.ForNode(src, node.Labels)
+	if err != nil {
+		log.FromContext(ctx).Info("device plugin config unusable; sharing labels left as they are", "node", node.Name, "error", err.Error())
+		r.Recorder.Eventf(cp, nil, corev1.EventTypeWarning, ReasonInvalidConfig, "LabelNodes",
+			"%s; the sharing labels (nvidia.com/gpu.replicas, nvidia.com/gpu.sharing-strategy) of the nodes using it are left as they are", err)
+		return nil, nil
+	}
+	return &n, nil
+}
+
+// syncTaint puts the node's nvidia.com/gpu.unhealthy taint in line with
+// want (nil: none). The cache's annotation says whether anything is to
+// change; only then is the Node read in full and its taints patched, with
+// the resourceVersion as a precondition, so no taint someone else adds in
+// between is lost. Node taints are an atomic list: a server-side apply
+// would own, and so replace, all of them.
+func (r *Reconciler) syncTaint(ctx context.Context, meta *metav1.PartialObjectMetadata, want *corev1.Taint) error {
+	cur, tainted := meta.Annotations[AnnotationTaint]
+	if (want == nil && !tainted) || (want != nil && tainted && cur == want.Value) {
+		return nil
+	}
+	node := &corev1.Node{}
+	if err := r.Live.Get(ctx, client.ObjectKey{Name: meta.Name}, node); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	base := node.DeepCopy()
+	node.Spec.Taints = WithTaint(node.Spec.Taints, want)
+	why := "GPUs healthy again (or remediation off): taint lifted"
+	if want == nil {
+		delete(node.Annotations, AnnotationTaint)
+	} else {
+		if node.Annotations == nil {
+			node.Annotations = map[string]string{}
+		}
+		node.Annotations[AnnotationTaint] = want.Value
+		why = "unhealthy GPU: " + want.Value
+	}
+	return r.w.Patch(ctx, node, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), why)
+}
+
+// managedList is the keys of the labels the labeller set on the node.
+func managedList(node *metav1.PartialObjectMetadata) []string {
+	v := node.Annotations[AnnotationManagedLabels]
+	if v == "" {
+		return nil
+	}
+	return strings.Split(v, ",")
 }
 
 func (r *Reconciler) applyLabels(ctx context.Context, name string, labels map[string]string) error {

@@ -1,7 +1,9 @@
 // Package nodelabels is the GPU node labeller: it turns each GPUNode's
 // inventory into GPU feature discovery's labels on its Node, shaped by the
-// MIG strategy of the ClusterPolicy in force, and makes each Node the owner
-// of its GPUNode.
+// MIG strategy and the device plugin's sharing config of the ClusterPolicy
+// in force; marks nodes whose PCI bus (or NFD) shows NVIDIA GPUs present
+// before any driver runs; taints nodes with unhealthy GPUs when the policy
+// asks; and makes each Node the owner of its GPUNode.
 package nodelabels
 
 import (
@@ -10,6 +12,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 // Labels computes the Node labels for a GPUNode's status. A node without
@@ -70,6 +73,9 @@ func gpuLabels(st gpuv1alpha1.GPUNodeStatus) map[string]string {
 		gpuv1alpha1.LabelCount:    strconv.Itoa(len(st.GPUs)),
 		gpuv1alpha1.LabelProduct:  LabelValue(first.Product),
 		gpuv1alpha1.LabelReplicas: "1",
+		// Unshared until the node's device plugin config says otherwise
+		// (see Desired).
+		gpuv1alpha1.LabelSharingStrategy: string(sharing.StrategyNone),
 	}
 	if first.MemoryMiB > 0 {
 		l[gpuv1alpha1.LabelMemory] = strconv.FormatInt(first.MemoryMiB, 10)

@@ -267,8 +267,8 @@ func (r *Reconciler) observe(ctx context.Context, rc *rayv1.RayCluster, sched st
 		return obs, err
 	}
 	fit := func(group string, spec *corev1.PodSpec) {
-		if gpus := inventory.PodGPUs(spec); gpus > 0 {
-			obs.fits[group] = r.Index.Fits(inventory.Gang{Groups: []inventory.PodGroup{{Count: 1, GPUs: gpus}}, Product: spec.NodeSelector[inventory.ProductLabel]})
+		if groups := inventory.PodGroups(1, spec); len(groups) > 0 {
+			obs.fits[group] = r.Index.Fits(inventory.Gang{Groups: groups})
 		}
 	}
 	fit(headGroup, &rc.Spec.HeadGroupSpec.Template.Spec)

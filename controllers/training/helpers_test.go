@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -176,10 +177,39 @@ func runAgent(t *testing.T, node string, o inventory.SimOptions) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	setNodeStatus(t, node, s)
 	ctx, cancel := context.WithCancel(context.Background())
 	a := &agent.Agent{NodeName: node, Lib: s, Client: env.Client, Log: ctrl.Log.WithName("agent"), Interval: time.Hour,
 		Simulated: o.System, Metrics: agent.NewMetrics()}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = a.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
+}
+
+// setNodeStatus makes a node Ready with its simulated GPUs as its
+// allocatable nvidia.com/gpu, as the device plugin and kubelet would: the
+// inventory counts what the scheduler sees.
+func setNodeStatus(t *testing.T, name string, lib nvml.Interface) {
+	t.Helper()
+	st, err := inventory.Collect(lib, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &corev1.Node{}
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Name: name}, n); err != nil {
+		t.Fatal(err)
+	}
+	gpus := *resource.NewQuantity(int64(st.GPUCount), resource.DecimalSI)
+	n.Status.Capacity = corev1.ResourceList{inventory.GPUResource: gpus}
+	n.Status.Allocatable = corev1.ResourceList{inventory.GPUResource: gpus}
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	if err := env.Client.Status().Update(context.Background(), n); err != nil {
+		t.Fatal(err)
+	}
+	// The API server's admission taints a new Node not-ready; with no node
+	// lifecycle controller here, lift it as it would once Ready.
+	n.Spec.Taints = nil
+	if err := env.Client.Update(context.Background(), n); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -213,7 +213,8 @@ func buildPodGroup(job *trainingv1alpha1.TrainingJob, attempt int32) *scheduling
 	return pg
 }
 
-// gangGPUs is the job's whole GPU request and its shape for the inventory.
+// gangGPUs is the job's whole nvidia.com/gpu request and its shape (every
+// GPU resource) for the inventory.
 func gangGPUs(job *trainingv1alpha1.TrainingJob) (int64, inventory.Gang) {
 	var total int64
 	var g inventory.Gang
@@ -225,10 +226,9 @@ func gangGPUs(job *trainingv1alpha1.TrainingJob) (int64, inventory.Gang) {
 		}
 		per := max(inventory.PodGPUs(&rs.Template.Spec), 0)
 		total = satAdd(total, satMul(per, int64(n)))
-		g.Groups = append(g.Groups, inventory.PodGroup{Count: int64(n), GPUs: per})
-		if p := rs.Template.Spec.NodeSelector[inventory.ProductLabel]; p != "" {
-			g.Product = p
-		}
+		// Every GPU resource (MIG devices, shared replicas too), with
+		// the template's node selector, affinity and tolerations.
+		g.Groups = append(g.Groups, inventory.PodGroups(int64(n), &rs.Template.Spec)...)
 	}
 	return total, g
 }

@@ -255,7 +255,7 @@ func (r *Reconciler) observe(ctx context.Context, job *trainingv1alpha1.Training
 	if obs.podGroup, obs.volcano, err = r.volcano.Group(ctx, job, job.Name); err != nil {
 		return obs, err
 	}
-	if total, g := gangGPUs(job); total > 0 && !condTrue(&job.Status, trainingv1alpha1.ConditionScheduled) && totalPods(job) <= int64(maxPods(r.MaxPods)) {
+	if _, g := gangGPUs(job); len(g.Groups) > 0 && !condTrue(&job.Status, trainingv1alpha1.ConditionScheduled) && totalPods(job) <= int64(maxPods(r.MaxPods)) {
 		obs.fit = r.Index.Fits(g)
 	} else {
 		obs.fit = inventory.FitResult{Verdict: inventory.FitsNow}

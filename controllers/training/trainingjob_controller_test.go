@@ -372,7 +372,7 @@ func volcanoPending(ctx context.Context, t *testing.T, job *trainingv1alpha1.Tra
 	testenv.Eventually(t, 30*time.Second, func() error {
 		c := cond(getJob(t, job), trainingv1alpha1.ConditionScheduled)
 		if !strings.Contains(c.Message, "Volcano: NotEnoughResources: 4/4 tasks in gang unschedulable") ||
-			!strings.Contains(c.Message, "inventory: needs 4 pods × 8 nvidia.com/gpu (32 in all), 24 free, 32 in the cluster") {
+			!strings.Contains(c.Message, "inventory: needs 4 pods × 8 nvidia.com/gpu (32 in all), 24 free on 3 nodes, 32 in the cluster") {
 			return fmt.Errorf("Scheduled = %+v", c)
 		}
 		if c.Reason != ReasonNotEnoughGPUs {

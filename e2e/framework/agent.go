@@ -26,7 +26,21 @@ type AgentSpec struct {
 	System string
 	GPUs   *int
 	MIG    string
-	Args   []string
+	// Bare simulates a node without a loaded driver (--simulate-bare): NVML
+	// fails with ERROR_LIBRARY_NOT_FOUND until
+	// DriverRoot/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 exists (see
+	// inventory.BareLibrary), and every call fails with
+	// ERROR_DRIVER_NOT_LOADED once it is removed again.
+	Bare bool
+	// DriverRoot is --driver-root (required with Bare).
+	DriverRoot string
+	// MIGFile is --simulate-mig-file: the simulated MIG manager's layout,
+	// read before each collection (see inventory.Simulator.ReloadMIG).
+	MIGFile string
+	// SysfsRoot is --sysfs-root; empty: the agent fabricates a PCI bus of
+	// the simulated GPUs in a temporary directory.
+	SysfsRoot string
+	Args      []string
 }
 
 // RunAgent starts `loom node-agent --simulate` as a local process with a
@@ -62,6 +76,14 @@ func (c *Cluster) RunAgent(ctx context.Context, loomBin string, rel *Release, sp
 	}
 	if spec.MIG != "" {
 		args = append(args, "--simulate-mig="+spec.MIG)
+	}
+	if spec.Bare {
+		args = append(args, "--simulate-bare")
+	}
+	for _, f := range [][2]string{{"--driver-root", spec.DriverRoot}, {"--simulate-mig-file", spec.MIGFile}, {"--sysfs-root", spec.SysfsRoot}} {
+		if f[1] != "" {
+			args = append(args, f[0]+"="+f[1])
+		}
 	}
 	args = append(args, spec.Args...)
 	return c.StartProcess(name, loomBin, []string{"KUBECONFIG=" + kubeconfig}, args...)

@@ -1,22 +1,22 @@
-// Package agent is `loom node-agent`: it reads its node's GPUs through NVML
-// and publishes them as the status of the node's GPUNode, writing only when
-// something changed. It never writes anything else.
+// Package agent is `loom node-agent`: it reads its node's GPUs from the PCI
+// bus (no driver needed) and through NVML, and publishes them as the status
+// of the node's GPUNode, writing only when something changed. It never
+// writes anything else.
+//
+// NVML may be missing (no driver yet) or go away (the driver unloaded for an
+// upgrade): the agent then keeps the last inventory it read through NVML
+// (from memory, or from the GPUNode after a restart) and the PCI presence,
+// says so in the NVMLUnavailable and Ready conditions, shuts NVML down and
+// initialises it again with backoff.
 package agent
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/go-logr/logr"
-	apiequality "k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
@@ -28,6 +28,7 @@ import (
 // chart's ValidatingAdmissionPolicy narrows that to its own node's GPUNode.
 // "create" is there because a server-side apply that creates an object is
 // authorised as a create; the policy limits it to the agent's own node too.
+// Patching the GPUNode itself is for removing the health-reset annotation.
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=gpunodes,verbs=get;create;patch
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=gpunodes/status,verbs=get;patch
 
@@ -40,58 +41,45 @@ type Agent struct {
 	Lib      nvml.Interface
 	Client   client.Client
 	Log      logr.Logger
-	// Interval between collections (events trigger extra ones).
+	// Interval between collections (events trigger extra ones); also the
+	// longest wait between two attempts to initialise NVML.
 	Interval time.Duration
 	// Simulated names the simulated system, empty on real hardware.
 	Simulated string
 	Metrics   *Metrics
+	// SysfsRoot is where the PCI bus is read (/sys on a node); empty: PCI
+	// is not read and presence comes from NVML alone.
+	SysfsRoot string
+	// BeforeCollect, when set, runs before each NVML collection (the
+	// simulated MIG manager's reload); an error is logged.
+	BeforeCollect func() error
 
 	mu      sync.Mutex
-	health  map[string]gpuv1alpha1.GPUHealth
-	last    *gpuv1alpha1.GPUNodeStatus // what the server holds, as far as we know
+	health  map[string]gpuv1alpha1.GPUHealth // unhealthy GPUs by UUID: events, checks, restored
 	trigger chan struct{}
 	w       *apply.Writer
+
+	ctx  context.Context
+	nvml nvmlSession
+	srv  serverView
+
+	kept *gpuv1alpha1.GPUNodeStatus // the last inventory read through NVML; nil: none
+	pci  []gpuv1alpha1.PCIDevice    // the last PCI devices read
 }
 
-// Run collects at start, on every Interval and on NVML events, until ctx is
-// done. NVML failing to initialise is reported on the GPUNode and retried
-// with backoff; Run shuts NVML down before it returns.
+// Run collects at start, on every Interval, on NVML events and when NVML
+// is due for another initialisation, until ctx is done. Run shuts NVML down
+// before it returns.
 func (a *Agent) Run(ctx context.Context) error {
+	a.ctx = ctx
 	a.trigger = make(chan struct{}, 1)
 	a.health = map[string]gpuv1alpha1.GPUHealth{}
-	backoff := time.Second
-	for {
-		ret := a.Lib.Init()
-		if ret == nvml.SUCCESS {
-			break
-		}
-		msg := nvml.ErrorString(ret)
-		a.Log.Error(errors.New(msg), "NVML is unavailable; retrying", "retryIn", backoff)
-		a.Metrics.errors.WithLabelValues("nvml_init").Inc()
-		if err := a.publish(ctx, nil, &gpuv1alpha1.GPUNodeStatus{}, unavailable(msg)); err != nil {
-			a.Log.Error(err, "cannot report NVML unavailability")
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, a.Interval)
-	}
-	defer func() {
-		if ret := a.Lib.Shutdown(); ret != nvml.SUCCESS {
-			a.Log.Error(errors.New(nvml.ErrorString(ret)), "NVML shutdown")
-		}
-	}()
-
-	events := make(chan struct{})
-	go func() { defer close(events); a.watchEvents(ctx) }()
-	defer func() { <-events }()
+	defer a.stopNVML()
 
 	tick := time.NewTicker(a.Interval)
 	defer tick.Stop()
-	for ticks := 1; ; ticks++ {
-		a.collectAndPublish(ctx)
+	for passes := 1; ; passes++ {
+		a.pass(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -99,10 +87,11 @@ func (a *Agent) Run(ctx context.Context) error {
 			// Now and then compare with what the server holds rather than
 			// with memory, so a GPUNode deleted or edited by someone else
 			// comes back: one GET per node every few intervals.
-			if ticks%VerifyEvery == 0 {
-				a.last = nil
+			if passes%VerifyEvery == 0 {
+				a.srv.known = false
 			}
 		case <-a.trigger:
+		case <-a.nvmlRetry():
 		}
 	}
 }
@@ -110,94 +99,79 @@ func (a *Agent) Run(ctx context.Context) error {
 // VerifyEvery is how many intervals pass between re-reads of the GPUNode.
 const VerifyEvery = 5
 
-func (a *Agent) collectAndPublish(ctx context.Context) {
-	start := time.Now()
-	a.mu.Lock()
-	health := make(map[string]gpuv1alpha1.GPUHealth, len(a.health))
-	for k, v := range a.health {
-		health[k] = v
-	}
-	a.mu.Unlock()
-	st, err := inventory.Collect(a.Lib, health)
-	a.Metrics.duration.Observe(time.Since(start).Seconds())
-	if err != nil {
-		a.Metrics.errors.WithLabelValues("collect").Inc()
-		a.Log.Error(err, "collecting the GPU inventory failed")
-		if perr := a.publish(ctx, nil, a.lastOrEmpty(), collectionFailed(err.Error())); perr != nil {
-			a.Log.Error(perr, "cannot report the collection failure")
-		}
+// pass is one collection: read the GPUNode when needed, (re)initialise NVML
+// when due, read PCI and NVML, publish what changed, finish a health reset.
+func (a *Agent) pass(ctx context.Context) {
+	if err := a.sync(ctx); err != nil {
+		a.Metrics.errors.WithLabelValues("read").Inc()
+		a.Log.Error(err, "reading the GPUNode failed")
 		return
 	}
-	if err := a.publish(ctx, &st, &st, ready(st)); err != nil {
+	a.ensureNVML()
+	pci := a.readPCI()
+	fresh, collectErr := a.collect()
+	if fresh != nil {
+		a.kept = fresh
+	}
+	desired := composeStatus(statusInput{
+		last: a.srv.last, inventory: a.kept, pci: pci, health: a.records(), down: a.nvml.down,
+		collectErr: collectErr, simulated: a.Simulated,
+	})
+	if err := a.publish(ctx, &desired); err != nil {
 		a.Metrics.errors.WithLabelValues("write").Inc()
 		a.Log.Error(err, "writing the GPUNode status failed")
 		return
 	}
-	a.Metrics.lastSuccess.SetToCurrentTime()
-}
-
-func (a *Agent) lastOrEmpty() *gpuv1alpha1.GPUNodeStatus {
-	if a.last != nil {
-		return a.last.DeepCopy()
+	if fresh != nil {
+		a.Metrics.lastSuccess.SetToCurrentTime()
 	}
-	return &gpuv1alpha1.GPUNodeStatus{}
+	a.finishReset(ctx)
 }
 
-// publish writes status (with the given conditions) unless the server
-// already holds exactly that. collected is nil when nothing was collected:
-// the GPU list then stays as it was.
-func (a *Agent) publish(ctx context.Context, collected, base *gpuv1alpha1.GPUNodeStatus, conds []metav1.Condition) error {
-	if a.last == nil {
-		cur := &gpuv1alpha1.GPUNode{}
-		err := a.Client.Get(ctx, client.ObjectKey{Name: a.NodeName}, cur)
-		switch {
-		case apierrors.IsNotFound(err):
-			if err := a.create(ctx); err != nil {
-				return err
-			}
-			a.last = &gpuv1alpha1.GPUNodeStatus{}
-		case err != nil:
-			return fmt.Errorf("reading GPUNode %s: %w", a.NodeName, err)
-		default:
-			a.last = cur.Status.DeepCopy()
+// readPCI reads the PCI bus; on failure it logs and keeps what it read
+// last (or restored from the GPUNode).
+func (a *Agent) readPCI() []gpuv1alpha1.PCIDevice {
+	if a.SysfsRoot == "" {
+		return a.pci
+	}
+	devs, err := inventory.ReadPCI(a.SysfsRoot)
+	if err != nil {
+		a.Metrics.errors.WithLabelValues("pci").Inc()
+		a.Log.Error(err, "reading the PCI bus", "sysfsRoot", a.SysfsRoot)
+		if devs == nil {
+			return a.pci
 		}
 	}
-	desired := base.DeepCopy()
-	if collected == nil {
-		desired.GPUs = a.last.GPUs
-		inventory.Summarize(desired)
-	}
-	desired.Simulated = a.Simulated
-	desired.Conditions = append([]metav1.Condition(nil), a.last.Conditions...)
-	for _, c := range conds {
-		meta.SetStatusCondition(&desired.Conditions, c)
-	}
-	if apiequality.Semantic.DeepEqual(desired, a.last) {
-		return nil
-	}
-	gn := &gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: a.NodeName}}
-	if _, err := a.writer().Status(ctx, gn, a.last, desired); err != nil {
-		a.last = nil // re-read before the next write
-		return fmt.Errorf("GPUNode %s: %w", a.NodeName, err)
-	}
-	a.Metrics.writes.Inc()
-	a.Log.Info("published GPU inventory", "gpus", desired.GPUCount, "product", desired.Product, "mig", desired.MIG)
-	a.last = desired
-	return nil
+	a.pci = devs
+	return devs
 }
 
-// create makes the (empty) GPUNode so that its status can be applied. The
-// manager adds the owner reference to the Node.
-func (a *Agent) create(ctx context.Context) error {
-	u := &unstructured.Unstructured{}
-	u.SetAPIVersion(gpuv1alpha1.GroupVersion.String())
-	u.SetKind("GPUNode")
-	u.SetName(a.NodeName)
-	if err := a.writer().ApplyFields(ctx, u, false, "GPUNode missing"); err != nil {
-		return err
+// collect reads the inventory through NVML when it is up. NVML failing as a
+// missing driver does ends the NVML session (nothing collected, a.nvml.down
+// says why); any other failure is returned as the collection's error.
+func (a *Agent) collect() (*gpuv1alpha1.GPUNodeStatus, string) {
+	if !a.nvml.up {
+		return nil, ""
 	}
-	a.Metrics.writes.Inc()
-	return nil
+	if a.BeforeCollect != nil {
+		if err := a.BeforeCollect(); err != nil {
+			a.Log.Error(err, "before collecting")
+		}
+	}
+	start := time.Now()
+	st, err := inventory.Collect(a.Lib, nil)
+	a.Metrics.duration.Observe(time.Since(start).Seconds())
+	if err == nil {
+		a.updateHealth(st.GPUs)
+		return &st, ""
+	}
+	a.Metrics.errors.WithLabelValues("collect").Inc()
+	if nvmlGone(err) {
+		a.loseNVML(err)
+		return nil, ""
+	}
+	a.Log.Error(err, "collecting the GPU inventory failed")
+	return nil, err.Error()
 }
 
 // writer is the agent's one writer: its GPUNode and that GPUNode's status,
@@ -210,35 +184,4 @@ func (a *Agent) writer() *apply.Writer {
 			Conditions: []string{gpuv1alpha1.ConditionReady, gpuv1alpha1.ConditionNVMLUnavailable}})
 	}
 	return a.w
-}
-
-func ready(st gpuv1alpha1.GPUNodeStatus) []metav1.Condition {
-	r := metav1.Condition{Type: gpuv1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: gpuv1alpha1.ReasonCollected,
-		Message: fmt.Sprintf("%d GPUs read through NVML", st.GPUCount)}
-	var bad []string
-	for _, g := range st.GPUs {
-		if g.Health.State == gpuv1alpha1.GPUUnhealthy {
-			bad = append(bad, fmt.Sprintf("GPU %d (%s): %s", g.Index, g.Health.Reason, g.Health.Message))
-		}
-	}
-	if len(bad) > 0 {
-		r.Status, r.Reason = metav1.ConditionFalse, gpuv1alpha1.ReasonUnhealthyGPUs
-		r.Message = fmt.Sprintf("%d of %d GPUs unhealthy: %v", len(bad), st.GPUCount, bad)
-	}
-	return []metav1.Condition{r, {Type: gpuv1alpha1.ConditionNVMLUnavailable, Status: metav1.ConditionFalse,
-		Reason: gpuv1alpha1.ReasonNVMLAvailable, Message: "NVML initialised"}}
-}
-
-func unavailable(nvmlMessage string) []metav1.Condition {
-	return []metav1.Condition{
-		{Type: gpuv1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: gpuv1alpha1.ReasonNVMLInitFailed,
-			Message: "NVML could not be initialised: " + nvmlMessage},
-		{Type: gpuv1alpha1.ConditionNVMLUnavailable, Status: metav1.ConditionTrue, Reason: gpuv1alpha1.ReasonNVMLInitFailed,
-			Message: nvmlMessage},
-	}
-}
-
-func collectionFailed(msg string) []metav1.Condition {
-	return []metav1.Condition{{Type: gpuv1alpha1.ConditionReady, Status: metav1.ConditionFalse,
-		Reason: gpuv1alpha1.ReasonCollectionFailed, Message: msg}}
 }

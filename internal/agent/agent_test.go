@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -30,9 +31,18 @@ type running struct {
 
 func start(t *testing.T, node string, lib nvml.Interface, sim string) *running {
 	t.Helper()
+	return startAgent(t, &Agent{NodeName: node, Lib: lib, Simulated: sim})
+}
+
+// startAgent runs a (with the test's client, log and metrics, and an hour's
+// interval unless set) until the test ends.
+func startAgent(t *testing.T, a *Agent) *running {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	a := &Agent{NodeName: node, Lib: lib, Client: env.Client, Log: ctrl.Log.WithName(node),
-		Interval: time.Hour, Simulated: sim, Metrics: NewMetrics()}
+	a.Client, a.Log, a.Metrics = env.Client, ctrl.Log.WithName(a.NodeName), NewMetrics()
+	if a.Interval == 0 {
+		a.Interval = time.Hour
+	}
 	r := &running{agent: a, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- a.Run(ctx) }()
 	t.Cleanup(r.stop)
@@ -141,11 +151,13 @@ func TestAgentMarksGPUUnhealthyOnXid(t *testing.T) {
 	}
 }
 
+// A node with GPUs on the PCI bus and no driver: the GPUNode lists the PCI
+// devices and says NVML is unavailable.
 func TestAgentReportsNVMLUnavailable(t *testing.T) {
 	const node = "agent-no-driver"
 	lib := dgxh100.New()
 	lib.InitFunc = func() nvml.Return { return nvml.ERROR_DRIVER_NOT_LOADED }
-	start(t, node, lib, "")
+	startAgent(t, &Agent{NodeName: node, Lib: lib, SysfsRoot: pciTree(t, 2)})
 	gn := waitFor(t, node, "NVMLUnavailable", func(gn *gpuv1alpha1.GPUNode) bool {
 		return meta.IsStatusConditionTrue(gn.Status.Conditions, gpuv1alpha1.ConditionNVMLUnavailable)
 	})
@@ -156,6 +168,24 @@ func TestAgentReportsNVMLUnavailable(t *testing.T) {
 	if meta.IsStatusConditionTrue(gn.Status.Conditions, gpuv1alpha1.ConditionReady) {
 		t.Error("Ready while NVML is unavailable")
 	}
+	if p := gn.Status.PCIDevices; len(p) != 2 || p[0].BusID != "0000:00:00.0" || p[1].DeviceID != "0x2330" ||
+		p[1].Product != "NVIDIA H100 80GB HBM3" || gn.Status.GPUCount != 0 {
+		t.Errorf("PCI devices %+v, %d GPUs", p, gn.Status.GPUCount)
+	}
+}
+
+// pciTree fabricates a sysfs tree with n H100s.
+func pciTree(t *testing.T, n int) string {
+	t.Helper()
+	root := t.TempDir()
+	var devs []gpuv1alpha1.PCIDevice
+	for i := range n {
+		devs = append(devs, gpuv1alpha1.PCIDevice{BusID: fmt.Sprintf("0000:%02x:00.0", i), DeviceID: "0x2330"})
+	}
+	if err := inventory.WritePCITree(root, devs); err != nil {
+		t.Fatal(err)
+	}
+	return root
 }
 
 // A GPUNode deleted behind the agent's back comes back within VerifyEvery

@@ -3,7 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -54,10 +54,25 @@ func (a *Agent) watchEvents(ctx context.Context) {
 			continue
 		}
 		if ret != nvml.SUCCESS {
+			// The driver may be going away: a collection finds out (and
+			// ends this NVML session); meanwhile wait a little.
 			a.Log.Error(errors.New(nvml.ErrorString(ret)), "waiting for NVML events")
+			a.collectNow()
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
 			continue
 		}
 		a.handleEvent(e)
+	}
+}
+
+// collectNow asks the run loop for a collection.
+func (a *Agent) collectNow() {
+	select {
+	case a.trigger <- struct{}{}:
+	default:
 	}
 }
 
@@ -76,19 +91,15 @@ func (a *Agent) handleEvent(e nvml.EventData) {
 			a.Log.Info("application Xid, GPU stays healthy", "gpu", uuid, "xid", e.EventData)
 			return
 		}
-		h = gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUUnhealthy, Reason: "XidCriticalError",
-			Message: fmt.Sprintf("Xid %d", e.EventData), Xid: int64(e.EventData)}
+		h = gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUUnhealthy, Reason: gpuv1alpha1.HealthXidCriticalError,
+			Message: xidMessage(e.EventData), Xid: int64(e.EventData)}
 	case nvml.EventTypeDoubleBitEccError:
-		h = gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUUnhealthy, Reason: "DoubleBitECCError", Message: "uncorrectable ECC error"}
+		h = gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUUnhealthy, Reason: gpuv1alpha1.HealthDoubleBitECC,
+			Message: "uncorrectable (double-bit) ECC error event"}
 	default:
 		return
 	}
 	a.Log.Info("GPU unhealthy", "gpu", uuid, "reason", h.Reason, "message", h.Message)
-	a.mu.Lock()
-	a.health[uuid] = h
-	a.mu.Unlock()
-	select {
-	case a.trigger <- struct{}{}:
-	default:
-	}
+	a.markUnhealthy(uuid, h)
+	a.collectNow()
 }

@@ -23,7 +23,7 @@ func NewMetrics() *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 8),
 		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "loom_node_agent_errors_total", Help: "Failures by stage: nvml_init, collect, write.",
+			Name: "loom_node_agent_errors_total", Help: "Failures by stage: read (the GPUNode), pci, nvml_init, collect, write.",
 		}, []string{"stage"}),
 		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "loom_node_agent_last_success_timestamp_seconds", Help: "When the inventory was last collected and published.",

@@ -32,9 +32,9 @@ func check(call string, ret nvml.Return) error {
 	return &NVMLError{Call: call, Ret: ret}
 }
 
-// Collect reads the inventory from an initialised NVML library. health
-// carries what the agent learnt from events (keyed by GPU UUID); GPUs absent
-// from it are healthy.
+// Collect reads the inventory from an initialised NVML library. Each GPU's
+// health is what CheckHealth reads, unless health (keyed by GPU UUID: what
+// the agent learnt from events and keeps) says otherwise.
 func Collect(lib nvml.Interface, health map[string]gpuv1alpha1.GPUHealth) (gpuv1alpha1.GPUNodeStatus, error) {
 	var st gpuv1alpha1.GPUNodeStatus
 	var ret nvml.Return
@@ -63,7 +63,6 @@ func Collect(lib nvml.Interface, health map[string]gpuv1alpha1.GPUHealth) (gpuv1
 		if err != nil {
 			return st, err
 		}
-		gpu.Health = gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUHealthy}
 		if h, ok := health[gpu.UUID]; ok {
 			gpu.Health = h
 		}
@@ -126,7 +125,31 @@ func collectGPU(dev nvml.Device, index int) (gpuv1alpha1.GPU, error) {
 		return g, err
 	}
 	g.MIG = mig
+	g.Health = CheckHealth(dev)
 	return g, nil
+}
+
+// CheckHealth reads what NVML can tell of a GPU's health without events:
+// pending or failed row remaps, and uncorrectable (double-bit) ECC errors
+// since the last reset (the volatile counter). A check the GPU or driver
+// does not support (ERROR_NOT_SUPPORTED) or that fails says nothing: the
+// GPU is healthy as far as this goes.
+func CheckHealth(dev nvml.Device) gpuv1alpha1.GPUHealth {
+	if _, _, pending, failed, ret := dev.GetRemappedRows(); ret == nvml.SUCCESS {
+		switch {
+		case failed:
+			return gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUUnhealthy, Reason: gpuv1alpha1.HealthRowRemapFailure,
+				Message: "memory row remapping failed: no spare rows left; the GPU needs replacing"}
+		case pending:
+			return gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUUnhealthy, Reason: gpuv1alpha1.HealthRowRemapPending,
+				Message: "a memory row remap is pending; it takes effect at the next GPU reset"}
+		}
+	}
+	if n, ret := dev.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC); ret == nvml.SUCCESS && n > 0 {
+		return gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUUnhealthy, Reason: gpuv1alpha1.HealthDoubleBitECC,
+			Message: fmt.Sprintf("%d uncorrectable (double-bit) ECC errors since the last reset", n)}
+	}
+	return gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUHealthy}
 }
 
 // collectMIG reads MIG mode and devices; nil when the GPU cannot do MIG.

@@ -1,6 +1,8 @@
 package inventory
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -142,3 +144,129 @@ func TestMIGProfileName(t *testing.T) {
 }
 
 func ptrInt(i int) *int { return &i }
+
+// A bare simulated node: NVML works only while the driver's library exists.
+func TestSimulateBare(t *testing.T) {
+	root := t.TempDir()
+	s := simulate(t, SimOptions{System: "dgx-h100", Seed: "n", Bare: true, DriverRoot: root})
+	if ret := s.Init(); ret != nvml.ERROR_LIBRARY_NOT_FOUND {
+		t.Fatalf("Init without the library = %v", nvml.ErrorString(ret))
+	}
+	lib := BareLibrary(root)
+	if err := os.MkdirAll(filepath.Dir(lib), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(lib, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if ret := s.Init(); ret != nvml.SUCCESS {
+		t.Fatalf("Init with the library = %v", nvml.ErrorString(ret))
+	}
+	st, err := Collect(s, nil)
+	if err != nil || st.GPUCount != 8 {
+		t.Fatalf("%d GPUs, %v", st.GPUCount, err)
+	}
+	dev, _ := s.DeviceGetHandleByIndex(0)
+	if err := os.Remove(lib); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Collect(s, nil); err == nil || !strings.Contains(err.Error(), nvml.ErrorString(nvml.ERROR_DRIVER_NOT_LOADED)) {
+		t.Errorf("collection after the driver went: %v", err)
+	}
+	if _, ret := dev.GetUUID(); ret != nvml.ERROR_DRIVER_NOT_LOADED {
+		t.Errorf("a device call after the driver went = %v", nvml.ErrorString(ret))
+	}
+	if _, err := Simulate(SimOptions{System: "dgx-h100", Bare: true}); err == nil {
+		t.Error("bare without a driver root accepted")
+	}
+}
+
+func TestSimulatedPCIDevices(t *testing.T) {
+	devs := simulate(t, SimOptions{System: "dgx-a100", GPUs: ptrInt(2)}).PCIDevices()
+	if len(devs) != 2 || devs[1].BusID != "0000:01:00.0" || devs[1].DeviceID != "0x20b0" || devs[1].Class != "0x030200" {
+		t.Fatalf("%+v", devs)
+	}
+}
+
+func migProfiles(t *testing.T, s *Simulator) []string {
+	t.Helper()
+	st, err := Collect(s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, g := range st.GPUs {
+		var p []string
+		if g.MIG != nil && g.MIG.CurrentMode == gpuv1alpha1.MIGEnabled {
+			for _, d := range g.MIG.Devices {
+				p = append(p, d.Profile)
+			}
+		} else {
+			p = append(p, "off")
+		}
+		out = append(out, strings.Join(p, ","))
+	}
+	return out
+}
+
+func TestSimulatedMIGFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "mig")
+	s := simulate(t, SimOptions{System: "dgx-a100", GPUs: ptrInt(2), Seed: "n", MIG: "7g.40gb:1", MIGFile: file})
+	write := func(content string) {
+		if err := os.WriteFile(file, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.ReloadMIG(); err != nil {
+		t.Fatalf("missing file: %v", err)
+	}
+	steps := []struct {
+		content, want, wantErr string
+	}{
+		{"1g.5gb:7\n", "1g.5gb,1g.5gb,1g.5gb,1g.5gb,1g.5gb,1g.5gb,1g.5gb 1g.5gb,1g.5gb,1g.5gb,1g.5gb,1g.5gb,1g.5gb,1g.5gb", ""},
+		{"3g.20gb:1,2g.10gb:1\ndisabled\n", "3g.20gb,2g.10gb off", ""},
+		{"1g.5gb:8", "3g.20gb,2g.10gb off", "more than the GPU's 7 compute slices"},
+		{"9g.99gb:1", "3g.20gb,2g.10gb off", `MIG profile "9g.99gb" not offered`},
+		{"disabled\ndisabled\ndisabled", "3g.20gb,2g.10gb off", "3 lines for 2 GPUs"},
+		{"disabled", "off off", ""},
+	}
+	for _, st := range steps {
+		write(st.content)
+		err := s.ReloadMIG()
+		if st.wantErr == "" && err != nil || st.wantErr != "" && (err == nil || !strings.Contains(err.Error(), st.wantErr)) {
+			t.Errorf("%q: error %v, want %q", st.content, err, st.wantErr)
+		}
+		if got := strings.Join(migProfiles(t, s), " "); got != st.want {
+			t.Errorf("%q: GPUs %s, want %s", st.content, got, st.want)
+		}
+	}
+	// The same layout again gives the same MIG UUIDs.
+	write("2g.10gb:1")
+	_ = s.ReloadMIG()
+	a, _ := Collect(s, nil)
+	write("2g.10gb:1\n")
+	_ = s.ReloadMIG()
+	b, _ := Collect(s, nil)
+	if a.GPUs[0].MIG.Devices[0].UUID != b.GPUs[0].MIG.Devices[0].UUID {
+		t.Error("re-applying a layout changed MIG UUIDs")
+	}
+}
+
+func TestCheckHealth(t *testing.T) {
+	s := simulate(t, SimOptions{System: "dgx-h100", GPUs: ptrInt(3), Seed: "n"})
+	s.InjectRowRemapPending(0, true)
+	s.InjectDoubleBitECC(2, 3)
+	st, err := Collect(s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := st.GPUs[0].Health; h.Reason != gpuv1alpha1.HealthRowRemapPending {
+		t.Errorf("GPU 0 %+v", h)
+	}
+	if h := st.GPUs[1].Health; h.State != gpuv1alpha1.GPUHealthy {
+		t.Errorf("GPU 1 (checks unsupported) %+v", h)
+	}
+	if h := st.GPUs[2].Health; h.Reason != gpuv1alpha1.HealthDoubleBitECC || !strings.Contains(h.Message, "3 uncorrectable") {
+		t.Errorf("GPU 2 %+v", h)
+	}
+}

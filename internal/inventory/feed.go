@@ -13,14 +13,13 @@ import (
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 )
 
-// Feed keeps idx up to date from the manager's shared GPUNode, Node
-// (metadata only, the informer the GPU stack's reconcilers watch too) and
+// Feed keeps idx up to date from the manager's shared Node, GPUNode and
 // Pod informers: every add, update and delete is applied as it arrives, so
-// the index is never rebuilt. A GPUNode counts only while its Node exists
-// (Index.RequireNodes).
+// the index is never rebuilt. The Node informer is the typed one (the
+// index reads allocatable, taints and the Ready condition); the manager's
+// cache trims what it holds of a Node with TrimNode.
 func Feed(ctx context.Context, c cache.Cache, idx *Index) error {
-	idx.RequireNodes()
-	ni, err := c.GetInformer(ctx, nodeMetadata())
+	ni, err := c.GetInformer(ctx, &corev1.Node{})
 	if err != nil {
 		return fmt.Errorf("node informer: %w", err)
 	}
@@ -28,8 +27,8 @@ func Feed(ctx context.Context, c cache.Cache, idx *Index) error {
 		AddFunc:    func(o any) { setNode(idx, o) },
 		UpdateFunc: func(_, o any) { setNode(idx, o) },
 		DeleteFunc: func(o any) {
-			if n, ok := unwrap(o).(metav1.Object); ok {
-				idx.DeleteNode(n.GetName())
+			if n, ok := unwrap(o).(*corev1.Node); ok {
+				idx.DeleteNode(n.Name)
 			}
 		},
 	}); err != nil {
@@ -66,15 +65,51 @@ func Feed(ctx context.Context, c cache.Cache, idx *Index) error {
 	return err
 }
 
-func nodeMetadata() *metav1.PartialObjectMetadata {
-	n := &metav1.PartialObjectMetadata{}
-	n.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
-	return n
+// TrimNode is the Node cache's transform: of a typed Node it keeps what
+// the index reads (name, labels, spec.unschedulable, taints, the Ready
+// condition's status, GPU resources' capacity and allocatable) and drops
+// the rest (images, addresses, node info, managed fields: most of a
+// Node's size). Node metadata (PartialObjectMetadata, the GPU stack's
+// reconcilers' informer) passes whole but for managed fields. Nothing
+// reads a typed Node from the cache for anything else; a writer that
+// needs the whole Node reads it from the API server.
+func TrimNode(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		if m, ok := obj.(metav1.Object); ok && m.GetManagedFields() != nil {
+			m.SetManagedFields(nil)
+		}
+		return obj, nil
+	}
+	out := &corev1.Node{TypeMeta: n.TypeMeta, ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID,
+		ResourceVersion: n.ResourceVersion, Labels: n.Labels, DeletionTimestamp: n.DeletionTimestamp}}
+	out.Spec.Unschedulable, out.Spec.Taints = n.Spec.Unschedulable, n.Spec.Taints
+	out.Status.Capacity, out.Status.Allocatable = GPUResources(n.Status.Capacity), GPUResources(n.Status.Allocatable)
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			out.Status.Conditions = []corev1.NodeCondition{{Type: c.Type, Status: c.Status}}
+		}
+	}
+	return out, nil
+}
+
+// GPUResources is the GPU resources of l (IsGPUResource); nil when none.
+func GPUResources(l corev1.ResourceList) corev1.ResourceList {
+	var out corev1.ResourceList
+	for name, q := range l {
+		if IsGPUResource(name) {
+			if out == nil {
+				out = corev1.ResourceList{}
+			}
+			out[name] = q
+		}
+	}
+	return out
 }
 
 func setNode(idx *Index, o any) {
-	if n, ok := o.(metav1.Object); ok {
-		idx.SetNode(n.GetName())
+	if n, ok := o.(*corev1.Node); ok {
+		idx.SetNode(n)
 	}
 }
 

@@ -44,8 +44,16 @@ func TestFeedFollowsTheAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Its Node: a GPUNode counts only while the Node exists.
-	if err := env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "feed-0"}}); err != nil {
+	// Its Node: a GPUNode counts only while the Node exists. Its device
+	// plugin time-slices 4 replicas per GPU: 32 nvidia.com/gpu.
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "feed-0"}}
+	if err := env.Client.Create(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	node.Status.Allocatable = corev1.ResourceList{inventory.GPUResource: resource.MustParse("32")}
+	node.Status.Capacity = node.Status.Allocatable
+	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	if err := env.Client.Status().Update(ctx, node); err != nil {
 		t.Fatal(err)
 	}
 	gn := &gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: "feed-0"}}
@@ -67,15 +75,37 @@ func TestFeedFollowsTheAPIServer(t *testing.T) {
 	if err := env.Client.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	waitFree(t, idx, 8, 5)
+	waitFree(t, idx, 32, 29)
+	// Cordoned: nothing free now, but the node still counts.
+	node.Spec.Unschedulable = true
+	if err := env.Client.Update(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	gang := inventory.Gang{Groups: []inventory.PodGroup{{Count: 1, GPUs: 4}}}
+	testenvEventually(t, func() bool { return idx.Fits(gang).Verdict == inventory.NotNow })
 	if err := env.Client.Delete(ctx, p, client.GracePeriodSeconds(0)); err != nil {
 		t.Fatal(err)
 	}
-	waitFree(t, idx, 8, 8)
+	waitFree(t, idx, 32, 32)
+	// Without its GPUNode the Node's allocatable still counts.
 	if err := env.Client.Delete(ctx, gn); err != nil {
 		t.Fatal(err)
 	}
+	if err := env.Client.Delete(ctx, node); err != nil {
+		t.Fatal(err)
+	}
 	waitFree(t, idx, 0, 0)
+}
+
+func testenvEventually(t *testing.T, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 15s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // A GPUNode someone wrote for a node that does not exist, status and all,

@@ -1,7 +1,8 @@
 package inventory
 
 import (
-	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -12,129 +13,233 @@ import (
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 )
 
-// GPUResource is the extended resource whole GPUs are requested by.
+// GPUResource is the extended resource whole GPUs (or their time-sliced
+// replicas) are requested by.
 const GPUResource corev1.ResourceName = "nvidia.com/gpu"
 
-// Index is the manager's in-memory view of GPUs: per node and per product,
-// how many exist and how many are free. It is fed incrementally from the
-// GPUNode and Pod informers (SetGPUNode, DeleteGPUNode, SetPod, DeletePod)
-// and answers Fits without scanning nodes: per product it keeps a histogram
-// of free GPUs per node, so a query costs O(pod groups × distinct free
-// counts) however many nodes there are. Safe for concurrent use.
+const (
+	// migResourcePrefix starts the device plugin's MIG resources under the
+	// mixed strategy: nvidia.com/mig-1g.10gb, nvidia.com/mig-3g.40gb, …
+	migResourcePrefix = "nvidia.com/mig-"
+	// sharedSuffix ends a time-sliced resource the device plugin renames
+	// (renameByDefault): nvidia.com/gpu.shared, nvidia.com/mig-1g.10gb.shared.
+	sharedSuffix = ".shared"
+)
+
+// IsGPUResource says whether name is one of the NVIDIA device plugin's GPU
+// resources: nvidia.com/gpu, each nvidia.com/mig-<profile>, and their
+// renamed time-sliced forms <name>.shared.
+func IsGPUResource(name corev1.ResourceName) bool {
+	s := strings.TrimSuffix(string(name), sharedSuffix)
+	return s == string(GPUResource) || (strings.HasPrefix(s, migResourcePrefix) && len(s) > len(migResourcePrefix))
+}
+
+// Index is the manager's in-memory view of GPUs as the scheduler sees them:
+// per node, what each GPU resource offers (the Node's allocatable, less the
+// GPUs its GPUNode reports unhealthy) and what bound, non-terminal pods
+// request of it. It is fed incrementally from the Node, GPUNode and Pod
+// informers (SetNode, SetGPUNode, SetPod and their deletes); Fits reads
+// the per-node aggregates in one pass over the GPU nodes. Safe for
+// concurrent use.
 //
-// Once RequireNodes is called (Feed does, and feeds it the Nodes with
-// SetNode and DeleteNode), a GPUNode's GPUs count only while a Node of its
-// name exists: a GPUNode without one (made by hand, or left behind) adds no
-// phantom GPUs, and counts as soon as its Node appears.
+// A node offers GPUs only while its Node exists: a GPUNode without one
+// (made by hand, or left behind) adds no phantom GPUs.
 type Index struct {
-	mu       sync.RWMutex
-	nodes    map[string]*nodeEntry
-	pods     map[types.UID]podEntry
-	products map[string]*productEntry
-	subs     []chan struct{}
-	// requireNodes: count a GPUNode only while its Node is in nodeNames.
-	requireNodes bool
-	nodeNames    map[string]struct{}
-	// inventory is every GPUNode's GPUs, counted or not.
-	inventory map[string]gpuInventory
+	mu    sync.RWMutex
+	nodes map[string]*nodeEntry
+	pods  map[types.UID]podEntry
+	subs  []chan struct{}
 }
 
-// gpuInventory is what a GPUNode adds to its node's entry.
-type gpuInventory struct {
-	product  string
-	capacity int64
-}
-
+// nodeEntry is one node: what its Node and GPUNode say, what pods use, and
+// what it offers (derived from the three by derive).
 type nodeEntry struct {
-	product  string // label form, e.g. NVIDIA-H100-80GB-HBM3; "" until its GPUNode is seen
-	capacity int64  // healthy whole GPUs (MIG-mode GPUs are not nvidia.com/gpu)
-	used     int64  // requested by bound, non-terminal pods
+	name string
+	node *nodeView   // nil until its Node is seen
+	gpus *gpuHealth  // nil until its GPUNode is seen
+	used []resAmount // requested by bound, non-terminal pods
+
+	// derived
+	product string            // label form: the Node's nvidia.com/gpu.product, else its GPUNode's
+	labels  map[string]string // the Node's, with product when it has no product label
+	offers  []resAmount       // per resource, healthy units; sorted by name
+	// pending: the Node advertises no GPU resource yet (no device plugin),
+	// and offers are the GPUNode's healthy whole GPUs.
+	pending bool
 }
 
-func (n *nodeEntry) free() int64 { return max(n.capacity-n.used, 0) }
+// nodeView is what the index keeps of a Node.
+type nodeView struct {
+	labels             map[string]string
+	taints             []corev1.Taint // NoSchedule and NoExecute only
+	cordoned, notReady bool
+	resources          []resCapacity // GPU resources only, sorted by name
+}
+
+type resCapacity struct {
+	name                  corev1.ResourceName
+	capacity, allocatable int64
+}
+
+// resAmount is a quantity of one resource.
+type resAmount struct {
+	name corev1.ResourceName
+	n    int64
+}
+
+// gpuHealth is what a GPUNode adds: the product, and per device kind how
+// many exist and how many are unhealthy.
+type gpuHealth struct {
+	product             string
+	whole, badWhole     int64            // GPUs not in MIG mode
+	mig, badMIG         map[string]int64 // MIG devices per profile (1g.10gb)
+	migTotal, badMIGSum int64
+}
+
+func (a *gpuHealth) equal(b *gpuHealth) bool {
+	return a != nil && b != nil && a.product == b.product && a.whole == b.whole && a.badWhole == b.badWhole &&
+		maps.Equal(a.mig, b.mig) && maps.Equal(a.badMIG, b.badMIG)
+}
+
+func (v *nodeView) equal(w *nodeView) bool {
+	return v != nil && w != nil && v.cordoned == w.cordoned && v.notReady == w.notReady &&
+		maps.Equal(v.labels, w.labels) && slices.Equal(v.resources, w.resources) &&
+		slices.EqualFunc(v.taints, w.taints, func(a, b corev1.Taint) bool {
+			return a.Key == b.Key && a.Value == b.Value && a.Effect == b.Effect
+		})
+}
+
+func amount(list []resAmount, name corev1.ResourceName) int64 {
+	for _, r := range list {
+		if r.name == name {
+			return r.n
+		}
+	}
+	return 0
+}
+
+// free is what the node has left of a resource.
+func (n *nodeEntry) free(name corev1.ResourceName) int64 {
+	return max(amount(n.offers, name)-amount(n.used, name), 0)
+}
 
 type podEntry struct {
 	node string
-	gpus int64
-}
-
-type productEntry struct {
-	nodes, total, free int64
-	// byFree and byCapacity count the product's nodes by their number of
-	// free and of healthy GPUs.
-	byFree, byCapacity map[int64]int64
+	res  []resAmount
 }
 
 // NewIndex returns an empty index.
 func NewIndex() *Index {
-	return &Index{nodes: map[string]*nodeEntry{}, pods: map[types.UID]podEntry{}, products: map[string]*productEntry{},
-		nodeNames: map[string]struct{}{}, inventory: map[string]gpuInventory{}}
+	return &Index{nodes: map[string]*nodeEntry{}, pods: map[types.UID]podEntry{}}
 }
 
-// RequireNodes makes the index count a GPUNode's GPUs only while SetNode
-// has recorded its Node (and DeleteNode has not removed it since).
-func (x *Index) RequireNodes() {
+// SetNode records a Node (add or update): its labels, taints, whether it
+// is cordoned or NotReady, and its GPU resources' capacity and allocatable.
+func (x *Index) SetNode(node *corev1.Node) {
+	v := viewNode(node)
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if x.requireNodes {
-		return
+	if n := x.nodes[node.Name]; n != nil && n.node.equal(v) {
+		return // a heartbeat, or a change the index does not read
 	}
-	x.requireNodes = true
-	for name := range x.inventory {
-		x.count(name)
-	}
+	x.update(node.Name, func(n *nodeEntry) { n.node = v })
 }
 
-// SetNode records that a Node exists; its GPUNode, seen before or later,
-// counts.
-func (x *Index) SetNode(name string) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if _, ok := x.nodeNames[name]; ok {
-		return
+func viewNode(node *corev1.Node) *nodeView {
+	v := &nodeView{labels: node.Labels, cordoned: node.Spec.Unschedulable, notReady: true}
+	for _, t := range node.Spec.Taints {
+		if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
+			v.taints = append(v.taints, t)
+		}
 	}
-	x.nodeNames[name] = struct{}{}
-	x.count(name)
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			v.notReady = c.Status != corev1.ConditionTrue
+		}
+	}
+	for name, q := range node.Status.Allocatable {
+		if IsGPUResource(name) {
+			c := node.Status.Capacity[name]
+			v.resources = append(v.resources, resCapacity{name: name, allocatable: q.Value(), capacity: max(c.Value(), q.Value())})
+		}
+	}
+	sort.Slice(v.resources, func(i, j int) bool { return v.resources[i].name < v.resources[j].name })
+	return v
 }
 
-// DeleteNode records that a Node is gone: its GPUNode no longer counts
-// (until the GPUNode goes too, or the Node comes back).
+// DeleteNode records that a Node is gone: it offers nothing (its pods and
+// GPUNode stay recorded until they go too, or the Node comes back).
 func (x *Index) DeleteNode(name string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if _, ok := x.nodeNames[name]; !ok {
+	if n := x.nodes[name]; n != nil && n.node != nil {
+		x.update(name, func(n *nodeEntry) { n.node = nil })
+	}
+}
+
+// SetGPUNode records a node's NVML inventory (add or update): its product
+// and which of its GPUs and MIG devices are unhealthy.
+func (x *Index) SetGPUNode(gn *gpuv1alpha1.GPUNode) {
+	h := &gpuHealth{}
+	for _, g := range gn.Status.GPUs {
+		if h.product == "" {
+			h.product = LabelValue(g.Product)
+		}
+		bad := int64(0)
+		if g.Health.State == gpuv1alpha1.GPUUnhealthy {
+			bad = 1
+		}
+		if g.MIG == nil || g.MIG.CurrentMode != gpuv1alpha1.MIGEnabled {
+			h.whole++
+			h.badWhole += bad
+			continue
+		}
+		if h.mig == nil {
+			h.mig, h.badMIG = map[string]int64{}, map[string]int64{}
+		}
+		for _, d := range g.MIG.Devices {
+			h.mig[d.Profile]++
+			h.badMIG[d.Profile] += bad
+			h.migTotal++
+			h.badMIGSum += bad
+		}
+	}
+	if gn.Status.Product == "mixed" {
+		h.product = "mixed"
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if n := x.nodes[gn.Name]; n != nil && n.gpus.equal(h) {
 		return
 	}
-	delete(x.nodeNames, name)
-	x.count(name)
+	x.update(gn.Name, func(n *nodeEntry) { n.gpus = h })
 }
 
-// count sets a node's product and capacity from its GPUNode when it counts,
-// to none when it does not.
-func (x *Index) count(name string) {
-	inv, ok := x.inventory[name]
-	if _, node := x.nodeNames[name]; x.requireNodes && !node {
-		inv, ok = gpuInventory{}, false
+// DeleteGPUNode forgets a node's NVML inventory; its Node's allocatable
+// still counts, with no health to subtract.
+func (x *Index) DeleteGPUNode(name string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if n := x.nodes[name]; n != nil && n.gpus != nil {
+		x.update(name, func(n *nodeEntry) { n.gpus = nil })
 	}
-	if !ok && x.nodes[name] == nil {
-		return // nothing counted, nothing to take back
-	}
-	x.update(name, func(n *nodeEntry) { n.product, n.capacity = inv.product, inv.capacity })
 }
 
-// update applies f to a node's entry, moving the node between the product
-// histograms as its product or free count changes.
-func (x *Index) update(node string, f func(*nodeEntry)) {
-	n := x.nodes[node]
+// update applies f to a node's entry, derives what it offers again (not
+// for a pod's change: pods change only what is used) and tells the
+// subscribers.
+func (x *Index) update(name string, f func(*nodeEntry)) {
+	n := x.nodes[name]
 	if n == nil {
-		n = &nodeEntry{}
-		x.nodes[node] = n
+		n = &nodeEntry{name: name}
+		x.nodes[name] = n
 	}
-	x.account(n, -1)
+	node, gpus := n.node, n.gpus
 	f(n)
-	x.account(n, +1)
-	if n.product == "" && n.used == 0 && n.capacity == 0 {
-		delete(x.nodes, node)
+	if n.node == nil && n.gpus == nil && len(n.used) == 0 {
+		delete(x.nodes, name)
+	} else if n.node != node || n.gpus != gpus {
+		n.derive()
 	}
 	for _, c := range x.subs {
 		select {
@@ -144,9 +249,74 @@ func (x *Index) update(node string, f func(*nodeEntry)) {
 	}
 }
 
+// derive sets what a node offers per GPU resource: its allocatable, less
+// the units of the GPUs its GPUNode reports unhealthy. Kubelet already
+// leaves devices the device plugin reports unhealthy out of allocatable
+// (they stay in capacity), so the offer is the smaller of allocatable and
+// capacity less the unhealthy GPUs' units: a GPU both report is not taken
+// off twice, and one only NVML has seen fail is taken off too.
+func (n *nodeEntry) derive() {
+	n.offers, n.pending, n.product, n.labels = nil, false, "", nil
+	if n.gpus != nil {
+		n.product = n.gpus.product
+	}
+	if n.node == nil {
+		return
+	}
+	if p := n.node.labels[ProductLabel]; p != "" {
+		n.product = p
+	}
+	for _, r := range n.node.resources {
+		healthy := r.allocatable
+		if lost := n.gpus.lost(r.name, r.capacity); lost > 0 {
+			healthy = min(healthy, r.capacity-lost)
+		}
+		if healthy > 0 {
+			n.offers = append(n.offers, resAmount{r.name, healthy})
+		}
+	}
+	if len(n.node.resources) == 0 && n.gpus != nil && n.gpus.whole > n.gpus.badWhole {
+		n.offers, n.pending = []resAmount{{GPUResource, n.gpus.whole - n.gpus.badWhole}}, true
+	}
+	labels := n.node.labels
+	if _, ok := labels[ProductLabel]; !ok && n.product != "" {
+		// GPU feature discovery's labels come after the GPUNode: a node
+		// not labelled yet matches a product selector by its GPUNode.
+		labels = maps.Clone(labels)
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		labels[ProductLabel] = n.product
+	}
+	n.labels = labels
+}
+
+// lost is how many units of a resource the unhealthy devices behind it
+// take away: with time-slicing each device is capacity/devices replicas.
+func (h *gpuHealth) lost(name corev1.ResourceName, capacity int64) int64 {
+	if h == nil {
+		return 0
+	}
+	base := strings.TrimSuffix(string(name), sharedSuffix)
+	var units, bad int64
+	switch {
+	case base == string(GPUResource) && h.whole > 0:
+		units, bad = h.whole, h.badWhole
+	case base == string(GPUResource): // MIG's single strategy: MIG devices are nvidia.com/gpu
+		units, bad = h.migTotal, h.badMIGSum
+	default:
+		profile := strings.TrimPrefix(base, migResourcePrefix)
+		units, bad = h.mig[profile], h.badMIG[profile]
+	}
+	if units == 0 || bad == 0 {
+		return 0
+	}
+	return bad * max(capacity/units, 1)
+}
+
 // Subscribe returns a channel that receives a value after the index has
-// changed (free or total GPUs of some node). Changes coalesce: a slow reader
-// sees one value for many changes, never a blocked writer.
+// changed (what some node offers or has free). Changes coalesce: a slow
+// reader sees one value for many changes, never a blocked writer.
 func (x *Index) Subscribe() <-chan struct{} {
 	c := make(chan struct{}, 1)
 	x.mu.Lock()
@@ -155,72 +325,17 @@ func (x *Index) Subscribe() <-chan struct{} {
 	return c
 }
 
-func (x *Index) account(n *nodeEntry, sign int64) {
-	if n.product == "" {
-		return
-	}
-	p := x.products[n.product]
-	if p == nil {
-		p = &productEntry{byFree: map[int64]int64{}, byCapacity: map[int64]int64{}}
-		x.products[n.product] = p
-	}
-	free := n.free()
-	p.nodes += sign
-	p.total += sign * n.capacity
-	p.free += sign * free
-	p.byFree[free] += sign
-	if p.byFree[free] == 0 {
-		delete(p.byFree, free)
-	}
-	p.byCapacity[n.capacity] += sign
-	if p.byCapacity[n.capacity] == 0 {
-		delete(p.byCapacity, n.capacity)
-	}
-	if p.nodes == 0 {
-		delete(x.products, n.product)
-	}
-}
-
-// SetGPUNode records a node's inventory (add or update).
-func (x *Index) SetGPUNode(gn *gpuv1alpha1.GPUNode) {
-	var capacity int64
-	product := ""
-	for _, g := range gn.Status.GPUs {
-		if product == "" {
-			product = LabelValue(g.Product)
-		}
-		if g.Health.State == gpuv1alpha1.GPUUnhealthy || (g.MIG != nil && g.MIG.CurrentMode == gpuv1alpha1.MIGEnabled) {
-			continue
-		}
-		capacity++
-	}
-	if gn.Status.Product == "mixed" {
-		product = "mixed"
-	}
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	x.inventory[gn.Name] = gpuInventory{product: product, capacity: capacity}
-	x.count(gn.Name)
-}
-
-// DeleteGPUNode forgets a node's inventory (its pods stay counted until
-// they go).
-func (x *Index) DeleteGPUNode(name string) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	delete(x.inventory, name)
-	x.update(name, func(n *nodeEntry) { n.product, n.capacity = "", 0 })
-}
-
 // PodGPUs is what a pod takes of nvidia.com/gpu: the larger of its
 // containers' total and its largest init container (as the scheduler
 // counts), using limits where requests are unset.
-func PodGPUs(spec *corev1.PodSpec) int64 {
+func PodGPUs(spec *corev1.PodSpec) int64 { return podResource(spec, GPUResource) }
+
+func podResource(spec *corev1.PodSpec, name corev1.ResourceName) int64 {
 	get := func(r corev1.ResourceRequirements) int64 {
-		if q, ok := r.Requests[GPUResource]; ok {
+		if q, ok := r.Requests[name]; ok {
 			return q.Value()
 		}
-		if q, ok := r.Limits[GPUResource]; ok {
+		if q, ok := r.Limits[name]; ok {
 			return q.Value()
 		}
 		return 0
@@ -240,25 +355,67 @@ func PodGPUs(spec *corev1.PodSpec) int64 {
 	return max(sum, initMax)
 }
 
+// podResources is every GPU resource a pod takes (PodGPUs for each), sorted
+// by name; nil when it asks for none.
+func podResources(spec *corev1.PodSpec) []resAmount {
+	var names []corev1.ResourceName
+	add := func(cs []corev1.Container) {
+		for i := range cs {
+			for _, l := range []corev1.ResourceList{cs[i].Resources.Requests, cs[i].Resources.Limits} {
+				for name := range l {
+					if IsGPUResource(name) && !slices.Contains(names, name) {
+						names = append(names, name)
+					}
+				}
+			}
+		}
+	}
+	add(spec.Containers)
+	add(spec.InitContainers)
+	slices.Sort(names)
+	var out []resAmount
+	for _, name := range names {
+		if n := podResource(spec, name); n > 0 {
+			out = append(out, resAmount{name, n})
+		}
+	}
+	return out
+}
+
 // SetPod records a pod (add or update): bound, non-terminal pods hold their
-// GPUs on their node.
+// GPU resources on their node.
 func (x *Index) SetPod(pod *corev1.Pod) {
-	holds := pod.Spec.NodeName != "" && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed
-	gpus := int64(0)
-	if holds {
-		gpus = PodGPUs(&pod.Spec)
+	var res []resAmount
+	if pod.Spec.NodeName != "" && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+		res = podResources(&pod.Spec)
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	old, had := x.pods[pod.UID]
-	if had && old.node == pod.Spec.NodeName && old.gpus == gpus {
+	if had && old.node == pod.Spec.NodeName && slices.Equal(old.res, res) {
 		return
 	}
 	x.removePod(pod.UID)
-	if gpus > 0 {
-		x.pods[pod.UID] = podEntry{node: pod.Spec.NodeName, gpus: gpus}
-		x.update(pod.Spec.NodeName, func(n *nodeEntry) { n.used += gpus })
+	if len(res) > 0 {
+		x.pods[pod.UID] = podEntry{node: pod.Spec.NodeName, res: res}
+		x.update(pod.Spec.NodeName, func(n *nodeEntry) { n.used = addAmounts(n.used, res, 1) })
 	}
+}
+
+// addAmounts adds sign × add to list, dropping what reaches zero.
+func addAmounts(list, add []resAmount, sign int64) []resAmount {
+	for _, a := range add {
+		i := slices.IndexFunc(list, func(r resAmount) bool { return r.name == a.name })
+		if i < 0 {
+			list = append(list, resAmount{a.name, 0})
+			i = len(list) - 1
+		}
+		list[i].n += sign * a.n
+		if list[i].n == 0 {
+			list = slices.Delete(list, i, i+1)
+		}
+	}
+	return list
 }
 
 // DeletePod forgets a pod.
@@ -274,253 +431,64 @@ func (x *Index) removePod(uid types.UID) {
 		return
 	}
 	delete(x.pods, uid)
-	x.update(old.node, func(n *nodeEntry) { n.used -= old.gpus })
+	x.update(old.node, func(n *nodeEntry) { n.used = addAmounts(n.used, old.res, -1) })
 }
 
-// ProductSummary is the GPUs of one product.
+// ProductSummary is the nvidia.com/gpu of one product.
 type ProductSummary struct {
 	Product            string
 	Nodes, Total, Free int64
 }
 
-// Summary lists every product with its node, GPU and free counts, sorted by
-// product.
+// Summary lists every product with its node, nvidia.com/gpu and free
+// counts (free on schedulable, Ready nodes), sorted by product.
 func (x *Index) Summary() []ProductSummary {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	out := make([]ProductSummary, 0, len(x.products))
-	for name, p := range x.products {
-		out = append(out, ProductSummary{Product: name, Nodes: p.nodes, Total: p.total, Free: p.free})
+	by := map[string]*ProductSummary{}
+	for _, n := range x.nodes {
+		total := amount(n.offers, GPUResource)
+		if total == 0 {
+			continue
+		}
+		s := by[n.product]
+		if s == nil {
+			s = &ProductSummary{Product: n.product}
+			by[n.product] = s
+		}
+		s.Nodes++
+		s.Total += total
+		if n.open() {
+			s.Free += n.free(GPUResource)
+		}
+	}
+	out := make([]ProductSummary, 0, len(by))
+	for _, s := range by {
+		out = append(out, *s)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Product < out[j].Product })
 	return out
 }
 
-// NodeFree returns a node's healthy GPUs and free GPUs.
+// open: the node takes new pods (not cordoned, Ready, its device plugin
+// registered). Taints are the pods' to tolerate; see Fits.
+func (n *nodeEntry) open() bool {
+	return n.node != nil && !n.node.cordoned && !n.node.notReady && !n.pending
+}
+
+// NodeFree returns what a node offers of nvidia.com/gpu and what of it is
+// free.
 func (x *Index) NodeFree(node string) (capacity, free int64) {
+	return x.NodeResourceFree(node, GPUResource)
+}
+
+// NodeResourceFree returns what a node offers of a GPU resource and what
+// of it is free.
+func (x *Index) NodeResourceFree(node string, name corev1.ResourceName) (capacity, free int64) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	if n := x.nodes[node]; n != nil {
-		return n.capacity, n.free()
+		return amount(n.offers, name), n.free(name)
 	}
 	return 0, 0
-}
-
-// PodGroup is Count pods asking GPUs each.
-type PodGroup struct {
-	Count int64
-	GPUs  int64
-}
-
-// Gang is a set of pods that must all be placed at once.
-type Gang struct {
-	Groups []PodGroup
-	// Product restricts placement to one product (label form, as in the
-	// nvidia.com/gpu.product node selector); empty means any.
-	Product string
-}
-
-// Verdict says whether a gang fits.
-type Verdict string
-
-const (
-	// FitsNow: the gang fits in the GPUs free now.
-	FitsNow Verdict = "Fits"
-	// NotNow: it would fit the cluster's GPUs, but not what is free now.
-	NotNow Verdict = "NotNow"
-	// Never: it cannot fit this cluster even with every GPU free.
-	Never Verdict = "Never"
-)
-
-// FitResult is the answer of Fits, with a message a user can act on.
-type FitResult struct {
-	Verdict Verdict
-	Message string
-}
-
-// Fits packs the gang's pods onto nodes (largest first, each onto the node
-// with the fewest free GPUs that still hold it) against free GPUs, and
-// again against all GPUs to tell "not now" from "never".
-func (x *Index) Fits(g Gang) FitResult {
-	groups := make([]PodGroup, 0, len(g.Groups))
-	var pods, gpus int64
-	for _, pg := range g.Groups {
-		if pg.Count <= 0 || pg.GPUs <= 0 {
-			continue
-		}
-		pods += pg.Count
-		gpus += pg.Count * pg.GPUs
-		merged := false
-		for i := range groups {
-			if groups[i].GPUs == pg.GPUs { // one "4 pods × 8" rather than "1 pod × 8 + 3 pods × 8"
-				groups[i].Count += pg.Count
-				merged = true
-			}
-		}
-		if !merged {
-			groups = append(groups, pg)
-		}
-	}
-	if len(groups) == 0 {
-		return FitResult{Verdict: FitsNow, Message: "needs no GPUs"}
-	}
-	sort.Slice(groups, func(i, j int) bool { return groups[i].GPUs > groups[j].GPUs })
-
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	var candidates []*productEntry
-	for name, p := range x.products {
-		if g.Product == "" || g.Product == name {
-			candidates = append(candidates, p)
-		}
-	}
-	what := fmt.Sprintf("%s nvidia.com/gpu", describeGroups(groups))
-	if g.Product != "" {
-		what += " of " + g.Product
-	}
-	if len(candidates) == 0 {
-		if g.Product != "" {
-			return FitResult{Verdict: Never, Message: fmt.Sprintf("needs %s; the cluster has no %s GPUs (%s)", what, g.Product, x.productsLocked())}
-		}
-		return FitResult{Verdict: Never, Message: fmt.Sprintf("needs %s; the cluster has no GPU nodes", what)}
-	}
-	free, capacity := map[int64]int64{}, map[int64]int64{}
-	var totalFree, total, nodes int64
-	for _, p := range candidates {
-		for f, n := range p.byFree {
-			free[f] += n
-		}
-		for c, n := range p.byCapacity {
-			capacity[c] += n
-		}
-		totalFree += p.free
-		total += p.total
-		nodes += p.nodes
-	}
-	if pack(groups, free) {
-		return FitResult{Verdict: FitsNow, Message: fmt.Sprintf("fits: needs %s, %d of %d free", what, gpus, totalFree)}
-	}
-	if !pack(groups, capacity) {
-		largest := maxKey(capacity)
-		msg := fmt.Sprintf("needs %s (%d in all); this cluster has %d nodes with %d GPUs", what, gpus, nodes, total)
-		if groups[0].GPUs > largest {
-			msg += fmt.Sprintf(", none with more than %d", largest)
-		}
-		return FitResult{Verdict: Never, Message: msg + ": it can never fit"}
-	}
-	return FitResult{Verdict: NotNow, Message: fmt.Sprintf("needs %s (%d in all), %d free, %d in the cluster; %s",
-		what, gpus, totalFree, total, describeHistogram(free))}
-}
-
-// pack places groups (sorted by GPUs, largest first) onto nodes given as a
-// histogram free-GPUs → node count, one pod at a time onto the node with the
-// fewest free GPUs that holds it (best fit). It works on a copy; the cost is
-// O(pods × distinct free counts), independent of the number of nodes.
-func pack(groups []PodGroup, hist map[int64]int64) bool {
-	h := make(map[int64]int64, len(hist))
-	keys := make([]int64, 0, len(hist))
-	for k, v := range hist {
-		if v > 0 && k > 0 {
-			h[k] = v
-			keys = append(keys, k)
-		}
-	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i] < keys[j] })
-	move := func(from, to int64) {
-		h[from]--
-		if h[from] == 0 {
-			delete(h, from)
-			i := sort.Search(len(keys), func(i int) bool { return keys[i] >= from })
-			keys = append(keys[:i], keys[i+1:]...)
-		}
-		if to > 0 {
-			if h[to] == 0 {
-				i := sort.Search(len(keys), func(i int) bool { return keys[i] >= to })
-				keys = append(keys, 0)
-				copy(keys[i+1:], keys[i:])
-				keys[i] = to
-			}
-			h[to]++
-		}
-	}
-	for _, g := range groups {
-		for range g.Count {
-			i := sort.Search(len(keys), func(i int) bool { return keys[i] >= g.GPUs })
-			if i == len(keys) {
-				return false
-			}
-			move(keys[i], keys[i]-g.GPUs)
-		}
-	}
-	return true
-}
-
-func describeGroups(groups []PodGroup) string {
-	parts := make([]string, len(groups))
-	for i, g := range groups {
-		unit := "pods"
-		if g.Count == 1 {
-			unit = "pod"
-		}
-		parts[i] = fmt.Sprintf("%d %s × %d", g.Count, unit, g.GPUs)
-	}
-	return strings.Join(parts, " + ")
-}
-
-// describeHistogram says how free GPUs are spread over the nodes: "3 nodes
-// have 8 free, 1 has 4, 2 have none".
-func describeHistogram(h map[int64]int64) string {
-	var keys []int64
-	for k, v := range h {
-		if v > 0 {
-			keys = append(keys, k)
-		}
-	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i] > keys[j] })
-	var parts []string
-	for i, k := range keys {
-		if i == 5 {
-			parts = append(parts, "…")
-			break
-		}
-		verb, noun := "have", "nodes"
-		if h[k] == 1 {
-			verb, noun = "has", "node"
-		}
-		amount := fmt.Sprintf("%d", k)
-		if k == 0 {
-			amount = "none"
-		}
-		switch {
-		case i == 0 && k > 0:
-			parts = append(parts, fmt.Sprintf("%d %s %s %s free", h[k], noun, verb, amount))
-		case i == 0:
-			parts = append(parts, fmt.Sprintf("%d %s %s none free", h[k], noun, verb))
-		default:
-			parts = append(parts, fmt.Sprintf("%d %s %s", h[k], verb, amount))
-		}
-	}
-	return strings.Join(parts, ", ")
-}
-
-func maxKey(h map[int64]int64) int64 {
-	var m int64
-	for k, v := range h {
-		if v > 0 && k > m {
-			m = k
-		}
-	}
-	return m
-}
-
-func (x *Index) productsLocked() string {
-	if len(x.products) == 0 {
-		return "no GPU nodes at all"
-	}
-	var parts []string
-	for name, p := range x.products {
-		parts = append(parts, fmt.Sprintf("%s: %d", name, p.total))
-	}
-	sort.Strings(parts)
-	return "it has " + strings.Join(parts, ", ")
 }

@@ -44,13 +44,34 @@ func pod(uid, node string, gpus int64, phase corev1.PodPhase) *corev1.Pod {
 
 const h100 = "NVIDIA H100 80GB HBM3"
 
+// kubeNode is a Ready Node advertising res (name, count, name, count, …)
+// as capacity and allocatable.
+func kubeNode(name string, res ...any) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}}}
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	n.Status.Allocatable, n.Status.Capacity = corev1.ResourceList{}, corev1.ResourceList{}
+	for i := 0; i+1 < len(res); i += 2 {
+		q := *resource.NewQuantity(int64(res[i+1].(int)), resource.DecimalSI)
+		n.Status.Allocatable[corev1.ResourceName(res[i].(string))] = q
+		n.Status.Capacity[corev1.ResourceName(res[i].(string))] = q
+	}
+	return n
+}
+
+// addGPUNode records a Node advertising gpus nvidia.com/gpu and its
+// GPUNode.
+func addGPUNode(x *Index, name, product string, gpus int, unhealthy ...int) {
+	x.SetNode(kubeNode(name, "nvidia.com/gpu", gpus))
+	x.SetGPUNode(gpuNode(name, product, gpus, unhealthy...))
+}
+
 // 4 H100 nodes: 3 with 8 free, 1 with 4 free; 1 A100 node.
 func fleet() *Index {
 	x := NewIndex()
 	for i := range 4 {
-		x.SetGPUNode(gpuNode(fmt.Sprintf("h%d", i), h100, 8))
+		addGPUNode(x, fmt.Sprintf("h%d", i), h100, 8)
 	}
-	x.SetGPUNode(gpuNode("a0", "NVIDIA A100-SXM4-40GB", 8))
+	addGPUNode(x, "a0", "NVIDIA A100-SXM4-40GB", 8)
 	x.SetPod(pod("p1", "h3", 4, corev1.PodRunning))
 	x.SetPod(pod("done", "h2", 8, corev1.PodSucceeded)) // finished: holds nothing
 	x.SetPod(pod("pending", "", 8, corev1.PodPending))  // unbound: holds nothing
@@ -65,18 +86,18 @@ func TestFits(t *testing.T) {
 		verdict Verdict
 		msg     string
 	}{
-		{"fits now", Gang{Groups: []PodGroup{{3, 8}}, Product: "NVIDIA-H100-80GB-HBM3"}, FitsNow, "fits"},
-		{"uses the half-free node", Gang{Groups: []PodGroup{{3, 8}, {2, 2}}, Product: "NVIDIA-H100-80GB-HBM3"}, FitsNow, ""},
-		{"not now", Gang{Groups: []PodGroup{{4, 8}}, Product: "NVIDIA-H100-80GB-HBM3"},
-			NotNow, "needs 4 pods × 8 nvidia.com/gpu of NVIDIA-H100-80GB-HBM3 (32 in all), 28 free, 32 in the cluster; 3 nodes have 8 free, 1 has 4"},
-		{"never: too many", Gang{Groups: []PodGroup{{5, 8}}, Product: "NVIDIA-H100-80GB-HBM3"},
-			Never, "this cluster has 4 nodes with 32 GPUs: it can never fit"},
-		{"never: too big per pod", Gang{Groups: []PodGroup{{1, 16}}},
+		{"fits now", Gang{Groups: []PodGroup{{Count: 3, GPUs: 8}}, Product: "NVIDIA-H100-80GB-HBM3"}, FitsNow, "fits"},
+		{"uses the half-free node", Gang{Groups: []PodGroup{{Count: 3, GPUs: 8}, {Count: 2, GPUs: 2}}, Product: "NVIDIA-H100-80GB-HBM3"}, FitsNow, ""},
+		{"not now", Gang{Groups: []PodGroup{{Count: 4, GPUs: 8}}, Product: "NVIDIA-H100-80GB-HBM3"},
+			NotNow, "needs 4 pods × 8 nvidia.com/gpu of NVIDIA-H100-80GB-HBM3 (32 in all), 28 free on 4 nodes, 32 in the cluster; 3 nodes have 8 free, 1 has 4"},
+		{"never: too many", Gang{Groups: []PodGroup{{Count: 5, GPUs: 8}}, Product: "NVIDIA-H100-80GB-HBM3"},
+			Never, "this cluster has 4 nodes with 32 GPUs (1 more node with nvidia.com/gpu is ruled out by the pods' node selector, affinity or tolerations): it can never fit"},
+		{"never: too big per pod", Gang{Groups: []PodGroup{{Count: 1, GPUs: 16}}},
 			Never, "none with more than 8"},
-		{"never: absent product", Gang{Groups: []PodGroup{{1, 1}}, Product: "NVIDIA-B200"},
+		{"never: absent product", Gang{Groups: []PodGroup{{Count: 1, GPUs: 1}}, Product: "NVIDIA-B200"},
 			Never, "the cluster has no NVIDIA-B200 GPUs (it has NVIDIA-A100-SXM4-40GB: 8, NVIDIA-H100-80GB-HBM3: 32)"},
-		{"any product", Gang{Groups: []PodGroup{{4, 8}}}, FitsNow, ""},
-		{"no GPUs", Gang{Groups: []PodGroup{{3, 0}}}, FitsNow, "needs no GPUs"},
+		{"any product", Gang{Groups: []PodGroup{{Count: 4, GPUs: 8}}}, FitsNow, ""},
+		{"no GPUs", Gang{Groups: []PodGroup{{Count: 3, GPUs: 0}}}, FitsNow, "needs no GPUs"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -113,7 +134,7 @@ func TestIndexUpdatesIncrementally(t *testing.T) {
 	want(p, 4, 32, 24)
 	x.SetGPUNode(gpuNode("h1", h100, 8, 3, 5)) // two GPUs fail
 	want(p, 4, 30, 22)
-	x.DeleteGPUNode("h1")
+	x.DeleteNode("h1")
 	want(p, 3, 24, 16)
 	x.DeletePod("p2")
 	want(p, 3, 24, 24)
@@ -122,7 +143,7 @@ func TestIndexUpdatesIncrementally(t *testing.T) {
 	}
 	// A pod on a node whose GPUNode comes later is counted when it comes.
 	x.SetPod(pod("early", "late", 2, corev1.PodRunning))
-	x.SetGPUNode(gpuNode("late", h100, 8))
+	addGPUNode(x, "late", h100, 8)
 	want(p, 4, 32, 30)
 	// Overcommitted node (more requested than healthy): free is 0, not negative.
 	x.SetPod(pod("big", "late", 8, corev1.PodRunning))
@@ -135,6 +156,7 @@ func TestIndexMatchesRebuild(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	x := NewIndex()
 	nodes := map[string]*gpuv1alpha1.GPUNode{}
+	kube := map[string]*corev1.Node{}
 	pods := map[string]*corev1.Pod{}
 	for range 5000 {
 		switch rng.IntN(5) {
@@ -143,6 +165,8 @@ func TestIndexMatchesRebuild(t *testing.T) {
 			gn := gpuNode(n, []string{h100, "B"}[rng.IntN(2)], rng.IntN(9), rng.IntN(10))
 			nodes[n] = gn
 			x.SetGPUNode(gn)
+			kube[n] = kubeNode(n, "nvidia.com/gpu", len(gn.Status.GPUs))
+			x.SetNode(kube[n])
 		case 1:
 			n := fmt.Sprintf("n%d", rng.IntN(20))
 			delete(nodes, n)
@@ -165,11 +189,14 @@ func TestIndexMatchesRebuild(t *testing.T) {
 	for _, gn := range nodes {
 		y.SetGPUNode(gn)
 	}
+	for _, n := range kube {
+		y.SetNode(n)
+	}
 	if a, b := fmt.Sprint(x.Summary()), fmt.Sprint(y.Summary()); a != b {
 		t.Fatalf("incremental %s != rebuilt %s", a, b)
 	}
 	for range 200 {
-		g := Gang{Groups: []PodGroup{{int64(rng.IntN(6)), int64(1 + rng.IntN(8))}, {int64(rng.IntN(3)), int64(1 + rng.IntN(3))}}}
+		g := Gang{Groups: []PodGroup{{Count: int64(rng.IntN(6)), GPUs: int64(1 + rng.IntN(8))}, {Count: int64(rng.IntN(3)), GPUs: int64(1 + rng.IntN(3))}}}
 		if x.Fits(g).Verdict != y.Fits(g).Verdict {
 			t.Fatalf("verdicts differ for %+v", g)
 		}
@@ -186,7 +213,7 @@ func TestPackMatchesBruteForce(t *testing.T) {
 			free = append(free, f)
 			hist[f]++
 		}
-		groups := []PodGroup{{int64(rng.IntN(4)), int64(1 + rng.IntN(8))}, {int64(rng.IntN(3)), int64(1 + rng.IntN(4))}}
+		groups := []PodGroup{{Count: int64(rng.IntN(4)), GPUs: int64(1 + rng.IntN(8))}, {Count: int64(rng.IntN(3)), GPUs: int64(1 + rng.IntN(4))}}
 		if groups[1].GPUs > groups[0].GPUs {
 			groups[0], groups[1] = groups[1], groups[0]
 		}
@@ -239,7 +266,7 @@ func TestIndexConcurrentReaders(t *testing.T) {
 				if i%2 == 0 {
 					x.SetPod(pod(fmt.Sprintf("c%d-%d", i, j%20), fmt.Sprintf("h%d", j%4), 1, corev1.PodRunning))
 				} else {
-					_ = x.Fits(Gang{Groups: []PodGroup{{2, 8}}})
+					_ = x.Fits(Gang{Groups: []PodGroup{{Count: 2, GPUs: 8}}})
 					_ = x.Summary()
 				}
 			}
@@ -274,7 +301,7 @@ func buildFleet(nodes, pods int) *Index {
 		if i%5 == 0 {
 			product = "NVIDIA A100-SXM4-80GB"
 		}
-		x.SetGPUNode(gpuNode(fmt.Sprintf("node-%d", i), product, 8))
+		addGPUNode(x, fmt.Sprintf("node-%d", i), product, 8)
 	}
 	for i := range pods {
 		x.SetPod(pod(fmt.Sprintf("pod-%d", i), fmt.Sprintf("node-%d", i%nodes), int64(i%2), corev1.PodRunning))
@@ -291,7 +318,7 @@ func BenchmarkFits5000Nodes50000Pods(b *testing.B) {
 	x := buildFleet(5000, 50000)
 	runtime.GC()
 	runtime.ReadMemStats(&after)
-	gang := Gang{Groups: []PodGroup{{1, 8}, {511, 8}}, Product: "NVIDIA-H100-80GB-HBM3"}
+	gang := Gang{Groups: []PodGroup{{Count: 1, GPUs: 8}, {Count: 511, GPUs: 8}}, Product: "NVIDIA-H100-80GB-HBM3"}
 	b.ResetTimer()
 	for b.Loop() {
 		if r := x.Fits(gang); r.Verdict != FitsNow {
@@ -318,8 +345,7 @@ func TestSubscribeCoalescesChanges(t *testing.T) {
 	idx := NewIndex()
 	ch := idx.Subscribe()
 	for i := range 5 {
-		idx.SetGPUNode(&gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n%d", i)},
-			Status: gpuv1alpha1.GPUNodeStatus{GPUs: []gpuv1alpha1.GPU{{Product: "NVIDIA H100"}}}})
+		idx.SetNode(kubeNode(fmt.Sprintf("n%d", i), "nvidia.com/gpu", 1))
 	}
 	select {
 	case <-ch:
@@ -333,8 +359,9 @@ func TestSubscribeCoalescesChanges(t *testing.T) {
 	}
 }
 
-// With RequireNodes, a GPUNode counts only while its Node exists, whatever
-// the order the two arrive, leave and come back in.
+// A GPUNode counts only while its Node exists, whatever the order the two
+// arrive, leave and come back in; the Node's allocatable is what counts,
+// less the GPUs the GPUNode reports unhealthy.
 func TestIndexCountsOnlyGPUNodesWithANode(t *testing.T) {
 	type step struct {
 		op, name string
@@ -347,41 +374,33 @@ func TestIndexCountsOnlyGPUNodesWithANode(t *testing.T) {
 		capacity, nodes, total int64
 	}{
 		{"GPUNode without a Node", []step{{"gpunode", "n"}}, 0, 0, 0},
-		{"Node, then GPUNode", []step{{"node", "n"}, {"gpunode", "n"}}, 8, 1, 8},
-		{"GPUNode, then Node", []step{{"gpunode", "n"}, {"node", "n"}}, 8, 1, 8},
+		{"Node without a GPUNode: its allocatable", []step{{"node", "n"}}, 8, 1, 8},
+		{"Node, then GPUNode with an unhealthy GPU", []step{{"node", "n"}, {"gpunode", "n"}}, 7, 1, 7},
+		{"GPUNode, then Node", []step{{"gpunode", "n"}, {"node", "n"}}, 7, 1, 7},
 		{"Node deleted", []step{{"node", "n"}, {"gpunode", "n"}, {"-node", "n"}}, 0, 0, 0},
-		{"Node back", []step{{"node", "n"}, {"gpunode", "n"}, {"-node", "n"}, {"node", "n"}}, 8, 1, 8},
-		{"GPUNode deleted, Node stays", []step{{"node", "n"}, {"gpunode", "n"}, {"-gpunode", "n"}}, 0, 0, 0},
-		{"another node's Node", []step{{"node", "m"}, {"gpunode", "n"}}, 0, 0, 0},
+		{"Node back", []step{{"node", "n"}, {"gpunode", "n"}, {"-node", "n"}, {"node", "n"}}, 7, 1, 7},
+		{"GPUNode deleted, Node stays", []step{{"node", "n"}, {"gpunode", "n"}, {"-gpunode", "n"}}, 8, 1, 8},
+		{"another node's Node", []step{{"node", "m"}, {"gpunode", "n"}}, 0, 1, 8},
 		{"Node twice, deleted once", []step{{"node", "n"}, {"node", "n"}, {"gpunode", "n"}, {"-node", "n"}}, 0, 0, 0},
-		{"updated while orphaned", []step{{"node", "n"}, {"gpunode", "n"}, {"-node", "n"}, {"gpunode4", "n"}, {"node", "n"}}, 4, 1, 4},
-		{"required after the fact", []step{{"unjoined", ""}, {"gpunode", "n"}, {"require", ""}}, 0, 0, 0},
-		{"required after the fact, with its Node", []step{{"unjoined", ""}, {"node", "n"}, {"gpunode", "n"}, {"require", ""}}, 8, 1, 8},
+		// No device plugin yet: the GPUNode's healthy GPUs, not free.
+		{"Node without GPU resources", []step{{"bare", "n"}, {"gpunode", "n"}}, 7, 1, 7},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			x := NewIndex()
-			steps := tt.steps
-			if len(steps) > 0 && steps[0].op == "unjoined" {
-				steps = steps[1:]
-			} else {
-				x.RequireNodes()
-			}
 			x.SetPod(pod("p", "n", 2, corev1.PodRunning)) // a pod's GPUs are used whether or not they count
-			for _, s := range steps {
+			for _, s := range tt.steps {
 				switch s.op {
 				case "node":
-					x.SetNode(s.name)
+					x.SetNode(kubeNode(s.name, "nvidia.com/gpu", 8))
+				case "bare":
+					x.SetNode(kubeNode(s.name))
 				case "-node":
 					x.DeleteNode(s.name)
 				case "gpunode":
-					x.SetGPUNode(gpuNode(s.name, h100, 8))
-				case "gpunode4":
-					x.SetGPUNode(gpuNode(s.name, h100, 4))
+					x.SetGPUNode(gpuNode(s.name, h100, 8, 3))
 				case "-gpunode":
 					x.DeleteGPUNode(s.name)
-				case "require":
-					x.RequireNodes()
 				}
 			}
 			c, f := x.NodeFree("n")
@@ -392,7 +411,7 @@ func TestIndexCountsOnlyGPUNodesWithANode(t *testing.T) {
 			if c != tt.capacity || nodes != tt.nodes || total != tt.total || f != max(tt.capacity-2, 0) {
 				t.Errorf("node n %d/%d free, fleet %d nodes %d GPUs; want %d/%d, %d, %d", f, c, nodes, total, max(tt.capacity-2, 0), tt.capacity, tt.nodes, tt.total)
 			}
-			if r := x.Fits(Gang{Groups: []PodGroup{{1, 1}}}); tt.total == 0 && r.Verdict != Never {
+			if r := x.Fits(Gang{Groups: []PodGroup{{Count: 1, GPUs: 1}}}); tt.total == 0 && r.Verdict != Never {
 				t.Errorf("an orphan's GPUs fit a pod: %s %s", r.Verdict, r.Message)
 			}
 		})
@@ -404,33 +423,327 @@ func TestIndexCountsOnlyGPUNodesWithANode(t *testing.T) {
 func TestIndexJoinMatchesRebuild(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	x := NewIndex()
-	x.RequireNodes()
-	gpuNodes, nodes := map[string]*gpuv1alpha1.GPUNode{}, map[string]bool{}
+	gpuNodes, nodes := map[string]*gpuv1alpha1.GPUNode{}, map[string]*corev1.Node{}
 	for range 3000 {
 		n := fmt.Sprintf("n%d", rng.IntN(12))
 		switch rng.IntN(4) {
 		case 0:
-			gn := gpuNode(n, h100, rng.IntN(9))
+			gn := gpuNode(n, h100, rng.IntN(9), rng.IntN(10))
 			gpuNodes[n] = gn
 			x.SetGPUNode(gn)
 		case 1:
 			delete(gpuNodes, n)
 			x.DeleteGPUNode(n)
 		case 2:
-			nodes[n] = true
-			x.SetNode(n)
+			node := kubeNode(n, "nvidia.com/gpu", rng.IntN(3)*8)
+			node.Spec.Unschedulable = rng.IntN(3) == 0
+			nodes[n] = node
+			x.SetNode(node)
 		case 3:
 			delete(nodes, n)
 			x.DeleteNode(n)
 		}
 	}
 	y := NewIndex()
-	for n, gn := range gpuNodes {
-		if nodes[n] {
-			y.SetGPUNode(gn)
-		}
+	for _, gn := range gpuNodes {
+		y.SetGPUNode(gn)
+	}
+	for _, n := range nodes {
+		y.SetNode(n)
 	}
 	if a, b := fmt.Sprint(x.Summary()), fmt.Sprint(y.Summary()); a != b {
 		t.Fatalf("incremental %s != rebuilt %s", a, b)
+	}
+	for range 100 {
+		g := Gang{Groups: []PodGroup{{Count: int64(rng.IntN(6)), GPUs: int64(1 + rng.IntN(8))}}}
+		if a, b := x.Fits(g), y.Fits(g); a != b {
+			t.Fatalf("%+v: incremental %+v, rebuilt %+v", g, a, b)
+		}
+	}
+}
+
+// migGPUNode is a GPUNode whose GPUs are in MIG mode with the given
+// profiles' devices each (nil: not in MIG mode).
+func migGPUNode(name string, gpus [][]string, unhealthy ...int) *gpuv1alpha1.GPUNode {
+	gn := gpuNode(name, "NVIDIA A100-SXM4-80GB", len(gpus), unhealthy...)
+	for i, profiles := range gpus {
+		if profiles == nil {
+			continue
+		}
+		m := &gpuv1alpha1.MIGStatus{Capable: true, CurrentMode: gpuv1alpha1.MIGEnabled}
+		for _, p := range profiles {
+			m.Devices = append(m.Devices, gpuv1alpha1.MIGDevice{Profile: p})
+		}
+		gn.Status.GPUs[i].MIG = m
+	}
+	Summarize(&gn.Status)
+	return gn
+}
+
+func podOf(uid, node string, res corev1.ResourceName, n int64) *corev1.Pod {
+	p := pod(uid, node, 0, corev1.PodRunning)
+	p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{res: *resource.NewQuantity(n, resource.DecimalSI)}
+	return p
+}
+
+func group(count, n int64, res corev1.ResourceName, p *Placement) PodGroup {
+	return PodGroup{Count: count, GPUs: n, Resource: res, Placement: p}
+}
+
+func labelled(n *corev1.Node, kv ...string) *corev1.Node {
+	for i := 0; i+1 < len(kv); i += 2 {
+		n.Labels[kv[i]] = kv[i+1]
+	}
+	return n
+}
+
+func tainted(n *corev1.Node, key string, effect corev1.TaintEffect) *corev1.Node {
+	n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: key, Value: "x", Effect: effect})
+	return n
+}
+
+// Fits from what the scheduler sees: the Nodes' allocatable for every GPU
+// resource, less unhealthy GPUs, on the nodes the pods may use.
+func TestFitsSchedulerView(t *testing.T) {
+	const (
+		gpu    = GPUResource
+		shared = corev1.ResourceName("nvidia.com/gpu.shared")
+		mig1g  = corev1.ResourceName("nvidia.com/mig-1g.10gb")
+		mig3g  = corev1.ResourceName("nvidia.com/mig-3g.40gb")
+	)
+	a100 := "NVIDIA-A100-SXM4-80GB"
+	twoSliced := func(x *Index) { // 2 nodes of 8 GPUs × 4 replicas
+		for _, n := range []string{"s0", "s1"} {
+			x.SetNode(kubeNode(n, "nvidia.com/gpu", 32))
+			x.SetGPUNode(gpuNode(n, h100, 8))
+		}
+	}
+	twoWhole := func(mod func(*corev1.Node) *corev1.Node) func(*Index) {
+		return func(x *Index) {
+			x.SetNode(kubeNode("w0", "nvidia.com/gpu", 8))
+			x.SetNode(mod(kubeNode("w1", "nvidia.com/gpu", 8)))
+		}
+	}
+	// Two A100 nodes in MIG mode: per node one GPU as 7 × 1g.10gb and
+	// three as 2 × 3g.40gb: 7 mig-1g.10gb and 6 mig-3g.40gb per node.
+	migNodes := func(unhealthy ...int) func(*Index) {
+		return func(x *Index) {
+			for _, n := range []string{"m0", "m1"} {
+				x.SetNode(kubeNode(n, "nvidia.com/mig-1g.10gb", 7, "nvidia.com/mig-3g.40gb", 6))
+				ones := []string{"1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb"}
+				threes := []string{"3g.40gb", "3g.40gb"}
+				var bad []int
+				if n == "m0" {
+					bad = unhealthy
+				}
+				x.SetGPUNode(migGPUNode(n, [][]string{ones, threes, threes, threes}, bad...))
+			}
+		}
+	}
+	selectProduct := &Placement{NodeSelector: map[string]string{ProductLabel: a100}}
+	affinityH100 := &Placement{Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: ProductLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{"NVIDIA-H100-80GB-HBM3"}}},
+		}}}}}}
+	tolerateDedicated := &Placement{Tolerations: []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}}}
+	tests := []struct {
+		name    string
+		setup   func(*Index)
+		groups  []PodGroup
+		verdict Verdict
+		msg     string
+	}{
+		{"time-slicing ×4: 16 on 2 nodes of 4 GPUs × 4", func(x *Index) {
+			for _, n := range []string{"t0", "t1"} {
+				x.SetNode(kubeNode(n, "nvidia.com/gpu", 16))
+				x.SetGPUNode(gpuNode(n, h100, 4))
+			}
+		}, []PodGroup{group(2, 8, gpu, nil)}, FitsNow, "needs 2 pods × 8 nvidia.com/gpu, 16 of 32 free"},
+		{"time-slicing ×4: a 32-replica pod per node of 8 GPUs", twoSliced, []PodGroup{group(2, 32, gpu, nil)}, FitsNow, ""},
+		{"time-slicing ×4: not a pod over one node's replicas", twoSliced, []PodGroup{group(1, 33, gpu, nil)}, Never, "none with more than 32"},
+		{"time-slicing ×4: what pods use is taken", func(x *Index) {
+			twoSliced(x)
+			x.SetPod(pod("busy", "s0", 20, corev1.PodRunning))
+		}, []PodGroup{group(2, 20, gpu, nil)}, NotNow, "44 free on 2 nodes, 64 in the cluster; 1 node has 32 free, 1 has 12"},
+
+		{"MIG mixed profiles fit", migNodes(), []PodGroup{group(12, 1, mig3g, nil), group(2, 7, mig1g, nil)}, FitsNow, "nvidia.com/mig-3g.40gb"},
+		{"MIG: not now, named resource", func(x *Index) {
+			migNodes()(x)
+			x.SetPod(podOf("p", "m0", mig3g, 6))
+			x.SetPod(podOf("q", "m1", mig3g, 4))
+		}, []PodGroup{group(4, 2, mig3g, nil)}, NotNow, "needs 4 pods × 2 nvidia.com/mig-3g.40gb (8 in all), 2 free on 1 node, 12 in the cluster"},
+		{"MIG: a profile no node has", migNodes(), []PodGroup{group(1, 1, "nvidia.com/mig-2g.20gb", nil)}, Never,
+			"no node offers nvidia.com/mig-2g.20gb (the cluster has nvidia.com/mig-1g.10gb: 14, nvidia.com/mig-3g.40gb: 12)"},
+		{"MIG: whole GPUs are not MIG devices", migNodes(), []PodGroup{group(1, 1, gpu, nil)}, Never, "no node offers nvidia.com/gpu"},
+		{"MIG: an unhealthy GPU takes its MIG devices", migNodes(1), []PodGroup{group(2, 6, mig3g, nil)}, Never, "this cluster has 2 nodes with 10 nvidia.com/mig-3g.40gb"},
+		{"MIG: unhealthy GPU, the profile's count", migNodes(1), []PodGroup{group(1, 5, mig3g, nil)}, FitsNow, "5 of 10 free"},
+
+		{".shared rename", func(x *Index) { x.SetNode(kubeNode("r0", "nvidia.com/gpu.shared", 32)) },
+			[]PodGroup{group(4, 8, shared, nil)}, FitsNow, "needs 4 pods × 8 nvidia.com/gpu.shared, 32 of 32 free"},
+		{".shared rename: nvidia.com/gpu is gone", func(x *Index) { x.SetNode(kubeNode("r0", "nvidia.com/gpu.shared", 32)) },
+			[]PodGroup{group(1, 1, gpu, nil)}, Never, "no node offers nvidia.com/gpu (the cluster has nvidia.com/gpu.shared: 32)"},
+		{".shared rename: an unhealthy GPU takes its replicas", func(x *Index) {
+			x.SetNode(kubeNode("r0", "nvidia.com/gpu.shared", 32))
+			x.SetGPUNode(gpuNode("r0", h100, 8, 2))
+		}, []PodGroup{group(1, 29, shared, nil)}, Never, "none with more than 28"},
+
+		{"cordoned: not free, but counted", twoWhole(func(n *corev1.Node) *corev1.Node { n.Spec.Unschedulable = true; return n }),
+			[]PodGroup{group(2, 8, gpu, nil)}, NotNow, "8 free on 1 node, 8 in the cluster; 1 node has 8 free; 8 more on 1 cordoned node"},
+		{"cordoned: more than the cluster", twoWhole(func(n *corev1.Node) *corev1.Node { n.Spec.Unschedulable = true; return n }),
+			[]PodGroup{group(3, 8, gpu, nil)}, Never, "this cluster has 2 nodes with 16 GPUs (1 node of them not taking pods now)"},
+		{"NotReady", twoWhole(func(n *corev1.Node) *corev1.Node {
+			n.Status.Conditions[0].Status = corev1.ConditionUnknown
+			return tainted(n, "node.kubernetes.io/unreachable", corev1.TaintEffectNoExecute)
+		}), []PodGroup{group(2, 8, gpu, nil)}, NotNow, "8 more on 1 NotReady node"},
+		{"no Ready condition is NotReady", twoWhole(func(n *corev1.Node) *corev1.Node { n.Status.Conditions = nil; return n }),
+			[]PodGroup{group(2, 8, gpu, nil)}, NotNow, "8 more on 1 NotReady node"},
+		{"tainted, no toleration: ruled out", twoWhole(func(n *corev1.Node) *corev1.Node { return tainted(n, "dedicated", corev1.TaintEffectNoSchedule) }),
+			[]PodGroup{group(2, 8, gpu, nil)}, Never, "this cluster has 1 node with 8 GPUs (1 more node with nvidia.com/gpu is ruled out"},
+		{"tainted, tolerated", twoWhole(func(n *corev1.Node) *corev1.Node { return tainted(n, "dedicated", corev1.TaintEffectNoExecute) }),
+			[]PodGroup{group(2, 8, gpu, tolerateDedicated)}, FitsNow, ""},
+		{"tainted PreferNoSchedule: no matter", twoWhole(func(n *corev1.Node) *corev1.Node { return tainted(n, "dedicated", corev1.TaintEffectPreferNoSchedule) }),
+			[]PodGroup{group(2, 8, gpu, nil)}, FitsNow, ""},
+		{"tainted unhealthy: it passes", twoWhole(func(n *corev1.Node) *corev1.Node {
+			return tainted(n, gpuv1alpha1.TaintUnhealthy, corev1.TaintEffectNoSchedule)
+		}),
+			[]PodGroup{group(2, 8, gpu, nil)}, NotNow, "8 more on 1 node tainted nvidia.com/gpu.unhealthy"},
+		{"every node tainted", func(x *Index) {
+			x.SetNode(tainted(kubeNode("d0", "nvidia.com/gpu", 8), "dedicated", corev1.TaintEffectNoSchedule))
+		},
+			[]PodGroup{group(1, 1, gpu, nil)}, Never, "none of the 1 node with nvidia.com/gpu may take the pods"},
+
+		{"nodeSelector on gpu.product", func(x *Index) {
+			x.SetNode(labelled(kubeNode("a0", "nvidia.com/gpu", 8), ProductLabel, a100))
+			x.SetNode(kubeNode("h0", "nvidia.com/gpu", 8))
+			x.SetGPUNode(gpuNode("h0", h100, 8)) // not labelled yet: its GPUNode's product
+		}, []PodGroup{group(2, 8, gpu, selectProduct)}, Never, "needs 2 pods × 8 nvidia.com/gpu of NVIDIA-A100-SXM4-80GB (16 in all); this cluster has 1 node with 8 GPUs"},
+		{"nodeSelector on an absent product", func(x *Index) { x.SetNode(kubeNode("h0", "nvidia.com/gpu", 8)); x.SetGPUNode(gpuNode("h0", h100, 8)) },
+			[]PodGroup{group(1, 8, gpu, selectProduct)}, Never, "the cluster has no NVIDIA-A100-SXM4-80GB GPUs (it has NVIDIA-H100-80GB-HBM3: 8)"},
+		{"required affinity on gpu.product", func(x *Index) {
+			x.SetNode(labelled(kubeNode("a0", "nvidia.com/gpu", 8), ProductLabel, a100))
+			x.SetNode(labelled(kubeNode("h0", "nvidia.com/gpu", 8), ProductLabel, "NVIDIA-H100-80GB-HBM3"))
+		}, []PodGroup{group(1, 8, gpu, affinityH100), group(1, 8, gpu, selectProduct)}, FitsNow, ""},
+		{"two placements share no node twice", func(x *Index) {
+			x.SetNode(labelled(kubeNode("a0", "nvidia.com/gpu", 8), ProductLabel, a100))
+			x.SetNode(labelled(kubeNode("h0", "nvidia.com/gpu", 8), ProductLabel, "NVIDIA-H100-80GB-HBM3"))
+		}, []PodGroup{group(1, 8, gpu, nil), group(1, 8, gpu, selectProduct)}, FitsNow, ""},
+		{"two placements, the narrow one's node taken", func(x *Index) {
+			x.SetNode(labelled(kubeNode("a0", "nvidia.com/gpu", 8), ProductLabel, a100))
+			x.SetNode(labelled(kubeNode("h0", "nvidia.com/gpu", 8), ProductLabel, "NVIDIA-H100-80GB-HBM3"))
+		}, []PodGroup{group(2, 8, gpu, selectProduct)}, Never, ""},
+
+		{"unhealthy GPU", func(x *Index) { addGPUNode(x, "u0", h100, 8, 0) }, []PodGroup{group(1, 8, gpu, nil)}, Never, "none with more than 7"},
+		{"unhealthy GPU the device plugin reports too: not twice", func(x *Index) {
+			n := kubeNode("u0", "nvidia.com/gpu", 16)
+			n.Status.Allocatable[gpu] = *resource.NewQuantity(12, resource.DecimalSI) // 4 GPUs × 4, one unhealthy
+			x.SetNode(n)
+			x.SetGPUNode(gpuNode("u0", h100, 4, 0))
+		}, []PodGroup{group(1, 12, gpu, nil)}, FitsNow, "12 of 12 free"},
+		{"device plugin not registered yet", func(x *Index) {
+			x.SetNode(kubeNode("w0", "nvidia.com/gpu", 8))
+			x.SetNode(kubeNode("p0"))
+			x.SetGPUNode(gpuNode("p0", h100, 8))
+		}, []PodGroup{group(2, 8, gpu, nil)}, NotNow, "8 more on 1 node whose device plugin has not registered its GPUs yet"},
+		{"no GPU nodes", func(*Index) {}, []PodGroup{group(1, 1, gpu, nil)}, Never, "the cluster has no GPU nodes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			x := NewIndex()
+			tt.setup(x)
+			r := x.Fits(Gang{Groups: tt.groups})
+			if r.Verdict != tt.verdict || !strings.Contains(r.Message, tt.msg) {
+				t.Errorf("Fits = %s %q, want %s containing %q", r.Verdict, r.Message, tt.verdict, tt.msg)
+			}
+		})
+	}
+}
+
+// PodGroups reads every GPU resource of a pod and its placement.
+func TestPodGroups(t *testing.T) {
+	spec := corev1.PodSpec{NodeSelector: map[string]string{ProductLabel: "X"}, Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{
+		Limits: corev1.ResourceList{"nvidia.com/mig-1g.10gb": resource.MustParse("2"), corev1.ResourceCPU: resource.MustParse("4"),
+			"nvidia.com/gpu.shared": resource.MustParse("1")}}}}}
+	got := PodGroups(3, &spec)
+	if len(got) != 2 || got[0].Resource != "nvidia.com/gpu.shared" || got[0].GPUs != 1 || got[1].Resource != "nvidia.com/mig-1g.10gb" ||
+		got[1].GPUs != 2 || got[0].Count != 3 || got[0].Placement == nil || got[0].Placement.NodeSelector[ProductLabel] != "X" {
+		t.Fatalf("PodGroups = %+v", got)
+	}
+	if g := PodGroups(3, &corev1.PodSpec{Containers: []corev1.Container{{}}}); g != nil {
+		t.Fatalf("no GPUs: %+v", g)
+	}
+}
+
+// TrimNode keeps what the index reads and drops the rest.
+func TestTrimNode(t *testing.T) {
+	n := tainted(kubeNode("n", "nvidia.com/gpu", 8, "nvidia.com/mig-1g.10gb", 7, "cpu", 64), "dedicated", corev1.TaintEffectNoSchedule)
+	n.Annotations = map[string]string{"big": strings.Repeat("x", 1000)}
+	n.Status.Images = []corev1.ContainerImage{{Names: []string{"a"}}}
+	n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse})
+	n.Spec.Unschedulable = true
+	o, err := TrimNode(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := o.(*corev1.Node)
+	if got.Annotations != nil || got.Status.Images != nil || len(got.Status.Allocatable) != 2 || len(got.Status.Capacity) != 2 ||
+		len(got.Status.Conditions) != 1 || got.Labels["kubernetes.io/hostname"] != "n" || !got.Spec.Unschedulable || len(got.Spec.Taints) != 1 {
+		t.Fatalf("trimmed %+v", got)
+	}
+	x, y := NewIndex(), NewIndex()
+	x.SetNode(n)
+	y.SetNode(got)
+	if a, b := x.Fits(Gang{Groups: []PodGroup{{Count: 1, GPUs: 8}}}), y.Fits(Gang{Groups: []PodGroup{{Count: 1, GPUs: 8}}}); a != b {
+		t.Fatalf("trimmed %v, whole %v", b, a)
+	}
+	m := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: "n", Annotations: map[string]string{"a": "b"},
+		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "m"}}}}
+	if o, _ := TrimNode(m); o.(*metav1.PartialObjectMetadata).Annotations["a"] != "b" || m.ManagedFields != nil {
+		t.Fatalf("metadata %+v", o)
+	}
+}
+
+// bigFleet is 1,000 nodes as a large shared cluster has them: whole-GPU
+// H100s, time-sliced A100s, MIG nodes, some cordoned, NotReady or
+// dedicated, with pods on them.
+func bigFleet() *Index {
+	x := NewIndex()
+	for i := range 1000 {
+		name := fmt.Sprintf("node-%d", i)
+		var n *corev1.Node
+		switch i % 4 {
+		case 0, 1:
+			n = labelled(kubeNode(name, "nvidia.com/gpu", 8), ProductLabel, "NVIDIA-H100-80GB-HBM3")
+			x.SetGPUNode(gpuNode(name, h100, 8, i%50))
+		case 2:
+			n = labelled(kubeNode(name, "nvidia.com/gpu", 32), ProductLabel, "NVIDIA-A100-SXM4-80GB")
+		default:
+			n = labelled(kubeNode(name, "nvidia.com/mig-1g.10gb", 7, "nvidia.com/mig-3g.40gb", 6), ProductLabel, "NVIDIA-A100-SXM4-80GB")
+		}
+		switch i % 40 {
+		case 5:
+			n.Spec.Unschedulable = true
+		case 9:
+			n.Status.Conditions[0].Status = corev1.ConditionFalse
+		case 13:
+			tainted(n, "dedicated", corev1.TaintEffectNoSchedule)
+		}
+		x.SetNode(n)
+		x.SetPod(pod(fmt.Sprintf("pod-%d", i), name, int64(i%3), corev1.PodRunning))
+	}
+	return x
+}
+
+// BenchmarkFits1000Nodes: a 128-pod gang selecting H100s (master and
+// workers, two placements) on 1,000 mixed nodes.
+func BenchmarkFits1000Nodes(b *testing.B) {
+	x := bigFleet()
+	p := &Placement{NodeSelector: map[string]string{ProductLabel: "NVIDIA-H100-80GB-HBM3"},
+		Tolerations: []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists}}}
+	w := &Placement{NodeSelector: p.NodeSelector, Tolerations: p.Tolerations, Affinity: &corev1.Affinity{}}
+	gang := Gang{Groups: []PodGroup{group(1, 8, GPUResource, p), group(127, 4, GPUResource, w)}}
+	for b.Loop() {
+		if r := x.Fits(gang); r.Verdict != FitsNow {
+			b.Fatal(r.Message)
+		}
 	}
 }

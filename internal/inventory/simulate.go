@@ -3,6 +3,8 @@ package inventory
 import (
 	"crypto/sha256"
 	"fmt"
+	"path/filepath"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,6 +19,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 )
 
 // SimulatedSystems are the systems Simulate can build, on go-nvml's mock
@@ -53,6 +57,23 @@ type SimOptions struct {
 	MIG string
 	// Seed makes UUIDs stable across restarts (use the node name).
 	Seed string
+	// Bare simulates a node whose driver is not (or no longer) loaded,
+	// gated on BareLibrary(DriverRoot), the file a containerised driver
+	// installs: while it does not exist, Init returns
+	// ERROR_LIBRARY_NOT_FOUND and every other call (on the library, its
+	// devices and its event sets) ERROR_DRIVER_NOT_LOADED, so that a driver
+	// removed while the agent runs looks like a driver unloaded for an
+	// upgrade; while it exists NVML works normally. DriverRoot is required.
+	Bare       bool
+	DriverRoot string
+	// MIGFile, when set, is read by ReloadMIG: see there.
+	MIGFile string
+}
+
+// BareLibrary is the file whose presence makes a bare simulated node's NVML
+// work: <driver-root>/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1.
+func BareLibrary(driverRoot string) string {
+	return filepath.Join(driverRoot, "usr", "lib", "x86_64-linux-gnu", "libnvidia-ml.so.1")
 }
 
 // Simulator is a simulated NVML library. Besides what go-nvml's mock serves,
@@ -61,11 +82,16 @@ type SimOptions struct {
 // events.
 type Simulator struct {
 	nvml.Interface
-	events chan nvml.EventData
-	devs   []*server.Device
+	events  chan nvml.EventData
+	devs    []*server.Device
+	bareLib string // BareLibrary(DriverRoot) in bare mode, else ""
+	migFile string
+	migSeen *string // the MIG file content ReloadMIG last acted on
 
-	mu         sync.Mutex
-	registered map[*server.Device]uint64
+	mu           sync.Mutex
+	registered   map[*server.Device]uint64
+	remapPending map[int]bool
+	dbe          map[int]uint64
 }
 
 // Simulate builds a simulated NVML library.
@@ -81,8 +107,15 @@ func Simulate(o SimOptions) (*Simulator, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("simulated GPU count must not be negative, got %d", n)
 	}
+	if o.Bare && o.DriverRoot == "" {
+		return nil, fmt.Errorf("a bare simulated node needs a driver root")
+	}
 	srv := sys.new(gpus.Multiple(n, sys.gpu)...)
-	s := &Simulator{Interface: srv, events: make(chan nvml.EventData, 64), registered: map[*server.Device]uint64{}}
+	s := &Simulator{Interface: srv, events: make(chan nvml.EventData, 64), registered: map[*server.Device]uint64{},
+		remapPending: map[int]bool{}, dbe: map[int]uint64{}, migFile: o.MIGFile}
+	if o.Bare {
+		s.bareLib = BareLibrary(o.DriverRoot)
+	}
 	migSpec, err := parseMIGSpec(o.MIG)
 	if err != nil {
 		return nil, err
@@ -101,6 +134,9 @@ func Simulate(o SimOptions) (*Simulator, error) {
 	srv.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
 		return &mock.EventSet{
 			WaitFunc: func(timeoutMs uint32) (nvml.EventData, nvml.Return) {
+				if s.driverGone() {
+					return nvml.EventData{}, nvml.ERROR_DRIVER_NOT_LOADED
+				}
 				select {
 				case e := <-s.events:
 					return e, nvml.SUCCESS
@@ -111,7 +147,48 @@ func Simulate(o SimOptions) (*Simulator, error) {
 			FreeFunc: func() nvml.Return { return nvml.SUCCESS },
 		}, nvml.SUCCESS
 	}
+	if o.Bare {
+		s.gateOnDriver(srv)
+	}
 	return s, nil
+}
+
+// InjectRowRemapPending makes GPU index report a pending row remap (NVML's
+// GetRemappedRows), as after an uncorrectable error the driver will repair
+// at the next reset; pending false withdraws it (the reset happened). It
+// reports false for an index out of range. Until then GetRemappedRows is
+// ERROR_NOT_SUPPORTED, as on GPUs without row remapping.
+func (s *Simulator) InjectRowRemapPending(index int, pending bool) bool {
+	if index < 0 || index >= len(s.devs) {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.remapPending[index] = pending
+	return true
+}
+
+// InjectDoubleBitECC sets GPU index's volatile uncorrectable ECC counter
+// (NVML's GetTotalEccErrors); it is ERROR_NOT_SUPPORTED until then.
+func (s *Simulator) InjectDoubleBitECC(index int, count uint64) bool {
+	if index < 0 || index >= len(s.devs) {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dbe[index] = count
+	return true
+}
+
+// PCIDevices are the simulated GPUs as the PCI bus would show them: the
+// mock's bus IDs and PCI device IDs, class 3D controller.
+func (s *Simulator) PCIDevices() []gpuv1alpha1.PCIDevice {
+	out := make([]gpuv1alpha1.PCIDevice, 0, len(s.devs))
+	for _, d := range s.devs {
+		out = append(out, gpuv1alpha1.PCIDevice{BusID: d.PciBusID, DeviceID: fmt.Sprintf("0x%04x", d.Config.PciDeviceId>>16),
+			Class: "0x030200"})
+	}
+	return out
 }
 
 // InjectXid delivers a critical Xid event for GPU index, as the driver would.
@@ -152,11 +229,35 @@ func (s *Simulator) completeDevice(dev *server.Device, seed string) {
 	dev.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
 		return nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError, nvml.SUCCESS
 	}
+	dev.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		pending, ok := s.remapPending[dev.Index]
+		if !ok {
+			return 0, 0, false, false, nvml.ERROR_NOT_SUPPORTED
+		}
+		if pending {
+			return 0, 1, true, false, nvml.SUCCESS
+		}
+		return 0, 0, false, false, nvml.SUCCESS
+	}
+	dev.GetTotalEccErrorsFunc = func(t nvml.MemoryErrorType, c nvml.EccCounterType) (uint64, nvml.Return) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		n, ok := s.dbe[dev.Index]
+		if !ok || t != nvml.MEMORY_ERROR_TYPE_UNCORRECTED || c != nvml.VOLATILE_ECC {
+			return 0, nvml.ERROR_NOT_SUPPORTED
+		}
+		return n, nvml.SUCCESS
+	}
 	dev.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 7, nvml.SUCCESS }
 	dev.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
 		migs := migDevices(dev, seed)
 		if i < 0 || i >= len(migs) {
 			return nil, nvml.ERROR_NOT_FOUND
+		}
+		if s.bareLib != "" {
+			s.gateFuncs(reflect.ValueOf(migs[i]).Elem())
 		}
 		return migs[i], nvml.SUCCESS
 	}
@@ -237,9 +338,38 @@ func parseMIGSpec(spec string) ([]migRequest, error) {
 // createMIGDevices enables MIG on a mock GPU and creates GPU instances (each
 // with one full-size compute instance) through the mock's own NVML calls.
 func createMIGDevices(dev *server.Device, reqs []migRequest) error {
+	infos, err := resolveMIG(dev, reqs)
+	if err != nil {
+		return err
+	}
+	return createInstances(dev, infos)
+}
+
+// createInstances enables MIG and creates the GPU instances, each with one
+// compute instance of its size.
+func createInstances(dev *server.Device, infos []nvml.GpuInstanceProfileInfo) error {
 	if ret, _ := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
 		return check("nvmlDeviceSetMigMode", ret)
 	}
+	for _, info := range infos {
+		gi, ret := dev.CreateGpuInstance(&info)
+		if ret != nvml.SUCCESS {
+			return check("nvmlDeviceCreateGpuInstance", ret)
+		}
+		ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciProfileForSlices(info.SliceCount), nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+		if ret != nvml.SUCCESS {
+			return check("nvmlGpuInstanceGetComputeInstanceProfileInfo", ret)
+		}
+		if _, ret := gi.CreateComputeInstance(&ciInfo); ret != nvml.SUCCESS {
+			return check("nvmlGpuInstanceCreateComputeInstance", ret)
+		}
+	}
+	return nil
+}
+
+// resolveMIG checks a MIG spec against a mock GPU's profiles and its seven
+// compute slices, and lists the GPU instance profiles to create.
+func resolveMIG(dev *server.Device, reqs []migRequest) ([]nvml.GpuInstanceProfileInfo, error) {
 	profiles := map[string]nvml.GpuInstanceProfileInfo{}
 	var names []string
 	for id := range nvml.GPU_INSTANCE_PROFILE_COUNT {
@@ -253,32 +383,23 @@ func createMIGDevices(dev *server.Device, reqs []migRequest) error {
 			names = append(names, name)
 		}
 	}
+	var out []nvml.GpuInstanceProfileInfo
 	slices := uint32(0)
 	for _, r := range reqs {
 		info, ok := profiles[r.profile]
 		if !ok {
 			sort.Strings(names)
-			return fmt.Errorf("MIG profile %q not offered by %s; offered: %s", r.profile, dev.Config.Name, strings.Join(names, ", "))
+			return nil, fmt.Errorf("MIG profile %q not offered by %s; offered: %s", r.profile, dev.Config.Name, strings.Join(names, ", "))
 		}
 		for range r.count {
 			slices += info.SliceCount
 			if slices > 7 {
-				return fmt.Errorf("MIG spec needs more than the GPU's 7 compute slices")
+				return nil, fmt.Errorf("MIG spec needs more than the GPU's 7 compute slices")
 			}
-			gi, ret := dev.CreateGpuInstance(&info)
-			if ret != nvml.SUCCESS {
-				return check("nvmlDeviceCreateGpuInstance", ret)
-			}
-			ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciProfileForSlices(info.SliceCount), nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-			if ret != nvml.SUCCESS {
-				return check("nvmlGpuInstanceGetComputeInstanceProfileInfo", ret)
-			}
-			if _, ret := gi.CreateComputeInstance(&ciInfo); ret != nvml.SUCCESS {
-				return check("nvmlGpuInstanceCreateComputeInstance", ret)
-			}
+			out = append(out, info)
 		}
 	}
-	return nil
+	return out, nil
 }
 
 func ciProfileForSlices(slices uint32) int {

@@ -24,6 +24,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/inventory"
 )
 
 // Leader election (a Role in Loom's namespace), events and the metrics
@@ -126,12 +127,17 @@ func ctrlOptions(opts Options) ctrl.Options {
 				// gigabytes of ConfigMaps) stay out of memory. Writers read
 				// around the cache before a create, so a foreign object of
 				// a child's name is still found and left alone.
-				&corev1.ConfigMap{}:      {Label: ownedByLoom},
+				// ConfigMaps of Loom's own namespace are cached whole: the
+				// ClusterPolicy reads the content of those it names.
+				&corev1.ConfigMap{}:      configMapCache(opts),
 				&corev1.ServiceAccount{}: {Label: ownedByLoom},
 				&appsv1.DaemonSet{}:      {Label: ownedByLoom},
 				// Every pod of the cluster (the inventory counts their
 				// GPUs), but only workloads' own pods in full; see TrimPod.
 				&corev1.Pod{}: {Transform: TrimPod},
+				// Typed Nodes only as the inventory reads them (GPU
+				// allocatable, taints, Ready); Node metadata whole.
+				&corev1.Node{}: {Transform: trimNode},
 			},
 		},
 		HealthProbeBindAddress:        opts.ProbeAddr,
@@ -149,6 +155,39 @@ func ctrlOptions(opts Options) ctrl.Options {
 			SkipNameValidation:      &opts.skipNameValidation,
 		},
 	}
+}
+
+// configMapCache caches every ConfigMap of Loom's namespace and Loom's own
+// elsewhere (in the watched namespaces, or all of them).
+func configMapCache(opts Options) cache.ByObject {
+	if opts.Namespace == "" {
+		return cache.ByObject{Label: ownedByLoom}
+	}
+	namespaces := map[string]cache.Config{}
+	if len(opts.WatchNamespaces) == 0 {
+		namespaces[cache.AllNamespaces] = cache.Config{LabelSelector: ownedByLoom}
+	}
+	for _, ns := range opts.WatchNamespaces {
+		namespaces[ns] = cache.Config{LabelSelector: ownedByLoom}
+	}
+	namespaces[opts.Namespace] = cache.Config{LabelSelector: labels.Everything()}
+	return cache.ByObject{Namespaces: namespaces}
+}
+
+// trimNode is the inventory's trimmed Node (inventory.TrimNode) plus the
+// OS image and kernel of its nodeInfo: the ClusterPolicy picks the driver
+// images by them.
+func trimNode(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return inventory.TrimNode(obj)
+	}
+	info := corev1.NodeSystemInfo{OSImage: n.Status.NodeInfo.OSImage, KernelVersion: n.Status.NodeInfo.KernelVersion}
+	out, err := inventory.TrimNode(obj)
+	if t, ok := out.(*corev1.Node); ok && err == nil {
+		t.Status.NodeInfo = info
+	}
+	return out, err
 }
 
 // ownedByLoom selects the objects Loom labels as its own.

@@ -30,7 +30,7 @@ var workloadOwners = []schema.GroupKind{
 //     reads them;
 //   - every other pod (the operands' DaemonSet pods, the cluster's other
 //     workloads: nearly all of a big cluster's pods) keeps only its name,
-//     node, phase and the GPUs its containers ask for. The driver upgrade,
+//     node, phase and the GPU resources its containers ask for. The driver upgrade,
 //     the one reader of other pods, reads them from the API server.
 //
 // Nothing writes a cached pod back (deletes and evictions name it), so what
@@ -92,23 +92,17 @@ func gpuSkeleton(p *corev1.Pod) *corev1.Pod {
 	return s
 }
 
-// gpuContainers keeps the containers that ask for GPUs, with only that
-// resource.
+// gpuContainers keeps the containers that ask for GPU resources
+// (nvidia.com/gpu, MIG devices, shared replicas), with only those.
 func gpuContainers(cs []corev1.Container) []corev1.Container {
 	var out []corev1.Container
 	for _, c := range cs {
-		req, hasReq := c.Resources.Requests[inventory.GPUResource]
-		lim, hasLim := c.Resources.Limits[inventory.GPUResource]
-		if !hasReq && !hasLim {
+		req, lim := inventory.GPUResources(c.Resources.Requests), inventory.GPUResources(c.Resources.Limits)
+		if req == nil && lim == nil {
 			continue
 		}
 		k := corev1.Container{Name: c.Name, RestartPolicy: c.RestartPolicy}
-		if hasReq {
-			k.Resources.Requests = corev1.ResourceList{inventory.GPUResource: req}
-		}
-		if hasLim {
-			k.Resources.Limits = corev1.ResourceList{inventory.GPUResource: lim}
-		}
+		k.Resources.Requests, k.Resources.Limits = req, lim
 		out = append(out, k)
 	}
 	return out

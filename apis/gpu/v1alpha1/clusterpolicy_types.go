@@ -149,6 +149,18 @@ type DriverUpgradePolicy struct {
 	// +kubebuilder:default="25%"
 	// +kubebuilder:validation:XIntOrString
 	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+	// MaxFailures is how many nodes may fail their upgrade to the driver
+	// version they are being upgraded to before the rollout pauses: no
+	// further node starts (the ClusterPolicy's DriverUpgrade condition is
+	// False, reason UpgradePaused, naming the failed nodes) until a new
+	// driver version is rolled out or the ClusterPolicy is annotated
+	// gpu.loom.dev/driver-upgrade-resume (Loom then removes the annotation
+	// and no longer counts the nodes failed so far). 0 never pauses:
+	// only maxUnavailable bounds the failed nodes, which stay cordoned.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	MaxFailures *int32 `json:"maxFailures,omitempty"`
 	// +optional
 	WaitForCompletion *WaitForCompletionSpec `json:"waitForCompletion,omitempty"`
 	// +optional
@@ -162,8 +174,22 @@ type DriverUpgradePolicy struct {
 // 550.54.15, optionally with a suffix such as -ubuntu22.04 (the OS the
 // image is built for); not a tag like latest.
 // +kubebuilder:validation:XValidation:rule=`!has(self.image) || !has(self.image.version) || self.image.version.matches('^[0-9]+([.][0-9]+)+(-[A-Za-z0-9][A-Za-z0-9_.-]*)?$')`,message="driver.image.version must be a driver version such as 570.172.08 or 550.54.15, optionally with a suffix such as -ubuntu22.04 (not a tag such as latest)",fieldPath=".image.version"
+// +kubebuilder:validation:XValidation:rule=`!has(self.usePrecompiled) || !self.usePrecompiled || !has(self.image) || !has(self.image.version) || !self.image.version.contains('-')`,message="driver.usePrecompiled takes the branch from image.version and the OS and kernel from each node: give a version without a suffix, e.g. 570.172.08",fieldPath=".usePrecompiled"
 type DriverSpec struct {
 	OperandSpec `json:",inline"`
+	// KernelModuleType is which kernel modules the driver container loads:
+	// auto (the driver picks per GPU), open (NVIDIA's open GPU kernel
+	// modules) or proprietary. The container reads it as KERNEL_MODULE_TYPE.
+	// +optional
+	// +kubebuilder:default=auto
+	// +kubebuilder:validation:Enum=auto;open;proprietary
+	KernelModuleType string `json:"kernelModuleType,omitempty"`
+	// UsePrecompiled runs precompiled driver images, tagged
+	// <branch>-<kernel version>-<os> (570-5.15.0-105-generic-ubuntu22.04):
+	// the branch is image.version's first number, the kernel each node's
+	// status.nodeInfo.kernelVersion; one driver DaemonSet per OS and kernel.
+	// +optional
+	UsePrecompiled bool `json:"usePrecompiled,omitempty"`
 	// +optional
 	// +kubebuilder:default={}
 	UpgradePolicy DriverUpgradePolicy `json:"upgradePolicy,omitempty"`
@@ -199,7 +225,10 @@ type TimeSlicingSpec struct {
 type DevicePluginConfig struct {
 	// +optional
 	TimeSlicing *TimeSlicingSpec `json:"timeSlicing,omitempty"`
-	// ConfigMapName is a ConfigMap in Loom's namespace, one key per config.
+	// ConfigMapName is a ConfigMap in Loom's namespace, one key per config;
+	// each node runs the one its nvidia.com/device-plugin.config label
+	// names (defaultConfig without it). An edit of its content restarts the
+	// device plugins.
 	// +optional
 	// +kubebuilder:validation:MinLength=1
 	ConfigMapName string `json:"configMapName,omitempty"`
@@ -236,8 +265,10 @@ type MIGSpec struct {
 // node's nvidia.com/mig.config label names.
 type MIGManagerSpec struct {
 	OperandSpec `json:",inline"`
-	// ConfigMapName holds the named MIG layouts (mig-parted format); empty
-	// uses the built-in layouts.
+	// ConfigMapName is a ConfigMap in Loom's namespace holding the named MIG
+	// layouts (mig-parted format, key config.yaml); empty uses Loom's
+	// loom-mig-parted-config with GPU Operator's built-in layouts. An edit
+	// of its content restarts the MIG managers.
 	// +optional
 	ConfigMapName string `json:"configMapName,omitempty"`
 	// DefaultConfig is applied to nodes without a nvidia.com/mig.config
@@ -374,6 +405,20 @@ type MIGSummary struct {
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=20
 	FailedNodes []string `json:"failedNodes,omitempty"`
+	// ConfigPending, ConfigSuccess and ConfigFailed count the GPU nodes by
+	// the nvidia.com/mig.config.state their MIG manager reports (pending,
+	// success, failed).
+	// +optional
+	ConfigPending int32 `json:"configPending,omitempty"`
+	// +optional
+	ConfigSuccess int32 `json:"configSuccess,omitempty"`
+	// +optional
+	ConfigFailed int32 `json:"configFailed,omitempty"`
+	// FailureMessage is why the first failed node (by name) failed: the
+	// layout it was asked for and, when its MIG manager says,
+	// the gpu.loom.dev/mig-config-failure annotation.
+	// +optional
+	FailureMessage string `json:"failureMessage,omitempty"`
 	// Devices counts the MIG devices of the cluster by profile.
 	// +optional
 	Devices map[string]int32 `json:"devices,omitempty"`

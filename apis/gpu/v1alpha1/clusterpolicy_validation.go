@@ -5,6 +5,7 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -49,6 +50,9 @@ const (
 // precompiled-driver tags (570-5.15.0-1040-azure-ubuntu22.04), are not.
 const DriverVersionPattern = `^[0-9]+([.][0-9]+)+(-[A-Za-z0-9][A-Za-z0-9_.-]*)?$`
 
+// KernelModuleTypes are the values of driver.kernelModuleType.
+var KernelModuleTypes = []string{"auto", "open", "proprietary"}
+
 // MaxSelectorLength bounds a pod selector string (and so the cost of its
 // CEL rule).
 const MaxSelectorLength = 1024
@@ -86,6 +90,13 @@ func (s *ClusterPolicySpec) Validate() field.ErrorList {
 	if v := s.Driver.Image.Version; v != "" && !driverVersionRE.MatchString(v) {
 		errs = append(errs, field.Invalid(spec.Child("driver", "image", "version"), v,
 			"must be a driver version such as 570.172.08 or 550.54.15, optionally with a suffix such as -ubuntu22.04"))
+	}
+	if v := s.Driver.Image.Version; s.Driver.UsePrecompiled && strings.Contains(v, "-") {
+		errs = append(errs, field.Invalid(spec.Child("driver", "usePrecompiled"), true,
+			"takes the branch from image.version and the OS and kernel from each node: give a version without a suffix, e.g. 570.172.08"))
+	}
+	if k := s.Driver.KernelModuleType; k != "" && !slices.Contains(KernelModuleTypes, k) {
+		errs = append(errs, field.NotSupported(spec.Child("driver", "kernelModuleType"), k, KernelModuleTypes))
 	}
 	errs = append(errs, validateLabels(s.DaemonSets.Labels, spec.Child("daemonsets", "labels"))...)
 	for _, k := range slices.Sorted(maps.Keys(s.DaemonSets.Annotations)) {

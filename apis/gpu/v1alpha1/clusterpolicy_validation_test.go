@@ -130,6 +130,8 @@ func TestValidateNamesTheField(t *testing.T) {
 		t.Fatalf("empty spec: %v", errs)
 	}
 	spec.Driver.Image.Version = "latest"
+	spec.Driver.UsePrecompiled = true
+	spec.Driver.KernelModuleType = "nouveau"
 	spec.Driver.UpgradePolicy = DriverUpgradePolicy{
 		MaxParallelUpgrades: ptr.To[int32](-1),
 		MaxUnavailable:      ptr.To(intstr.FromInt32(0)),
@@ -148,7 +150,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		"spec.driver.upgradePolicy.maxParallelUpgrades", "spec.driver.upgradePolicy.maxUnavailable",
 		"spec.driver.upgradePolicy.waitForCompletion.podSelector", "spec.driver.upgradePolicy.waitForCompletion.timeoutSeconds",
 		"spec.driver.upgradePolicy.podDeletion.timeoutSeconds", "spec.driver.upgradePolicy.drain.podSelector",
-		"spec.driver.image.version", "spec.daemonsets.labels[bad key!]", "spec.daemonsets.labels[ok]",
+		"spec.driver.image.version", "spec.driver.kernelModuleType", "spec.daemonsets.labels[bad key!]", "spec.daemonsets.labels[ok]",
 		"spec.daemonsets.annotations[no/no/no]", "spec.dcgmExporter.nodeSelector[nvidia.com/gpu.product]",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
@@ -172,6 +174,20 @@ func TestValidateNamesTheField(t *testing.T) {
 // The CRD's podSelector rules are LabelSelectorPattern itself, and its
 // driver version rule DriverVersionPattern (make manifests regenerates the
 // CRD from the markers; this keeps the markers and the constants one).
+// usePrecompiled takes the branch from a plain version: one with an OS
+// suffix is rejected.
+func TestValidatePrecompiled(t *testing.T) {
+	spec := ClusterPolicySpec{Driver: DriverSpec{UsePrecompiled: true}}
+	spec.Driver.Image.Version = "570.172.08-ubuntu22.04"
+	if errs := spec.Validate(); len(errs) != 1 || errs[0].Field != "spec.driver.usePrecompiled" {
+		t.Errorf("precompiled with a suffixed version: %v", errs)
+	}
+	spec.Driver.Image.Version = "570.172.08"
+	if errs := spec.Validate(); len(errs) != 0 {
+		t.Errorf("precompiled 570.172.08: %v", errs)
+	}
+}
+
 func TestCRDRulesUseThePatterns(t *testing.T) {
 	b, err := os.ReadFile("../../../charts/loom/crds/gpu.loom.dev_clusterpolicies.yaml")
 	if err != nil {

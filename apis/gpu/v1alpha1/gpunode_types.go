@@ -18,7 +18,31 @@ const (
 	ReasonCollectionFailed = "CollectionFailed"
 	ReasonNVMLAvailable    = "NVMLAvailable"
 	ReasonUnhealthyGPUs    = "UnhealthyGPUs"
+	// ReasonNVMLLost: NVML worked, then its calls began failing (the driver
+	// was unloaded, e.g. for an upgrade). The agent keeps the last inventory.
+	ReasonNVMLLost = "NVMLLost"
 )
+
+// Reasons of an unhealthy GPU (GPUHealth.Reason).
+const (
+	// HealthXidCriticalError: the driver reported a critical Xid.
+	HealthXidCriticalError = "XidCriticalError"
+	// HealthDoubleBitECC: uncorrectable (double-bit) ECC errors, from an
+	// event or the volatile counter.
+	HealthDoubleBitECC = "DoubleBitECC"
+	// HealthRowRemapPending: a memory row remap waits for the next GPU
+	// reset; it clears when NVML no longer reports it.
+	HealthRowRemapPending = "RowRemapPending"
+	// HealthRowRemapFailure: row remapping failed (no spare rows left); the
+	// GPU needs replacing.
+	HealthRowRemapFailure = "RowRemapFailure"
+)
+
+// AnnotationResetGPUHealth on a GPUNode asks its agent to forget what it
+// knows of its GPUs' health: "all", or comma-separated GPU UUIDs. The agent
+// clears those GPUs' Unhealthy state (a condition that is still there comes
+// back at the next collection) and then removes the annotation.
+const AnnotationResetGPUHealth = "gpu.loom.dev/reset-gpu-health"
 
 // GPUHealthState says whether a GPU can take work.
 // +kubebuilder:validation:Enum=Healthy;Unhealthy
@@ -50,9 +74,10 @@ type GPUHealth struct {
 	// Xid is the last critical Xid error code seen on this GPU, if any.
 	// +optional
 	Xid int64 `json:"xid,omitempty"`
-	// Since is when the GPU entered this state. An unhealthy GPU stays
-	// unhealthy across agent restarts until it is reset or a person clears
-	// it.
+	// Since is when the GPU became unhealthy (unset while healthy). An
+	// unhealthy GPU stays unhealthy across agent restarts until it is reset
+	// (its UUID leaves NVML's list and comes back) or a person clears it
+	// with the gpu.loom.dev/reset-gpu-health annotation.
 	// +optional
 	Since *metav1.Time `json:"since,omitempty"`
 }

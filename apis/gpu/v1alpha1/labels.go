@@ -90,6 +90,38 @@ const (
 	AnnotationFailure = "gpu.loom.dev/driver-upgrade-failure"
 	// AnnotationFailedTemplate is the driver template hash that failed.
 	AnnotationFailedTemplate = "gpu.loom.dev/driver-upgrade-failed-template"
+	// AnnotationClaim names the ClusterPolicy whose driver upgrade enrolled
+	// the node. Loom writes it in the same patch as the node's first state
+	// and its cordon, and steps, cordons and uncordons only nodes that carry
+	// it: a state label without it (GPU Operator's, a migration's, one set
+	// by hand) is ignored and reported.
+	AnnotationClaim = "gpu.loom.dev/driver-upgrade-claim"
+	// AnnotationTarget is the driver pod template hash the node's upgrade
+	// is for; a new one during validation restarts the node's driver again.
+	AnnotationTarget = "gpu.loom.dev/driver-upgrade-target"
+	// AnnotationBlocked says which eviction the API server refused (other
+	// than a disruption budget's 429) and its answer; the node keeps its
+	// state, retries, and fails at its phase timeout.
+	AnnotationBlocked = "gpu.loom.dev/driver-upgrade-blocked"
+	// AnnotationFailureAcknowledged marks a failed node that a resume
+	// (AnnotationResume) let the rollout go past: it no longer counts
+	// against maxFailures.
+	AnnotationFailureAcknowledged = "gpu.loom.dev/driver-upgrade-failure-acknowledged"
+	// AnnotationResume on a ClusterPolicy resumes a driver upgrade paused by
+	// maxFailures; Loom removes it once it has acknowledged the failed nodes.
+	AnnotationResume = "gpu.loom.dev/driver-upgrade-resume"
+
+	// ConditionDriverUpgrade is the driver upgrade controller's condition
+	// on the ClusterPolicy: True (reason UpToDate or DriverDisabled) when no
+	// node waits for or is in an upgrade; False with reason
+	// ReasonUpgradeInProgress, ReasonUpgradePaused or ReasonUpgradeInvalid
+	// otherwise. Its message names the failed, blocked and ignored nodes.
+	ConditionDriverUpgrade  = "DriverUpgrade"
+	ReasonUpgradeUpToDate   = "UpToDate"
+	ReasonDriverDisabled    = "DriverDisabled"
+	ReasonUpgradeInProgress = "UpgradeInProgress"
+	ReasonUpgradePaused     = "UpgradePaused"
+	ReasonUpgradeInvalid    = "InvalidUpgradePolicy"
 )
 
 // UpgradeStates are the values of LabelUpgradeState Loom knows, in the
@@ -112,3 +144,53 @@ func KnownUpgradeState(s string) bool {
 	}
 	return false
 }
+
+// The driver's per-OS DaemonSets and the MIG and device plugin configs.
+const (
+	// LabelOSReleaseID and LabelOSReleaseVersionID are node feature
+	// discovery's OS labels (ID and VERSION_ID of /etc/os-release): a
+	// node's driver image is chosen from them, else from its
+	// status.nodeInfo.osImage.
+	LabelOSReleaseID        = "feature.node.kubernetes.io/system-os_release.ID"
+	LabelOSReleaseVersionID = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
+	// LabelKernelVersion is node feature discovery's kernel label; the
+	// precompiled driver's DaemonSets match on it (else on node names).
+	LabelKernelVersion = "feature.node.kubernetes.io/kernel-version.full"
+	// LabelDriverTarget on a driver DaemonSet and its pods is the OS (and
+	// kernel, for precompiled drivers) the DaemonSet serves, e.g.
+	// ubuntu22.04; "all" for a version that names its own OS.
+	LabelDriverTarget = "gpu.loom.dev/driver-target"
+	// LabelDevicePluginConfig names the device plugin config (a key of
+	// devicePlugin.config.configMapName) a node runs.
+	LabelDevicePluginConfig = "nvidia.com/device-plugin.config"
+	// AnnotationMIGConfigFailure on a node says why its MIG manager failed
+	// to apply the layout (optional; GPU Operator's manager does not set it).
+	AnnotationMIGConfigFailure = "gpu.loom.dev/mig-config-failure"
+	// MIGConfigKey is the key of the mig-parted config in the MIG
+	// manager's ConfigMap (Loom's default, or migManager.configMapName).
+	MIGConfigKey = "config.yaml"
+)
+
+// MIG config states the MIG manager reports in LabelMIGConfigState.
+const (
+	MIGConfigPending = "pending"
+	MIGConfigSuccess = "success"
+	MIGConfigFailed  = "failed"
+)
+
+// GPU presence, sharing and health labels and taints of the node labeller.
+const (
+	// LabelSharingStrategy is GFD's sharing strategy of nvidia.com/gpu:
+	// none, time-slicing or mps.
+	LabelSharingStrategy = "nvidia.com/gpu.sharing-strategy"
+	// NFD's labels of a node with an NVIDIA PCI device: any class, 3D
+	// controller, VGA controller. Any one set to "true" makes the node
+	// nvidia.com/gpu.present before a driver is loaded.
+	LabelNFDPCINVIDIA        = "feature.node.kubernetes.io/pci-10de.present"
+	LabelNFDPCI3DNVIDIA      = "feature.node.kubernetes.io/pci-0302_10de.present"
+	LabelNFDPCIDisplayNVIDIA = "feature.node.kubernetes.io/pci-0300_10de.present"
+	// TaintUnhealthy is the NoSchedule taint (value: the reason of the first
+	// unhealthy GPU) on nodes with unhealthy GPUs, when the policy's
+	// health.taintUnhealthyNodes is on.
+	TaintUnhealthy = "nvidia.com/gpu.unhealthy"
+)

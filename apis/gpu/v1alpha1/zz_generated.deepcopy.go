@@ -286,6 +286,11 @@ func (in *DriverUpgradePolicy) DeepCopyInto(out *DriverUpgradePolicy) {
 		*out = new(intstr.IntOrString)
 		**out = **in
 	}
+	if in.MaxFailures != nil {
+		in, out := &in.MaxFailures, &out.MaxFailures
+		*out = new(int32)
+		**out = **in
+	}
 	if in.WaitForCompletion != nil {
 		in, out := &in.WaitForCompletion, &out.WaitForCompletion
 		*out = new(WaitForCompletionSpec)

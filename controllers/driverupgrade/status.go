@@ -1,0 +1,110 @@
+package driverupgrade
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
+)
+
+// maxNamed caps each list of nodes a message names.
+const maxNamed = 10
+
+// summary is the rollout as one pass saw it, for the ClusterPolicy's
+// DriverUpgrade condition.
+type summary struct {
+	nodes, upToDate, inProgress, waiting int
+	paused                               bool
+	failed, blocked, ignored             []string
+}
+
+// add counts one node of the set.
+func (s *summary) add(v nodeView, k kind, why string) {
+	s.nodes++
+	switch k {
+	case ignored:
+		s.ignored = append(s.ignored, why)
+	case upgrading:
+		s.inProgress++
+	case failed:
+		s.failed = append(s.failed, v.node.Name)
+	case idle:
+		if v.driver != nil && v.target != "" && v.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == v.target {
+			s.upToDate++
+		}
+	}
+	if b := v.node.Annotations[gpuv1alpha1.AnnotationBlocked]; b != "" && k != ignored {
+		s.blocked = append(s.blocked, v.node.Name+" ("+b+")")
+	}
+}
+
+// names lists at most maxNamed of names, saying how many more there are.
+func names(list []string) string {
+	if len(list) <= maxNamed {
+		return strings.Join(list, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(list[:maxNamed], ", "), len(list)-maxNamed)
+}
+
+// condition is the DriverUpgrade condition for a pass's summary: the
+// reason, status and a message that says "k of n nodes upgraded" and
+// names the failed, blocked and ignored nodes.
+func condition(s summary, invalid error) (metav1.ConditionStatus, string, string) {
+	parts := []string{fmt.Sprintf("%d of %d GPU nodes run the wanted driver", s.upToDate, s.nodes)}
+	if s.inProgress > 0 {
+		parts = append(parts, fmt.Sprintf("%d upgrading", s.inProgress))
+	}
+	if s.waiting > 0 {
+		parts = append(parts, fmt.Sprintf("%d waiting", s.waiting))
+	}
+	if len(s.failed) > 0 {
+		parts = append(parts, fmt.Sprintf("failed (%d): %s (see annotation %s)", len(s.failed), names(s.failed), gpuv1alpha1.AnnotationFailure))
+	}
+	if len(s.blocked) > 0 {
+		parts = append(parts, fmt.Sprintf("blocked (%d): %s", len(s.blocked), names(s.blocked)))
+	}
+	if len(s.ignored) > 0 {
+		parts = append(parts, fmt.Sprintf("ignored: %d nodes carry %s without Loom's claim (%s) or with a value Loom does not know: %s",
+			len(s.ignored), gpuv1alpha1.LabelUpgradeState, gpuv1alpha1.AnnotationClaim, names(s.ignored)))
+	}
+	msg := strings.Join(parts, "; ")
+	switch {
+	case invalid != nil:
+		return metav1.ConditionFalse, gpuv1alpha1.ReasonUpgradeInvalid, invalid.Error() + "; " + msg
+	case s.paused:
+		return metav1.ConditionFalse, gpuv1alpha1.ReasonUpgradePaused, fmt.Sprintf(
+			"paused: maxFailures reached, no node starts until a new driver version or the annotation %s on the ClusterPolicy; %s",
+			gpuv1alpha1.AnnotationResume, msg)
+	case s.inProgress > 0 || s.waiting > 0 || len(s.failed) > 0:
+		return metav1.ConditionFalse, gpuv1alpha1.ReasonUpgradeInProgress, msg
+	}
+	return metav1.ConditionTrue, gpuv1alpha1.ReasonUpgradeUpToDate, msg
+}
+
+// upgradeStatus is the part of a ClusterPolicy's status this controller
+// writes: its one condition.
+type upgradeStatus struct {
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// currentStatus is the DriverUpgrade condition the policy carries.
+func currentStatus(cp *gpuv1alpha1.ClusterPolicy) *upgradeStatus {
+	st := &upgradeStatus{}
+	for _, c := range cp.Status.Conditions {
+		if c.Type == gpuv1alpha1.ConditionDriverUpgrade {
+			st.Conditions = append(st.Conditions, c)
+		}
+	}
+	return st
+}
+
+// desiredStatus is the policy's DriverUpgrade condition after a pass.
+func desiredStatus(cp *gpuv1alpha1.ClusterPolicy, status metav1.ConditionStatus, reason, msg string, now time.Time) *upgradeStatus {
+	st := currentStatus(cp)
+	apply.SetCondition(&st.Conditions, gpuv1alpha1.ConditionDriverUpgrade, status, reason, msg, cp.Generation, now)
+	return st
+}

@@ -1,0 +1,186 @@
+package nodelabels
+
+import (
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/sharing"
+)
+
+// NFDPresenceLabels are node feature discovery's labels of a node with an
+// NVIDIA PCI device, in the three forms GPU Operator accepts.
+var NFDPresenceLabels = []string{gpuv1alpha1.LabelNFDPCINVIDIA, gpuv1alpha1.LabelNFDPCI3DNVIDIA, gpuv1alpha1.LabelNFDPCIDisplayNVIDIA}
+
+// sharedSuffix is what GFD appends to gpu.product when nvidia.com/gpu is
+// shared under its own name.
+const sharedSuffix = "-SHARED"
+
+// Input is what one node's labels are computed from.
+type Input struct {
+	// GPUNode is the node's GPUNode status; nil when it has none yet.
+	GPUNode *gpuv1alpha1.GPUNodeStatus
+	// NodeLabels are the Node's labels now: NFD's, and those the labeller
+	// set before.
+	NodeLabels map[string]string
+	// Managed are the keys of the labels the labeller set before.
+	Managed []string
+	// MIGStrategy of the policy in force; "" without one.
+	MIGStrategy string
+	// Sharing is the node's device plugin config; nil when it cannot be
+	// read (the sharing labels the node has are then kept).
+	Sharing *sharing.Node
+}
+
+// Desired computes a node's labels:
+//   - with NVML GPUs on the GPUNode (the agent keeps its last good GPUs
+//     while NVML is unavailable), GFD's full set (LabelsFor) and the
+//     sharing labels of nvidia.com/gpu under the node's config;
+//   - with only PCI devices (no NVML yet), gpu.present, gpu.count and, when
+//     PCI names the product, gpu.product;
+//   - with neither but NVML unavailable, the labels the labeller set
+//     before, unchanged: an NVML failure never takes a label away;
+//   - and gpu.present=true whenever one of NFD's NVIDIA PCI labels is, also
+//     on a node without a GPUNode: that is how the driver reaches a bare
+//     node.
+func Desired(in Input) map[string]string {
+	st := in.GPUNode
+	l := map[string]string{}
+	switch {
+	case st == nil:
+	case len(st.GPUs) > 0:
+		l = LabelsFor(*st, in.MIGStrategy)
+		sharingLabels(l, in)
+	case len(st.PCIDevices) > 0:
+		l = PCILabels(st.PCIDevices)
+	case nvmlUnavailable(st):
+		for _, k := range in.Managed {
+			if v, ok := in.NodeLabels[k]; ok {
+				l[k] = v
+			}
+		}
+	}
+	if NFDPresent(in.NodeLabels) {
+		l[gpuv1alpha1.LabelPresent] = "true"
+	}
+	return l
+}
+
+// NFDPresent reports whether one of NFD's NVIDIA PCI labels is "true".
+func NFDPresent(labels map[string]string) bool {
+	for _, k := range NFDPresenceLabels {
+		if labels[k] == "true" {
+			return true
+		}
+	}
+	return false
+}
+
+func nvmlUnavailable(st *gpuv1alpha1.GPUNodeStatus) bool {
+	return apimeta.IsStatusConditionTrue(st.Conditions, gpuv1alpha1.ConditionNVMLUnavailable)
+}
+
+// PCILabels are the labels of GPUs seen on the PCI bus only: presence, the
+// count, and the product when PCI names it ("mixed" when the devices
+// differ).
+func PCILabels(devs []gpuv1alpha1.PCIDevice) map[string]string {
+	l := map[string]string{
+		gpuv1alpha1.LabelPresent: "true",
+		gpuv1alpha1.LabelCount:   strconv.Itoa(len(devs)),
+	}
+	product := ""
+	for _, d := range devs {
+		switch {
+		case d.Product == "":
+		case product == "":
+			product = d.Product
+		case product != d.Product:
+			product = "mixed"
+		}
+	}
+	if v := LabelValue(product); v != "" {
+		l[gpuv1alpha1.LabelProduct] = v
+	}
+	return l
+}
+
+// sharingLabels sets nvidia.com/gpu's replicas, sharing strategy and
+// product suffix as GFD does: replicas 1 and strategy none unless shared,
+// and -SHARED on the product when shared under its own name (a renamed
+// resource leaves the product alone). Without a readable config, the
+// node's current values stay.
+func sharingLabels(l map[string]string, in Input) {
+	if in.Sharing == nil {
+		keepSharingLabels(l, in.NodeLabels)
+		return
+	}
+	r := in.Sharing.Resource(sharing.GPUResource)
+	l[gpuv1alpha1.LabelReplicas] = strconv.Itoa(r.Replicas)
+	l[gpuv1alpha1.LabelSharingStrategy] = string(r.Strategy)
+	if r.Shared() && !r.Renamed() && !strings.HasSuffix(l[gpuv1alpha1.LabelProduct], "-MIG-INVALID") {
+		l[gpuv1alpha1.LabelProduct] = sharedProduct(l[gpuv1alpha1.LabelProduct])
+	}
+}
+
+// keepSharingLabels leaves the node's sharing labels as they are.
+func keepSharingLabels(l, node map[string]string) {
+	for _, k := range []string{gpuv1alpha1.LabelReplicas, gpuv1alpha1.LabelSharingStrategy} {
+		if v, ok := node[k]; ok {
+			l[k] = v
+		} else {
+			delete(l, k)
+		}
+	}
+	if p := l[gpuv1alpha1.LabelProduct]; p != "" && node[gpuv1alpha1.LabelProduct] == sharedProduct(p) {
+		l[gpuv1alpha1.LabelProduct] = node[gpuv1alpha1.LabelProduct]
+	}
+}
+
+// sharedProduct is product with GFD's -SHARED suffix, within a label
+// value's 63 characters.
+func sharedProduct(product string) string {
+	if len(product)+len(sharedSuffix) > validationMaxLabelValue {
+		product = strings.TrimRight(product[:validationMaxLabelValue-len(sharedSuffix)], "-_.")
+	}
+	return product + sharedSuffix
+}
+
+const validationMaxLabelValue = 63
+
+// UnhealthyTaint is the taint a node gets while a GPU of its GPUNode is
+// unhealthy and the policy asks for it: nvidia.com/gpu.unhealthy=<the
+// reason of the first unhealthy GPU>:NoSchedule. nil: no taint.
+func UnhealthyTaint(st *gpuv1alpha1.GPUNodeStatus, enabled bool) *corev1.Taint {
+	if !enabled || st == nil {
+		return nil
+	}
+	for _, g := range st.GPUs {
+		if g.Health.State != gpuv1alpha1.GPUUnhealthy {
+			continue
+		}
+		reason := LabelValue(g.Health.Reason)
+		if reason == "" {
+			reason = string(gpuv1alpha1.GPUUnhealthy)
+		}
+		return &corev1.Taint{Key: gpuv1alpha1.TaintUnhealthy, Value: reason, Effect: corev1.TaintEffectNoSchedule}
+	}
+	return nil
+}
+
+// WithTaint is taints with Loom's unhealthy taint replaced by want
+// (removed when want is nil); every other taint stays, in order.
+func WithTaint(taints []corev1.Taint, want *corev1.Taint) []corev1.Taint {
+	out := make([]corev1.Taint, 0, len(taints)+1)
+	for _, t := range taints {
+		if t.Key != gpuv1alpha1.TaintUnhealthy {
+			out = append(out, t)
+		}
+	}
+	if want != nil {
+		out = append(out, *want)
+	}
+	return out
+}
