@@ -127,13 +127,17 @@ func testNamedConfigMaps(t *testing.T) {
 func testDriverPerOS(t *testing.T) {
 	ctx := context.Background()
 	rhel := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cp-gpu-rhel", Labels: map[string]string{gpuv1alpha1.LabelPresent: "true"}}}
+	// Two nodes of one OS known only by their osImage: the API allows one
+	// value per node field selector, so each is a term of its own.
+	rhel2 := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cp-gpu-rhel-2", Labels: map[string]string{gpuv1alpha1.LabelPresent: "true"}}}
 	bare := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cp-gpu-bare", Labels: map[string]string{gpuv1alpha1.LabelPresent: "true"}}}
-	for _, n := range []*corev1.Node{rhel, bare} {
+	for _, n := range []*corev1.Node{rhel, rhel2, bare} {
 		if err := env.Client.Create(ctx, n); err != nil {
 			t.Fatal(err)
 		}
 	}
 	setOSImage(t, rhel.Name, "Red Hat Enterprise Linux 9.4 (Plow)")
+	setOSImage(t, rhel2.Name, "Red Hat Enterprise Linux 9.4 (Plow)")
 	testenv.Eventually(t, 20*time.Second, func() error {
 		ds, err := getDS("driver-rhel9.4")
 		if err != nil {
@@ -141,6 +145,9 @@ func testDriverPerOS(t *testing.T) {
 		}
 		if img := ds.Spec.Template.Spec.Containers[0].Image; img != "nvcr.io/nvidia/driver:570.172.08-rhel9.4" {
 			return fmt.Errorf("image %s", img)
+		}
+		if terms := ds.Spec.Template.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms; len(terms) != 2 {
+			return fmt.Errorf("%d node terms, want one per RHEL node: %+v", len(terms), terms)
 		}
 		if !metav1.IsControlledBy(ds, getPolicy(t, "default")) || ds.Spec.Template.Annotations[gpuv1alpha1.AnnotationTemplateHash] == "" {
 			return fmt.Errorf("owners %v, annotations %v", ds.OwnerReferences, ds.Spec.Template.Annotations)
@@ -151,7 +158,7 @@ func testDriverPerOS(t *testing.T) {
 		return nil
 	})
 	ubuntu, _ := getDS("driver")
-	for _, n := range []*corev1.Node{rhel, bare} {
+	for _, n := range []*corev1.Node{rhel, rhel2, bare} {
 		if err := env.Client.Delete(ctx, n); err != nil {
 			t.Fatal(err)
 		}

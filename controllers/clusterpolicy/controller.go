@@ -91,12 +91,13 @@ func Setup(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		Owns(&rbacv1.Role{}, builder.OnlyMetadata).
 		Owns(&rbacv1.RoleBinding{}, builder.OnlyMetadata).
 		// GPU nodes coming and going, their upgrade and MIG labels and
-		// failure annotations change the status.
-		WatchesMetadata(&corev1.Node{}, all, builder.WithPredicates(
-			predicate.Or[client.Object](predicate.LabelChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
-		// Their OS and kernel pick the driver's DaemonSets (typed Nodes
-		// are cached trimmed, with nodeInfo's OS image and kernel).
-		Watches(&corev1.Node{}, all, builder.WithPredicates(nodeInfoChanged())).
+		// failure annotations change the status; their OS and kernel pick
+		// the driver's DaemonSets. One informer for all of it (typed Nodes
+		// are cached trimmed, with nodeInfo's OS image and kernel): a
+		// metadata informer beside it could show a node the typed one has
+		// not seen yet.
+		Watches(&corev1.Node{}, all, builder.WithPredicates(predicate.Or[client.Object](
+			predicate.LabelChangedPredicate{}, predicate.AnnotationChangedPredicate{}, nodeInfoChanged()))).
 		// The content of the user ConfigMaps the policy names is hashed
 		// onto the operands that read them.
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.policiesReading),
@@ -189,16 +190,17 @@ func (r *Reconciler) observe(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy)
 	if active := gpuv1alpha1.Active(policies.Items); active != nil {
 		obs.active = active.Name
 	}
-	nodes := &metav1.PartialObjectMetadataList{}
-	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
-	if err := r.List(ctx, nodes, client.MatchingLabels{gpuv1alpha1.LabelPresent: "true"}); err != nil {
+	typed := &corev1.NodeList{}
+	if err := r.List(ctx, typed, client.MatchingLabels{gpuv1alpha1.LabelPresent: "true"}); err != nil {
 		return obs, err
 	}
-	obs.gpuNodes, obs.upgrades, obs.migStates = int32(len(nodes.Items)), countUpgrades(nodes.Items, cp.Name), countMIGStates(nodes.Items)
+	nodes := make([]metav1.PartialObjectMetadata, len(typed.Items))
+	for i := range typed.Items {
+		nodes[i] = metav1.PartialObjectMetadata{ObjectMeta: typed.Items[i].ObjectMeta}
+	}
+	obs.gpuNodes, obs.upgrades, obs.migStates = int32(len(nodes)), countUpgrades(nodes, cp.Name), countMIGStates(nodes)
+	obs.cluster.nodes = typed.Items
 	var err error
-	if obs.cluster.nodes, err = r.withNodeInfo(ctx, nodes.Items); err != nil {
-		return obs, err
-	}
 	if obs.cluster.configMaps, err = r.configMaps(ctx, cp); err != nil {
 		return obs, err
 	}
@@ -210,7 +212,7 @@ func (r *Reconciler) observe(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy)
 		return obs, err
 	}
 	gpuNodes := map[string]bool{}
-	for _, n := range nodes.Items {
+	for _, n := range nodes {
 		gpuNodes[n.Name] = true
 	}
 	// A GPUNode without its Node (made by hand, or left behind) is no
@@ -228,24 +230,6 @@ func (r *Reconciler) observe(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy)
 		obs.inventory = append(obs.inventory, gn)
 	}
 	return obs, nil
-}
-
-// withNodeInfo is the nodes' metadata with their nodeInfo (the OS and
-// kernel) from the typed cache; a node not there yet has none.
-func (r *Reconciler) withNodeInfo(ctx context.Context, meta []metav1.PartialObjectMetadata) ([]corev1.Node, error) {
-	typed := &corev1.NodeList{}
-	if err := r.List(ctx, typed, client.MatchingLabels{gpuv1alpha1.LabelPresent: "true"}); err != nil {
-		return nil, err
-	}
-	info := map[string]corev1.NodeSystemInfo{}
-	for _, n := range typed.Items {
-		info[n.Name] = n.Status.NodeInfo
-	}
-	out := make([]corev1.Node, len(meta))
-	for i, m := range meta {
-		out[i] = corev1.Node{ObjectMeta: m.ObjectMeta, Status: corev1.NodeStatus{NodeInfo: info[m.Name]}}
-	}
-	return out, nil
 }
 
 // nodeExists reads a Node's metadata from the cache.

@@ -182,9 +182,11 @@ func (g driverGroup) terms() []corev1.NodeSelectorTerm {
 			{Key: gpuv1alpha1.LabelOSReleaseID, Operator: corev1.NodeSelectorOpIn, Values: g.nfdIDs},
 			{Key: gpuv1alpha1.LabelOSReleaseVersionID, Operator: corev1.NodeSelectorOpIn, Values: g.nfdVersions}}})
 	}
-	if len(g.names) > 0 {
+	// A field selector takes one value (the API rejects metadata.name In
+	// with two): one term per node, terms are ORed.
+	for _, name := range g.names {
 		out = append(out, corev1.NodeSelectorTerm{MatchFields: []corev1.NodeSelectorRequirement{
-			{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: g.names}}})
+			{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{name}}}})
 	}
 	return out
 }

@@ -61,6 +61,12 @@ type observed struct {
 	headService *corev1.Service
 	podGroup    *schedulingv1beta1.PodGroup
 	volcano     bool
+	// queue is what stops Volcano from admitting the cluster's gang to
+	// the queue it names (the zero value: nothing, or not checked).
+	queue gang.QueueProblem
+	// autoGang: the manager's --gang-scheduler is auto, so a cluster
+	// asking for Volcano where it is missing runs without a gang.
+	autoGang bool
 	// fits per group name (head and workers): the inventory's verdict on
 	// one pod of the group.
 	fits map[string]inventory.FitResult
@@ -123,6 +129,9 @@ type pass struct {
 	obs observed
 	// sched is the cluster's gang scheduler.
 	sched string
+	// gangOff: the cluster asked for Volcano, which is missing, and the
+	// manager's auto runs it without a gang; ConditionGang says so.
+	gangOff bool
 	// pods are the observed pods the cluster controls; any other is
 	// neither counted nor touched.
 	pods []*corev1.Pod
@@ -271,9 +280,16 @@ func resume(p *pass) bool {
 }
 
 // volcano holds a cluster that asks for Volcano while Volcano is not
-// installed: no pods, a condition saying why.
+// installed: no pods, a condition saying why. Under the manager's
+// --gang-scheduler=auto it runs instead, without a gang, and says so.
 func volcano(p *pass) bool {
 	if p.sched != gang.SchedulerName || p.obs.volcano {
+		return false
+	}
+	if p.obs.autoGang {
+		p.sched, p.gangOff = "", true
+		p.set(ConditionGang, metav1.ConditionFalse, "VolcanoNotInstalled", "gang scheduling off: Volcano is not installed; pods are scheduled one by one "+
+			"(the cluster's "+LabelScheduler+" label asks for Volcano; the manager's --gang-scheduler=auto runs it without a gang)")
 		return false
 	}
 	msg := "the cluster asks for Volcano (label " + LabelScheduler + " or the manager's --gang-scheduler) but Volcano's PodGroup CRD is not installed: no pods are created until it is; install Volcano, or label the cluster " + LabelScheduler + "=none"
@@ -289,13 +305,36 @@ func volcano(p *pass) bool {
 func children(p *pass) bool {
 	p.d.children, p.d.shared, p.d.err = buildChildren(p.ctx, p.rc)
 	if p.sched != gang.SchedulerName {
-		meta.RemoveStatusCondition(&p.d.status.Conditions, ConditionGang)
+		if !p.gangOff {
+			meta.RemoveStatusCondition(&p.d.status.Conditions, ConditionGang)
+		}
 		p.d.removePodGroup = true
 		return false
 	}
 	p.d.podGroup = gang.PodGroup(gangSpec(p.ctx, p.rc))
-	p.set(ConditionGang, metav1.ConditionTrue, "PodGroupCreated", fmt.Sprintf("gang-scheduled by Volcano through PodGroup %s", p.d.podGroup.Name))
+	s, reason, msg := gangCondition(p.d.podGroup, p.obs.podGroup, p.obs.queue)
+	p.set(ConditionGang, s, reason, msg)
 	return false
+}
+
+// gangCondition is ConditionGang of a cluster gang-scheduled through want:
+// False while Volcano holds its PodGroup (have), with Volcano's reason, or
+// while its queue keeps Volcano from admitting it; True otherwise.
+func gangCondition(want, have *schedulingv1beta1.PodGroup, queue gang.QueueProblem) (metav1.ConditionStatus, string, string) {
+	phase := schedulingv1beta1.PodGroupPhase("")
+	if have != nil {
+		phase = have.Status.Phase
+	}
+	admitted := phase != "" && phase != schedulingv1beta1.PodGroupPending
+	switch reason, why := gang.Unschedulable(have); {
+	case !admitted && queue.Reason != "":
+		return metav1.ConditionFalse, queue.Reason, fmt.Sprintf("PodGroup %s: %s", want.Name, queue.Message)
+	case why != "" && (phase == schedulingv1beta1.PodGroupPending || phase == schedulingv1beta1.PodGroupInqueue):
+		return metav1.ConditionFalse, reason, fmt.Sprintf("Volcano holds PodGroup %s (%s): %s", want.Name, phase, why)
+	case phase == schedulingv1beta1.PodGroupPending:
+		return metav1.ConditionTrue, "GangPending", fmt.Sprintf("gang-scheduled by Volcano through PodGroup %s, which waits for Volcano to admit it to queue %s", want.Name, want.Spec.Queue)
+	}
+	return metav1.ConditionTrue, "PodGroupCreated", fmt.Sprintf("gang-scheduled by Volcano through PodGroup %s", want.Name)
 }
 
 // scale makes every group's pods match its desired count and template.

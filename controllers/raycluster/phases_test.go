@@ -3,6 +3,7 @@ package raycluster
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/gang"
 )
 
 // Suspend deletes every pod (Suspending while any is left, then
@@ -66,6 +68,20 @@ func TestDecideVolcano(t *testing.T) {
 	d := decide(ctx, rc, observed{now: time.Now()}, "volcano")
 	if c := meta.FindStatusCondition(d.status.Conditions, ConditionGang); c == nil || c.Reason != "VolcanoNotInstalled" || len(d.create) != 0 || len(d.children) != 0 || d.podGroup != nil {
 		t.Fatalf("without Volcano: gang %+v, create %d children %d", c, len(d.create), len(d.children))
+	}
+	// Under the manager's auto: no gang, the pods one by one, and a
+	// condition saying so.
+	d = decide(ctx, rc, observed{autoGang: true, now: time.Now()}, "volcano")
+	c := meta.FindStatusCondition(d.status.Conditions, ConditionGang)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != "VolcanoNotInstalled" ||
+		!strings.Contains(c.Message, "gang scheduling off: Volcano is not installed; pods are scheduled one by one") ||
+		len(d.create) != 2 || d.podGroup != nil || !d.removePodGroup {
+		t.Fatalf("auto without Volcano: gang %+v, create %d, PodGroup %v", c, len(d.create), d.podGroup)
+	}
+	for _, p := range d.create {
+		if p.Spec.SchedulerName == "volcano" || p.Annotations["scheduling.k8s.io/group-name"] != "" {
+			t.Fatalf("pod joins a gang without Volcano: %q %v", p.Spec.SchedulerName, p.Annotations)
+		}
 	}
 	d = decide(ctx, rc, observed{volcano: true, now: time.Now()}, "volcano")
 	if d.podGroup == nil || d.podGroup.Name != podGroupName(rc) || d.removePodGroup || len(d.create) != 2 {
@@ -165,5 +181,43 @@ func TestTouched(t *testing.T) {
 	touched(old, changed, now)
 	if changed.LastUpdateTime == nil || !changed.LastUpdateTime.After(then.Time) {
 		t.Fatalf("a changed status kept lastUpdateTime %v", changed.LastUpdateTime)
+	}
+}
+
+// GangScheduling is False while Volcano holds the PodGroup (with Volcano's
+// reason) or its queue stops it, True otherwise.
+func TestGangCondition(t *testing.T) {
+	want := &schedulingv1beta1.PodGroup{ObjectMeta: metav1.ObjectMeta{Name: "ray-c-pg"}, Spec: schedulingv1beta1.PodGroupSpec{Queue: "ray"}}
+	held := schedulingv1beta1.PodGroupCondition{Type: schedulingv1beta1.PodGroupUnschedulableType, Status: corev1.ConditionTrue,
+		Reason: "NotEnoughResources", Message: "3/3 tasks in gang unschedulable: Insufficient nvidia.com/gpu", LastTransitionTime: metav1.Now()}
+	have := func(phase schedulingv1beta1.PodGroupPhase, conds ...schedulingv1beta1.PodGroupCondition) *schedulingv1beta1.PodGroup {
+		return &schedulingv1beta1.PodGroup{Status: schedulingv1beta1.PodGroupStatus{Phase: phase, Conditions: conds}}
+	}
+	missing := gang.CheckQueue("ray", nil)
+	tests := []struct {
+		name   string
+		have   *schedulingv1beta1.PodGroup
+		queue  gang.QueueProblem
+		status metav1.ConditionStatus
+		reason string
+		msg    string
+	}{
+		{"not created yet", nil, gang.QueueProblem{}, metav1.ConditionTrue, "PodGroupCreated", "through PodGroup ray-c-pg"},
+		{"pending", have(schedulingv1beta1.PodGroupPending), gang.QueueProblem{}, metav1.ConditionTrue, "GangPending", "admit it to queue ray"},
+		{"pending, held", have(schedulingv1beta1.PodGroupPending, held), gang.QueueProblem{}, metav1.ConditionFalse, "NotEnoughResources",
+			"Volcano holds PodGroup ray-c-pg (Pending): NotEnoughResources: 3/3 tasks in gang unschedulable: Insufficient nvidia.com/gpu"},
+		{"inqueue, held", have(schedulingv1beta1.PodGroupInqueue, held), gang.QueueProblem{}, metav1.ConditionFalse, "NotEnoughResources", "(Inqueue)"},
+		{"running", have(schedulingv1beta1.PodGroupRunning, held), gang.QueueProblem{}, metav1.ConditionTrue, "PodGroupCreated", ""},
+		{"queue missing", have(schedulingv1beta1.PodGroupPending), missing, metav1.ConditionFalse, gang.ReasonQueueNotFound, `Volcano queue "ray" does not exist`},
+		{"queue missing, not created yet", nil, missing, metav1.ConditionFalse, gang.ReasonQueueNotFound, "PodGroup ray-c-pg"},
+		{"queue closed after admission", have(schedulingv1beta1.PodGroupRunning), gang.QueueProblem{Reason: gang.ReasonQueueClosed}, metav1.ConditionTrue, "PodGroupCreated", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, reason, msg := gangCondition(want, tt.have, tt.queue)
+			if s != tt.status || reason != tt.reason || !strings.Contains(msg, tt.msg) {
+				t.Fatalf("gangCondition = %s %s %q; want %s %s containing %q", s, reason, msg, tt.status, tt.reason, tt.msg)
+			}
+		})
 	}
 }

@@ -61,6 +61,7 @@ const FieldOwner = "loom-raycluster"
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=scheduling.volcano.sh,resources=podgroups,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups=scheduling.volcano.sh,resources=queues,verbs=get;list;watch
 // +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch
 
 // Reconciler reconciles RayClusters.
@@ -125,7 +126,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	if err != nil {
 		return err
 	}
-	r.volcano = &gang.Volcano{Client: r.Client, Cache: mgr.GetCache(), Controller: c, Owner: &rayv1.RayCluster{}, Scheme: mgr.GetScheme()}
+	r.volcano = &gang.Volcano{Client: r.Client, Cache: mgr.GetCache(), Controller: c, Owner: &rayv1.RayCluster{}, Scheme: mgr.GetScheme(),
+		QueueUsers: r.queueClusters}
 	return nil
 }
 
@@ -137,6 +139,24 @@ func (r *Reconciler) all(ctx context.Context, _ client.Object) []ctrl.Request {
 	out := make([]ctrl.Request, 0, len(list.Items))
 	for i := range list.Items {
 		out = append(out, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return out
+}
+
+// queueClusters lists the clusters that name a Volcano queue (their
+// volcano.sh/queue-name label; none is Volcano's default queue), when it is
+// created, opened or closed.
+func (r *Reconciler) queueClusters(ctx context.Context, queue string) []ctrl.Request {
+	var list rayv1.RayClusterList
+	if err := r.List(ctx, &list); err != nil {
+		return nil
+	}
+	var out []ctrl.Request
+	for i := range list.Items {
+		q := list.Items[i].Labels[LabelQueue]
+		if q == queue || (q == "" && queue == gang.DefaultQueue) {
+			out = append(out, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
 	}
 	return out
 }
@@ -249,7 +269,7 @@ func (r *Reconciler) forget(key client.ObjectKey) {
 }
 
 func (r *Reconciler) observe(ctx context.Context, rc *rayv1.RayCluster, sched string, now time.Time) (observed, error) {
-	obs := observed{now: now, fits: map[string]inventory.FitResult{}, maxPods: r.MaxWorkloadPods}
+	obs := observed{now: now, fits: map[string]inventory.FitResult{}, maxPods: r.MaxWorkloadPods, autoGang: r.DefaultScheduler == manager.GangAuto}
 	var err error
 	if obs.pods, err = r.pods.List(ctx, rc, client.MatchingLabels{utils.RayClusterLabelKey: rc.Name}, now); err != nil {
 		return obs, err
@@ -265,6 +285,11 @@ func (r *Reconciler) observe(ctx context.Context, rc *rayv1.RayCluster, sched st
 	}
 	if err != nil {
 		return obs, err
+	}
+	if sched == gang.SchedulerName && obs.volcano {
+		if obs.queue, err = r.volcano.Queue(ctx, rc.Labels[LabelQueue]); err != nil {
+			return obs, err
+		}
 	}
 	fit := func(group string, spec *corev1.PodSpec) {
 		if groups := inventory.PodGroups(1, spec); len(groups) > 0 {

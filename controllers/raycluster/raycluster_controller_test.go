@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
+	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/manager"
 	"github.com/loom-dev/loom/internal/testenv"
 )
@@ -334,6 +335,28 @@ func TestAutoscalerClusterOnVolcano(t *testing.T) {
 			return env.Client.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, o)
 		})
 	}
+	rayQueue(t, rc)
+}
+
+// rayQueue: the cluster's queue is missing, so GangScheduling says so;
+// created, the condition follows the Queue without a change to the cluster.
+func rayQueue(t *testing.T, rc *rayv1.RayCluster) {
+	gangCond := func(s metav1.ConditionStatus, reason, msg string) {
+		t.Helper()
+		testenv.Eventually(t, 30*time.Second, func() error {
+			c := meta.FindStatusCondition(get(t, rc).Status.Conditions, ConditionGang)
+			if c == nil || c.Status != s || c.Reason != reason || !strings.Contains(c.Message, msg) {
+				return fmt.Errorf("gang condition %+v, want %s %s containing %q", c, s, reason, msg)
+			}
+			return nil
+		})
+	}
+	gangCond(metav1.ConditionFalse, gang.ReasonQueueNotFound, `Volcano queue "ray-queue" does not exist`)
+	if err := env.Client.Create(context.Background(), &schedulingv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "ray-queue"},
+		Spec: schedulingv1beta1.QueueSpec{Weight: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	gangCond(metav1.ConditionTrue, "PodGroupCreated", "through PodGroup ray-"+rc.Name+"-pg")
 }
 
 // A worker group asking for more GPUs per pod than any node has gets a

@@ -27,6 +27,9 @@ type observed struct {
 	podGroup *schedulingv1beta1.PodGroup
 	// volcano: the PodGroup CRD is installed.
 	volcano bool
+	// queue is what stops Volcano from admitting the gang to the queue it
+	// names (none, or Volcano's Queue CRD not served: the zero value).
+	queue gang.QueueProblem
 	// fit is the inventory's verdict on the whole gang.
 	fit inventory.FitResult
 	now time.Time

@@ -13,6 +13,7 @@ import (
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
 )
 
@@ -147,6 +148,16 @@ func TestDecideBeforeTheGang(t *testing.T) {
 		{"PodGroup admitted", trainingv1alpha1.GangVolcano, false, observed{volcano: true, podGroup: &schedulingv1beta1.PodGroup{
 			ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{LabelAttempt: "0"}},
 			Status:     schedulingv1beta1.PodGroupStatus{Phase: schedulingv1beta1.PodGroupInqueue}}}, trainingv1alpha1.StatePending, 2, ReasonGangInqueue},
+		{"queue missing", trainingv1alpha1.GangVolcano, false, observed{volcano: true, queue: gang.CheckQueue("research", nil)},
+			trainingv1alpha1.StatePending, 0, gang.ReasonQueueNotFound},
+		{"queue closed", trainingv1alpha1.GangVolcano, false, observed{volcano: true, queue: gang.QueueProblem{Reason: gang.ReasonQueueClosed, Message: "closed"}},
+			trainingv1alpha1.StatePending, 0, gang.ReasonQueueClosed},
+		{"queue closed after admission: no matter", trainingv1alpha1.GangVolcano, false, observed{volcano: true,
+			queue: gang.QueueProblem{Reason: gang.ReasonQueueClosed, Message: "closed"}, podGroup: &schedulingv1beta1.PodGroup{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{LabelAttempt: "0"}},
+				Status:     schedulingv1beta1.PodGroupStatus{Phase: schedulingv1beta1.PodGroupInqueue}}}, trainingv1alpha1.StatePending, 2, ReasonGangInqueue},
+		{"gang larger than the cluster, fail: waits", trainingv1alpha1.GangNone, true, observed{fit: inventory.FitResult{Verdict: inventory.NotNow,
+			Message: "needs 8 more GPUs than the cluster has (32 on 4 nodes)"}}, trainingv1alpha1.StatePending, 2, ReasonNotEnoughGPUs},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -200,5 +211,37 @@ func TestApplied(t *testing.T) {
 		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != ReasonCreateFailed || !strings.Contains(c.Message, "exceeded quota") {
 			t.Fatalf("%s = %+v", typ, c)
 		}
+	}
+}
+
+// Once Volcano admits the gang (Inqueue), its own reason why the pods are
+// not placed stays in the message while it applies, and drops out once a
+// Scheduled condition follows it.
+func TestInqueueMessage(t *testing.T) {
+	now := time.Now()
+	t0, t1 := metav1.NewTime(now.Add(-time.Minute)), metav1.NewTime(now)
+	unsched := schedulingv1beta1.PodGroupCondition{Type: schedulingv1beta1.PodGroupUnschedulableType, Status: corev1.ConditionTrue,
+		Reason: "NotEnoughResources", Message: "Insufficient nvidia.com/gpu", LastTransitionTime: t0}
+	scheduled := schedulingv1beta1.PodGroupCondition{Type: schedulingv1beta1.PodGroupScheduled, Status: corev1.ConditionTrue, LastTransitionTime: t1}
+	tests := []struct {
+		name  string
+		conds []schedulingv1beta1.PodGroupCondition
+		want  bool // the message quotes Volcano's reason
+	}{
+		{"unschedulable while Inqueue", []schedulingv1beta1.PodGroupCondition{unsched}, true},
+		{"scheduled since", []schedulingv1beta1.PodGroupCondition{unsched, scheduled}, false},
+		{"no conditions", nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			job := newJob("ns", "j", 1, 8, trainingv1alpha1.GangVolcano)
+			pg := &schedulingv1beta1.PodGroup{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{LabelAttempt: "0"}},
+				Status: schedulingv1beta1.PodGroupStatus{Phase: schedulingv1beta1.PodGroupInqueue, Conditions: tt.conds}}
+			d := decide(job, observed{volcano: true, podGroup: pg, now: now}, trainingv1alpha1.GangNone)
+			sc := meta.FindStatusCondition(d.status.Conditions, trainingv1alpha1.ConditionScheduled)
+			if sc == nil || sc.Reason != ReasonGangInqueue || strings.Contains(sc.Message, "Insufficient nvidia.com/gpu") != tt.want {
+				t.Fatalf("Scheduled = %+v, quoting Volcano: want %v", sc, tt.want)
+			}
+		})
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/podset"
 )
@@ -73,15 +74,19 @@ func pending(p *pass, pgPhase schedulingv1beta1.PodGroupPhase, bound, total int,
 	case p.d.status.Scheduler == trainingv1alpha1.GangVolcano && pgPhase == schedulingv1beta1.PodGroupInqueue:
 		reason = ReasonGangInqueue
 		parts = append(parts, fmt.Sprintf("Volcano admitted the gang to queue %s; %d of %d pods placed", queue, bound, total))
+		if _, why := gang.Unschedulable(p.obs.podGroup); why != "" && bound < total {
+			parts = append(parts, "Volcano: "+why)
+		} else if podMsg != "" {
+			parts = append(parts, podMsg)
+		}
+	case p.d.status.Scheduler == trainingv1alpha1.GangVolcano && p.obs.queue.Reason != "":
+		reason = p.obs.queue.Reason
+		parts = append(parts, p.obs.queue.Message)
 	case p.d.status.Scheduler == trainingv1alpha1.GangVolcano:
 		reason = ReasonGangPending
 		msg := fmt.Sprintf("PodGroup %s waits for Volcano to admit it to queue %s", p.job.Name, queue)
-		if pg := p.obs.podGroup; pg != nil {
-			for _, c := range pg.Status.Conditions {
-				if c.Type == schedulingv1beta1.PodGroupUnschedulableType && c.Status == corev1.ConditionTrue {
-					msg = fmt.Sprintf("Volcano: %s", strings.TrimSpace(c.Reason+": "+c.Message))
-				}
-			}
+		if _, why := gang.Unschedulable(p.obs.podGroup); why != "" {
+			msg = "Volcano: " + why
 		}
 		parts = append(parts, msg)
 	default:
@@ -95,7 +100,7 @@ func pending(p *pass, pgPhase schedulingv1beta1.PodGroupPhase, bound, total int,
 		reason = ReasonNeverFits
 		parts = append(parts, "inventory: "+p.obs.fit.Message)
 	case inventory.NotNow:
-		if reason != ReasonGangInqueue {
+		if reason == ReasonGangPending || reason == ReasonPodsPending {
 			reason = ReasonNotEnoughGPUs
 		}
 		parts = append(parts, "inventory: "+p.obs.fit.Message)

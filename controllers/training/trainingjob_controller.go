@@ -48,6 +48,7 @@ const FieldOwner = "loom-training"
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=scheduling.volcano.sh,resources=podgroups,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups=scheduling.volcano.sh,resources=queues,verbs=get;list;watch
 // +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch
 
 // Reconciler reconciles TrainingJobs.
@@ -90,7 +91,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	if err != nil {
 		return err
 	}
-	r.volcano = &gang.Volcano{Client: r.Client, Cache: mgr.GetCache(), Controller: c, Owner: &trainingv1alpha1.TrainingJob{}, Scheme: mgr.GetScheme()}
+	r.volcano = &gang.Volcano{Client: r.Client, Cache: mgr.GetCache(), Controller: c, Owner: &trainingv1alpha1.TrainingJob{}, Scheme: mgr.GetScheme(),
+		QueueUsers: r.queueJobs}
 	registerMetrics(mgr.GetCache())
 	return mgr.Add(ctrlmanager.RunnableFunc(func(ctx context.Context) error {
 		return r.watchInventory(ctx, inventoryChanged)
@@ -114,9 +116,21 @@ func newReconciler(c client.Client, live client.Reader, rec recorder.EventRecord
 	return r
 }
 
-// heldJobs lists the jobs that wait for the PodGroup CRD.
+// heldJobs lists the jobs that wait for Volcano's CRDs: held ones (the
+// PodGroup CRD) and unscheduled ones (the Queue CRD: their queue is checked
+// from then on).
 func (r *Reconciler) heldJobs(ctx context.Context, _ client.Object) []ctrl.Request {
-	return r.jobsWhere(ctx, func(j *trainingv1alpha1.TrainingJob) bool { return j.Status.State == trainingv1alpha1.StateHeld })
+	return r.jobsWhere(ctx, func(j *trainingv1alpha1.TrainingJob) bool {
+		return j.Status.State == trainingv1alpha1.StateHeld || (!j.Status.Finished() && !condTrue(&j.Status, trainingv1alpha1.ConditionScheduled))
+	})
+}
+
+// queueJobs lists the unscheduled jobs that name a Volcano queue, when it
+// is created, opened or closed.
+func (r *Reconciler) queueJobs(ctx context.Context, queue string) []ctrl.Request {
+	return r.jobsWhere(ctx, func(j *trainingv1alpha1.TrainingJob) bool {
+		return j.Spec.Queue() == queue && !j.Status.Finished() && !condTrue(&j.Status, trainingv1alpha1.ConditionScheduled)
+	})
 }
 
 // watchInventory re-evaluates the unscheduled jobs when GPUs change (a node
@@ -254,6 +268,11 @@ func (r *Reconciler) observe(ctx context.Context, job *trainingv1alpha1.Training
 	}
 	if obs.podGroup, obs.volcano, err = r.volcano.Group(ctx, job, job.Name); err != nil {
 		return obs, err
+	}
+	if obs.volcano && !condTrue(&job.Status, trainingv1alpha1.ConditionScheduled) {
+		if obs.queue, err = r.volcano.Queue(ctx, job.Spec.Queue()); err != nil {
+			return obs, err
+		}
 	}
 	if _, g := gangGPUs(job); len(g.Groups) > 0 && !condTrue(&job.Status, trainingv1alpha1.ConditionScheduled) && totalPods(job) <= int64(maxPods(r.MaxPods)) {
 		obs.fit = r.Index.Fits(g)

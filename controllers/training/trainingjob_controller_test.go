@@ -290,6 +290,7 @@ func TestVolcano(t *testing.T) {
 	job, hog := volcanoJob(t)
 	volcanoHeld(t, job)
 	pg := volcanoPodGroup(ctx, t, job)
+	volcanoQueue(ctx, t, job)
 	volcanoPending(ctx, t, job, pg, hog)
 	volcanoInqueue(ctx, t, job, pg)
 	volcanoRunning(ctx, t, job, pg)
@@ -357,6 +358,37 @@ func volcanoPodGroup(ctx context.Context, t *testing.T, job *trainingv1alpha1.Tr
 		t.Fatalf("PodGroup not controlled by the job: %v", pg.OwnerReferences)
 	}
 	return pg
+}
+
+// volcanoQueue: the job's queue is missing, then closed, then open; the
+// Scheduled condition says each, following the Queue without a change to
+// the job.
+func volcanoQueue(ctx context.Context, t *testing.T, job *trainingv1alpha1.TrainingJob) {
+	scheduled := func(reason, msg string) {
+		t.Helper()
+		testenv.Eventually(t, 30*time.Second, func() error {
+			if c := cond(getJob(t, job), trainingv1alpha1.ConditionScheduled); c.Reason != reason || !strings.Contains(c.Message, msg) {
+				return fmt.Errorf("Scheduled = %+v, want %s containing %q", c, reason, msg)
+			}
+			return nil
+		})
+	}
+	scheduled(gang.ReasonQueueNotFound, `Volcano queue "research" does not exist`)
+	if c := cond(getJob(t, job), trainingv1alpha1.ConditionReady); c.Reason != gang.ReasonQueueNotFound {
+		t.Fatalf("Ready = %+v", c)
+	}
+	q := &schedulingv1beta1.Queue{ObjectMeta: metav1.ObjectMeta{Name: "research"}, Spec: schedulingv1beta1.QueueSpec{Weight: 1}}
+	create(t, q)
+	q.Status.State = schedulingv1beta1.QueueStateClosed
+	if err := env.Client.Status().Update(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	scheduled(gang.ReasonQueueClosed, `Volcano queue "research" is Closed`)
+	q.Status.State = schedulingv1beta1.QueueStateOpen
+	if err := env.Client.Status().Update(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	scheduled(ReasonNotEnoughGPUs, "PodGroup llama waits for Volcano to admit it to queue research")
 }
 
 // volcanoPending moves the PodGroup to Pending and unschedulable as Volcano

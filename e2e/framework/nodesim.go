@@ -189,6 +189,11 @@ func (s *NodeSim) stepNode(ctx context.Context, n *SimNode, pods []*corev1.Pod) 
 		changed = false
 		for _, p := range pods {
 			comp := p.Labels[gpuv1alpha1.LabelComponent]
+			if started[comp] == p {
+				// A running validator validates once what it checks works.
+				changed = n.validate(comp, p, started) || changed
+				continue
+			}
 			if started[comp] != nil || !running(p) || !n.initDone(p, started) {
 				continue
 			}
@@ -218,17 +223,24 @@ func (s *NodeSim) stepNode(ctx context.Context, n *SimNode, pods []*corev1.Pod) 
 }
 
 // start is what a pod's container does once it runs: the driver loads,
-// the validator writes its component's marker once that component works.
+// the validator validates.
 func (n *SimNode) start(comp string, p *corev1.Pod, started map[string]*corev1.Pod) error {
-	switch comp {
-	case gpuv1alpha1.OperandDriver:
+	if comp == gpuv1alpha1.OperandDriver {
 		return n.driver(!n.Broken)
-	case gpuv1alpha1.OperandValidator:
-		if c := containerEnv(p, "COMPONENT"); c != "" && n.works(c, started) {
-			n.mark(c + "-ready")
-		}
 	}
+	n.validate(comp, p, started)
 	return nil
+}
+
+// validate writes a validator pod's marker (its COMPONENT env) once that
+// component works; it reports whether it wrote one.
+func (n *SimNode) validate(comp string, p *corev1.Pod, started map[string]*corev1.Pod) bool {
+	c := containerEnv(p, "COMPONENT")
+	if comp != gpuv1alpha1.OperandValidator || c == "" || n.Markers[c+"-ready"] || !n.works(c, started) {
+		return false
+	}
+	n.mark(c + "-ready")
+	return true
 }
 
 // initDone reports whether every init container of p lets it start, and

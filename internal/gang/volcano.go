@@ -2,16 +2,20 @@ package gang
 
 import (
 	"context"
+	"regexp"
+	"strings"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
@@ -27,9 +31,9 @@ var PodGroupKind = schema.GroupKind{Group: schedulingv1beta1.SchemeGroupVersion.
 // the kind yet (a CRD just created); retry in a moment.
 var ErrNotServedYet = optional.ErrNotServedYet
 
-// IsCRD selects the PodGroup CRD in a (metadata-only) CRD watch, through
-// which a controller learns that Volcano was installed.
-var IsCRD = optional.IsCRD(CRDName)
+// IsCRD selects the PodGroup and Queue CRDs in a (metadata-only) CRD watch,
+// through which a controller learns that Volcano was installed.
+var IsCRD = optional.IsCRD(CRDName, QueueCRDName)
 
 // Volcano tells a controller whether Volcano's PodGroup CRD is installed
 // and served. The first time it is, it starts the controller's PodGroup
@@ -43,9 +47,14 @@ type Volcano struct {
 	Owner client.Object
 	// Scheme of the owner.
 	Scheme *runtime.Scheme
+	// QueueUsers lists the objects that name a Volcano queue and wait on
+	// it: a change of that Queue enqueues them (see Queue).
+	QueueUsers func(ctx context.Context, queue string) []reconcile.Request
 
-	once sync.Once
-	kind *optional.Kind
+	once      sync.Once
+	kind      *optional.Kind
+	queueOnce sync.Once
+	queueKind *optional.Kind
 }
 
 // Installed reports whether PodGroups can be used now.
@@ -75,3 +84,37 @@ func (v *Volcano) Group(ctx context.Context, owner client.Object, name string) (
 	}
 	return pg, true, nil
 }
+
+// Unschedulable is Volcano's own word on why it cannot place pg's gang
+// ("NotEnoughResources: 4/4 tasks in gang unschedulable: …"), while that
+// still applies: its Unschedulable condition is True and no Scheduled
+// condition came after it (Volcano keeps one condition of each type, so a
+// gang placed since keeps the old Unschedulable one). reason is the
+// condition's reason when it is a valid condition reason, else
+// "Unschedulable"; both are "" when nothing applies.
+func Unschedulable(pg *schedulingv1beta1.PodGroup) (reason, why string) {
+	if pg == nil {
+		return "", ""
+	}
+	var unsched, sched *schedulingv1beta1.PodGroupCondition
+	for i := range pg.Status.Conditions {
+		c := &pg.Status.Conditions[i]
+		switch {
+		case c.Type == schedulingv1beta1.PodGroupUnschedulableType && c.Status == corev1.ConditionTrue:
+			unsched = c
+		case c.Type == schedulingv1beta1.PodGroupScheduled && c.Status == corev1.ConditionTrue:
+			sched = c
+		}
+	}
+	if unsched == nil || (sched != nil && !sched.LastTransitionTime.Before(&unsched.LastTransitionTime)) {
+		return "", ""
+	}
+	reason = unsched.Reason
+	if len(reason) > 1024 || !conditionReason.MatchString(reason) {
+		reason = string(schedulingv1beta1.PodGroupUnschedulableType)
+	}
+	return reason, strings.TrimSuffix(strings.TrimSpace(unsched.Reason+": "+unsched.Message), ":")
+}
+
+// conditionReason is what metav1.Condition accepts as a reason.
+var conditionReason = regexp.MustCompile(`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`)

@@ -74,10 +74,14 @@ type Verdict string
 const (
 	// FitsNow: the gang fits in what is free now.
 	FitsNow Verdict = "Fits"
-	// NotNow: it would fit the cluster's nodes, but not what is free now.
+	// NotNow: it would fit the cluster's nodes, but not what is free now;
+	// or it is larger than the whole cluster while each of its pods fits
+	// some node, so it fits once nodes are added.
 	NotNow Verdict = "NotNow"
-	// Never: it cannot fit the nodes it may go to even with all of them
-	// free, cordoned and NotReady ones included.
+	// Never: some pod is bigger than every node it may go to (cordoned and
+	// NotReady ones included), or no node may take it at all (a product or
+	// GPU resource the cluster lacks, a placement that rules every node
+	// out): adding nodes like today's never helps.
 	Never Verdict = "Never"
 )
 
@@ -359,21 +363,7 @@ func (x *Index) fitResource(res corev1.ResourceName, groups []PodGroup, places [
 		return FitResult{Verdict: FitsNow, Message: fmt.Sprintf("needs %s, %d of %d free", what, units, t.spare)}
 	}
 	if !packBuckets(demands, t.offers) {
-		msg := fmt.Sprintf("needs %s (%d in all); this cluster has %s with %d %s", what, units, plural(t.eligible, "node"), t.all, unit(res))
-		if groups[0].GPUs > t.largest {
-			msg += fmt.Sprintf(", none with more than %d", t.largest)
-		}
-		if n := t.eligible - t.open; n > 0 {
-			msg += fmt.Sprintf(" (%s of them not taking pods now)", plural(n, "node"))
-		}
-		if t.excluded > 0 {
-			verb := "are"
-			if t.excluded == 1 {
-				verb = "is"
-			}
-			msg += fmt.Sprintf(" (%s with %s %s ruled out by the pods' node selector, affinity or tolerations)", plural(t.excluded, "more node"), res, verb)
-		}
-		return FitResult{Verdict: Never, Message: msg + ": it can never fit"}
+		return t.tooSmall(what, res, units, groups[0].GPUs, demands)
 	}
 	msg := fmt.Sprintf("needs %s (%d in all), %d free on %s, %d in the cluster", what, units, t.spare, plural(t.idle, "node"), t.total)
 	if t.open > 0 {
@@ -384,6 +374,42 @@ func (x *Index) fitResource(res corev1.ResourceName, groups []PodGroup, places [
 		msg += "; " + describeHistogram(hist)
 	}
 	return FitResult{Verdict: NotNow, Message: msg + t.describeClosed()}
+}
+
+// tooSmall answers a gang that does not fit even with every eligible node
+// free. Never only when some pod is bigger than every node its placement may
+// use: then no cluster of such nodes can hold it. A gang each of whose pods
+// fits some node, but not all of them together, fits once nodes are added:
+// NotNow, saying how many units are missing.
+func (t *tally) tooSmall(what string, res corev1.ResourceName, units, biggest int64, demands []demand) FitResult {
+	var notes string
+	if n := t.eligible - t.open; n > 0 {
+		notes += fmt.Sprintf(" (%s of them not taking pods now)", plural(n, "node"))
+	}
+	if t.excluded > 0 {
+		verb := "are"
+		if t.excluded == 1 {
+			verb = "is"
+		}
+		notes += fmt.Sprintf(" (%s with %s %s ruled out by the pods' node selector, affinity or tolerations)", plural(t.excluded, "more node"), res, verb)
+	}
+	podTooBig := func(d demand) bool {
+		return !packBuckets([]demand{{PodGroup: PodGroup{Count: 1, GPUs: d.GPUs}, place: d.place}}, t.offers)
+	}
+	if !slices.ContainsFunc(demands, podTooBig) {
+		msg := fmt.Sprintf("needs %s (%d in all): ", what, units)
+		if units > t.all {
+			msg += fmt.Sprintf("needs %d more %s than the cluster has (%d on %s)", units-t.all, unit(res), t.all, plural(t.eligible, "node"))
+		} else {
+			msg += fmt.Sprintf("the cluster's %d %s on %s do not divide into the gang's pods", t.all, unit(res), plural(t.eligible, "node"))
+		}
+		return FitResult{Verdict: NotNow, Message: msg + notes + "; it fits once nodes are added"}
+	}
+	msg := fmt.Sprintf("needs %s (%d in all); this cluster has %s with %d %s", what, units, plural(t.eligible, "node"), t.all, unit(res))
+	if biggest > t.largest {
+		msg += fmt.Sprintf(", none with more than %d", t.largest)
+	}
+	return FitResult{Verdict: Never, Message: msg + notes + ": a pod is bigger than any node it may go to, it can never fit"}
 }
 
 // nowhere says why no node may take the pods.

@@ -90,8 +90,13 @@ func TestFits(t *testing.T) {
 		{"uses the half-free node", Gang{Groups: []PodGroup{{Count: 3, GPUs: 8}, {Count: 2, GPUs: 2}}, Product: "NVIDIA-H100-80GB-HBM3"}, FitsNow, ""},
 		{"not now", Gang{Groups: []PodGroup{{Count: 4, GPUs: 8}}, Product: "NVIDIA-H100-80GB-HBM3"},
 			NotNow, "needs 4 pods × 8 nvidia.com/gpu of NVIDIA-H100-80GB-HBM3 (32 in all), 28 free on 4 nodes, 32 in the cluster; 3 nodes have 8 free, 1 has 4"},
-		{"never: too many", Gang{Groups: []PodGroup{{Count: 5, GPUs: 8}}, Product: "NVIDIA-H100-80GB-HBM3"},
-			Never, "this cluster has 4 nodes with 32 GPUs (1 more node with nvidia.com/gpu is ruled out by the pods' node selector, affinity or tolerations): it can never fit"},
+		{"larger than the cluster: fits once nodes are added", Gang{Groups: []PodGroup{{Count: 5, GPUs: 8}}, Product: "NVIDIA-H100-80GB-HBM3"},
+			NotNow, "needs 5 pods × 8 nvidia.com/gpu of NVIDIA-H100-80GB-HBM3 (40 in all): needs 8 more GPUs than the cluster has (32 on 4 nodes) " +
+				"(1 more node with nvidia.com/gpu is ruled out by the pods' node selector, affinity or tolerations); it fits once nodes are added"},
+		{"does not divide into the nodes: fits once nodes are added", Gang{Groups: []PodGroup{{Count: 6, GPUs: 5}}, Product: "NVIDIA-H100-80GB-HBM3"},
+			NotNow, "the cluster's 32 GPUs on 4 nodes do not divide into the gang's pods"},
+		{"never: one pod too big among pods that fit", Gang{Groups: []PodGroup{{Count: 1, GPUs: 16}, {Count: 2, GPUs: 1}}},
+			Never, "none with more than 8: a pod is bigger than any node it may go to, it can never fit"},
 		{"never: too big per pod", Gang{Groups: []PodGroup{{Count: 1, GPUs: 16}}},
 			Never, "none with more than 8"},
 		{"never: absent product", Gang{Groups: []PodGroup{{Count: 1, GPUs: 1}}, Product: "NVIDIA-B200"},
@@ -575,7 +580,8 @@ func TestFitsSchedulerView(t *testing.T) {
 		{"MIG: a profile no node has", migNodes(), []PodGroup{group(1, 1, "nvidia.com/mig-2g.20gb", nil)}, Never,
 			"no node offers nvidia.com/mig-2g.20gb (the cluster has nvidia.com/mig-1g.10gb: 14, nvidia.com/mig-3g.40gb: 12)"},
 		{"MIG: whole GPUs are not MIG devices", migNodes(), []PodGroup{group(1, 1, gpu, nil)}, Never, "no node offers nvidia.com/gpu"},
-		{"MIG: an unhealthy GPU takes its MIG devices", migNodes(1), []PodGroup{group(2, 6, mig3g, nil)}, Never, "this cluster has 2 nodes with 10 nvidia.com/mig-3g.40gb"},
+		{"MIG: an unhealthy GPU takes its MIG devices", migNodes(1), []PodGroup{group(2, 6, mig3g, nil)}, NotNow,
+			"needs 2 more nvidia.com/mig-3g.40gb than the cluster has (10 on 2 nodes)"},
 		{"MIG: unhealthy GPU, the profile's count", migNodes(1), []PodGroup{group(1, 5, mig3g, nil)}, FitsNow, "5 of 10 free"},
 
 		{".shared rename", func(x *Index) { x.SetNode(kubeNode("r0", "nvidia.com/gpu.shared", 32)) },
@@ -590,7 +596,7 @@ func TestFitsSchedulerView(t *testing.T) {
 		{"cordoned: not free, but counted", twoWhole(func(n *corev1.Node) *corev1.Node { n.Spec.Unschedulable = true; return n }),
 			[]PodGroup{group(2, 8, gpu, nil)}, NotNow, "8 free on 1 node, 8 in the cluster; 1 node has 8 free; 8 more on 1 cordoned node"},
 		{"cordoned: more than the cluster", twoWhole(func(n *corev1.Node) *corev1.Node { n.Spec.Unschedulable = true; return n }),
-			[]PodGroup{group(3, 8, gpu, nil)}, Never, "this cluster has 2 nodes with 16 GPUs (1 node of them not taking pods now)"},
+			[]PodGroup{group(3, 8, gpu, nil)}, NotNow, "needs 8 more GPUs than the cluster has (16 on 2 nodes) (1 node of them not taking pods now)"},
 		{"NotReady", twoWhole(func(n *corev1.Node) *corev1.Node {
 			n.Status.Conditions[0].Status = corev1.ConditionUnknown
 			return tainted(n, "node.kubernetes.io/unreachable", corev1.TaintEffectNoExecute)
@@ -598,7 +604,7 @@ func TestFitsSchedulerView(t *testing.T) {
 		{"no Ready condition is NotReady", twoWhole(func(n *corev1.Node) *corev1.Node { n.Status.Conditions = nil; return n }),
 			[]PodGroup{group(2, 8, gpu, nil)}, NotNow, "8 more on 1 NotReady node"},
 		{"tainted, no toleration: ruled out", twoWhole(func(n *corev1.Node) *corev1.Node { return tainted(n, "dedicated", corev1.TaintEffectNoSchedule) }),
-			[]PodGroup{group(2, 8, gpu, nil)}, Never, "this cluster has 1 node with 8 GPUs (1 more node with nvidia.com/gpu is ruled out"},
+			[]PodGroup{group(2, 8, gpu, nil)}, NotNow, "needs 8 more GPUs than the cluster has (8 on 1 node) (1 more node with nvidia.com/gpu is ruled out"},
 		{"tainted, tolerated", twoWhole(func(n *corev1.Node) *corev1.Node { return tainted(n, "dedicated", corev1.TaintEffectNoExecute) }),
 			[]PodGroup{group(2, 8, gpu, tolerateDedicated)}, FitsNow, ""},
 		{"tainted PreferNoSchedule: no matter", twoWhole(func(n *corev1.Node) *corev1.Node { return tainted(n, "dedicated", corev1.TaintEffectPreferNoSchedule) }),
@@ -616,7 +622,7 @@ func TestFitsSchedulerView(t *testing.T) {
 			x.SetNode(labelled(kubeNode("a0", "nvidia.com/gpu", 8), ProductLabel, a100))
 			x.SetNode(kubeNode("h0", "nvidia.com/gpu", 8))
 			x.SetGPUNode(gpuNode("h0", h100, 8)) // not labelled yet: its GPUNode's product
-		}, []PodGroup{group(2, 8, gpu, selectProduct)}, Never, "needs 2 pods × 8 nvidia.com/gpu of NVIDIA-A100-SXM4-80GB (16 in all); this cluster has 1 node with 8 GPUs"},
+		}, []PodGroup{group(2, 8, gpu, selectProduct)}, NotNow, "needs 2 pods × 8 nvidia.com/gpu of NVIDIA-A100-SXM4-80GB (16 in all): needs 8 more GPUs than the cluster has (8 on 1 node)"},
 		{"nodeSelector on an absent product", func(x *Index) { x.SetNode(kubeNode("h0", "nvidia.com/gpu", 8)); x.SetGPUNode(gpuNode("h0", h100, 8)) },
 			[]PodGroup{group(1, 8, gpu, selectProduct)}, Never, "the cluster has no NVIDIA-A100-SXM4-80GB GPUs (it has NVIDIA-H100-80GB-HBM3: 8)"},
 		{"required affinity on gpu.product", func(x *Index) {
@@ -630,7 +636,7 @@ func TestFitsSchedulerView(t *testing.T) {
 		{"two placements, the narrow one's node taken", func(x *Index) {
 			x.SetNode(labelled(kubeNode("a0", "nvidia.com/gpu", 8), ProductLabel, a100))
 			x.SetNode(labelled(kubeNode("h0", "nvidia.com/gpu", 8), ProductLabel, "NVIDIA-H100-80GB-HBM3"))
-		}, []PodGroup{group(2, 8, gpu, selectProduct)}, Never, ""},
+		}, []PodGroup{group(2, 8, gpu, selectProduct)}, NotNow, "needs 8 more GPUs than the cluster has (8 on 1 node)"},
 
 		{"unhealthy GPU", func(x *Index) { addGPUNode(x, "u0", h100, 8, 0) }, []PodGroup{group(1, 8, gpu, nil)}, Never, "none with more than 7"},
 		{"unhealthy GPU the device plugin reports too: not twice", func(x *Index) {

@@ -37,7 +37,7 @@ func main() {
 
 func run() error {
 	loomBin := flag.String("loom", "", "loom binary (default: build ./cmd/manager)")
-	systems := flag.String("systems", "dgx-h100,dgx-a100:mig,dgx-b200", "simulated GPU nodes, one per entry: dgx-a100, dgx-h100, dgx-h200 or dgx-b200, \":mig\" for MIG mode (3g.20gb, 2g.10gb, 2 x 1g.5gb per GPU)")
+	systems := flag.String("systems", "dgx-h100,dgx-a100:mig,dgx-b200,dgx-h100:bare", "simulated GPU nodes, one per entry: dgx-a100, dgx-h100, dgx-h200 or dgx-b200, \":mig\" for MIG mode (3g.20gb, 2g.10gb, 2 x 1g.5gb per GPU), \":bare\" for a node with no driver yet (the GPU stack brings it up: kubectl get gpunodes -w)")
 	cpuNodes := flag.Int("cpu-nodes", 1, "simulated CPU-only nodes")
 	sampleJob := flag.String("sample-job", "config/samples/trainingjob-pytorch.yaml", "TrainingJob to submit once the manager runs (empty: none)")
 	sampleRay := flag.String("sample-raycluster", "config/samples/raycluster-gpu.yaml", "RayCluster to create once the manager runs (empty: none)")
@@ -90,7 +90,11 @@ func createNodes(ctx context.Context, env *bench.Env, systems string, cpuNodes i
 		if mode == "mig" {
 			spec.MIG = "3g.20gb:1,2g.10gb:1,1g.5gb:2"
 		}
-		if _, err := env.Cluster.CreateNode(ctx, name, framework.NodeSpec{GPUs: 8, Product: system}); err != nil {
+		if mode == "bare" {
+			name = fmt.Sprintf("bare-node-%d", i)
+			spec.Node, spec.Bare = name, true
+		}
+		if _, err := env.Cluster.CreateNode(ctx, name, framework.NodeSpec{GPUs: 8, Product: system, Bare: spec.Bare}); err != nil {
 			return nil, err
 		}
 		agents = append(agents, spec)
@@ -121,13 +125,26 @@ func startLoom(ctx context.Context, env *bench.Env, agents []framework.AgentSpec
 		return nil, nil, err
 	}
 	env.Logf("manager ready and leading (PID %d, as service account %s/%s)", m.PID(), rel.Namespace, rel.ServiceAccount)
+	// Bare nodes' operand containers are played by the node simulator:
+	// the driver loads once its pod runs, the device plugin advertises
+	// GPUs once the toolkit is validated, the MIG manager applies layouts.
+	sim := env.Cluster.StartNodeSim(ctx, rel.Namespace)
 	for _, spec := range agents {
+		if spec.Bare {
+			var err error
+			if spec, err = sim.Add(spec); err != nil {
+				return nil, nil, err
+			}
+		}
 		p, err := env.Cluster.RunAgent(ctx, env.Loom, rel, spec)
 		if err != nil {
 			return nil, nil, err
 		}
-		env.Logf("node agent for %s simulating %s%s (PID %d, token bound to its DaemonSet pod)", spec.Node, spec.System,
-			map[bool]string{true: " with MIG", false: ""}[spec.MIG != ""], p.PID())
+		how := map[bool]string{true: " with MIG", false: ""}[spec.MIG != ""]
+		if spec.Bare {
+			how = ", bare: no driver until the ClusterPolicy's driver pod runs there"
+		}
+		env.Logf("node agent for %s simulating %s%s (PID %d, token bound to its DaemonSet pod)", spec.Node, spec.System, how, p.PID())
 	}
 	return m, rel, nil
 }
@@ -168,7 +185,7 @@ Loom is running on a simulated cluster.
 
   export KUBECONFIG=%s
   %s get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count,nvidia.com/mig.strategy
-  %s get gpunodes
+  %s get gpunodes -w        (the bare node: PCI GPUs first, NVML once its driver runs)
   %s get clusterpolicy default -o yaml
   %s -n %s get lease loom-manager
   %s get trainingjobs,rayclusters -A
