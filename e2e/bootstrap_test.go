@@ -29,9 +29,7 @@ func TestBareNodeBootstrap(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	const node = "bare-0"
-	if _, err := cluster.CreateNode(ctx, node, framework.NodeSpec{GPUs: 8, Bare: true}); err != nil {
-		t.Fatal(err)
-	}
+	testNode(t, node, framework.NodeSpec{GPUs: 8, Bare: true})
 	rel, _ := startLoomManager(t)
 	sim := cluster.StartNodeSim(ctx, loomNS)
 	spec, err := sim.Add(framework.AgentSpec{Node: node, System: "dgx-h100"})
@@ -184,9 +182,7 @@ func TestMIGLayoutTakesEffect(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	const node = "mig-a100"
-	if _, err := cluster.CreateNode(ctx, node, framework.NodeSpec{GPUs: 8, Bare: true}); err != nil {
-		t.Fatal(err)
-	}
+	testNode(t, node, framework.NodeSpec{GPUs: 8, Bare: true})
 	rel, _ := startLoomManager(t)
 	sim := cluster.StartNodeSim(ctx, loomNS)
 	spec, err := sim.Add(framework.AgentSpec{Node: node, System: "dgx-a100"})

@@ -70,9 +70,7 @@ func chaosNamespace(t *testing.T, ns string) {
 // next one finishes the gang without a duplicate or a lost index.
 func TestChaosManagerSIGKILLMidGang(t *testing.T) {
 	ctx := context.Background()
-	if _, err := cluster.CreateNodes(ctx, framework.NodeSpec{Prefix: "chaos-gang", Count: 50, GPUs: 8, Labels: map[string]string{chaosPool: "true"}}); err != nil {
-		t.Fatal(err)
-	}
+	testNodes(t, framework.NodeSpec{Prefix: "chaos-gang", Count: 50, GPUs: 8, Labels: map[string]string{chaosPool: "true"}})
 	rel, m := startLoomManager(t, "--gang-scheduler=none")
 	chaosNamespace(t, "chaos")
 	const workers = 399
@@ -114,9 +112,7 @@ func TestChaosManagerSIGKILLMidGang(t *testing.T) {
 // lease; the standby takes over within the lease duration and finishes.
 func TestChaosLeaderSIGKILLFailover(t *testing.T) {
 	ctx := context.Background()
-	if _, err := cluster.CreateNodes(ctx, framework.NodeSpec{Prefix: "chaos-fo", Count: 20, GPUs: 8, Labels: map[string]string{chaosPool: "true"}}); err != nil {
-		t.Fatal(err)
-	}
+	testNodes(t, framework.NodeSpec{Prefix: "chaos-fo", Count: 20, GPUs: 8, Labels: map[string]string{chaosPool: "true"}})
 	rel, leader := startLoomManager(t, "--gang-scheduler=none")
 	standby, err := cluster.RunManager(ctx, loomBin, rel, "--gang-scheduler=none")
 	if err != nil {
@@ -149,9 +145,7 @@ func TestChaosLeaderSIGKILLFailover(t *testing.T) {
 // watches came back).
 func TestChaosAPIServerSIGKILL(t *testing.T) {
 	ctx := context.Background()
-	if _, err := cluster.CreateNodes(ctx, framework.NodeSpec{Prefix: "chaos-api", Count: 20, GPUs: 8, Labels: map[string]string{chaosPool: "true"}}); err != nil {
-		t.Fatal(err)
-	}
+	testNodes(t, framework.NodeSpec{Prefix: "chaos-api", Count: 20, GPUs: 8, Labels: map[string]string{chaosPool: "true"}})
 	rel, m := startLoomManager(t, "--gang-scheduler=none")
 	chaosNamespace(t, "chaos-api")
 	const workers = 99

@@ -7,10 +7,13 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/e2e/framework"
 )
 
 func schemaGVK(group, version, kind string) schema.GroupVersionKind {
@@ -33,4 +36,32 @@ func createPolicy(t *testing.T, cp *gpuv1alpha1.ClusterPolicy) {
 			return len(list.Items) == 0, fmt.Sprintf("%d operand DaemonSets left", len(list.Items))
 		})
 	})
+}
+
+// testNodes creates simulated nodes for one test and deletes them when it
+// ends, so that later tests (which share the cluster) do not find GPU nodes
+// they did not ask for.
+func testNodes(t *testing.T, spec framework.NodeSpec) []string {
+	t.Helper()
+	names, err := cluster.CreateNodes(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteNodes(names) })
+	return names
+}
+
+// testNode is testNodes for one named node.
+func testNode(t *testing.T, name string, spec framework.NodeSpec) {
+	t.Helper()
+	if _, err := cluster.CreateNode(context.Background(), name, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteNodes([]string{name}) })
+}
+
+func deleteNodes(names []string) {
+	for _, n := range names {
+		_ = cluster.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
+	}
 }

@@ -145,7 +145,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 	st := status(cp, obs, writeErrs)
-	recordMetrics(cp.Name, st, obs.upgrades)
+	recordMetrics(cp.Name, st)
 	wait, err := r.w.Status(ctx, cp, &cp.Status, st, apply.CountsOnly(countsOnly(&cp.Status, st)))
 	switch {
 	case err != nil:

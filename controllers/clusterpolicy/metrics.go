@@ -20,18 +20,15 @@ var (
 	gpuNodesGauge = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "loom_clusterpolicy_gpu_nodes", Help: "Nodes with GPUs (nvidia.com/gpu.present=true).",
 	})
-	driverUpgrades = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "loom_driver_upgrade_nodes", Help: "GPU nodes by driver upgrade progress: in_progress or failed.",
-	}, []string{"state"})
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(policyReady, componentDesired, componentReady, gpuNodesGauge, driverUpgrades)
+	ctrlmetrics.Registry.MustRegister(policyReady, componentDesired, componentReady, gpuNodesGauge)
 }
 
-func recordMetrics(name string, st *gpuv1alpha1.ClusterPolicyStatus, u upgradeCounts) {
-	driverUpgrades.WithLabelValues("in_progress").Set(float64(len(u.inProgress)))
-	driverUpgrades.WithLabelValues("failed").Set(float64(len(u.failed)))
+// recordMetrics publishes the policy's state (the driver upgrade's node
+// gauges are the driver upgrade controller's, loom_driver_upgrade_nodes).
+func recordMetrics(name string, st *gpuv1alpha1.ClusterPolicyStatus) {
 	ready := 0.0
 	if st.State == gpuv1alpha1.PolicyReady {
 		ready = 1

@@ -39,6 +39,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
@@ -71,7 +72,11 @@ type Reconciler struct {
 	Namespace string
 	// Now is the clock the waits and timeouts are measured by.
 	Now func() time.Time
-	w   *apply.Writer
+	// Recorder, when set, gets a Node event at every step (reason
+	// GPUDriverUpgrade, as GPU Operator's upgrade library emits, so
+	// existing runbooks and alerts keep working).
+	Recorder recorder.EventRecorder
+	w        *apply.Writer
 }
 
 // New returns a reconciler of Loom's namespace on the wall clock.
@@ -85,6 +90,7 @@ func New(c client.Client, reader client.Reader, namespace string) *Reconciler {
 // to the policy that claimed them (or to every policy).
 func Setup(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	r := New(mgr.GetClient(), mgr.GetAPIReader(), opts.Namespace)
+	r.Recorder = mgr.GetEventRecorder(FieldOwner)
 	isDriver := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return o.GetNamespace() == opts.Namespace && o.GetLabels()[gpuv1alpha1.LabelComponent] == gpuv1alpha1.OperandDriver
 	})
@@ -168,6 +174,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	var pl planned
 	if obs.cp != nil {
 		pl = plan(obs.nodes, obs.cp.Spec.Driver.UpgradePolicy, req.Name, obs.cp.Annotations[gpuv1alpha1.AnnotationResume] != "")
+		recordGauges(req.Name, pl.summary)
 	}
 	if obs.release {
 		pl = planned{todo: claimedBy(obs.nodes, req.Name)}
@@ -324,6 +331,7 @@ func (r *Reconciler) advance(ctx context.Context, v nodeView, t target) error {
 	}
 	if state != from || len(actions) > 0 && t.release {
 		log.FromContext(ctx).Info("driver upgrade", "node", v.node.Name, "from", from, "to", state, "release", t.release)
+		r.event(v.node, from, state, t.release)
 	}
 	return nil
 }

@@ -1,0 +1,49 @@
+package driverupgrade
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+)
+
+// EventReason is the reason of every driver upgrade event on a Node: GPU
+// Operator's upgrade library uses the same, so runbooks and alerts that
+// select on it keep working.
+const EventReason = "GPUDriverUpgrade"
+
+// event records a node's step: Normal for progress, Warning for a failure.
+func (r *Reconciler) event(node *corev1.Node, from, to string, release bool) {
+	if r.Recorder == nil {
+		return
+	}
+	switch {
+	case release:
+		r.Recorder.Eventf(node, nil, corev1.EventTypeNormal, EventReason, "Release",
+			"Loom released the node from its driver upgrade (its policy is gone or its driver disabled)")
+	case to == gpuv1alpha1.UpgradeFailed:
+		r.Recorder.Eventf(node, nil, corev1.EventTypeWarning, EventReason, "Upgrade",
+			"Driver upgrade failed in %s; the node stays cordoned (see its annotation %s)", from, gpuv1alpha1.AnnotationFailure)
+	case to == "":
+		r.Recorder.Eventf(node, nil, corev1.EventTypeNormal, EventReason, "Upgrade", "Removed the node's driver upgrade state label")
+	default:
+		r.Recorder.Eventf(node, nil, corev1.EventTypeNormal, EventReason, "Upgrade", "Successfully updated node state label to %s", to)
+	}
+}
+
+// upgradeNodes is the rollout by node, as the last pass of each policy
+// counted it.
+var upgradeNodes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "loom_driver_upgrade_nodes",
+	Help: "GPU nodes by driver upgrade progress: done (run the wanted driver), pending (waiting for the budget), in_progress, failed.",
+}, []string{"policy", "state"})
+
+func init() { ctrlmetrics.Registry.MustRegister(upgradeNodes) }
+
+// recordGauges publishes a pass's summary.
+func recordGauges(policy string, s summary) {
+	for state, n := range map[string]int{"done": s.upToDate, "pending": s.waiting, "in_progress": s.inProgress, "failed": len(s.failed)} {
+		upgradeNodes.WithLabelValues(policy, state).Set(float64(n))
+	}
+}
