@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -74,7 +75,16 @@ func TestBareNodeBootstrap(t *testing.T) {
 	}
 
 	// The agent restarts while NVML fails (driver broken): labels and
-	// operand pods stay exactly as they were.
+	// operand pods stay exactly as they were, once the whole stack runs
+	// (the MIG manager comes last: it waits for GFD's mig.capable label).
+	eventually(t, 2*time.Minute, func() (bool, string) {
+		cp := &gpuv1alpha1.ClusterPolicy{}
+		if err := cluster.Client.Get(ctx, client.ObjectKey{Name: "bootstrap"}, cp); err != nil {
+			return false, err.Error()
+		}
+		return cp.Status.State == gpuv1alpha1.PolicyReady, fmt.Sprintf("policy %s: %+v", cp.Status.State, cp.Status.Conditions)
+	})
+	labels, _ = nodeLabels(node)
 	before := operandPods(t, node)
 	agent.Stop(10 * time.Second)
 	sim.BreakDriver(node, true)
@@ -176,8 +186,8 @@ func sameUIDs(a, b map[string]types.UID) bool {
 
 // A simulated A100 40GB node labelled nvidia.com/mig.config=all-1g.5gb
 // ends with seven 1g.5gb devices per GPU and mig.config.state=success; a
-// layout the config lacks, or one for another GPU (all-1g.10gb is the 80 GB
-// parts'), ends failed, named in the policy's MIG status.
+// layout the config lacks, or one for another GPU (all-1g.18gb is the
+// H200's), ends failed.
 func TestMIGLayoutTakesEffect(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -196,12 +206,22 @@ func TestMIGLayoutTakesEffect(t *testing.T) {
 		return allocatableGPUs(t, node) == 8, fmt.Sprintf("allocatable %d; %v", allocatableGPUs(t, node), sim.Events(node))
 	})
 	for _, tc := range []struct{ layout, state string }{
-		{"all-1g.10gb", "failed"}, {"no-such-layout", "failed"}, {"all-1g.5gb", "success"},
+		{"all-1g.18gb", "failed"}, {"no-such-layout", "failed"}, {"all-1g.5gb", "success"},
 	} {
 		labelNode(t, node, gpuv1alpha1.LabelMIGConfig, tc.layout)
 		eventually(t, 90*time.Second, func() (bool, string) {
 			l, _ := nodeLabels(node)
 			return l[gpuv1alpha1.LabelMIGConfigState] == tc.state, fmt.Sprintf("%s: state %q; %v", tc.layout, l[gpuv1alpha1.LabelMIGConfigState], sim.Events(node))
+		})
+		// The policy counts the node by its MIG manager's state.
+		eventually(t, 30*time.Second, func() (bool, string) {
+			cp := &gpuv1alpha1.ClusterPolicy{}
+			if err := cluster.Client.Get(ctx, client.ObjectKey{Name: "mig"}, cp); err != nil || cp.Status.MIG == nil {
+				return false, fmt.Sprintf("policy: %v", err)
+			}
+			m := cp.Status.MIG
+			ok := (tc.state == "failed" && m.ConfigFailed == 1) || (tc.state == "success" && m.ConfigSuccess == 1 && m.ConfigFailed == 0)
+			return ok, fmt.Sprintf("%s: status.mig %+v", tc.layout, *m)
 		})
 	}
 	gn, err := gpuNode(node)
@@ -236,4 +256,80 @@ func resourceOf(t *testing.T, name, res string) int64 {
 	}
 	q := n.Status.Allocatable[corev1.ResourceName(res)]
 	return q.Value()
+}
+
+// A named time-slicing config (replicas 4) takes effect: the device plugin
+// advertises 32 nvidia.com/gpu on an 8-GPU node and GFD's labels say so;
+// editing the ConfigMap's content (replicas 2) rolls the device plugin and
+// both follow. The fleet's second OS gets its own driver DaemonSet, with
+// the OS in the image tag; "latest" is refused at apply.
+func TestSharingConfigTakesEffect(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const node, rhel = "share-0", "share-rhel"
+	testNode(t, node, framework.NodeSpec{GPUs: 8, Bare: true})
+	testNode(t, rhel, framework.NodeSpec{GPUs: 8, OSImage: "Red Hat Enterprise Linux 9.4 (Plow)"})
+	rel, _ := startLoomManager(t)
+	sim := cluster.StartNodeSim(ctx, loomNS)
+	spec, err := sim.Add(framework.AgentSpec{Node: node, System: "dgx-h100"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAgent(t, rel, spec)
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "gpu-sharing", Namespace: loomNS},
+		Data: map[string]string{"ts": timeSlicing(4)}}
+	if err := cluster.Client.Create(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cluster.Client.Delete(context.Background(), cm) })
+	bad := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "latest"}}
+	bad.Spec.Driver.Image.Version = "latest"
+	if err := cluster.Client.Create(ctx, bad); err == nil || !strings.Contains(err.Error(), "driver.image.version") {
+		t.Errorf("version latest: %v", err)
+	}
+	createPolicy(t, &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "sharing"},
+		Spec: gpuv1alpha1.ClusterPolicySpec{DevicePlugin: gpuv1alpha1.DevicePluginSpec{
+			Config: &gpuv1alpha1.DevicePluginConfig{ConfigMapName: "gpu-sharing", DefaultConfig: "ts"}}}})
+	shared := func(gpus int64, replicas string) {
+		eventually(t, 2*time.Minute, func() (bool, string) {
+			l, _ := nodeLabels(node)
+			return allocatableGPUs(t, node) == gpus && l[gpuv1alpha1.LabelReplicas] == replicas && strings.HasSuffix(l[gpuv1alpha1.LabelProduct], "-SHARED"),
+				fmt.Sprintf("allocatable %d (want %d), replicas %q (want %s), product %q", allocatableGPUs(t, node), gpus, l[gpuv1alpha1.LabelReplicas], replicas, l[gpuv1alpha1.LabelProduct])
+		})
+	}
+	shared(32, "4")
+	before := templateHash(t, "loom-device-plugin")
+	cm.Data["ts"] = timeSlicing(2)
+	if err := cluster.Client.Update(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	shared(16, "2")
+	if after := templateHash(t, "loom-device-plugin"); after == before {
+		t.Errorf("the device plugin's template did not change with its config (%s)", after)
+	}
+	images := map[string]string{}
+	for _, name := range []string{"loom-driver-ubuntu22.04", "loom-driver-rhel9.4"} {
+		ds := &appsv1.DaemonSet{}
+		if err := cluster.Client.Get(ctx, client.ObjectKey{Namespace: loomNS, Name: name}, ds); err != nil {
+			t.Fatalf("driver DaemonSet %s: %v", name, err)
+		}
+		images[name] = ds.Spec.Template.Spec.Containers[0].Image
+	}
+	if !strings.HasSuffix(images["loom-driver-ubuntu22.04"], "-ubuntu22.04") || !strings.HasSuffix(images["loom-driver-rhel9.4"], "-rhel9.4") {
+		t.Errorf("driver images %v", images)
+	}
+}
+
+func timeSlicing(replicas int) string {
+	return fmt.Sprintf("version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: %d\n", replicas)
+}
+
+// templateHash is the config hash on a DaemonSet's pod template.
+func templateHash(t *testing.T, name string) string {
+	t.Helper()
+	ds := &appsv1.DaemonSet{}
+	if err := cluster.Client.Get(context.Background(), client.ObjectKey{Namespace: loomNS, Name: name}, ds); err != nil {
+		t.Fatal(err)
+	}
+	return ds.Spec.Template.Annotations[gpuv1alpha1.AnnotationConfigHash]
 }

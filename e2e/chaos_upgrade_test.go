@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -80,7 +81,7 @@ func TestChaosDriverUpgradeSIGKILL(t *testing.T) {
 	for _, n := range leftovers {
 		patchNode(t, n, fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, gpuv1alpha1.LabelUpgradeState, gpuv1alpha1.PodRestartRequired))
 	}
-	rel, m := startLoomManager(t)
+	rel, m := startLoomManager(t, shortLease...)
 	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "chaos-upgrade"}}
 	cp.Spec.Driver.UpgradePolicy.MaxParallelUpgrades = ptr.To[int32](0)
 	cp.Spec.Driver.UpgradePolicy.MaxUnavailable = ptr.To(intstr.FromInt32(3))
@@ -101,15 +102,23 @@ func TestChaosDriverUpgradeSIGKILL(t *testing.T) {
 	if err := cluster.Client.Patch(ctx, cp, patch); err != nil {
 		t.Fatal(err)
 	}
+	holder := leaseHolder(t)
 	for i := range 3 {
 		time.Sleep(time.Duration(500+rand.IntN(2500)) * time.Millisecond)
 		m.Kill()
 		t.Logf("SIGKILL %d of the leader mid-upgrade", i+1)
 		var err error
-		if m, err = cluster.RunManager(ctx, loomBin, rel); err != nil {
+		if m, err = cluster.RunManager(ctx, loomBin, rel, shortLease...); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { m.Stop(20 * time.Second) })
+		// The next kill is of the new leader, once it leads: the dead one's
+		// lease runs out first (no release on SIGKILL).
+		prev := holder
+		eventually(t, 2*time.Minute, func() (bool, string) {
+			holder = leaseHolder(t)
+			return holder != "" && holder != prev, "lease held by " + holder
+		})
 	}
 	// Loom may upgrade the person's cordoned node too (it stays cordoned);
 	// the leftovers are not its to touch.
@@ -188,4 +197,14 @@ func uniq(in []string) []string {
 		}
 	}
 	return out
+}
+
+// leaseHolder is the manager lease's holder identity.
+func leaseHolder(t *testing.T) string {
+	t.Helper()
+	l := &coordinationv1.Lease{}
+	if err := cluster.Client.Get(context.Background(), client.ObjectKey{Namespace: loomNS, Name: "loom-manager"}, l); err != nil {
+		return ""
+	}
+	return ptr.Deref(l.Spec.HolderIdentity, "")
 }

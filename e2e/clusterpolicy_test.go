@@ -246,7 +246,7 @@ func testDriverUpgrade(t *testing.T, cp *gpuv1alpha1.ClusterPolicy) {
 		t.Fatal(err)
 	}
 	for _, p := range pods.Items {
-		if strings.HasPrefix(p.Spec.NodeName, "cp-gpu-") && p.Spec.Containers[0].Image != "nvcr.io/nvidia/driver:580.65.06" {
+		if strings.HasPrefix(p.Spec.NodeName, "cp-gpu-") && p.Spec.Containers[0].Image != "nvcr.io/nvidia/driver:580.65.06-ubuntu22.04" {
 			t.Errorf("driver pod on %s runs %s", p.Spec.NodeName, p.Spec.Containers[0].Image)
 		}
 	}
@@ -339,7 +339,7 @@ func testUpgradeHeldByPDBSurvivesRestart(t *testing.T, cp *gpuv1alpha1.ClusterPo
 		t.Fatal(err)
 	}
 	for _, p := range pods.Items {
-		if strings.HasPrefix(p.Spec.NodeName, "cp-gpu-") && p.Spec.Containers[0].Image != "nvcr.io/nvidia/driver:580.82.07" {
+		if strings.HasPrefix(p.Spec.NodeName, "cp-gpu-") && p.Spec.Containers[0].Image != "nvcr.io/nvidia/driver:580.82.07-ubuntu22.04" {
 			t.Errorf("driver pod on %s runs %s after the resumed upgrade", p.Spec.NodeName, p.Spec.Containers[0].Image)
 		}
 	}

@@ -20,6 +20,8 @@ type summary struct {
 	nodes, upToDate, inProgress, waiting int
 	paused                               bool
 	failed, blocked, ignored             []string
+	// firstFailure is the first failed node and why it failed.
+	firstFailure string
 }
 
 // add counts one node of the set.
@@ -32,6 +34,9 @@ func (s *summary) add(v nodeView, k kind, why string) {
 		s.inProgress++
 	case failed:
 		s.failed = append(s.failed, v.node.Name)
+		if why := v.node.Annotations[gpuv1alpha1.AnnotationFailure]; why != "" && s.firstFailure == "" {
+			s.firstFailure = v.node.Name + ": " + why
+		}
 	case idle:
 		if v.driver != nil && v.target != "" && v.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == v.target {
 			s.upToDate++
@@ -63,6 +68,9 @@ func condition(s summary, invalid error) (metav1.ConditionStatus, string, string
 	}
 	if len(s.failed) > 0 {
 		parts = append(parts, fmt.Sprintf("failed (%d): %s (see annotation %s)", len(s.failed), names(s.failed), gpuv1alpha1.AnnotationFailure))
+		if s.firstFailure != "" {
+			parts = append(parts, s.firstFailure)
+		}
 	}
 	if len(s.blocked) > 0 {
 		parts = append(parts, fmt.Sprintf("blocked (%d): %s", len(s.blocked), names(s.blocked)))

@@ -122,6 +122,9 @@ func (s *NodeSim) Add(spec AgentSpec) (AgentSpec, error) {
 		return spec, err
 	}
 	spec.Bare, spec.DriverRoot, spec.MIGFile = true, filepath.Join(dir, "driver-root"), filepath.Join(dir, "mig-layout")
+	// A MIG layout shows at the agent's next collection (NVML sends no
+	// event for it): collect often, as a short test needs.
+	spec.Args = append(spec.Args, "--interval=3s")
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.nodes[spec.Node] = &SimNode{Name: spec.Node, Dir: dir, Markers: map[string]bool{}}

@@ -433,6 +433,7 @@ type MIGSummary struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=cp,categories=loom
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,description="Why the policy is (not) ready: the Ready condition's reason (kubectl loom why says more)"
 // +kubebuilder:printcolumn:name="GPU Nodes",type=integer,JSONPath=`.status.gpuNodes`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ClusterPolicy struct {

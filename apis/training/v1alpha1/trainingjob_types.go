@@ -195,7 +195,7 @@ type FailurePolicy struct {
 }
 
 // TrainingJobSpec is a distributed training job.
-// +kubebuilder:validation:XValidation:rule="self.replicaSpecs == oldSelf.replicaSpecs || (has(self.runPolicy) && has(self.runPolicy.suspend) && self.runPolicy.suspend && has(oldSelf.runPolicy) && has(oldSelf.runPolicy.suspend) && oldSelf.runPolicy.suspend)",message="replicaSpecs can change only while the job is suspended (runPolicy.suspend: true before and after the change): a running gang cannot change its size or pods"
+// +kubebuilder:validation:XValidation:rule="self.replicaSpecs == oldSelf.replicaSpecs || (has(oldSelf.runPolicy) && has(oldSelf.runPolicy.suspend) && oldSelf.runPolicy.suspend)",message="replicaSpecs can change only while the job is suspended (runPolicy.suspend: true before the change, which may also be the update that resumes it, as Kueue's admission does): a running gang cannot change its size or pods"
 // +kubebuilder:validation:XValidation:rule="!has(self.replicaSpecs.master.replicas) || self.replicaSpecs.master.replicas == 1",message="replicaSpecs.master.replicas must be 1: a job has exactly one master (rank 0)"
 // +kubebuilder:validation:XValidation:rule="!has(self.gang) || !has(self.gang.minAvailable) || self.gang.minAvailable <= 1 + (has(self.replicaSpecs.worker) && has(self.replicaSpecs.worker.replicas) ? self.replicaSpecs.worker.replicas : 0)",message="gang.minAvailable exceeds the job's pods (one master plus replicaSpecs.worker.replicas)"
 type TrainingJobSpec struct {
@@ -311,6 +311,7 @@ type TrainingJobStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=tj,categories=loom
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,description="Why the job is (not) ready: the Ready condition's reason (kubectl loom why says more)"
 // +kubebuilder:printcolumn:name="Workers",type=integer,JSONPath=`.status.workers`
 // +kubebuilder:printcolumn:name="GPUs",type=integer,JSONPath=`.status.gpus`
 // +kubebuilder:printcolumn:name="Restarts",type=integer,JSONPath=`.status.restarts`

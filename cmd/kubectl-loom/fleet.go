@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/fields"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/why"
+)
+
+// boundPods selects the pods bound to a node that have not finished.
+var boundPods = fields.AndSelectors(
+	fields.OneTermNotEqualSelector("spec.nodeName", ""),
+	fields.OneTermNotEqualSelector("status.phase", string(corev1.PodSucceeded)),
+	fields.OneTermNotEqualSelector("status.phase", string(corev1.PodFailed)),
+)
+
+func newGPUsCommand(o *options) *cobra.Command {
+	var out string
+	cmd := &cobra.Command{
+		Use:   "gpus",
+		Short: "Show every GPU node: product, GPUs, unhealthy ones, each nvidia.com/* resource allocated and free, MIG layout",
+		Long: `Show every GPU node: its product and GPUs, the unhealthy ones, and for each
+nvidia.com/* resource (whole GPUs, MIG profiles, shared GPUs) what the node
+offers, what the pods bound to it request and what is free; its MIG layout
+(nvidia.com/mig.config and its state) and whether it takes pods.
+With -o wide, the pods that hold each resource.`,
+		Example: `  kubectl loom gpus
+  kubectl loom gpus -o wide`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(out); err != nil {
+				return err
+			}
+			fleet, err := o.fleet(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if out == "json" || out == "yaml" {
+				return o.printData(out, fleet)
+			}
+			return why.WriteFleet(o.streams.Out, fleet, out == "wide")
+		},
+	}
+	addOutput(cmd, &out)
+	return cmd
+}
+
+// fleet lists the nodes, the GPUNodes (none without the CRD) and the bound,
+// unfinished pods, each once.
+func (o *options) fleet(ctx context.Context) ([]why.FleetNode, error) {
+	c, err := o.client()
+	if err != nil {
+		return nil, err
+	}
+	nodes, err := listNodes(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	var gns []gpuv1alpha1.GPUNode
+	gl := &gpuv1alpha1.GPUNodeList{}
+	if err := pages(ctx, c, gl, func() { gns = append(gns, gl.Items...) }); err != nil && !meta.IsNoMatchError(err) {
+		return nil, err
+	}
+	var pods []corev1.Pod
+	pl := &corev1.PodList{}
+	if err := pages(ctx, c, pl, func() { pods = append(pods, pl.Items...) }, client.MatchingFieldsSelector{Selector: boundPods}); err != nil {
+		return nil, err
+	}
+	return why.Fleet(nodes, gns, pods), nil
+}
+
+func listNodes(ctx context.Context, c client.Client) ([]corev1.Node, error) {
+	var nodes []corev1.Node
+	nl := &corev1.NodeList{}
+	err := pages(ctx, c, nl, func() { nodes = append(nodes, nl.Items...) })
+	return nodes, err
+}

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/meta"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/why"
+)
+
+// upgrades is what `kubectl loom upgrades -o json` prints.
+type upgrades struct {
+	Policies []why.PolicyUpgrade `json:"policies"`
+	Nodes    []why.UpgradeNode   `json:"nodes"`
+}
+
+func newUpgradesCommand(o *options) *cobra.Command {
+	var out string
+	cmd := &cobra.Command{
+		Use:   "upgrades",
+		Short: "Show the driver upgrade's progress: the policy's DriverUpgrade condition, then each GPU node's state",
+		Long: `Show the driver upgrade's progress: the DriverUpgrade condition of the
+ClusterPolicy in force, then per GPU node its nvidia.com/gpu-driver-upgrade-state,
+the policy that claimed it (gpu.loom.dev/driver-upgrade-claim; a state without
+a claim is not Loom's and is left alone), its cordon, how long it has been in
+its state, and a failure or a refused eviction. Failed nodes come first.`,
+		Example: `  kubectl loom upgrades
+  kubectl loom upgrades -o wide`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(out); err != nil {
+				return err
+			}
+			u, err := o.upgrades(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if out == "json" || out == "yaml" {
+				return o.printData(out, u)
+			}
+			return why.WriteUpgrades(o.streams.Out, u.Policies, u.Nodes, out == "wide")
+		},
+	}
+	addOutput(cmd, &out)
+	return cmd
+}
+
+func (o *options) upgrades(ctx context.Context) (upgrades, error) {
+	c, err := o.client()
+	if err != nil {
+		return upgrades{}, err
+	}
+	var cps []gpuv1alpha1.ClusterPolicy
+	cl := &gpuv1alpha1.ClusterPolicyList{}
+	if err := pages(ctx, c, cl, func() { cps = append(cps, cl.Items...) }); err != nil && !meta.IsNoMatchError(err) {
+		return upgrades{}, err
+	}
+	nodes, err := listNodes(ctx, c)
+	if err != nil {
+		return upgrades{}, err
+	}
+	return upgrades{Policies: why.Upgrades(cps), Nodes: why.UpgradeNodes(nodes, o.now())}, nil
+}

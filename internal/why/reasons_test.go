@@ -1,0 +1,124 @@
+package why
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// constants are the string constants a package's non-test files declare,
+// by name, read from its source (this package may not import a controller).
+func constants(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, f := range parseDir(t, dir) {
+		{
+			for _, d := range f.Decls {
+				g, ok := d.(*ast.GenDecl)
+				if !ok || g.Tok != token.CONST {
+					continue
+				}
+				for _, s := range g.Specs {
+					vs := s.(*ast.ValueSpec)
+					for i, n := range vs.Names {
+						if i < len(vs.Values) {
+							if lit, ok := vs.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+								out[n.Name], _ = strconv.Unquote(lit.Value)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestReasonsAreTheReconcilers holds the reasons, condition types and
+// labels the plugin explains equal to the constants the reconcilers set.
+func TestReasonsAreTheReconcilers(t *testing.T) {
+	cases := []struct {
+		dir  string
+		want map[string]string // the reconciler's constant name -> ours
+	}{
+		{"controllers/training", map[string]string{
+			"ReasonCreateFailed": ReasonCreateFailed, "ReasonVolcanoNotInstalled": ReasonVolcanoNotInstalled,
+			"ReasonGangPending": ReasonGangPending, "ReasonGangInqueue": ReasonGangInqueue, "ReasonPodsPending": ReasonPodsPending,
+			"ReasonNeverFits": ReasonNeverFits, "ReasonNotEnoughGPUs": ReasonNotEnoughGPUs, "ReasonWaitingForPods": ReasonWaitingForPods,
+			"ReasonRetryableFailure": ReasonRetryableFailure, "ReasonPermanentFailure": ReasonPermanentFailure,
+			"ReasonBackoffLimit": ReasonBackoffLimit, "ReasonDeadlineExceeded": ReasonDeadlineExceeded, "ReasonSuspended": ReasonSuspended,
+			"ReasonTooManyPods": ReasonTooManyPods, "ReasonNameConflict": ReasonNameConflict,
+		}},
+		{"internal/gang", map[string]string{"ReasonQueueNotFound": ReasonQueueNotFound, "ReasonQueueClosed": ReasonQueueClosed}},
+		{"controllers/clusterpolicy", map[string]string{
+			"ReasonComponentsWait": ReasonComponentsWait, "ReasonNoGPUNodes": ReasonNoGPUNodes, "ReasonIgnored": ReasonIgnored,
+			"ReasonApplyFailed": ReasonApplyFailed, "ReasonInvalidSpec": ReasonInvalidSpec,
+		}},
+		{"controllers/raycluster", map[string]string{
+			"ReasonInvalidSpec": ReasonInvalidSpec, "ReasonTooManyPods": ReasonTooManyPods, "ReasonNameConflict": ReasonNameConflict,
+			"ConditionGang": RayConditionGang, "ConditionGPUs": RayConditionGPUs, "ConditionValid": RayConditionValid,
+			"LabelScheduler": RayLabelScheduler, "LabelQueue": RayLabelQueue,
+		}},
+	}
+	for _, tc := range cases {
+		have := constants(t, tc.dir)
+		for name, ours := range tc.want {
+			if have[name] != ours {
+				t.Errorf("%s.%s is %q, the plugin explains %q", tc.dir, name, have[name], ours)
+			}
+		}
+	}
+	// Literal reasons the reconcilers set without a constant.
+	for _, lit := range []struct{ dir, s string }{
+		{"controllers/raycluster", `"` + ReasonFailedToApply + `"`},
+		{"controllers/raycluster", `"HeadPodNotReady"`},
+		{"controllers/raycluster", `"` + ReasonNeverFits + `"`},
+		{"controllers/raycluster", `"` + ReasonVolcanoNotInstalled + `"`},
+	} {
+		if !sourceHas(t, lit.dir, lit.s) {
+			t.Errorf("%s no longer sets %s", lit.dir, lit.s)
+		}
+	}
+}
+
+func sourceHas(t *testing.T, dir, s string) bool {
+	t.Helper()
+	found := false
+	for _, f := range parseDir(t, dir) {
+		{
+			ast.Inspect(f, func(n ast.Node) bool {
+				if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING && lit.Value == s {
+					found = true
+				}
+				return !found
+			})
+		}
+	}
+	return found
+}
+
+// parseDir parses the non-test Go files of a directory of the repository.
+func parseDir(t *testing.T, dir string) []*ast.File {
+	t.Helper()
+	names, err := filepath.Glob(filepath.Join("..", "..", dir, "*.go"))
+	if err != nil || len(names) == 0 {
+		t.Fatalf("no Go files in %s: %v", dir, err)
+	}
+	var files []*ast.File
+	fset := token.NewFileSet()
+	for _, n := range names {
+		if strings.HasSuffix(n, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, n, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	return files
+}
