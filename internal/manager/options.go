@@ -97,16 +97,20 @@ const DefaultMaxWorkloadPods = 5000
 // DefaultOptions returns the options with every default filled in.
 func DefaultOptions() Options {
 	return Options{
-		Controllers:             "all",
-		Namespace:               namespaceFromEnv(),
-		MetricsAddr:             ":8443",
-		MetricsSecure:           true,
-		ProbeAddr:               ":8081",
-		LeaderElect:             true,
-		LeaderElectionID:        "loom-manager",
-		LeaseDuration:           15 * time.Second,
-		RenewDeadline:           10 * time.Second,
-		RetryPeriod:             2 * time.Second,
+		Controllers:      "all",
+		Namespace:        namespaceFromEnv(),
+		MetricsAddr:      ":8443",
+		MetricsSecure:    true,
+		ProbeAddr:        ":8081",
+		LeaderElect:      true,
+		LeaderElectionID: "loom-manager",
+		// A leader keeps renewing for 45 s, so an API server away for 30 s
+		// (an upgrade, a restart) does not make it exit; the price is
+		// failover: a standby takes over within 60 s of a leader's crash
+		// (at once when the leader stops cleanly: it releases the lease).
+		LeaseDuration:           60 * time.Second,
+		RenewDeadline:           45 * time.Second,
+		RetryPeriod:             5 * time.Second,
 		GracefulShutdownTimeout: 30 * time.Second,
 		MaxConcurrentReconciles: 4,
 		KubeAPIQPS:              DefaultKubeAPIQPS,
