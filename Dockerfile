@@ -7,9 +7,11 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ARG TARGETOS=linux TARGETARCH=amd64
+# The release version (docker build --build-arg VERSION=v0.2.0).
+ARG VERSION=dev
 # go-nvml loads libnvidia-ml.so at run time through dlopen, which needs cgo.
 RUN CGO_ENABLED=1 GOOS=$TARGETOS GOARCH=$TARGETARCH \
-    go build -trimpath -ldflags "-s -w" -o /out/loom ./cmd/manager
+    go build -trimpath -ldflags "-s -w -X github.com/loom-dev/loom/internal/manager.buildVersion=$VERSION" -o /out/loom ./cmd/manager
 
 FROM gcr.io/distroless/base-debian12:nonroot
 COPY --from=build /out/loom /loom

@@ -9,6 +9,10 @@ GOLANGCI_LINT = $(shell $(TOOLS) golangci-lint)/golangci-lint
 HELM = $(shell $(TOOLS) helm)/helm
 GO_TEST_FLAGS ?=
 BIN := bin
+# The version stamped into the binary (loom version, the first log line, the
+# loom.dev/crd-version annotation on the CRDs the manager applies).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/loom-dev/loom/internal/manager.buildVersion=$(VERSION)
 
 EXTERNAL_CRDS := config/crd/external
 # The GPU rules evaluated by Prometheus's own engine: a test-only module, so
@@ -46,12 +50,16 @@ bench-training: ## Pods/s creating a PODS-pod TrainingJob gang (default 512) at 
 ##@ Build
 
 .PHONY: build
-build: ## Build the loom binary into bin/.
-	go build -o $(BIN)/loom ./cmd/manager
+build: kubectl-loom ## Build the loom binary and the kubectl loom plugin into bin/.
+	go build -ldflags "$(LDFLAGS)" -o $(BIN)/loom ./cmd/manager
+
+.PHONY: kubectl-loom
+kubectl-loom: ## Build the kubectl plugin into bin/kubectl-loom (put bin/ on PATH for `kubectl loom`).
+	go build -o $(BIN)/kubectl-loom ./cmd/kubectl-loom
 
 .PHONY: tools
 tools: ## Build every pinned tool into the cache (once per version).
-	$(TOOLS) kube kwok helm controller-gen golangci-lint prometheus-operator >/dev/null
+	$(TOOLS) kube kwok helm controller-gen golangci-lint prometheus-operator kueue >/dev/null
 
 ##@ Generate
 
@@ -72,8 +80,10 @@ manifests: ## Generate CRDs and RBAC into the chart, and the third-party CRDs te
 		$(CONTROLLER_GEN) crd:maxDescLen=0 paths=github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1 output:crd:dir=$$tmp && \
 		for k in $(MONITORING_CRDS); do cp $$tmp/monitoring.coreos.com_$$k.yaml $(EXTERNAL_CRDS)/; done
 	cp "$$(go list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)/config/crd/bases/ray.io_rayclusters.yaml" $(EXTERNAL_CRDS)/
+	cp "$$(go list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)/config/crd/bases/ray.io_rayjobs.yaml" $(EXTERNAL_CRDS)/
 	chmod 644 $(EXTERNAL_CRDS)/*.yaml
 	cp $(EXTERNAL_CRDS)/ray.io_rayclusters.yaml controllers/raycluster/crd/ray.io_rayclusters.yaml
+	mkdir -p controllers/rayjob/crd && cp $(EXTERNAL_CRDS)/ray.io_rayjobs.yaml controllers/rayjob/crd/ray.io_rayjobs.yaml
 
 .PHONY: verify
 verify: generate manifests ## Fail when generated files or go.mod are stale.
@@ -108,7 +118,7 @@ FUZZTIME ?= 5s
 
 .PHONY: test
 test: tools ## Every tier: unit, integration (envtest), end to end (simulated cluster), and a short fuzz run.
-	KUBEBUILDER_ASSETS="$$($(TOOLS) kube)" go test $(GO_TEST_FLAGS) ./...
+	KUBEBUILDER_ASSETS="$$($(TOOLS) kube)" go test $(GO_TEST_FLAGS) -timeout 40m ./...
 	cd $(RULETEST) && go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME)
 
@@ -125,4 +135,4 @@ test-unit: ## Unit and integration tests only (skips e2e/).
 
 .PHONY: e2e
 e2e: tools build ## End-to-end tests only.
-	go test $(GO_TEST_FLAGS) ./e2e/... -v -count=1
+	go test $(GO_TEST_FLAGS) -timeout 40m ./e2e/... -v -count=1

@@ -15,7 +15,9 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -57,7 +59,7 @@ func render(t *testing.T, set ...string) []runtime.Object {
 		t.Fatalf("helm template: %v\n%s", err, out)
 	}
 	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, rbacv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, rbacv1.AddToScheme, policyv1.AddToScheme, batchv1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			t.Fatal(err)
 		}
@@ -93,6 +95,8 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		"manager.kubeAPIBurst=0",
 		"image.pullPolicy=Sometimes",
 		"manager.unknownKey=1",
+		"bogusKey=1",
+		"uninstall.bogus=true",
 		"metrics.port=70000",
 	} {
 		out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", set)
@@ -133,8 +137,8 @@ func TestRenderedRBACHasNoWildcards(t *testing.T) {
 			}
 		}
 	}
-	if clusterRoles != 3 || roles != 1 {
-		t.Fatalf("rendered %d ClusterRoles and %d Roles, want 3 (manager, metrics reader, node agent) and 1 (leases)", clusterRoles, roles)
+	if clusterRoles != 5 || roles != 1 {
+		t.Fatalf("rendered %d ClusterRoles and %d Roles, want 5 (manager, metrics reader, node agent, aggregated view and edit) and 1 (leases)", clusterRoles, roles)
 	}
 }
 

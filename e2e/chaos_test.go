@@ -3,9 +3,11 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -182,4 +184,69 @@ func TestChaosAPIServerSIGKILL(t *testing.T) {
 	}
 	got = waitJob(t, second, trainingv1alpha1.StateRunning, 90*time.Second)
 	assertOnePodPerIndex(t, got, 3)
+}
+
+// A RayCluster scaled from 1 to 50 workers; the manager is SIGKILLed at a
+// random point of the scale-up, twice. Afterwards: exactly one head and 50
+// workers, each pod name once, all owned by the cluster, and the status
+// counts them.
+func TestChaosRayClusterScaleUpSIGKILL(t *testing.T) {
+	ctx := context.Background()
+	testNodes(t, framework.NodeSpec{Prefix: "chaos-ray", Count: 10})
+	args := append([]string{"--gang-scheduler=none"}, shortLease...)
+	rel, m := startLoomManager(t, args...)
+	chaosNamespace(t, "chaos-ray")
+	rc := kuberaySample(t, "ray-cluster.sample.yaml", "chaos-ray")
+	if err := cluster.Client.Create(ctx, rc); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 90*time.Second, func() (bool, string) {
+		_, running := livePods(t, rc)
+		return running >= 2, fmt.Sprintf("%d pods running", running)
+	})
+	got := &rayv1.RayCluster{}
+	if err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(rc), got); err != nil {
+		t.Fatal(err)
+	}
+	const workers = 50
+	got.Spec.WorkerGroupSpecs[0].MaxReplicas = ptr.To[int32](workers)
+	got.Spec.WorkerGroupSpecs[0].Replicas = ptr.To[int32](workers)
+	if err := cluster.Client.Update(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 2 {
+		time.Sleep(time.Duration(200+rand.IntN(1500)) * time.Millisecond)
+		pods, _ := livePods(t, rc)
+		m.Kill()
+		t.Logf("SIGKILL %d with %d pods", round+1, len(pods))
+		var err error
+		if m, err = cluster.RunManager(ctx, loomBin, rel, args...); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Stop(20 * time.Second) })
+	}
+	eventually(t, 3*time.Minute, func() (bool, string) {
+		if err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(rc), got); err != nil {
+			return false, err.Error()
+		}
+		return got.Status.State == rayv1.Ready && got.Status.ReadyWorkerReplicas == workers,
+			fmt.Sprintf("state %q, %d/%d workers ready", got.Status.State, got.Status.ReadyWorkerReplicas, got.Status.DesiredWorkerReplicas)
+	})
+	pods, running := livePods(t, rc)
+	heads, names := 0, map[string]bool{}
+	for _, p := range pods {
+		if names[p.Name] {
+			t.Errorf("pod %s twice", p.Name)
+		}
+		names[p.Name] = true
+		if p.Labels["ray.io/node-type"] == "head" {
+			heads++
+		}
+		if ref := metav1.GetControllerOf(&p); ref == nil || ref.UID != got.UID {
+			t.Errorf("pod %s is not the cluster's (%+v)", p.Name, ref)
+		}
+	}
+	if heads != 1 || len(pods) != 1+workers || running != len(pods) {
+		t.Errorf("%d pods (%d heads, %d running), want 1 head + %d workers", len(pods), heads, running, workers)
+	}
 }

@@ -33,9 +33,10 @@ type agentFlags struct {
 	simGPUs                          int
 	simBare                          bool
 	metricsAddr, logLevel, logFormat string
+	common                           commonFlags
 }
 
-func parseAgentFlags(args []string, stderr io.Writer) (*agentFlags, int) {
+func parseAgentFlags(args []string, stdout, stderr io.Writer) (*agentFlags, int) {
 	f := &agentFlags{}
 	fs := flag.NewFlagSet("loom node-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -56,11 +57,9 @@ func parseAgentFlags(args []string, stderr io.Writer) (*agentFlags, int) {
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8090", "address of /metrics and /healthz; \"0\" disables")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, error or a verbosity number")
 	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, 0
-		}
-		return nil, 2
+	f.common.bind(fs)
+	if code, done := parseFlags(fs, &f.common, args, stdout); done {
+		return nil, code
 	}
 	fs.Visit(func(fl *flag.Flag) { f.sysfsRootSet = f.sysfsRootSet || fl.Name == "sysfs-root" })
 	return f, f.validate(stderr)
@@ -90,12 +89,13 @@ func (f *agentFlags) validate(stderr io.Writer) int {
 }
 
 func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f, code := parseAgentFlags(args, stderr)
+	f, code := parseAgentFlags(args, stdout, stderr)
 	if f == nil || code != 0 {
 		return code
 	}
 	setupLogging(f.logLevel, f.logFormat, stderr)
 	log := ctrl.Log.WithName("node-agent").WithValues("node", f.nodeName)
+	log.Info("loom node-agent", "version", manager.Version())
 	lib, before, cleanup, err := agentLibrary(f, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "loom node-agent: %v\n", err)
@@ -105,7 +105,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if f.once {
 		return printOnce(lib, f.sysfsRoot, f.simulate, before, stdout, stderr)
 	}
-	cfg, err := ctrl.GetConfig()
+	cfg, err := f.common.restConfig()
 	if err != nil {
 		log.Error(err, "cannot load a kubeconfig or in-cluster config")
 		return 1

@@ -2,6 +2,9 @@
 //
 //	loom manager     the controller manager (every reconciler)
 //	loom node-agent  publishes this node's GPUs (NVML) as its GPUNode status
+//	loom version     prints the version this binary was built as
+//
+// and, hidden, "loom uninstall-cleanup", the chart's pre-delete hook.
 //
 // Run "loom <subcommand> -h" for its flags.
 package main
@@ -16,7 +19,10 @@ import (
 	"runtime/debug"
 
 	"go.uber.org/zap/zapcore"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/loom-dev/loom/controllers/clusterpolicy"
@@ -24,6 +30,7 @@ import (
 	"github.com/loom-dev/loom/controllers/monitoring"
 	"github.com/loom-dev/loom/controllers/nodelabels"
 	"github.com/loom-dev/loom/controllers/raycluster"
+	"github.com/loom-dev/loom/controllers/rayjob"
 	"github.com/loom-dev/loom/controllers/training"
 	"github.com/loom-dev/loom/internal/manager"
 )
@@ -37,6 +44,7 @@ func registry() *manager.Registry {
 	reg.Add("driver-upgrade", driverupgrade.Setup)
 	reg.Add("trainingjob", training.Setup)
 	reg.Add("raycluster", raycluster.Setup)
+	reg.Add("rayjob", rayjob.Setup)
 	reg.Add("monitoring", monitoring.Setup)
 	return reg
 }
@@ -47,7 +55,8 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	usage := func() {
-		fmt.Fprintf(stderr, "usage: loom <subcommand> [flags]\n\nsubcommands:\n  manager     run the controller manager\n  node-agent  publish this node's GPU inventory (NVML) as its GPUNode\n")
+		fmt.Fprintf(stderr, "usage: loom <subcommand> [flags]\n\nsubcommands:\n  manager     run the controller manager\n"+
+			"  node-agent  publish this node's GPU inventory (NVML) as its GPUNode\n  version     print the version\n")
 	}
 	if len(args) == 0 {
 		usage()
@@ -55,9 +64,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	switch args[0] {
 	case "manager":
-		return runManager(ctx, args[1:], stderr)
+		return runManager(ctx, args[1:], stdout, stderr)
 	case "node-agent":
 		return runAgent(ctx, args[1:], stdout, stderr)
+	case "uninstall-cleanup":
+		return runCleanup(ctx, args[1:], stdout, stderr)
+	case "version", "--version", "-version":
+		fmt.Fprintln(stdout, "loom", manager.Version())
+		return 0
 	case "-h", "--help", "help":
 		usage()
 		return 0
@@ -81,16 +95,51 @@ func setGCPercent(getenv func(string) string) {
 	}
 }
 
-func runManager(ctx context.Context, args []string, stderr io.Writer) int {
+// commonFlags are the flags every subcommand that talks to a cluster has.
+type commonFlags struct {
+	kubeconfig  string
+	showVersion bool
+}
+
+func (f *commonFlags) bind(fs *flag.FlagSet) {
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "path of a kubeconfig (default: $KUBECONFIG, then in-cluster, then ~/.kube/config)")
+	fs.BoolVar(&f.showVersion, "version", false, "print the version and exit")
+}
+
+// restConfig is the cluster's config: from --kubeconfig when given, else
+// as controller-runtime finds one.
+func (f *commonFlags) restConfig() (*rest.Config, error) {
+	if f.kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", f.kubeconfig)
+	}
+	return ctrl.GetConfig()
+}
+
+// parseFlags parses args into fs; done means exit with code (help,
+// --version or a bad flag).
+func parseFlags(fs *flag.FlagSet, common *commonFlags, args []string, stdout io.Writer) (code int, done bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, true
+		}
+		return 2, true
+	}
+	if common.showVersion {
+		fmt.Fprintln(stdout, "loom", manager.Version())
+		return 0, true
+	}
+	return 0, false
+}
+
+func runManager(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("loom manager", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	opts := manager.DefaultOptions()
 	opts.BindFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	var common commonFlags
+	common.bind(fs)
+	if code, done := parseFlags(fs, &common, args, stdout); done {
+		return code
 	}
 	if err := opts.Validate(); err != nil {
 		fmt.Fprintf(stderr, "loom manager: %v\n", err)
@@ -104,19 +153,26 @@ func runManager(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	setupLogging(opts.LogLevel, opts.LogFormat, stderr)
 	log := ctrl.Log.WithName("setup")
+	log.Info("loom manager", "version", manager.Version())
 	setGCPercent(os.Getenv)
 
-	cfg, err := ctrl.GetConfig()
+	cfg, err := common.restConfig()
 	if err != nil {
-		log.Error(err, "cannot load a kubeconfig or in-cluster config")
+		fmt.Fprintf(stderr, "loom manager: cannot load a kubeconfig or in-cluster config: %v\n", err)
 		return 1
+	}
+	if opts.ApplyCRDs {
+		if err := applyCRDs(ctx, cfg); err != nil {
+			log.Error(err, "cannot bring Loom's CRDs up to this build's (--apply-crds=false skips this)")
+			return 1
+		}
 	}
 	mgr, selected, err := manager.New(ctx, cfg, opts, reg)
 	if err != nil {
 		log.Error(err, "cannot build the manager")
 		return 1
 	}
-	log.Info("starting manager", "controllers", selected, "namespace", opts.Namespace,
+	log.Info("starting manager", "version", manager.Version(), "controllers", selected, "namespace", opts.Namespace,
 		"watchNamespaces", opts.WatchNamespaces, "leaderElection", opts.LeaderElect)
 	if err := mgr.Start(ctx); err != nil {
 		log.Error(err, "manager stopped with an error")
@@ -124,6 +180,19 @@ func runManager(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	log.Info("manager stopped")
 	return 0
+}
+
+// applyCRDs applies Loom's CRDs when the cluster's are older than this
+// build's.
+func applyCRDs(ctx context.Context, cfg *rest.Config) error {
+	cfg = rest.CopyConfig(cfg)
+	cfg.UserAgent = "loom-manager"
+	c, err := client.New(cfg, client.Options{Scheme: manager.Scheme()})
+	if err != nil {
+		return err
+	}
+	_, err = manager.EnsureCRDs(ctx, c, manager.Version(), ctrl.Log.WithName("crds"))
+	return err
 }
 
 func setupLogging(logLevel, logFormat string, w io.Writer) {

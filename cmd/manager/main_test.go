@@ -6,6 +6,8 @@ import (
 	"runtime/debug"
 	"strings"
 	"testing"
+
+	"github.com/loom-dev/loom/internal/manager"
 )
 
 func TestCommandLine(t *testing.T) {
@@ -20,6 +22,12 @@ func TestCommandLine(t *testing.T) {
 		{args: []string{"manager", "--max-concurrent-reconciles=0"}, wantCode: 2, wantErr: "--max-concurrent-reconciles must be at least 1"},
 		{args: []string{"manager", "--no-such-flag"}, wantCode: 2, wantErr: "flag provided but not defined: -no-such-flag"},
 		{args: []string{"manager", "-h"}, wantCode: 0, wantErr: "-kube-api-qps"},
+		{args: []string{"manager", "-h"}, wantCode: 0, wantErr: "-kubeconfig"},
+		{args: []string{"manager", "--kubeconfig", "/no/such/kubeconfig", "--version"}, wantCode: 0, wantErr: "loom " + manager.Version()},
+		{args: []string{"node-agent", "--kubeconfig", "/no/such/kubeconfig", "--version"}, wantCode: 0, wantErr: "loom " + manager.Version()},
+		{args: []string{"version"}, wantCode: 0, wantErr: "loom " + manager.Version()},
+		{args: []string{"uninstall-cleanup", "-h"}, wantCode: 0, wantErr: "-manager-deployment"},
+		{args: []string{"manager", "--kubeconfig", "/no/such/kubeconfig", "--controllers=gpu-labels"}, wantCode: 1, wantErr: "/no/such/kubeconfig"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -35,6 +35,8 @@ type observed struct {
 	now time.Time
 	// maxPods is the manager's --max-workload-pods; 0: its default.
 	maxPods int
+	// kueue is the job's Kueue Workload, when the job names a LocalQueue.
+	kueue kueueObs
 }
 
 // decision is what a reconcile must do, computed purely from the job and
@@ -94,6 +96,8 @@ const (
 	ReasonRestartDone         = "GangRestarted"
 	ReasonTooManyPods         = "TooManyPods"
 	ReasonNameConflict        = "NameConflict"
+	ReasonQueuedInKueue       = "QueuedInKueue"
+	ReasonEvictedByKueue      = "EvictedByKueue"
 )
 
 // conditions are the condition types the training reconciler writes.
@@ -195,10 +199,12 @@ func finished(p *pass) bool {
 	return true
 }
 
-// suspend: while runPolicy.suspend is set, the gang's pods and PodGroup are
-// deleted and the job says Suspended.
+// suspend: while runPolicy.suspend is set, or Kueue has not admitted the
+// job (or evicted it), the gang's pods and PodGroup are deleted and the job
+// says Suspended.
 func suspend(p *pass) bool {
-	if !p.job.Spec.RunPolicy.Suspend {
+	byKueue := !p.job.Spec.RunPolicy.Suspend && p.obs.kueue.holds()
+	if !p.job.Spec.RunPolicy.Suspend && !byKueue {
 		return false
 	}
 	st := &p.d.status
@@ -210,16 +216,38 @@ func suspend(p *pass) bool {
 	p.d.removePodGroup = true
 	st.ReplicaStatuses = trainingv1alpha1.ReplicaStatuses{}
 	st.State = trainingv1alpha1.StateSuspended
-	if !condTrue(st, trainingv1alpha1.ConditionSuspended) {
-		msg := "runPolicy.suspend is true: the gang's pods and PodGroup are deleted until it is unset"
-		p.set(trainingv1alpha1.ConditionSuspended, metav1.ConditionTrue, ReasonSuspended, msg)
-		p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, ReasonSuspended, msg)
-		p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, ReasonSuspended, msg)
-		clearRestarting(p)
-		p.ready(metav1.ConditionFalse, ReasonSuspended, msg)
-		p.event(false, ReasonSuspended, msg)
+	reason, msg := ReasonSuspended, "runPolicy.suspend is true: the gang's pods and PodGroup are deleted until it is unset"
+	if byKueue {
+		reason, msg = kueueHold(p)
 	}
+	if c := meta.FindStatusCondition(st.Conditions, trainingv1alpha1.ConditionSuspended); c == nil || c.Status != metav1.ConditionTrue || c.Reason != reason {
+		p.set(trainingv1alpha1.ConditionSuspended, metav1.ConditionTrue, reason, msg)
+		p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, reason, msg)
+		clearRestarting(p)
+		p.event(false, reason, msg)
+	}
+	p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, reason, msg)
+	p.ready(metav1.ConditionFalse, reason, msg)
 	return true
+}
+
+// kueueHold says why Kueue holds the job: its queue and Kueue's message
+// (the quota it lacks), next to the inventory's word on the gang.
+func kueueHold(p *pass) (reason, msg string) {
+	k := &p.obs.kueue
+	switch {
+	case !k.served:
+		p.d.requeue = kueueCRDRetry
+		return ReasonQueuedInKueue, "the job names Kueue LocalQueue " + p.job.Labels[kueueQueueLabel] + " but Kueue's Workload CRD is not installed: no pods are created until Kueue admits the job"
+	case k.wl.Evicted() != nil:
+		reason, msg = ReasonEvictedByKueue, "suspended by Kueue: "+k.wl.Waiting()
+	default:
+		reason, msg = ReasonQueuedInKueue, "waiting for Kueue: "+k.wl.Waiting()
+	}
+	if f := p.obs.fit; f.Message != "" {
+		msg += "; the cluster: " + f.Message
+	}
+	return reason, msg
 }
 
 // resume: a job leaving suspension starts a new attempt, afresh.
@@ -382,7 +410,11 @@ func scale(p *pass) bool {
 				p.d.deferred++
 				continue
 			}
-			p.d.create = append(p.d.create, buildPod(p.job, frameworks[p.job.Spec.Framework], role, i, st.Attempt, st.Scheduler))
+			pod := buildPod(p.job, frameworks[p.job.Spec.Framework], role, i, st.Attempt, st.Scheduler)
+			if pl, ok := p.obs.kueue.placement[role]; ok {
+				pl.Apply(&pod.Spec)
+			}
+			p.d.create = append(p.d.create, pod)
 		}
 	}
 	return false

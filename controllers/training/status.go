@@ -33,7 +33,11 @@ func schedule(p *pass) bool {
 		pgPhase = p.obs.podGroup.Status.Phase
 	}
 	if bound == total || pgPhase == schedulingv1beta1.PodGroupRunning {
-		p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionTrue, ReasonGangScheduled, fmt.Sprintf("all %d pods of the gang are placed", total))
+		msg := fmt.Sprintf("all %d pods of the gang are placed", total)
+		if adm := p.obs.kueue.wl.AdmittedMessage(); p.obs.kueue.queued && adm != "" {
+			msg = adm + "; " + msg
+		}
+		p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionTrue, ReasonGangScheduled, msg)
 		start := p.job.CreationTimestamp.Time
 		if c := meta.FindStatusCondition(p.job.Status.Conditions, trainingv1alpha1.ConditionScheduled); c != nil && st.Attempt > 0 {
 			start = c.LastTransitionTime.Time
@@ -44,6 +48,9 @@ func schedule(p *pass) bool {
 		return false
 	}
 	reason, parts := pending(p, pgPhase, bound, total, podMsg)
+	if msg := p.obs.kueue.wl.AdmittedMessage(); p.obs.kueue.queued && msg != "" {
+		parts = append([]string{msg}, parts...)
+	}
 	p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, reason, strings.Join(parts, "; "))
 	return false
 }

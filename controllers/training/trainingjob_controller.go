@@ -67,6 +67,7 @@ type Reconciler struct {
 	writer  *apply.Writer
 	pods    *podset.Executor
 	volcano *gang.Volcano
+	kueue   *kueueJobs
 }
 
 // Setup registers the training reconciler with the manager.
@@ -93,6 +94,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	}
 	r.volcano = &gang.Volcano{Client: r.Client, Cache: mgr.GetCache(), Controller: c, Owner: &trainingv1alpha1.TrainingJob{}, Scheme: mgr.GetScheme(),
 		QueueUsers: r.queueJobs}
+	r.kueue = newKueueJobs(r.Client, r.APIReader, mgr.GetCache(), c, mgr.GetScheme())
 	registerMetrics(mgr.GetCache())
 	return mgr.Add(ctrlmanager.RunnableFunc(func(ctx context.Context) error {
 		return r.watchInventory(ctx, inventoryChanged)
@@ -215,6 +217,9 @@ func (r *Reconciler) execute(ctx context.Context, job *trainingv1alpha1.Training
 		return ctrl.Result{}, r.writer.Delete(ctx, job, "ttlSecondsAfterFinished has passed")
 	}
 	res, applyErr := r.applyChildren(ctx, job, obs, &d)
+	if applyErr == nil {
+		applyErr = r.syncWorkload(ctx, job, obs, &d)
+	}
 	res.Deferred += d.deferred
 	applied(&d.status, applyErr, job.Generation, obs.now)
 	if first && applyErr != nil {
@@ -267,6 +272,9 @@ func (r *Reconciler) observe(ctx context.Context, job *trainingv1alpha1.Training
 		return obs, err
 	}
 	if obs.podGroup, obs.volcano, err = r.volcano.Group(ctx, job, job.Name); err != nil {
+		return obs, err
+	}
+	if err = r.kueue.observe(ctx, job, &obs); err != nil {
 		return obs, err
 	}
 	if obs.volcano && !condTrue(&job.Status, trainingv1alpha1.ConditionScheduled) {

@@ -75,6 +75,18 @@ func TestBadSpecsAreRejectedWithReadableMessages(t *testing.T) {
 	if err := env.Client.Update(context.Background(), running); err != nil {
 		t.Fatalf("resizing a suspended job: %v", err)
 	}
+	// The update that resumes may change them too (Kueue's admission adds
+	// its flavour's node selector as it un-suspends); the next may not.
+	running = getJob(t, running)
+	running.Spec.RunPolicy.Suspend = false
+	running.Spec.ReplicaSpecs.Master.Template.Spec.NodeSelector = map[string]string{"pool": "a"}
+	if err := env.Client.Update(context.Background(), running); err != nil {
+		t.Fatalf("resuming and changing the pods in one update: %v", err)
+	}
+	running.Spec.ReplicaSpecs.Master.Template.Spec.NodeSelector = map[string]string{"pool": "b"}
+	if err := env.Client.Update(context.Background(), running); err == nil || !strings.Contains(err.Error(), "replicaSpecs can change only while the job is suspended") {
+		t.Fatalf("changing the pods of a resumed job: %v", err)
+	}
 
 	// spec defaults: one master, backoffLimit 3, cleanPodPolicy Running.
 	j := newJob(ns, "defaults", 2, 0, "")

@@ -6,6 +6,7 @@
 #   hack/tools/build.sh kube      -> etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
 #   hack/tools/build.sh kwok helm controller-gen golangci-lint
 #   hack/tools/build.sh prometheus-operator -> operator, crds/ (its own CRDs)
+#   hack/tools/build.sh kueue -> kueue, config/ (its CRDs, webhooks, conversion patches)
 #
 # LOOM_TOOLS_DIR overrides the cache root (default: ~/.cache/loom/tools).
 set -euo pipefail
@@ -102,7 +103,30 @@ build_prometheus_operator() {
 	echo "$dir"
 }
 
-all=(kube kwok helm controller-gen golangci-lint prometheus-operator)
+# build_kueue: the Kueue manager (go install of its cmd/kueue, as upstream
+# documents it) and, from the same module version, the manifests e2e needs to
+# run it as a local process: config/crd (the CRD bases), config/crd-patches
+# (the conversion-webhook patches kustomize would apply) and
+# config/webhook/manifests.yaml (the admission webhook configurations).
+build_kueue() {
+	local dir="$root/kueue-$KUEUE_VERSION" mod="sigs.k8s.io/kueue"
+	if [[ ! -x "$dir/kueue" || ! -s "$dir/config/webhook/manifests.yaml" ]]; then
+		log "building kueue $KUEUE_VERSION (once, about 3 minutes; cached in $dir)"
+		rm -rf "$dir.tmp" && mkdir -p "$dir.tmp/config/crd" "$dir.tmp/config/crd-patches" "$dir.tmp/config/webhook"
+		GOBIN="$dir.tmp" go install "$mod/cmd/kueue@$KUEUE_VERSION"
+		local src
+		src="$(go mod download -json "$mod@$KUEUE_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+		[[ -d "$src/config/components" ]] || { log "kueue module source not found"; exit 1; }
+		cp "$src"/config/components/crd/bases/*.yaml "$dir.tmp/config/crd/"
+		cp "$src"/config/components/crd/patches/*.yaml "$dir.tmp/config/crd-patches/" 2>/dev/null || true
+		cp "$src"/config/components/webhook/manifests.yaml "$dir.tmp/config/webhook/"
+		chmod -R u+w,go+r "$dir.tmp/config"
+		rm -rf "$dir" && mv "$dir.tmp" "$dir"
+	fi
+	echo "$dir"
+}
+
+all=(kube kwok helm controller-gen golangci-lint prometheus-operator kueue)
 [[ $# -gt 0 ]] || set -- "${all[@]}"
 for t in "$@"; do
 	case "$t" in
@@ -112,6 +136,7 @@ for t in "$@"; do
 	controller-gen) install_tool controller-gen "$CONTROLLER_TOOLS_VERSION" sigs.k8s.io/controller-tools/cmd/controller-gen ;;
 	golangci-lint) install_tool golangci-lint "$GOLANGCI_LINT_VERSION" github.com/golangci/golangci-lint/v2/cmd/golangci-lint ;;
 	prometheus-operator) build_prometheus_operator ;;
+	kueue) build_kueue ;;
 	*) log "unknown tool $t (known: ${all[*]})"; exit 2 ;;
 	esac
 done

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
@@ -132,6 +133,9 @@ func ctrlOptions(opts Options) ctrl.Options {
 				&corev1.ConfigMap{}:      configMapCache(opts),
 				&corev1.ServiceAccount{}: {Label: ownedByLoom},
 				&appsv1.DaemonSet{}:      {Label: ownedByLoom},
+				// RayJob submitter Jobs: a cluster's other batch Jobs
+				// (CI, cron) stay out of memory.
+				&batchv1.Job{}: {Label: ownedByLoom},
 				// Every pod of the cluster (the inventory counts their
 				// GPUs), but only workloads' own pods in full; see TrimPod.
 				&corev1.Pod{}: {Transform: TrimPod},

@@ -54,6 +54,9 @@ type Options struct {
 	MaxWorkloadPods int
 	// InstallRayCRD applies KubeRay's RayCluster CRD when it is absent.
 	InstallRayCRD bool
+	// ApplyCRDs applies Loom's own CRDs at start when the cluster's are
+	// older than this build's (EnsureCRDs).
+	ApplyCRDs bool
 	// MonitoringLabels are set on every ServiceMonitor, PodMonitor and
 	// PrometheusRule Loom writes, so that a Prometheus selects them (e.g.
 	// release=kube-prometheus-stack). Empty: learned from the Prometheus
@@ -118,6 +121,7 @@ func DefaultOptions() Options {
 		GangScheduler:           GangAuto,
 		MaxWorkloadPods:         DefaultMaxWorkloadPods,
 		InstallRayCRD:           true,
+		ApplyCRDs:               true,
 		GrafanaDashboards:       true,
 		LogLevel:                "info",
 		LogFormat:               "json",
@@ -165,6 +169,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxWorkloadPods, "max-workload-pods", o.MaxWorkloadPods, "most pods one TrainingJob or RayCluster may ask for; bigger ones are held with a condition")
 	fs.StringVar(&o.GangScheduler, "gang-scheduler", o.GangScheduler, "gang scheduler of TrainingJobs and RayClusters that name none: auto (Volcano when installed, for TrainingJobs), volcano or none")
 	fs.BoolVar(&o.InstallRayCRD, "install-ray-crd", o.InstallRayCRD, "apply KubeRay's RayCluster CRD (server-side) when it is absent; one applied by someone else is left alone")
+	fs.BoolVar(&o.ApplyCRDs, "apply-crds", o.ApplyCRDs, "at start, apply Loom's own CRDs (server-side) when the cluster's are older than this build's")
 	fs.Func("monitoring-labels", "comma-separated key=value labels for Loom's ServiceMonitors, PodMonitors and PrometheusRules (default: learned from the Prometheus objects' selectors)", func(s string) error {
 		l, err := parseLabels(s)
 		o.MonitoringLabels = l

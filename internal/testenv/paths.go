@@ -39,7 +39,7 @@ var toolDirs sync.Map // tool name -> directory
 
 // ToolDir returns the cache directory holding a tool built by
 // hack/tools/build.sh (kube, kwok, helm, controller-gen, golangci-lint,
-// prometheus-operator), building it first if the cache lacks it. For "kube",
+// prometheus-operator, kueue), building it first if the cache lacks it. For "kube",
 // a set KUBEBUILDER_ASSETS wins.
 func ToolDir(tool string) (string, error) {
 	if tool == "kube" {

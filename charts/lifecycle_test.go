@@ -1,0 +1,166 @@
+package charts
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+func find[T runtime.Object](objs []runtime.Object, name string) (T, bool) {
+	var zero T
+	for _, o := range objs {
+		if t, ok := o.(T); ok {
+			if m, ok := any(t).(interface{ GetName() string }); ok && (name == "" || m.GetName() == name) {
+				return t, true
+			}
+		}
+	}
+	return zero, false
+}
+
+func TestNodeAgentIsSystemNodeCritical(t *testing.T) {
+	ds, ok := find[*appsv1.DaemonSet](render(t), "loom-node-agent")
+	if !ok {
+		t.Fatal("no node agent DaemonSet")
+	}
+	if got := ds.Spec.Template.Spec.PriorityClassName; got != "system-node-critical" {
+		t.Errorf("node agent priorityClassName %q, want system-node-critical", got)
+	}
+}
+
+// Two replicas get a PodDisruptionBudget that keeps one; one replica none
+// (a budget of one pod that must stay blocks every drain).
+func TestManagerPodDisruptionBudget(t *testing.T) {
+	pdb, ok := find[*policyv1.PodDisruptionBudget](render(t), "loom-manager")
+	if !ok {
+		t.Fatal("no PodDisruptionBudget with 2 replicas")
+	}
+	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 1 ||
+		pdb.Spec.Selector.MatchLabels["app.kubernetes.io/component"] != "manager" || pdb.Namespace != "gpu-platform" {
+		t.Errorf("PodDisruptionBudget %+v", pdb.Spec)
+	}
+	if _, ok := find[*policyv1.PodDisruptionBudget](render(t, "manager.replicas=1"), ""); ok {
+		t.Error("a PodDisruptionBudget with 1 replica")
+	}
+}
+
+func rulesGrant(rules []rbacv1.PolicyRule, group, resource, verb string) bool {
+	for _, r := range rules {
+		if slices.Contains(r.APIGroups, group) && slices.Contains(r.Resources, resource) && slices.Contains(r.Verbs, verb) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestAggregatedRoles(t *testing.T) {
+	objs := render(t)
+	view, okView := find[*rbacv1.ClusterRole](objs, "loom-view")
+	edit, okEdit := find[*rbacv1.ClusterRole](objs, "loom-edit")
+	if !okView || !okEdit {
+		t.Fatal("no aggregated view or edit ClusterRole")
+	}
+	for _, agg := range []string{"view", "edit", "admin"} {
+		if view.Labels["rbac.authorization.k8s.io/aggregate-to-"+agg] != "true" {
+			t.Errorf("loom-view is not aggregated to %s", agg)
+		}
+	}
+	if edit.Labels["rbac.authorization.k8s.io/aggregate-to-view"] != "" || edit.Labels["rbac.authorization.k8s.io/aggregate-to-edit"] != "true" ||
+		edit.Labels["rbac.authorization.k8s.io/aggregate-to-admin"] != "true" {
+		t.Errorf("loom-edit labels %v, want aggregated to edit and admin only", edit.Labels)
+	}
+	for _, res := range []string{"gpunodes", "clusterpolicies"} {
+		if !rulesGrant(view.Rules, "gpu.loom.dev", res, "list") {
+			t.Errorf("view cannot list %s", res)
+		}
+		for _, verb := range []string{"create", "update", "patch", "delete"} {
+			if rulesGrant(view.Rules, "gpu.loom.dev", res, verb) || rulesGrant(edit.Rules, "gpu.loom.dev", res, verb) {
+				t.Errorf("aggregated roles may %s %s", verb, res)
+			}
+		}
+	}
+	if !rulesGrant(view.Rules, "training.loom.dev", "trainingjobs", "watch") || rulesGrant(view.Rules, "training.loom.dev", "trainingjobs", "create") {
+		t.Error("view must read TrainingJobs and not write them")
+	}
+	for _, verb := range []string{"create", "update", "patch", "delete"} {
+		if !rulesGrant(edit.Rules, "training.loom.dev", "trainingjobs", verb) {
+			t.Errorf("edit cannot %s trainingjobs", verb)
+		}
+	}
+	if _, ok := find[*rbacv1.ClusterRole](render(t, "rbac.aggregateToDefaultRoles=false"), "loom-view"); ok {
+		t.Error("rbac.aggregateToDefaultRoles=false still renders loom-view")
+	}
+}
+
+// The manager may patch Loom's CRDs (and KubeRay's) by name only.
+func TestManagerCRDRights(t *testing.T) {
+	role, _ := find[*rbacv1.ClusterRole](render(t), "loom-manager")
+	var names []string
+	for _, r := range role.Rules {
+		if slices.Contains(r.Resources, "customresourcedefinitions") && slices.Contains(r.Verbs, "patch") {
+			names = append(names, r.ResourceNames...)
+		}
+	}
+	slices.Sort(names)
+	want := []string{"clusterpolicies.gpu.loom.dev", "gpunodes.gpu.loom.dev", "rayclusters.ray.io", "rayjobs.ray.io", "trainingjobs.training.loom.dev"}
+	if !slices.Equal(names, want) {
+		t.Errorf("CRD patch rights on %v, want %v", names, want)
+	}
+	role, _ = find[*rbacv1.ClusterRole](render(t, "manager.applyCRDs=false", "rayCluster.installCRD=false"), "loom-manager")
+	for _, verb := range []string{"create", "patch", "update"} {
+		if rulesGrant(role.Rules, "apiextensions.k8s.io", "customresourcedefinitions", verb) {
+			t.Errorf("with applyCRDs and installCRD off the manager may still %s CRDs", verb)
+		}
+	}
+}
+
+// The uninstall hook is off by default; on, it is a pre-delete Job of the
+// loom image running `loom uninstall-cleanup` for this release, with rights
+// to exactly what it removes.
+func TestUninstallCleanupHook(t *testing.T) {
+	if _, ok := find[*batchv1.Job](render(t), ""); ok {
+		t.Fatal("a Job rendered with uninstall.cleanup off")
+	}
+	objs := render(t, "uninstall.cleanup=true")
+	job, ok := find[*batchv1.Job](objs, "loom-uninstall-cleanup")
+	if !ok {
+		t.Fatal("no cleanup Job")
+	}
+	if job.Annotations["helm.sh/hook"] != "pre-delete" || job.Namespace != "gpu-platform" {
+		t.Errorf("Job annotations %v namespace %s", job.Annotations, job.Namespace)
+	}
+	c := job.Spec.Template.Spec.Containers[0]
+	args := strings.Join(c.Args, " ")
+	for _, want := range []string{"uninstall-cleanup", "--namespace=gpu-platform", "--manager-deployment=loom-manager",
+		"--node-agent-daemonset=loom-node-agent", "--leader-election-id=loom-manager"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args %q lack %s", args, want)
+		}
+	}
+	if !strings.HasPrefix(c.Image, "ghcr.io/loom-dev/loom:") || job.Spec.Template.Spec.ServiceAccountName != "loom-uninstall-cleanup" {
+		t.Errorf("image %s, service account %s", c.Image, job.Spec.Template.Spec.ServiceAccountName)
+	}
+	role, ok := find[*rbacv1.ClusterRole](objs, "loom-uninstall-cleanup")
+	if !ok {
+		t.Fatal("no cleanup ClusterRole")
+	}
+	for _, grant := range [][3]string{{"gpu.loom.dev", "clusterpolicies", "delete"}, {"gpu.loom.dev", "gpunodes", "delete"}, {"", "nodes", "patch"}} {
+		if !rulesGrant(role.Rules, grant[0], grant[1], grant[2]) {
+			t.Errorf("cleanup ClusterRole cannot %s %s", grant[2], grant[1])
+		}
+	}
+	for _, r := range role.Rules {
+		if slices.Contains(r.Verbs, "create") || slices.Contains(r.Verbs, "update") {
+			t.Errorf("cleanup ClusterRole creates or updates: %+v", r)
+		}
+		if hook := role.Annotations["helm.sh/hook"]; hook != "pre-delete" {
+			t.Errorf("cleanup ClusterRole hook %q", hook)
+		}
+	}
+}

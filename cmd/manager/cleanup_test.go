@@ -1,0 +1,169 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/controllers/nodelabels"
+	"github.com/loom-dev/loom/internal/testenv"
+)
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// cleanupFixture is what an installed Loom leaves on a cluster: a policy,
+// a node claimed by its driver upgrade with the labeller's labels and
+// taint next to a user's label and taint, a GPUNode, the manager (holding
+// its lease) and the node agent.
+func cleanupFixture(t *testing.T, ctx context.Context, c client.Client) {
+	t.Helper()
+	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "loom-system"}}))
+	must(t, c.Create(ctx, &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}}))
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1",
+		Labels:      map[string]string{"nvidia.com/gpu.deploy.driver": "false"},
+		Annotations: map[string]string{gpuv1alpha1.AnnotationClaim: "default", nodelabels.AnnotationTaint: "xid-79"}},
+		Spec: corev1.NodeSpec{Unschedulable: true, Taints: []corev1.Taint{
+			{Key: gpuv1alpha1.TaintUnhealthy, Value: "xid-79", Effect: corev1.TaintEffectNoSchedule},
+			{Key: "team", Value: "ml", Effect: corev1.TaintEffectNoSchedule}}}}
+	must(t, c.Create(ctx, node, client.FieldOwner("kubectl")))
+	labels := &unstructured.Unstructured{}
+	labels.SetAPIVersion("v1")
+	labels.SetKind("Node")
+	labels.SetName("gpu-1")
+	labels.SetLabels(map[string]string{gpuv1alpha1.LabelPresent: "true", gpuv1alpha1.LabelProduct: "NVIDIA-H100-80GB-HBM3"})
+	labels.SetAnnotations(map[string]string{nodelabels.AnnotationManagedLabels: gpuv1alpha1.LabelPresent + "," + gpuv1alpha1.LabelProduct})
+	must(t, c.Apply(ctx, client.ApplyConfigurationFromUnstructured(labels), client.FieldOwner(nodelabels.FieldOwner), client.ForceOwnership))
+	must(t, c.Create(ctx, &gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}}))
+	sel := &metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}}
+	tmpl := corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: sel.MatchLabels},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "loom"}}}}
+	must(t, c.Create(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "loom-system", Name: "loom-manager"},
+		Spec: appsv1.DeploymentSpec{Selector: sel, Template: tmpl}}))
+	must(t, c.Create(ctx, &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: "loom-system", Name: "loom-node-agent"},
+		Spec: appsv1.DaemonSetSpec{Selector: sel, Template: tmpl}}))
+	must(t, c.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "loom-system", Name: "loom-manager"},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("m1"), LeaseDurationSeconds: ptr.To[int32](15), RenewTime: &metav1.MicroTime{Time: time.Now()}}}))
+}
+
+// fakeManager plays the running manager: it releases the node its driver
+// upgrade claimed once the policy is gone, and gives its lease up once its
+// Deployment is deleted.
+func fakeManager(ctx context.Context, c client.Client) {
+	released, stopped := false, false
+	for ctx.Err() == nil && (!released || !stopped) {
+		time.Sleep(50 * time.Millisecond)
+		if err := c.Get(ctx, client.ObjectKey{Name: "default"}, &gpuv1alpha1.ClusterPolicy{}); !released && apierrors.IsNotFound(err) {
+			n := &corev1.Node{}
+			if c.Get(ctx, client.ObjectKey{Name: "gpu-1"}, n) == nil {
+				base := n.DeepCopy()
+				delete(n.Annotations, gpuv1alpha1.AnnotationClaim)
+				n.Spec.Unschedulable = false
+				released = c.Patch(ctx, n, client.MergeFrom(base)) == nil
+			}
+		}
+		err := c.Get(ctx, client.ObjectKey{Namespace: "loom-system", Name: "loom-manager"}, &appsv1.Deployment{})
+		if !stopped && apierrors.IsNotFound(err) {
+			l := &coordinationv1.Lease{}
+			if c.Get(ctx, client.ObjectKey{Namespace: "loom-system", Name: "loom-manager"}, l) == nil {
+				l.Spec.HolderIdentity = nil
+				stopped = c.Update(ctx, l) == nil
+			}
+		}
+	}
+}
+
+func TestUninstallCleanup(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	env, err := testenv.StartWithout(ctx, "training.loom.dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	c := env.Client
+	cleanupFixture(t, ctx, c)
+	go fakeManager(ctx, c)
+
+	var out bytes.Buffer
+	cfg := cleanupConfig{namespace: "loom-system", managerDeployment: "loom-manager", agentDaemonSet: "loom-node-agent",
+		lease: "loom-manager", timeout: 30 * time.Second, poll: 100 * time.Millisecond}
+	if err := cleanup(ctx, c, cfg, &out); err != nil {
+		t.Fatalf("cleanup: %v\n%s", err, out.String())
+	}
+	t.Log(out.String())
+
+	n := &corev1.Node{}
+	must(t, c.Get(ctx, client.ObjectKey{Name: "gpu-1"}, n))
+	for _, k := range []string{gpuv1alpha1.LabelPresent, gpuv1alpha1.LabelProduct} {
+		if _, ok := n.Labels[k]; ok {
+			t.Errorf("Loom's label %s left on the node", k)
+		}
+	}
+	if n.Labels["nvidia.com/gpu.deploy.driver"] != "false" {
+		t.Errorf("the user's label was removed: %v", n.Labels)
+	}
+	for _, k := range []string{nodelabels.AnnotationManagedLabels, nodelabels.AnnotationTaint, gpuv1alpha1.AnnotationClaim} {
+		if _, ok := n.Annotations[k]; ok {
+			t.Errorf("annotation %s left on the node", k)
+		}
+	}
+	team := false
+	for _, taint := range n.Spec.Taints {
+		team = team || taint.Key == "team"
+		if taint.Key == gpuv1alpha1.TaintUnhealthy {
+			t.Errorf("Loom's taint left: %v", n.Spec.Taints)
+		}
+	}
+	if !team || n.Spec.Unschedulable {
+		t.Errorf("taints %v unschedulable %v, want the user's taint kept and the node uncordoned", n.Spec.Taints, n.Spec.Unschedulable)
+	}
+	gns := &gpuv1alpha1.GPUNodeList{}
+	must(t, c.List(ctx, gns))
+	cps := &gpuv1alpha1.ClusterPolicyList{}
+	must(t, c.List(ctx, cps))
+	if len(gns.Items) != 0 || len(cps.Items) != 0 {
+		t.Errorf("%d GPUNodes and %d ClusterPolicies left", len(gns.Items), len(cps.Items))
+	}
+	for _, obj := range []client.Object{&appsv1.Deployment{}, &appsv1.DaemonSet{}} {
+		name := map[bool]string{true: "loom-manager", false: "loom-node-agent"}[func() bool { _, d := obj.(*appsv1.Deployment); return d }()]
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "loom-system", Name: name}, obj); !apierrors.IsNotFound(err) {
+			t.Errorf("%s still there (%v)", name, err)
+		}
+	}
+}
+
+// Without the manager the claimed node is never released: the cleanup
+// says which node it waited for instead of removing labels under a
+// cordon nobody lifts.
+func TestUninstallCleanupTimesOutNamingWhatIsLeft(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	env, err := testenv.StartWithout(ctx, "training.loom.dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	cleanupFixture(t, ctx, env.Client)
+	var out bytes.Buffer
+	cfg := cleanupConfig{namespace: "loom-system", lease: "loom-manager", timeout: 2 * time.Second, poll: 100 * time.Millisecond}
+	err = cleanup(ctx, env.Client, cfg, &out)
+	if err == nil || !bytes.Contains([]byte(err.Error()), []byte("node gpu-1 (claimed by the driver upgrade)")) {
+		t.Fatalf("cleanup error %v, want one naming the claimed node\n%s", err, out.String())
+	}
+}

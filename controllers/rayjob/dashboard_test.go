@@ -1,0 +1,98 @@
+package rayjob
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	utiltypes "github.com/ray-project/kuberay/ray-operator/controllers/ray/utils/types"
+
+	"github.com/loom-dev/loom/controllers/rayjob/rayfake"
+)
+
+// The HTTP client against the fake dashboard: a job's whole life, a
+// duplicate submission, an unknown id, a stop, logs, and a dashboard down.
+func TestHTTPDashboardAgainstFake(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	fake := rayfake.New()
+	defer fake.Close()
+	fake.Now = func() time.Time { return now }
+	fake.PendingFor, fake.RunFor = time.Second, 2*time.Second
+	d := NewHTTPDashboard(strings.TrimPrefix(fake.URL(), "http://"), time.Second)
+	ctx := context.Background()
+
+	if _, err := d.Get(ctx, "nope"); !errors.Is(err, ErrJobNotFound) {
+		t.Fatalf("unknown id: %v", err)
+	}
+	id, err := d.Submit(ctx, &utiltypes.RayJobRequest{SubmissionId: "ok-1", Entrypoint: "python ok.py"})
+	if err != nil || id != "ok-1" {
+		t.Fatalf("submit: %q %v", id, err)
+	}
+	if _, err := d.Submit(ctx, &utiltypes.RayJobRequest{SubmissionId: "ok-1", Entrypoint: "python ok.py"}); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("duplicate submit: %v", err)
+	}
+	if _, err := d.Submit(ctx, &utiltypes.RayJobRequest{SubmissionId: "bad-1", Entrypoint: `bash -c "exit 1"`}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Submit(ctx, &utiltypes.RayJobRequest{SubmissionId: "stop-1", Entrypoint: "sleep 100"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		at      time.Duration
+		ok, bad rayv1.JobStatus
+	}{
+		{0, rayv1.JobStatusPending, rayv1.JobStatusPending},
+		{1500 * time.Millisecond, rayv1.JobStatusRunning, rayv1.JobStatusRunning},
+		{3 * time.Second, rayv1.JobStatusSucceeded, rayv1.JobStatusFailed},
+	} {
+		now = time.Unix(1_700_000_000, 0).Add(step.at)
+		if step.at == 1500*time.Millisecond {
+			if err := d.Stop(ctx, "stop-1"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for id, want := range map[string]rayv1.JobStatus{"ok-1": step.ok, "bad-1": step.bad} {
+			info, err := d.Get(ctx, id)
+			if err != nil || info.JobStatus != want || info.SubmissionId != id {
+				t.Fatalf("at %s %s: %+v %v, want %s", step.at, id, info, err, want)
+			}
+		}
+	}
+	if info, _ := d.Get(ctx, "stop-1"); info.JobStatus != rayv1.JobStatusStopped || info.EndTime == 0 {
+		t.Fatalf("stopped job: %+v", info)
+	}
+	if info, _ := d.Get(ctx, "bad-1"); !strings.Contains(info.Message, "exit code 1") {
+		t.Fatalf("failed job's message: %q", info.Message)
+	}
+	logs, err := d.Logs(ctx, "bad-1")
+	if err != nil || !strings.Contains(logs, "exited with code 1") {
+		t.Fatalf("logs: %q %v", logs, err)
+	}
+	if err := d.Stop(ctx, "ok-1"); err != nil {
+		t.Fatalf("stopping a finished job: %v", err)
+	}
+	if fake.Submissions("ok-1") != 2 || len(fake.JobIDs()) != 3 {
+		t.Fatalf("submissions %d, jobs %v", fake.Submissions("ok-1"), fake.JobIDs())
+	}
+	fake.SetDown(true)
+	if _, err := d.Get(ctx, "ok-1"); err == nil || errors.Is(err, ErrJobNotFound) || !strings.Contains(err.Error(), "503") {
+		t.Fatalf("dashboard down: %v", err)
+	}
+}
+
+func TestHTTPDashboardUnreachable(t *testing.T) {
+	fake := rayfake.New()
+	url := fake.URL()
+	fake.Close()
+	d := NewHTTPDashboard(url, 200*time.Millisecond)
+	start := time.Now()
+	if _, err := d.Get(context.Background(), "x"); err == nil || errors.Is(err, ErrJobNotFound) {
+		t.Fatalf("closed dashboard: %v", err)
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Fatalf("the request outlived its timeout")
+	}
+}

@@ -1,0 +1,217 @@
+package rayjob
+
+import (
+	"fmt"
+	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
+	utiltypes "github.com/ray-project/kuberay/ray-operator/controllers/ray/utils/types"
+	batchv1 "k8s.io/api/batch/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Timings of KubeRay's RayJob controller that Loom keeps.
+const (
+	// requeueRunning is how often a job's status is asked while it runs or
+	// its cluster comes up.
+	requeueRunning = 3 * time.Second
+	// submitterFinishedTimeout: a Ray job still not terminal this long after
+	// its submitter Job finished is failed.
+	submitterFinishedTimeout = 30 * time.Second
+	// terminalGracePeriod: a Ray job terminal this long without the RayJob
+	// following is finished anyway.
+	terminalGracePeriod = 300 * time.Second
+)
+
+// observed is everything one pass reads: the RayJob (its spec normalized),
+// its RayCluster and submitter Job (nil when absent), the cluster's
+// dashboard address, what the dashboard said, the clock and the random
+// names drawn for this pass (used only when the status has none yet).
+type observed struct {
+	job        *rayv1.RayJob
+	cluster    *rayv1.RayCluster
+	submitter  *batchv1.Job
+	headURL    string
+	dash       dashObs
+	now        time.Time
+	newJobID   string
+	newCluster string
+	invalid    error
+}
+
+// dashObs is one dashboard read: asked is false when the pass did not need
+// one; failures counts the failed requests in a row (this one included)
+// since the time since.
+type dashObs struct {
+	asked    bool
+	info     *utiltypes.RayJobInfo
+	notFound bool
+	err      error
+	failures int
+	since    time.Time
+}
+
+// decision is the next status and what to do to get there.
+type decision struct {
+	status          rayv1.RayJobStatus
+	createCluster   bool
+	deleteCluster   bool
+	suspendWorkers  bool
+	createSubmitter bool
+	deleteSubmitter bool
+	ensureService   bool
+	submit          bool
+	deleteSelf      bool
+	// requeue is when to look again (0: only on a change).
+	requeue time.Duration
+}
+
+func selectorMode(j *rayv1.RayJob) bool { return len(j.Spec.ClusterSelector) != 0 }
+
+// decide is the RayJob state machine: KubeRay's JobDeploymentStatus
+// transitions, from what one pass observed.
+func decide(o observed) decision {
+	old := o.job.Status
+	d := decision{status: *old.DeepCopy(), requeue: requeueRunning}
+	st := &d.status
+	st.ObservedGeneration = o.job.Generation
+	if o.invalid != nil {
+		st.JobDeploymentStatus, st.Reason, st.Message = rayv1.JobDeploymentStatusValidationFailed, rayv1.ValidationFailed, o.invalid.Error()
+		d.requeue = 0
+		return d
+	}
+	switch st.JobDeploymentStatus {
+	case rayv1.JobDeploymentStatusNew:
+		initStatus(o, st)
+	case rayv1.JobDeploymentStatusValidationFailed:
+		// The spec is valid again: start over.
+		st.JobDeploymentStatus, st.Reason, st.Message = rayv1.JobDeploymentStatusNew, "", ""
+	case rayv1.JobDeploymentStatusInitializing:
+		initializing(o, &d)
+	case rayv1.JobDeploymentStatusWaiting:
+		if o.job.Spec.JobId == "" {
+			return d
+		}
+		st.JobId, st.JobDeploymentStatus, st.Message = o.job.Spec.JobId, rayv1.JobDeploymentStatusRunning, ""
+	case rayv1.JobDeploymentStatusRunning:
+		running(o, &d)
+	case rayv1.JobDeploymentStatusSuspending, rayv1.JobDeploymentStatusRetrying:
+		tearDown(o, &d)
+	case rayv1.JobDeploymentStatusSuspended:
+		d.requeue = 0
+		if !o.job.Spec.Suspend {
+			st.JobStatus, st.JobDeploymentStatus = rayv1.JobStatusNew, rayv1.JobDeploymentStatusNew
+		}
+		return d
+	case rayv1.JobDeploymentStatusComplete, rayv1.JobDeploymentStatusFailed:
+		finished(o, &d)
+		return d
+	default:
+		st.Message = fmt.Sprintf("unknown jobDeploymentStatus %q", st.JobDeploymentStatus)
+		return d
+	}
+	countAndRetry(o.job, st)
+	if rayv1.IsJobDeploymentTerminal(st.JobDeploymentStatus) && !rayv1.IsJobDeploymentTerminal(old.JobDeploymentStatus) {
+		st.EndTime = &metav1.Time{Time: o.now}
+	}
+	return d
+}
+
+// initStatus names the Ray job and the cluster before anything is created
+// or submitted, so that a restart submits the same job to the same
+// cluster.
+func initStatus(o observed, st *rayv1.RayJobStatus) {
+	spec := o.job.Spec
+	if spec.SubmissionMode != rayv1.InteractiveMode && st.JobId == "" {
+		st.JobId = spec.JobId
+		if st.JobId == "" {
+			st.JobId = o.newJobID
+		}
+	}
+	if st.RayClusterName == "" {
+		st.RayClusterName = spec.ClusterSelector[utils.RayJobClusterSelectorKey]
+		if st.RayClusterName == "" {
+			st.RayClusterName = o.newCluster
+		}
+	}
+	st.JobDeploymentStatus = rayv1.JobDeploymentStatusInitializing
+	st.StartTime = &metav1.Time{Time: o.now}
+	st.Reason, st.Message = "", ""
+}
+
+// suspendOrDeadline moves a RayJob asked to suspend to Suspending, and one
+// past its activeDeadlineSeconds to Failed; it reports whether it did.
+func suspendOrDeadline(o observed, st *rayv1.RayJobStatus) bool {
+	if o.job.Spec.Suspend {
+		st.JobDeploymentStatus = rayv1.JobDeploymentStatusSuspending
+		return true
+	}
+	ads := o.job.Spec.ActiveDeadlineSeconds
+	if ads == nil || st.StartTime == nil || o.now.Before(st.StartTime.Add(time.Duration(*ads)*time.Second)) {
+		return false
+	}
+	st.JobDeploymentStatus, st.Reason = rayv1.JobDeploymentStatusFailed, rayv1.DeadlineExceeded
+	st.Message = fmt.Sprintf("The RayJob has passed the activeDeadlineSeconds. StartTime: %s. ActiveDeadlineSeconds: %d",
+		st.StartTime.UTC().Format(time.RFC3339), *ads)
+	return true
+}
+
+// clusterPresent asks for the cluster when it is missing (or says that the
+// selected one is missing) and reports whether it is there.
+func clusterPresent(o observed, d *decision) bool {
+	if o.cluster != nil {
+		return true
+	}
+	if selectorMode(o.job) {
+		d.status.Message = fmt.Sprintf("RayCluster %s/%s named by the clusterSelector (%s) does not exist: create it or fix the selector",
+			o.job.Namespace, d.status.RayClusterName, utils.RayJobClusterSelectorKey)
+		return false
+	}
+	d.createCluster = true
+	d.status.Message = fmt.Sprintf("creating RayCluster %s", d.status.RayClusterName)
+	return false
+}
+
+// initializing brings the cluster up, learns its dashboard address and
+// starts the submission.
+func initializing(o observed, d *decision) {
+	st := &d.status
+	if suspendOrDeadline(o, st) || !clusterPresent(o, d) {
+		return
+	}
+	if st.DashboardURL == "" {
+		if o.cluster.Status.State != rayv1.Ready {
+			st.Message = fmt.Sprintf("waiting for RayCluster %s to be ready (state %q)%s", o.cluster.Name, o.cluster.Status.State, clusterProblem(o.cluster))
+			return
+		}
+		if o.headURL == "" {
+			st.Message = fmt.Sprintf("waiting for the head Service of RayCluster %s", o.cluster.Name)
+			return
+		}
+		st.DashboardURL = o.headURL
+	}
+	switch o.job.Spec.SubmissionMode {
+	case rayv1.InteractiveMode:
+		st.JobDeploymentStatus = rayv1.JobDeploymentStatusWaiting
+		st.Message = fmt.Sprintf("waiting for spec.jobId: submit the Ray job to the dashboard at %s and set spec.jobId to its submission id", st.DashboardURL)
+		return
+	case rayv1.K8sJobMode:
+		d.createSubmitter = o.submitter == nil
+	}
+	st.JobDeploymentStatus, st.Message = rayv1.JobDeploymentStatusRunning, ""
+}
+
+// clusterProblem is the cluster's own explanation of why it is not ready,
+// if its conditions give one.
+func clusterProblem(rc *rayv1.RayCluster) string {
+	for _, c := range rc.Status.Conditions {
+		if c.Status == metav1.ConditionTrue && c.Type == string(rayv1.RayClusterReplicaFailure) && c.Message != "" {
+			return ": " + c.Message
+		}
+		if c.Status == metav1.ConditionFalse && c.Message != "" && c.Type != string(rayv1.RayClusterSuspended) && c.Type != string(rayv1.RayClusterSuspending) {
+			return ": " + c.Type + ": " + c.Message
+		}
+	}
+	return ""
+}

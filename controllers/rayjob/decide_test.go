@@ -1,0 +1,296 @@
+package rayjob
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	utiltypes "github.com/ray-project/kuberay/ray-operator/controllers/ray/utils/types"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func baseJob(mode rayv1.JobSubmissionMode, jds rayv1.JobDeploymentStatus) *rayv1.RayJob {
+	j := &rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Name: "rj", Namespace: "ns", Generation: 3}}
+	j.Spec.SubmissionMode = mode
+	j.Spec.Entrypoint = "python x.py"
+	j.Spec.RayClusterSpec = &rayv1.RayClusterSpec{HeadGroupSpec: rayv1.HeadGroupSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+		Containers: []corev1.Container{{Name: "ray-head", Image: "rayproject/ray:2.46.0"}}}}}}
+	j.Status.JobDeploymentStatus = jds
+	if jds != rayv1.JobDeploymentStatusNew {
+		j.Status.JobId, j.Status.RayClusterName = "rj-abcde", "rj-fghij"
+		j.Status.StartTime = &metav1.Time{Time: t0.Add(-time.Minute)}
+	}
+	if jds == rayv1.JobDeploymentStatusRunning {
+		j.Status.DashboardURL = "rj-fghij-head-svc.ns.svc.cluster.local:8265"
+	}
+	return j
+}
+
+func readyCluster() *rayv1.RayCluster {
+	rc := &rayv1.RayCluster{ObjectMeta: metav1.ObjectMeta{Name: "rj-fghij", Namespace: "ns"}}
+	rc.Status.State = rayv1.Ready
+	return rc
+}
+
+func finishedSubmitter(failed bool) *batchv1.Job {
+	c := batchv1.JobCondition{Type: batchv1.JobComplete, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Time{Time: t0.Add(-5 * time.Second)}}
+	if failed {
+		c.Type, c.Reason, c.Message = batchv1.JobFailed, "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+	}
+	return &batchv1.Job{Status: batchv1.JobStatus{Conditions: []batchv1.JobCondition{c}}}
+}
+
+func info(s rayv1.JobStatus, msg string) dashObs {
+	i := &utiltypes.RayJobInfo{JobStatus: s, Message: msg, StartTime: uint64(t0.Add(-20 * time.Second).UnixMilli())}
+	if rayv1.IsJobTerminal(s) {
+		i.EndTime = uint64(t0.Add(-2 * time.Second).UnixMilli())
+	}
+	return dashObs{asked: true, info: i}
+}
+
+func TestDecide(t *testing.T) {
+	type want struct {
+		jds                                             rayv1.JobDeploymentStatus
+		js                                              rayv1.JobStatus
+		reason                                          rayv1.JobFailedReason
+		msg                                             string
+		createCluster, createSubmitter, submit, deleteC bool
+		deleteSubmitter, ensureService, deleteSelf      bool
+		failed, succeeded                               int32
+	}
+	cases := []struct {
+		name string
+		edit func(o *observed)
+		want want
+	}{
+		{"new: names the job and cluster first", func(o *observed) { o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusNew) },
+			want{jds: rayv1.JobDeploymentStatusInitializing}},
+		{"initializing: creates the cluster", func(o *observed) { o.cluster = nil },
+			want{jds: rayv1.JobDeploymentStatusInitializing, createCluster: true, msg: "creating RayCluster rj-fghij"}},
+		{"initializing: selector cluster missing is said", func(o *observed) {
+			o.cluster = nil
+			o.job.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "rj-fghij"}
+		}, want{jds: rayv1.JobDeploymentStatusInitializing, msg: "does not exist"}},
+		{"initializing: waits for ready", func(o *observed) { o.cluster.Status.State = "" },
+			want{jds: rayv1.JobDeploymentStatusInitializing, msg: "waiting for RayCluster rj-fghij to be ready"}},
+		{"initializing: waits for the head service", func(o *observed) { o.headURL = "" },
+			want{jds: rayv1.JobDeploymentStatusInitializing, msg: "head Service"}},
+		{"initializing: K8sJobMode creates the submitter", func(*observed) {},
+			want{jds: rayv1.JobDeploymentStatusRunning, createSubmitter: true}},
+		{"initializing: HTTPMode runs (submits next pass)", func(o *observed) { o.job.Spec.SubmissionMode = rayv1.HTTPMode },
+			want{jds: rayv1.JobDeploymentStatusRunning}},
+		{"initializing: InteractiveMode waits for a job id", func(o *observed) { o.job.Spec.SubmissionMode = rayv1.InteractiveMode },
+			want{jds: rayv1.JobDeploymentStatusWaiting, msg: "set spec.jobId"}},
+		{"initializing: suspend", func(o *observed) { o.job.Spec.Suspend = true },
+			want{jds: rayv1.JobDeploymentStatusSuspending}},
+		{"initializing: deadline", func(o *observed) { o.job.Spec.ActiveDeadlineSeconds = ptr.To[int32](30) },
+			want{jds: rayv1.JobDeploymentStatusFailed, reason: rayv1.DeadlineExceeded, failed: 1}},
+		{"deadline is not retried", func(o *observed) {
+			o.job.Spec.ActiveDeadlineSeconds, o.job.Spec.BackoffLimit = ptr.To[int32](30), ptr.To[int32](3)
+		}, want{jds: rayv1.JobDeploymentStatusFailed, reason: rayv1.DeadlineExceeded, failed: 1}},
+		{"waiting: user set the job id", func(o *observed) {
+			o.job.Spec.SubmissionMode, o.job.Spec.JobId = rayv1.InteractiveMode, "mine"
+			o.job.Status.JobDeploymentStatus = rayv1.JobDeploymentStatusWaiting
+		}, want{jds: rayv1.JobDeploymentStatusRunning}},
+		{"running: HTTPMode submits what the dashboard does not know", func(o *observed) {
+			o.job = baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
+			o.dash = dashObs{asked: true, notFound: true}
+		}, want{jds: rayv1.JobDeploymentStatusRunning, submit: true, ensureService: true, msg: "submitting Ray job rj-abcde"}},
+		{"running: HTTPMode does not submit what the dashboard knows", func(o *observed) {
+			o.job = baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
+			o.dash = info(rayv1.JobStatusPending, "pending")
+		}, want{jds: rayv1.JobDeploymentStatusRunning, js: rayv1.JobStatusPending, ensureService: true, msg: "pending"}},
+		{"running: dashboard unreachable waits with backoff in the message", func(o *observed) {
+			o.job = baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
+			o.dash = dashObs{asked: true, err: errors.New("connection refused"), failures: 3, since: t0.Add(-10 * time.Second)}
+		}, want{jds: rayv1.JobDeploymentStatusRunning, ensureService: true, msg: "3 failed requests since 2026-01-02T03:03:55Z): connection refused; asking again in 4s"}},
+		{"running: K8sJobMode waits for the submitter to submit", func(o *observed) {
+			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
+			o.submitter = &batchv1.Job{}
+			o.dash = dashObs{asked: true, notFound: true}
+		}, want{jds: rayv1.JobDeploymentStatusRunning, ensureService: true, msg: "waiting for the submitter Job rj"}},
+		{"running: K8sJobMode terminal job waits for the submitter", func(o *observed) {
+			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
+			o.submitter = &batchv1.Job{}
+			o.dash = info(rayv1.JobStatusSucceeded, "ok")
+		}, want{jds: rayv1.JobDeploymentStatusRunning, js: rayv1.JobStatusSucceeded, ensureService: true, msg: "ok"}},
+		{"running: K8sJobMode succeeded", func(o *observed) {
+			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
+			o.submitter = finishedSubmitter(false)
+			o.dash = info(rayv1.JobStatusSucceeded, "ok")
+		}, want{jds: rayv1.JobDeploymentStatusComplete, js: rayv1.JobStatusSucceeded, ensureService: true, msg: "ok", succeeded: 1}},
+		{"running: submitter failed before the job", func(o *observed) {
+			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
+			o.submitter = finishedSubmitter(true)
+		}, want{jds: rayv1.JobDeploymentStatusFailed, reason: rayv1.SubmissionFailed, ensureService: true, msg: "BackoffLimitExceeded", failed: 1}},
+		{"running: submitter done, job unknown", func(o *observed) {
+			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
+			o.submitter = finishedSubmitter(false)
+			o.dash = dashObs{asked: true, notFound: true}
+		}, want{jds: rayv1.JobDeploymentStatusFailed, reason: rayv1.AppFailed, ensureService: true, msg: "not found", failed: 1}},
+		{"running: failed job with a retry left", func(o *observed) {
+			o.job = baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
+			o.job.Spec.BackoffLimit = ptr.To[int32](1)
+			o.dash = info(rayv1.JobStatusFailed, "exit code 1")
+		}, want{jds: rayv1.JobDeploymentStatusRetrying, js: rayv1.JobStatusFailed, reason: rayv1.AppFailed, ensureService: true, msg: "attempt 1 of 2 failed", failed: 1}},
+		{"running: failed job, no retry left", func(o *observed) {
+			o.job = baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
+			o.job.Spec.BackoffLimit = ptr.To[int32](1)
+			o.job.Status.Failed = ptr.To[int32](1)
+			o.dash = info(rayv1.JobStatusFailed, "exit code 1")
+		}, want{jds: rayv1.JobDeploymentStatusFailed, js: rayv1.JobStatusFailed, reason: rayv1.AppFailed, ensureService: true, msg: "exit code 1", failed: 2}},
+		{"running: suspend", func(o *observed) {
+			o.job = baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
+			o.job.Spec.Suspend = true
+		}, want{jds: rayv1.JobDeploymentStatusSuspending}},
+		{"retrying: deletes the cluster and the submitter first", func(o *observed) {
+			o.job.Status.JobDeploymentStatus = rayv1.JobDeploymentStatusRetrying
+			o.submitter = &batchv1.Job{}
+		}, want{jds: rayv1.JobDeploymentStatusRetrying, deleteC: true, deleteSubmitter: true, msg: "before retrying"}},
+		{"retrying: then starts over with new names", func(o *observed) {
+			o.job.Status.JobDeploymentStatus = rayv1.JobDeploymentStatusRetrying
+			o.cluster = nil
+		}, want{jds: rayv1.JobDeploymentStatusNew}},
+		{"retrying: a selected cluster is never deleted", func(o *observed) {
+			o.job.Status.JobDeploymentStatus = rayv1.JobDeploymentStatusRetrying
+			o.job.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "rj-fghij"}
+		}, want{jds: rayv1.JobDeploymentStatusNew}},
+		{"suspending: then suspended", func(o *observed) {
+			o.job.Status.JobDeploymentStatus = rayv1.JobDeploymentStatusSuspending
+			o.job.Spec.Suspend = true
+			o.cluster = nil
+		}, want{jds: rayv1.JobDeploymentStatusSuspended}},
+		{"suspended: resumed", func(o *observed) { o.job.Status.JobDeploymentStatus = rayv1.JobDeploymentStatusSuspended },
+			want{jds: rayv1.JobDeploymentStatusNew}},
+		{"invalid spec", func(o *observed) { o.invalid = errors.New("The RayJob spec is invalid: x") },
+			want{jds: rayv1.JobDeploymentStatusValidationFailed, reason: rayv1.ValidationFailed, msg: "spec is invalid"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := observed{job: baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusInitializing), cluster: readyCluster(),
+				headURL: "rj-fghij-head-svc.ns.svc.cluster.local:8265", now: t0, newJobID: "rj-new01", newCluster: "rj-new02"}
+			tc.edit(&o)
+			d := decide(o)
+			st, w := d.status, tc.want
+			if st.JobDeploymentStatus != w.jds || st.JobStatus != w.js || st.Reason != w.reason || !strings.Contains(st.Message, w.msg) {
+				t.Errorf("status %q/%q reason %q message %q, want %q/%q %q containing %q", st.JobDeploymentStatus, st.JobStatus, st.Reason, st.Message, w.jds, w.js, w.reason, w.msg)
+			}
+			if d.createCluster != w.createCluster || d.createSubmitter != w.createSubmitter || d.submit != w.submit || d.deleteCluster != w.deleteC ||
+				d.deleteSubmitter != w.deleteSubmitter || d.ensureService != w.ensureService || d.deleteSelf != w.deleteSelf {
+				t.Errorf("actions %+v, want %+v", d, w)
+			}
+			if w.jds != rayv1.JobDeploymentStatusValidationFailed && w.jds != rayv1.JobDeploymentStatusSuspended && w.jds != rayv1.JobDeploymentStatusNew &&
+				(ptr.Deref(st.Failed, 0) != w.failed || ptr.Deref(st.Succeeded, 0) != w.succeeded) {
+				t.Errorf("failed %v succeeded %v, want %d %d", st.Failed, st.Succeeded, w.failed, w.succeeded)
+			}
+			if st.ObservedGeneration != 3 {
+				t.Errorf("observedGeneration %d", st.ObservedGeneration)
+			}
+		})
+	}
+}
+
+func TestDecideNamesOnce(t *testing.T) {
+	o := observed{job: baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusNew), now: t0, newJobID: "rj-aaaaa", newCluster: "rj-bbbbb"}
+	st := decide(o).status
+	if st.JobId != "rj-aaaaa" || st.RayClusterName != "rj-bbbbb" || !st.StartTime.Equal(&metav1.Time{Time: t0}) {
+		t.Fatalf("new: %+v", st)
+	}
+	o.job.Spec.JobId = "given"
+	o.job.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "theirs"}
+	if st := decide(o).status; st.JobId != "given" || st.RayClusterName != "theirs" {
+		t.Fatalf("spec names: %+v", st)
+	}
+	o.job.Spec.SubmissionMode = rayv1.InteractiveMode
+	if st := decide(o).status; st.JobId != "" {
+		t.Fatalf("InteractiveMode has no job id before the user's: %+v", st)
+	}
+	// A retry draws new names: the reset status is New again.
+	r := baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRetrying)
+	st = decide(observed{job: r, now: t0}).status
+	if st.JobId != "" || st.RayClusterName != "" || st.JobDeploymentStatus != rayv1.JobDeploymentStatusNew {
+		t.Fatalf("retry reset: %+v", st)
+	}
+}
+
+func TestDecideEndTime(t *testing.T) {
+	o := observed{job: baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning), cluster: readyCluster(), now: t0, dash: info(rayv1.JobStatusSucceeded, "ok")}
+	st := decide(o).status
+	if st.EndTime == nil || !st.EndTime.Time.Equal(t0) || st.RayJobStatusInfo.EndTime == nil || st.RayJobStatusInfo.StartTime == nil {
+		t.Fatalf("end times: %+v", st)
+	}
+}
+
+func TestFinished(t *testing.T) {
+	policy := func(p rayv1.DeletionPolicyType) *rayv1.DeletionPolicy { return &rayv1.DeletionPolicy{Policy: &p} }
+	cases := []struct {
+		name                               string
+		edit                               func(j *rayv1.RayJob, o *observed)
+		deleteCluster, suspend, deleteSelf bool
+		requeue                            time.Duration
+	}{
+		{"nothing asked", func(*rayv1.RayJob, *observed) {}, false, false, false, 0},
+		{"shutdown before the TTL waits", func(j *rayv1.RayJob, _ *observed) {
+			j.Spec.ShutdownAfterJobFinishes, j.Spec.TTLSecondsAfterFinished = true, 60
+		},
+			false, false, false, 51 * time.Second},
+		{"shutdown after the TTL deletes the cluster", func(j *rayv1.RayJob, _ *observed) {
+			j.Spec.ShutdownAfterJobFinishes, j.Spec.TTLSecondsAfterFinished = true, 5
+		},
+			true, false, false, 0},
+		{"shutdown, cluster already gone", func(j *rayv1.RayJob, o *observed) { j.Spec.ShutdownAfterJobFinishes = true; o.cluster = nil },
+			false, false, false, 0},
+		{"selected cluster is left alone", func(j *rayv1.RayJob, _ *observed) {
+			j.Spec.ShutdownAfterJobFinishes = true
+			j.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "x"}
+		}, false, false, false, 0},
+		{"legacy onSuccess DeleteWorkers", func(j *rayv1.RayJob, o *observed) {
+			j.Spec.DeletionStrategy = &rayv1.DeletionStrategy{OnSuccess: policy(rayv1.DeleteWorkers), OnFailure: policy(rayv1.DeleteNone)}
+			o.cluster.Spec.WorkerGroupSpecs = []rayv1.WorkerGroupSpec{{GroupName: "w"}}
+		}, false, true, false, 0},
+		{"rules: the most impactful due rule", func(j *rayv1.RayJob, _ *observed) {
+			j.Spec.DeletionStrategy = &rayv1.DeletionStrategy{DeletionRules: []rayv1.DeletionRule{
+				{Policy: rayv1.DeleteWorkers, Condition: rayv1.DeletionCondition{JobStatus: rayv1.JobStatusSucceeded}},
+				{Policy: rayv1.DeleteCluster, Condition: rayv1.DeletionCondition{JobStatus: rayv1.JobStatusSucceeded, TTLSeconds: 5}},
+				{Policy: rayv1.DeleteSelf, Condition: rayv1.DeletionCondition{JobStatus: rayv1.JobStatusSucceeded, TTLSeconds: 100}},
+				{Policy: rayv1.DeleteSelf, Condition: rayv1.DeletionCondition{JobStatus: rayv1.JobStatusFailed}},
+			}}
+		}, true, false, false, 91 * time.Second},
+		{"rules: DeleteSelf when due", func(j *rayv1.RayJob, _ *observed) {
+			j.Spec.DeletionStrategy = &rayv1.DeletionStrategy{DeletionRules: []rayv1.DeletionRule{
+				{Policy: rayv1.DeleteSelf, Condition: rayv1.DeletionCondition{JobStatus: rayv1.JobStatusSucceeded}},
+			}}
+		}, false, false, true, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			j := baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusComplete)
+			j.Status.JobStatus = rayv1.JobStatusSucceeded
+			j.Status.EndTime = &metav1.Time{Time: t0.Add(-10 * time.Second)}
+			o := observed{job: j, cluster: readyCluster(), now: t0}
+			tc.edit(j, &o)
+			d := decide(o)
+			if d.deleteCluster != tc.deleteCluster || d.suspendWorkers != tc.suspend || d.deleteSelf != tc.deleteSelf || d.requeue != tc.requeue {
+				t.Fatalf("deleteCluster %v suspendWorkers %v deleteSelf %v requeue %s", d.deleteCluster, d.suspendWorkers, d.deleteSelf, d.requeue)
+			}
+			if d.status.JobDeploymentStatus != rayv1.JobDeploymentStatusComplete {
+				t.Fatalf("status moved: %q", d.status.JobDeploymentStatus)
+			}
+		})
+	}
+}
+
+func TestDashboardBackoff(t *testing.T) {
+	for n, want := range map[int]time.Duration{0: time.Second, 1: time.Second, 2: 2 * time.Second, 4: 8 * time.Second, 7: time.Minute, 100: time.Minute} {
+		if got := dashboardBackoff(n); got != want {
+			t.Errorf("dashboardBackoff(%d) = %s, want %s", n, got, want)
+		}
+	}
+}

@@ -1,0 +1,125 @@
+package rayjob
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"github.com/ray-project/kuberay/ray-operator/controllers/ray/common"
+	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// submitterBackoffLimit is KubeRay's default retries of the submitter Job.
+const submitterBackoffLimit = 2
+
+// originLabels mark what a RayJob created, as KubeRay marks it.
+func originLabels(j *rayv1.RayJob) map[string]string {
+	return map[string]string{
+		utils.RayOriginatedFromCRNameLabelKey: j.Name,
+		utils.RayOriginatedFromCRDLabelKey:    utils.RayOriginatedFromCRDLabelValue(utils.RayJobCRD),
+	}
+}
+
+// desiredCluster is the RayCluster a RayJob runs on: its rayClusterSpec,
+// the RayJob's labels and annotations, named as the status says.
+func desiredCluster(j *rayv1.RayJob, name string) *rayv1.RayCluster {
+	labels := make(map[string]string, len(j.Labels)+2)
+	for k, v := range j.Labels {
+		labels[k] = v
+	}
+	for k, v := range originLabels(j) {
+		labels[k] = v
+	}
+	var annotations map[string]string
+	if len(j.Annotations) > 0 {
+		annotations = make(map[string]string, len(j.Annotations))
+		for k, v := range j.Annotations {
+			if k != corev1.LastAppliedConfigAnnotation {
+				annotations[k] = v
+			}
+		}
+	}
+	return &rayv1.RayCluster{
+		TypeMeta:   metav1.TypeMeta{APIVersion: rayv1.GroupVersion.String(), Kind: "RayCluster"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: j.Namespace, Labels: labels, Annotations: annotations},
+		Spec:       *j.Spec.RayClusterSpec.DeepCopy(),
+	}
+}
+
+// desiredSubmitter is KubeRay's submitter Job for the RayJob whose status
+// is st (its jobId and dashboardURL): the submitterPodTemplate or KubeRay's
+// default one (the head's image), running `ray job submit` against the
+// cluster's dashboard unless the template has its own command, with
+// PYTHONUNBUFFERED, RAY_DASHBOARD_ADDRESS and RAY_JOB_SUBMISSION_ID.
+func desiredSubmitter(j *rayv1.RayJob, st rayv1.RayJobStatus, rc *rayv1.RayCluster) (*batchv1.Job, error) {
+	withStatus := j.DeepCopy()
+	withStatus.Status = st
+	if len(rc.Spec.HeadGroupSpec.Template.Spec.Containers) == 0 && j.Spec.SubmitterPodTemplate == nil {
+		return nil, fmt.Errorf("RayCluster %s has no head container to take the submitter's image from", rc.Name)
+	}
+	tmpl := common.GetSubmitterTemplate(&j.Spec, &rc.Spec)
+	if len(tmpl.Spec.Containers) == 0 {
+		return nil, fmt.Errorf("spec.submitterPodTemplate has no container")
+	}
+	cmd, err := common.BuildJobSubmitCommand(withStatus, rayv1.K8sJobMode)
+	if err != nil {
+		return nil, fmt.Errorf("building the submit command: %w", err)
+	}
+	c := &tmpl.Spec.Containers[utils.RayContainerIndex]
+	if len(c.Command) == 0 {
+		c.Command = utils.GetContainerCommand([]string{"e"})
+		c.Args = []string{strings.Join(cmd, " ")}
+	}
+	c.Env = append(c.Env,
+		corev1.EnvVar{Name: "PYTHONUNBUFFERED", Value: "1"},
+		corev1.EnvVar{Name: utils.RAY_DASHBOARD_ADDRESS, Value: st.DashboardURL},
+		corev1.EnvVar{Name: utils.RAY_JOB_SUBMISSION_ID, Value: st.JobId})
+	limit := ptr.To[int32](submitterBackoffLimit)
+	if j.Spec.SubmitterConfig != nil && j.Spec.SubmitterConfig.BackoffLimit != nil {
+		limit = j.Spec.SubmitterConfig.BackoffLimit
+	}
+	labels := originLabels(j)
+	labels[utils.KubernetesCreatedByLabelKey] = utils.ComponentName
+	return &batchv1.Job{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"},
+		ObjectMeta: metav1.ObjectMeta{Name: j.Name, Namespace: j.Namespace, Labels: labels},
+		Spec:       batchv1.JobSpec{BackoffLimit: limit, Template: tmpl},
+	}, nil
+}
+
+// desiredService is KubeRay's RayJob-level head Service (<rayjob>-head-svc),
+// which follows the RayJob from cluster to cluster.
+func desiredService(ctx context.Context, j *rayv1.RayJob, rc *rayv1.RayCluster) (*corev1.Service, error) {
+	svc, err := common.BuildHeadServiceForRayJob(ctx, *j, *rc)
+	if err != nil {
+		return nil, err
+	}
+	svc.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}
+	svc.OwnerReferences = nil
+	return svc, nil
+}
+
+// validate is KubeRay's RayJob validation plus what Loom does not run.
+func validate(j *rayv1.RayJob) error {
+	if err := utils.ValidateRayJobMetadata(j.ObjectMeta); err != nil {
+		return err
+	}
+	if err := utils.ValidateRayJobSpec(j); err != nil {
+		return err
+	}
+	if err := utils.ValidateRayJobStatus(j); err != nil {
+		return err
+	}
+	if j.Spec.SubmissionMode == rayv1.SidecarMode {
+		return fmt.Errorf("submissionMode SidecarMode is not supported by Loom: use K8sJobMode, HTTPMode or InteractiveMode")
+	}
+	if j.Spec.RayClusterSpec != nil && len(j.Spec.RayClusterSpec.HeadGroupSpec.Template.Spec.Containers) == 0 {
+		return fmt.Errorf("spec.rayClusterSpec.headGroupSpec.template has no container")
+	}
+	return nil
+}

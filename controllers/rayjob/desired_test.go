@@ -1,0 +1,109 @@
+package rayjob
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+)
+
+func TestDesiredSubmitterIsKubeRays(t *testing.T) {
+	j := baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
+	j.Spec.RuntimeEnvYAML = "env_vars:\n  A: b\n"
+	j.Spec.EntrypointNumCpus, j.Spec.EntrypointResources = 1, `{"r": 1}`
+	rc := readyCluster()
+	rc.Spec = *j.Spec.RayClusterSpec
+	sj, err := desiredSubmitter(j, j.Status, rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := sj.Spec.Template.Spec.Containers[0]
+	args := strings.Join(c.Args, " ")
+	for _, want := range []string{
+		"if ! ray job status --address http://" + j.Status.DashboardURL + " rj-abcde",
+		"ray job submit --address http://" + j.Status.DashboardURL + " --no-wait",
+		`--runtime-env-json "{\"env_vars\":{\"A\":\"b\"}}"`,
+		"--submission-id rj-abcde", "--entrypoint-num-cpus 1.000000", `--entrypoint-resources "{\"r\": 1}"`,
+		"-- python x.py ; fi ; ray job logs --address http://" + j.Status.DashboardURL + " --follow rj-abcde",
+	} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args %q lack %q", args, want)
+		}
+	}
+	if strings.Join(c.Command, " ") != "/bin/bash -ce --" && strings.Join(c.Command, " ") != "bash -ce --" && len(c.Command) == 0 {
+		t.Errorf("command %v", c.Command)
+	}
+	if c.Image != "rayproject/ray:2.46.0" || sj.Name != "rj" || sj.Spec.Template.Spec.RestartPolicy != corev1.RestartPolicyNever ||
+		ptr.Deref(sj.Spec.BackoffLimit, 0) != 2 || sj.Labels["ray.io/originated-from-crd"] != "RayJob" {
+		t.Errorf("submitter %+v", sj)
+	}
+	// A template with its own command keeps it.
+	j.Spec.SubmitterPodTemplate = &corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "mine", Image: "me", Command: []string{"run"}}}}}
+	j.Spec.SubmitterConfig = &rayv1.SubmitterConfig{BackoffLimit: ptr.To[int32](0)}
+	sj, err = desiredSubmitter(j, j.Status, rc)
+	if err != nil || sj.Spec.Template.Spec.Containers[0].Command[0] != "run" || len(sj.Spec.Template.Spec.Containers[0].Args) != 0 || *sj.Spec.BackoffLimit != 0 {
+		t.Fatalf("custom template: %+v %v", sj, err)
+	}
+}
+
+func TestDesiredClusterAndService(t *testing.T) {
+	j := baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusInitializing)
+	j.Labels = map[string]string{"team": "a"}
+	j.Annotations = map[string]string{corev1.LastAppliedConfigAnnotation: "{}", "kueue": "x"}
+	rc := desiredCluster(j, "rj-fghij")
+	if rc.Name != "rj-fghij" || rc.Labels["team"] != "a" || rc.Labels["ray.io/originated-from-cr-name"] != "rj" || rc.Annotations["kueue"] != "x" ||
+		rc.Annotations[corev1.LastAppliedConfigAnnotation] != "" || rc.Spec.HeadGroupSpec.Template.Spec.Containers[0].Image != "rayproject/ray:2.46.0" {
+		t.Fatalf("cluster %+v", rc)
+	}
+	rc.Spec.HeadGroupSpec.Template.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "dashboard", ContainerPort: 8265}}
+	svc, err := desiredService(context.Background(), j, rc)
+	if err != nil || svc.Name != "rj-head-svc" || svc.Spec.Selector["ray.io/cluster"] != "rj-fghij" {
+		t.Fatalf("service %+v %v", svc, err)
+	}
+}
+
+// KubeRay's own RayJob samples pass validation (SidecarMode ones are
+// refused with a message saying so).
+func TestValidateKubeRaySamples(t *testing.T) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/ray-project/kuberay/ray-operator").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(strings.TrimSpace(string(out)), "config", "samples", "ray-job.*.yaml"))
+	if len(files) < 10 {
+		t.Fatalf("only %d samples", len(files))
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j := &rayv1.RayJob{}
+		for _, doc := range strings.Split(string(b), "\n---\n") {
+			if strings.Contains(doc, "kind: RayJob") {
+				if err := yaml.Unmarshal([]byte(doc), j); err != nil {
+					t.Fatalf("%s: %v", f, err)
+				}
+			}
+		}
+		if j.Name == "" {
+			j.Name = j.GenerateName + "abcde" // as the API server names it
+		}
+		err = validate(normalized(j))
+		if sidecar := j.Spec.SubmissionMode == rayv1.SidecarMode; (err != nil) != sidecar {
+			t.Errorf("%s: %v", filepath.Base(f), err)
+		}
+	}
+	j := baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusNew)
+	j.Spec.Suspend = true
+	if err := validate(j); err == nil {
+		t.Fatal("suspend without shutdownAfterJobFinishes passed")
+	}
+}

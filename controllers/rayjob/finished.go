@@ -1,0 +1,108 @@
+package rayjob
+
+import (
+	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"k8s.io/utils/ptr"
+)
+
+// finished applies the clean-up a finished RayJob asks for: its
+// deletionStrategy (rules, or the legacy onSuccess/onFailure pair), else
+// shutdownAfterJobFinishes after ttlSecondsAfterFinished. A cluster picked
+// by clusterSelector is never touched.
+func finished(o observed, d *decision) {
+	d.requeue = 0
+	j := o.job
+	if selectorMode(j) || d.status.EndTime == nil {
+		return
+	}
+	end := d.status.EndTime.Time
+	switch ds := j.Spec.DeletionStrategy; {
+	case ds != nil && len(ds.DeletionRules) > 0:
+		deletionRules(o, d, end)
+	case ds != nil && ds.OnSuccess != nil && ds.OnFailure != nil:
+		var p *rayv1.DeletionPolicyType
+		switch d.status.JobStatus {
+		case rayv1.JobStatusSucceeded:
+			p = ds.OnSuccess.Policy
+		case rayv1.JobStatusFailed:
+			p = ds.OnFailure.Policy
+		}
+		if p != nil && *p != rayv1.DeleteNone && due(o, d, end.Add(ttl(j.Spec.TTLSecondsAfterFinished))) {
+			execute(o, d, *p)
+		}
+	case j.Spec.ShutdownAfterJobFinishes:
+		if due(o, d, end.Add(ttl(j.Spec.TTLSecondsAfterFinished))) {
+			execute(o, d, rayv1.DeleteCluster)
+		}
+	}
+}
+
+func ttl(s int32) time.Duration { return time.Duration(s) * time.Second }
+
+// due reports whether at has come; if not, it asks to look again then.
+func due(o observed, d *decision, at time.Time) bool {
+	if o.now.Before(at) {
+		wait := at.Sub(o.now) + time.Second
+		if d.requeue == 0 || wait < d.requeue {
+			d.requeue = wait
+		}
+		return false
+	}
+	return true
+}
+
+// deletionRules runs the most impactful rule that is due and not done yet,
+// and asks to look again when the next one comes due.
+func deletionRules(o observed, d *decision, end time.Time) {
+	order := map[rayv1.DeletionPolicyType]int{rayv1.DeleteSelf: 4, rayv1.DeleteCluster: 3, rayv1.DeleteWorkers: 2, rayv1.DeleteNone: 1}
+	var pick *rayv1.DeletionRule
+	for i, r := range o.job.Spec.DeletionStrategy.DeletionRules {
+		if r.Condition.JobStatus != d.status.JobStatus || !due(o, d, end.Add(ttl(r.Condition.TTLSeconds))) || done(o, r.Policy) {
+			continue
+		}
+		if pick == nil || order[r.Policy] > order[pick.Policy] {
+			pick = &o.job.Spec.DeletionStrategy.DeletionRules[i]
+		}
+	}
+	if pick != nil {
+		execute(o, d, pick.Policy)
+	}
+}
+
+// done reports whether what policy asks for is already the case.
+func done(o observed, p rayv1.DeletionPolicyType) bool {
+	rc := o.cluster
+	switch p {
+	case rayv1.DeleteCluster:
+		return rc == nil || rc.DeletionTimestamp != nil
+	case rayv1.DeleteWorkers:
+		if rc == nil || rc.DeletionTimestamp != nil {
+			return true
+		}
+		for _, g := range rc.Spec.WorkerGroupSpecs {
+			if !ptr.Deref(g.Suspend, false) {
+				return false
+			}
+		}
+		return true
+	case rayv1.DeleteNone:
+		return true
+	}
+	return false
+}
+
+func execute(o observed, d *decision, p rayv1.DeletionPolicyType) {
+	if done(o, p) {
+		return
+	}
+	switch p {
+	case rayv1.DeleteCluster:
+		d.deleteCluster = true
+	case rayv1.DeleteWorkers:
+		d.suspendWorkers = true
+	case rayv1.DeleteSelf:
+		d.deleteSelf = true
+	}
+}

@@ -1,0 +1,105 @@
+package rayjob
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
+	batchv1 "k8s.io/api/batch/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// normalized is the RayJob with the defaults its CRD would give (a RayJob
+// created before the CRD's defaults, or by a client that skips them).
+func normalized(j *rayv1.RayJob) *rayv1.RayJob {
+	out := j.DeepCopy()
+	if out.Spec.SubmissionMode == "" {
+		out.Spec.SubmissionMode = rayv1.K8sJobMode
+	}
+	return out
+}
+
+// observe reads what one pass needs, from the cache and, while the Ray job
+// runs, from its dashboard.
+func (r *Reconciler) observe(ctx context.Context, job *rayv1.RayJob, now time.Time) (observed, error) {
+	j := normalized(job)
+	o := observed{job: j, now: now, newJobID: utils.GenerateRayJobId(j.Name), newCluster: utils.GenerateRayClusterName(j.Name), invalid: validate(j)}
+	if o.invalid != nil {
+		return o, nil
+	}
+	st := j.Status
+	if st.RayClusterName != "" {
+		rc := &rayv1.RayCluster{}
+		err := r.Get(ctx, types.NamespacedName{Namespace: j.Namespace, Name: st.RayClusterName}, rc)
+		switch {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			return o, err
+		case !selectorMode(j) && !metav1.IsControlledBy(rc, job):
+			return o, fmt.Errorf("RayCluster %s/%s exists and does not belong to RayJob %s: Loom leaves it alone", rc.Namespace, rc.Name, j.Name)
+		default:
+			o.cluster = rc
+		}
+	}
+	if o.cluster != nil && st.DashboardURL == "" && o.cluster.Status.State == rayv1.Ready {
+		if u, err := utils.FetchHeadServiceURL(ctx, r.Client, o.cluster, utils.DashboardPortName); err == nil {
+			o.headURL = u
+		}
+	}
+	if j.Spec.SubmissionMode == rayv1.K8sJobMode {
+		sj := &batchv1.Job{}
+		err := r.Get(ctx, types.NamespacedName{Namespace: j.Namespace, Name: j.Name}, sj)
+		switch {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			return o, err
+		case metav1.IsControlledBy(sj, job):
+			o.submitter = sj
+		}
+	}
+	if st.JobDeploymentStatus == rayv1.JobDeploymentStatusRunning && st.DashboardURL != "" && st.JobId != "" && o.cluster != nil {
+		o.dash = r.askDashboard(ctx, client.ObjectKeyFromObject(j), st, now)
+	}
+	return o, nil
+}
+
+// askDashboard reads the Ray job from the dashboard, counting failed
+// requests in a row.
+func (r *Reconciler) askDashboard(ctx context.Context, key types.NamespacedName, st rayv1.RayJobStatus, now time.Time) dashObs {
+	cctx, cancel := context.WithTimeout(ctx, DashboardTimeout)
+	defer cancel()
+	info, err := r.DashboardFor(st.DashboardURL).Get(cctx, st.JobId)
+	out := dashObs{asked: true, info: info}
+	if errors.Is(err, ErrJobNotFound) {
+		out.info, out.notFound, err = nil, true, nil
+	}
+	f := r.recordDashboard(key, err, now)
+	out.err, out.failures, out.since = err, f.n, f.since
+	return out
+}
+
+// recordDashboard counts a failed request (err != nil) or resets the count.
+func (r *Reconciler) recordDashboard(key types.NamespacedName, err error, now time.Time) dashFailures {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.unreachable == nil {
+		r.unreachable = map[types.NamespacedName]dashFailures{}
+	}
+	if err == nil {
+		delete(r.unreachable, key)
+		return dashFailures{}
+	}
+	f := r.unreachable[key]
+	if f.n == 0 {
+		f.since = now
+	}
+	f.n++
+	r.unreachable[key] = f
+	return f
+}

@@ -1,0 +1,162 @@
+// Package rayjob reconciles standard ray.io/v1 RayJobs the way KubeRay's
+// RayJob controller does: a RayCluster from rayClusterSpec (owned, named
+// <rayjob>-<5 random characters>) or an existing one by clusterSelector,
+// the Ray job submitted by a submitter Job (K8sJobMode), by Loom through
+// the dashboard's Jobs API (HTTPMode) or by the user (InteractiveMode), its
+// status followed on the dashboard, retries on a new cluster
+// (backoffLimit), suspension, deadlines and clean-up after the job.
+//
+// Loom's raycluster controller runs the clusters it creates; this package
+// never builds pods. A pass observes the RayJob, its cluster, submitter Job
+// and the dashboard; decide (decide.go, running.go, finished.go) is the
+// pure state machine; the children are written through one apply.Writer,
+// then the status. The job id and the cluster name are in the status before
+// anything is created or submitted, so a restart submits exactly once.
+package rayjob
+
+import (
+	"context"
+	"os"
+	"sync"
+	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/crdinstall"
+	"github.com/loom-dev/loom/internal/manager"
+)
+
+// FieldOwner is the server-side-apply field manager of the RayJob
+// reconciler.
+const FieldOwner = "loom-rayjob"
+
+// EnvDashboardOverride, set in the manager's environment, sends every
+// dashboard request to this address instead of the cluster's head Service.
+// It is for tests (a simulated cluster's head pod runs no dashboard), never
+// for production.
+const EnvDashboardOverride = "LOOM_RAY_DASHBOARD_URL_OVERRIDE"
+
+// +kubebuilder:rbac:groups=ray.io,resources=rayjobs,verbs=get;list;watch;patch;update;delete
+// +kubebuilder:rbac:groups=ray.io,resources=rayjobs/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=ray.io,resources=rayjobs/finalizers,verbs=update
+// +kubebuilder:rbac:groups=ray.io,resources=rayclusters,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch
+
+func init() {
+	// Loom runs deletionStrategy: KubeRay's validation asks for its gate.
+	if err := utilfeature.DefaultMutableFeatureGate.SetFromMap(map[string]bool{"RayJobDeletionPolicy": true}); err != nil {
+		panic(err)
+	}
+}
+
+// Reconciler reconciles RayJobs.
+type Reconciler struct {
+	client.Client
+	APIReader client.Reader
+	Recorder  recorder.EventRecorder
+	// DashboardFor is the dashboard client for a cluster's dashboard
+	// address (status.dashboardURL).
+	DashboardFor func(address string) Dashboard
+
+	writer *apply.Writer
+	mu     sync.Mutex
+	// unreachable counts each RayJob's failed dashboard requests in a row.
+	unreachable map[types.NamespacedName]dashFailures
+}
+
+type dashFailures struct {
+	n     int
+	since time.Time
+}
+
+// Setup registers the RayJob reconciler with the manager.
+func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
+	log := ctrl.Log.WithName("rayjob")
+	present, err := crdinstall.Ensure(ctx, mgr.GetClient(), mgr.GetAPIReader(), crd, opts.InstallRayCRD)
+	if err != nil {
+		return err
+	}
+	rcCRD := &apiextensionsv1.CustomResourceDefinition{}
+	if err := mgr.GetAPIReader().Get(ctx, client.ObjectKey{Name: "rayclusters.ray.io"}, rcCRD); client.IgnoreNotFound(err) != nil {
+		return err
+	} else if err != nil || !present {
+		log.Info("the RayJob or RayCluster CRD is not installed and --install-ray-crd is off: the rayjob controller stays off; install KubeRay's CRDs and restart the manager, or set rayCluster.installCRD")
+		return nil
+	}
+	override := os.Getenv(EnvDashboardOverride)
+	if override != "" {
+		log.Info("every Ray dashboard request goes to "+override+" ("+EnvDashboardOverride+", for tests only)", "address", override)
+	}
+	r := &Reconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorder("loom-rayjob"),
+		DashboardFor: func(address string) Dashboard {
+			if override != "" {
+				address = override
+			}
+			return NewHTTPDashboard(address, DashboardTimeout)
+		},
+	}
+	r.writer = apply.NewWriter(r.Client, FieldOwner, apply.Options{Live: r.APIReader})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("rayjob").
+		For(&rayv1.RayJob{}).
+		Owns(&rayv1.RayCluster{}).
+		Owns(&batchv1.Job{}).
+		Owns(&corev1.Service{}).
+		Complete(r)
+}
+
+// Reconcile observes the RayJob, its cluster, submitter and dashboard,
+// decides, writes the children, then the status.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	job := &rayv1.RayJob{}
+	if err := r.Get(ctx, req.NamespacedName, job); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+		}
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if utils.ManagedByExternalController(job.Spec.ManagedBy) != nil {
+		return ctrl.Result{}, nil // another controller (MultiKueue) runs it
+	}
+	if job.DeletionTimestamp != nil {
+		return ctrl.Result{}, r.finalize(ctx, job)
+	}
+	if err := r.addFinalizer(ctx, job); err != nil {
+		return ctrl.Result{}, err
+	}
+	obs, err := r.observe(ctx, job, time.Now())
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	d := decide(obs)
+	if err := r.write(ctx, obs, d); err != nil {
+		return ctrl.Result{}, err
+	}
+	if _, err := r.writer.Status(ctx, job, &job.Status, &d.status); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: d.requeue}, nil
+}
+
+func (r *Reconciler) forget(key types.NamespacedName) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.unreachable, key)
+}

@@ -1,0 +1,181 @@
+package rayjob
+
+import (
+	"fmt"
+	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// running follows the Ray job on the dashboard (and, in K8sJobMode, the
+// submitter Job) until both say it is over.
+func running(o observed, d *decision) {
+	st := &d.status
+	if suspendOrDeadline(o, st) || terminalTooLong(o, st) || !clusterPresent(o, d) {
+		return
+	}
+	d.ensureService = !selectorMode(o.job)
+	var finishedAt *time.Time
+	if o.job.Spec.SubmissionMode == rayv1.K8sJobMode {
+		if o.submitter == nil {
+			d.createSubmitter = true
+		} else {
+			var failed *batchv1.JobCondition
+			finishedAt, failed = submitterFinished(o.submitter)
+			if failed != nil {
+				st.JobDeploymentStatus, st.Reason = rayv1.JobDeploymentStatusFailed, rayv1.AppFailed
+				if st.JobStatus != rayv1.JobStatusFailed {
+					st.Reason = rayv1.SubmissionFailed
+					st.Message = fmt.Sprintf("Job submission has failed. Reason: %s. Message: %s", failed.Reason, failed.Message)
+				}
+				return
+			}
+			if finishedAt != nil && !o.now.Before(finishedAt.Add(submitterFinishedTimeout)) && !o.dashTerminal() {
+				st.JobStatus, st.JobDeploymentStatus = rayv1.JobStatusFailed, rayv1.JobDeploymentStatusFailed
+				st.Reason = rayv1.JobDeploymentStatusTransitionGracePeriodExceeded
+				st.Message = fmt.Sprintf("The RayJob submitter finished at %s but the Ray job did not reach a terminal state within %s",
+					finishedAt.UTC().Format(time.RFC3339), submitterFinishedTimeout)
+				return
+			}
+		}
+	}
+	followDashboard(o, d, finishedAt)
+}
+
+func (o observed) dashTerminal() bool {
+	return o.dash.info != nil && rayv1.IsJobTerminal(o.dash.info.JobStatus)
+}
+
+// followDashboard turns what the dashboard said into the status.
+func followDashboard(o observed, d *decision, finishedAt *time.Time) {
+	st := &d.status
+	switch {
+	case !o.dash.asked:
+		return
+	case o.dash.err != nil:
+		wait := dashboardBackoff(o.dash.failures)
+		st.Message = fmt.Sprintf("cannot reach the Ray dashboard at %s (%d failed requests since %s): %v; asking again in %s",
+			st.DashboardURL, o.dash.failures, o.dash.since.UTC().Format(time.RFC3339), o.dash.err, wait)
+		d.requeue = wait
+		return
+	case o.dash.notFound:
+		switch {
+		case o.job.Spec.SubmissionMode == rayv1.HTTPMode:
+			d.submit = true
+			st.Message = fmt.Sprintf("submitting Ray job %s to %s", st.JobId, st.DashboardURL)
+		case finishedAt != nil:
+			st.JobDeploymentStatus, st.Reason = rayv1.JobDeploymentStatusFailed, rayv1.AppFailed
+			st.Message = "Submitter completed but Ray job not found in RayCluster."
+		case o.job.Spec.SubmissionMode == rayv1.K8sJobMode:
+			st.Message = fmt.Sprintf("waiting for the submitter Job %s to submit Ray job %s", o.job.Name, st.JobId)
+		default:
+			st.Message = fmt.Sprintf("Ray job %s is not on RayCluster %s yet", st.JobId, st.RayClusterName)
+		}
+		return
+	}
+	info := o.dash.info
+	jds, reason := rayv1.JobDeploymentStatusRunning, rayv1.JobFailedReason("")
+	terminal := rayv1.IsJobTerminal(info.JobStatus)
+	if o.job.Spec.SubmissionMode == rayv1.K8sJobMode {
+		terminal = terminal && finishedAt != nil
+	}
+	if terminal {
+		jds = rayv1.JobDeploymentStatusComplete
+		if info.JobStatus == rayv1.JobStatusFailed {
+			jds, reason = rayv1.JobDeploymentStatusFailed, rayv1.AppFailed
+		}
+	}
+	st.RayClusterStatus = *o.cluster.Status.DeepCopy()
+	st.JobStatus, st.JobDeploymentStatus, st.Reason, st.Message = info.JobStatus, jds, reason, info.Message
+	if info.StartTime != 0 {
+		st.RayJobStatusInfo.StartTime = &metav1.Time{Time: time.UnixMilli(int64(info.StartTime))} //nolint:gosec // Ray keeps int64 milliseconds
+	}
+	if info.EndTime != 0 {
+		st.RayJobStatusInfo.EndTime = &metav1.Time{Time: time.UnixMilli(int64(info.EndTime))} //nolint:gosec // as above
+	}
+}
+
+// terminalTooLong finishes a RayJob whose Ray job has been terminal for
+// the grace period without the RayJob following (a submitter that never
+// finishes).
+func terminalTooLong(o observed, st *rayv1.RayJobStatus) bool {
+	end := st.RayJobStatusInfo.EndTime
+	if !rayv1.IsJobTerminal(st.JobStatus) || end == nil || o.now.Before(end.Add(terminalGracePeriod)) {
+		return false
+	}
+	st.JobDeploymentStatus = rayv1.JobDeploymentStatusComplete
+	if st.JobStatus == rayv1.JobStatusFailed {
+		st.JobDeploymentStatus = rayv1.JobDeploymentStatusFailed
+	}
+	st.Reason = rayv1.JobDeploymentStatusTransitionGracePeriodExceeded
+	st.Message = "JobDeploymentStatus does not transition to Complete or Failed within the grace period after JobStatus reaches a terminal state."
+	return true
+}
+
+// submitterFinished is when the submitter Job finished (nil: not yet) and
+// its Failed condition, if it failed.
+func submitterFinished(j *batchv1.Job) (*time.Time, *batchv1.JobCondition) {
+	var at *time.Time
+	var failed *batchv1.JobCondition
+	for i := range j.Status.Conditions {
+		c := &j.Status.Conditions[i]
+		if c.Status != corev1.ConditionTrue || (c.Type != batchv1.JobComplete && c.Type != batchv1.JobFailed) {
+			continue
+		}
+		if c.Type == batchv1.JobFailed {
+			failed = c
+		}
+		if !c.LastTransitionTime.IsZero() && at == nil {
+			t := c.LastTransitionTime.Time
+			at = &t
+		}
+	}
+	return at, failed
+}
+
+// tearDown deletes the cluster and the submitter (before a suspension or a
+// retry), then resets the Ray job's part of the status.
+func tearDown(o observed, d *decision) {
+	st := &d.status
+	clusterGone := selectorMode(o.job) || o.cluster == nil
+	submitterGone := o.job.Spec.SubmissionMode != rayv1.K8sJobMode || o.submitter == nil
+	d.deleteCluster = !clusterGone && o.cluster.DeletionTimestamp == nil
+	d.deleteSubmitter = !submitterGone && o.submitter.DeletionTimestamp == nil
+	if !clusterGone || !submitterGone {
+		st.Message = fmt.Sprintf("releasing RayCluster %s and the submitter Job before %s", st.RayClusterName,
+			map[bool]string{true: "suspending", false: "retrying"}[st.JobDeploymentStatus == rayv1.JobDeploymentStatusSuspending])
+		return
+	}
+	st.RayClusterStatus = rayv1.RayClusterStatus{}
+	st.RayClusterName, st.DashboardURL, st.JobId, st.Message, st.Reason = "", "", "", "", ""
+	st.RayJobStatusInfo = rayv1.RayJobStatusInfo{}
+	st.JobStatus = rayv1.JobStatusNew
+	if st.JobDeploymentStatus == rayv1.JobDeploymentStatusSuspending {
+		st.JobDeploymentStatus = rayv1.JobDeploymentStatusSuspended
+	} else {
+		st.JobDeploymentStatus = rayv1.JobDeploymentStatusNew
+	}
+}
+
+// countAndRetry counts a pass's success or failure and turns a failure
+// with retries left (backoffLimit) into Retrying: a new cluster, a new
+// submission id. A deadline is not retried.
+func countAndRetry(j *rayv1.RayJob, st *rayv1.RayJobStatus) {
+	failed, succeeded := ptr.Deref(st.Failed, 0), ptr.Deref(st.Succeeded, 0)
+	if st.JobDeploymentStatus == rayv1.JobDeploymentStatusFailed {
+		failed++
+	}
+	if st.JobStatus == rayv1.JobStatusSucceeded && st.JobDeploymentStatus == rayv1.JobDeploymentStatusComplete {
+		succeeded++
+	}
+	st.Failed, st.Succeeded = ptr.To(failed), ptr.To(succeeded)
+	if st.JobDeploymentStatus == rayv1.JobDeploymentStatusFailed && j.Spec.BackoffLimit != nil &&
+		failed < *j.Spec.BackoffLimit+1 && st.Reason != rayv1.DeadlineExceeded {
+		st.JobDeploymentStatus = rayv1.JobDeploymentStatusRetrying
+		st.Message = fmt.Sprintf("attempt %d of %d failed (%s): %s; retrying on a new RayCluster", failed, *j.Spec.BackoffLimit+1, st.Reason, st.Message)
+	}
+}

@@ -1,0 +1,143 @@
+package rayjob
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
+	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils/dashboardclient"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+)
+
+// write makes the children what the decision says, then submits.
+func (r *Reconciler) write(ctx context.Context, o observed, d decision) error {
+	owner := o.job
+	if d.createCluster {
+		if err := r.writer.Ensure(ctx, owner, desiredCluster(o.job, d.status.RayClusterName)); err != nil {
+			return err
+		}
+		r.event(owner, corev1.EventTypeNormal, "CreatedRayCluster", "Created RayCluster %s/%s", owner.Namespace, d.status.RayClusterName)
+	}
+	if d.createSubmitter && o.cluster != nil {
+		sj, err := desiredSubmitter(o.job, d.status, o.cluster)
+		if err != nil {
+			return err
+		}
+		if err := r.writer.Ensure(ctx, owner, sj); err != nil {
+			return err
+		}
+		r.event(owner, corev1.EventTypeNormal, "CreatedRayJobSubmitter", "Created Kubernetes Job %s/%s", sj.Namespace, sj.Name)
+	}
+	if d.ensureService && o.cluster != nil {
+		svc, err := desiredService(ctx, o.job, o.cluster)
+		if err != nil {
+			return err
+		}
+		if err := r.writer.Ensure(ctx, owner, svc); err != nil {
+			return err
+		}
+	}
+	if err := r.release(ctx, o, d); err != nil {
+		return err
+	}
+	if d.deleteSelf {
+		return r.writer.Delete(ctx, owner, "deletionStrategy DeleteSelf")
+	}
+	if d.submit {
+		return r.submit(ctx, o, d.status)
+	}
+	return nil
+}
+
+// release deletes the cluster and the submitter, or suspends the workers.
+func (r *Reconciler) release(ctx context.Context, o observed, d decision) error {
+	if d.deleteCluster && o.cluster != nil {
+		if err := r.writer.Remove(ctx, o.job, o.cluster); err != nil {
+			return err
+		}
+		r.event(o.job, corev1.EventTypeNormal, "DeletedRayCluster", "Deleted cluster %s/%s", o.cluster.Namespace, o.cluster.Name)
+	}
+	if d.deleteSubmitter && o.submitter != nil {
+		if err := r.writer.Remove(ctx, o.job, o.submitter); err != nil {
+			return err
+		}
+	}
+	if d.suspendWorkers && o.cluster != nil {
+		rc := desiredCluster(o.job, o.cluster.Name)
+		for i := range rc.Spec.WorkerGroupSpecs {
+			rc.Spec.WorkerGroupSpecs[i].Suspend = ptr.To(true)
+		}
+		if err := r.writer.Ensure(ctx, o.job, rc); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// submit sends the Ray job to the dashboard (HTTPMode). The job id is in
+// the status already and the dashboard said it does not know it.
+func (r *Reconciler) submit(ctx context.Context, o observed, st rayv1.RayJobStatus) error {
+	j := o.job.DeepCopy()
+	j.Status = st
+	req, err := dashboardclient.ConvertRayJobToReq(j)
+	if err != nil {
+		return fmt.Errorf("building the submission of Ray job %s: %w", st.JobId, err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, DashboardTimeout)
+	defer cancel()
+	_, err = r.DashboardFor(st.DashboardURL).Submit(cctx, req)
+	if err != nil && strings.Contains(err.Error(), "already exists") {
+		err = nil // submitted by an earlier pass whose answer was lost
+	}
+	r.recordDashboard(client.ObjectKeyFromObject(j), err, time.Now())
+	if err != nil {
+		return fmt.Errorf("submitting Ray job %s to %s: %w", st.JobId, st.DashboardURL, err)
+	}
+	r.event(o.job, corev1.EventTypeNormal, "SubmittedRayJob", "Submitted Ray job %s to RayCluster %s", st.JobId, st.RayClusterName)
+	return nil
+}
+
+// addFinalizer adds KubeRay's stop-job finalizer to a new RayJob, so that
+// deleting it stops its Ray job.
+func (r *Reconciler) addFinalizer(ctx context.Context, job *rayv1.RayJob) error {
+	if job.Status.JobDeploymentStatus != rayv1.JobDeploymentStatusNew || controllerutil.ContainsFinalizer(job, utils.RayJobStopJobFinalizer) {
+		return nil
+	}
+	patch := client.MergeFromWithOptions(job.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	controllerutil.AddFinalizer(job, utils.RayJobStopJobFinalizer)
+	return r.writer.Patch(ctx, job, patch, "add the stop-job finalizer")
+}
+
+// finalize stops a deleted RayJob's Ray job if it may still run, then
+// removes the finalizer whether the stop worked or not (as KubeRay).
+func (r *Reconciler) finalize(ctx context.Context, job *rayv1.RayJob) error {
+	if !controllerutil.ContainsFinalizer(job, utils.RayJobStopJobFinalizer) {
+		return nil
+	}
+	st := job.Status
+	if !rayv1.IsJobTerminal(st.JobStatus) && st.DashboardURL != "" && st.JobId != "" {
+		cctx, cancel := context.WithTimeout(ctx, DashboardTimeout)
+		err := r.DashboardFor(st.DashboardURL).Stop(cctx, st.JobId)
+		cancel()
+		if err != nil {
+			log.FromContext(ctx).Info("could not stop the Ray job of a deleted RayJob", "jobId", st.JobId, "error", err.Error())
+		}
+	}
+	patch := client.MergeFromWithOptions(job.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	controllerutil.RemoveFinalizer(job, utils.RayJobStopJobFinalizer)
+	r.forget(client.ObjectKeyFromObject(job))
+	return r.writer.Patch(ctx, job, patch, "remove the stop-job finalizer")
+}
+
+func (r *Reconciler) event(obj *rayv1.RayJob, kind, reason, format string, args ...any) {
+	if r.Recorder != nil {
+		r.Recorder.Eventf(obj, nil, kind, reason, reason, format, args...)
+	}
+}

@@ -1,0 +1,251 @@
+package training
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/kueue"
+	"github.com/loom-dev/loom/internal/optional"
+)
+
+// TrainingJobs are a Kueue external framework (Kueue's
+// integrations.externalFrameworks: TrainingJob.v1alpha1.training.loom.dev):
+// Loom, not Kueue, creates each queued job's Workload and starts and stops
+// the gang on Kueue's word.
+//
+// A job carrying kueue.x-k8s.io/queue-name is held like a suspended one
+// (no pods, state Suspended, the Suspended condition saying it waits for
+// Kueue) until its Workload is admitted, without Loom writing the job's
+// spec: Loom has no admission webhook to default runPolicy.suspend at
+// creation, and a controller that set it on first sight would race the
+// job's first pass. The admitted flavours' node labels and tolerations are
+// added to the pods Loom builds, outside spec.replicaSpecs. An eviction
+// (preemption, a stopped queue) holds the whole gang again: its pods are
+// deleted, and once none is left the Workload's quota is released so that
+// Kueue can admit it again; the next admission starts a new attempt.
+//
+// +kubebuilder:rbac:groups=kueue.x-k8s.io,resources=workloads,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups=kueue.x-k8s.io,resources=workloads/status,verbs=get;patch
+// +kubebuilder:rbac:groups=kueue.x-k8s.io,resources=resourceflavors;workloadpriorityclasses,verbs=get;list;watch
+
+var trainingJobGVK = trainingv1alpha1.GroupVersion.WithKind("TrainingJob")
+
+// kueueObs is what a pass knows of a queued job's Workload.
+type kueueObs struct {
+	// queued: the job names a LocalQueue.
+	queued bool
+	// served: Kueue's Workload CRD is installed and served.
+	served bool
+	wl     *kueue.Workload
+	// placement per role, from the admitted flavours.
+	placement map[trainingv1alpha1.Role]kueue.Placement
+	// priority is the WorkloadPriorityClass's value, when the job names one
+	// that exists.
+	priority *int32
+}
+
+// holds: the gang may not run now (not admitted, or evicted).
+func (k *kueueObs) holds() bool {
+	return k.queued && (!k.wl.Admitted() || k.wl.Evicted() != nil)
+}
+
+// kueueJobs reads Workloads and ResourceFlavors for the reconciler.
+type kueueJobs struct {
+	cache  client.Reader
+	live   client.Reader
+	kind   *optional.Kind
+	client client.Client
+}
+
+func newKueueJobs(c client.Client, live client.Reader, ca cache.Cache, ctl controller.Controller, scheme *runtime.Scheme) *kueueJobs {
+	k := &kueueJobs{cache: ca, live: live, client: c}
+	k.kind = &optional.Kind{CRD: kueue.WorkloadCRD, GVK: kueue.WorkloadGVK, Watch: func() error {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(kueue.WorkloadGVK)
+		return ctl.Watch(source.Kind[client.Object](ca, u,
+			handler.EnqueueRequestForOwner(scheme, c.RESTMapper(), &trainingv1alpha1.TrainingJob{}, handler.OnlyControllerOwner())))
+	}}
+	return k
+}
+
+// observe fills obs.kueue for a job that names a LocalQueue.
+func (k *kueueJobs) observe(ctx context.Context, job *trainingv1alpha1.TrainingJob, obs *observed) error {
+	obs.kueue = kueueObs{queued: job.Labels[kueue.QueueLabel] != ""}
+	if !obs.kueue.queued || k == nil {
+		return nil
+	}
+	served, err := k.kind.Served(ctx, k.client)
+	if err != nil || !served {
+		return err
+	}
+	obs.kueue.served = true
+	if pc := job.Labels[kueue.PriorityClassLabel]; pc != "" {
+		if obs.kueue.priority, err = k.priorityValue(ctx, pc); err != nil {
+			return err
+		}
+	}
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(kueue.WorkloadGVK)
+	key := types.NamespacedName{Namespace: job.Namespace, Name: kueue.WorkloadName(job.Name, job.UID, trainingJobGVK)}
+	if err := k.cache.Get(ctx, key, u); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	wl := &kueue.Workload{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, wl); err != nil {
+		return fmt.Errorf("reading Workload %s: %w", key, err)
+	}
+	obs.kueue.wl = wl
+	if !wl.Admitted() {
+		return nil
+	}
+	return k.placements(ctx, wl, obs)
+}
+
+func (k *kueueJobs) priorityValue(ctx context.Context, name string) (*int32, error) {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(kueue.WorkloadPriorityClassGVK)
+	if err := k.live.Get(ctx, client.ObjectKey{Name: name}, u); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	v, ok, _ := unstructured.NestedInt64(u.Object, "value")
+	if !ok {
+		return nil, nil
+	}
+	p := int32(v)
+	return &p, nil
+}
+
+// placements reads the admitted flavours and turns them into each role's
+// node selector and tolerations.
+func (k *kueueJobs) placements(ctx context.Context, wl *kueue.Workload, obs *observed) error {
+	flavors := map[string]*kueue.ResourceFlavor{}
+	obs.kueue.placement = map[trainingv1alpha1.Role]kueue.Placement{}
+	for _, role := range roles {
+		names := wl.Flavors(string(role))
+		for _, n := range names {
+			if _, ok := flavors[n]; ok {
+				continue
+			}
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(kueue.ResourceFlavorGVK)
+			if err := k.live.Get(ctx, client.ObjectKey{Name: n}, u); err != nil {
+				return fmt.Errorf("reading ResourceFlavor %s of Workload %s: %w", n, wl.Name, err)
+			}
+			f := &kueue.ResourceFlavor{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, f); err != nil {
+				return err
+			}
+			flavors[n] = f
+		}
+		obs.kueue.placement[role] = kueue.PlacementOf(names, flavors)
+	}
+	return nil
+}
+
+// desiredWorkload is the job's Workload: pod sets master and worker (a
+// role without replicas is left out) with their pod templates, the queue
+// and the priority class.
+func desiredWorkload(job *trainingv1alpha1.TrainingJob, priority *int32) *unstructured.Unstructured {
+	wl := &kueue.Workload{Spec: kueue.WorkloadSpec{QueueName: job.Labels[kueue.QueueLabel], PodSets: podSets(job)}}
+	wl.APIVersion, wl.Kind = kueue.WorkloadGVK.GroupVersion().String(), kueue.WorkloadGVK.Kind
+	wl.Name = kueue.WorkloadName(job.Name, job.UID, trainingJobGVK)
+	wl.Namespace = job.Namespace
+	wl.Labels = map[string]string{kueue.JobUIDLabel: string(job.UID)}
+	if pc := job.Labels[kueue.PriorityClassLabel]; pc != "" && priority != nil {
+		wl.Spec.PriorityClassRef = &kueue.PriorityClassRef{Group: kueue.Group, Kind: "WorkloadPriorityClass", Name: pc}
+		wl.Spec.Priority = priority
+	}
+	obj, _ := runtime.DefaultUnstructuredConverter.ToUnstructured(wl)
+	u := &unstructured.Unstructured{Object: obj}
+	unstructured.RemoveNestedField(u.Object, "status")
+	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
+	return u
+}
+
+func podSets(job *trainingv1alpha1.TrainingJob) []kueue.PodSet {
+	var out []kueue.PodSet
+	for _, role := range roles {
+		n := replicas(job, role)
+		rs := replicaSpec(job, role)
+		if rs == nil || n == 0 {
+			continue
+		}
+		t := rs.Template.DeepCopy()
+		t.Spec.RestartPolicy = corev1.RestartPolicyNever
+		out = append(out, kueue.PodSet{Name: string(role), Count: n, Template: *t})
+	}
+	return out
+}
+
+// kueueQueueLabel names a job's LocalQueue.
+const kueueQueueLabel = kueue.QueueLabel
+
+// kueueCRDRetry is how often a queued job looks for Kueue's Workload CRD.
+const kueueCRDRetry = 10 * time.Second
+
+// syncWorkload is the write side of the Kueue contract, after the pods: the
+// job's Workload is created (and replaced while it holds no quota if the
+// job's pod sets changed), an evicted Workload's quota is released once the
+// gang is gone, and the Workload of an ended job is marked Finished.
+func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.TrainingJob, obs observed, d *decision) error {
+	k := obs.kueue
+	if !k.queued || !k.served {
+		return nil
+	}
+	wl := k.wl
+	now := obs.now
+	switch {
+	case wl == nil && !d.status.Finished():
+		return r.writer.Ensure(ctx, job, desiredWorkload(job, k.priority))
+	case wl == nil || wl.Finished():
+		return nil
+	case d.status.Finished():
+		msg := "the TrainingJob " + string(d.status.State)
+		return r.patchWorkloadStatus(ctx, wl, kueue.FinishStatus(wl, d.status.State == trainingv1alpha1.StateSucceeded, msg, now), "the job ended")
+	case wl.Evicted() != nil && wl.QuotaReserved() && len(ownPods(job, obs.pods)) == 0:
+		return r.patchWorkloadStatus(ctx, wl, kueue.ReleaseStatus(wl, now), "evicted and the gang is gone: release the quota")
+	case !wl.QuotaReserved() && !wl.SamePodSets(podSets(job)):
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(kueue.WorkloadGVK)
+		u.SetNamespace(wl.Namespace)
+		u.SetName(wl.Name)
+		u.SetUID(wl.UID)
+		return r.writer.Delete(ctx, u, "the job's pod sets changed")
+	}
+	return nil
+}
+
+// patchWorkloadStatus merge-patches the Workload's status subresource,
+// guarded by the resourceVersion read: Kueue writes the same conditions,
+// and a patch from a stale copy must fail (the next pass retries) rather
+// than undo Kueue's newer word.
+func (r *Reconciler) patchWorkloadStatus(ctx context.Context, wl *kueue.Workload, patch map[string]any, why string) error {
+	patch["metadata"] = map[string]any{"resourceVersion": wl.ResourceVersion}
+	b, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(kueue.WorkloadGVK)
+	u.SetNamespace(wl.Namespace)
+	u.SetName(wl.Name)
+	log.FromContext(ctx).V(1).Info("patch", "kind", "Workload", "object", client.ObjectKeyFromObject(u), "fieldOwner", FieldOwner, "why", why)
+	if err := r.Status().Patch(ctx, u, client.RawPatch(types.MergePatchType, b), client.FieldOwner(FieldOwner)); err != nil {
+		return fmt.Errorf("patching the status of Workload %s/%s: %w", wl.Namespace, wl.Name, err)
+	}
+	return nil
+}

@@ -1,0 +1,82 @@
+// Package crdinstall applies a third-party CRD Loom carries (KubeRay's
+// RayCluster and RayJob CRDs) when it is absent, upgrades one Loom applied
+// before, and leaves one someone else installed alone.
+package crdinstall
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/loom-dev/loom/internal/apply"
+)
+
+// CRD is one CRD Loom may install.
+type CRD struct {
+	// Name is the CRD's name (plural.group).
+	Name string
+	// Manifest is its YAML, as copied from the module Loom builds against.
+	Manifest []byte
+	// FieldOwner is the field manager Loom applies it as.
+	FieldOwner string
+}
+
+// Ensure makes the CRD exist. Absent, it is applied server-side (these CRDs
+// are past client-side apply's annotation limit) when install is true;
+// present and applied by Loom before (FieldOwner among its managers), it is
+// re-applied so a Loom upgrade upgrades it; present and someone else's, it
+// is left alone. It returns whether the CRD exists (and is established)
+// afterwards.
+func Ensure(ctx context.Context, c client.Client, reader client.Reader, crd CRD, install bool) (bool, error) {
+	have := &apiextensionsv1.CustomResourceDefinition{}
+	err := reader.Get(ctx, client.ObjectKey{Name: crd.Name}, have)
+	switch {
+	case err == nil && !AppliedBy(have, crd.FieldOwner):
+		return true, nil
+	case err != nil && !apierrors.IsNotFound(err):
+		return false, fmt.Errorf("reading CRD %s: %w", crd.Name, err)
+	case err != nil && !install:
+		return false, nil
+	case err == nil && !install:
+		return true, nil
+	}
+	u := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal(crd.Manifest, &u.Object); err != nil {
+		return false, fmt.Errorf("embedded CRD %s: %w", crd.Name, err)
+	}
+	if u.GetName() != crd.Name {
+		return false, fmt.Errorf("embedded CRD is %q, want %q", u.GetName(), crd.Name)
+	}
+	if err := apply.NewWriter(c, crd.FieldOwner, apply.Options{}).ApplyFields(ctx, u, true, "install or upgrade "+crd.Name); err != nil {
+		return false, err
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := reader.Get(ctx, client.ObjectKey{Name: crd.Name}, have); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		for _, cond := range have.Status.Conditions {
+			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	return err == nil, err
+}
+
+// AppliedBy reports whether owner is one of crd's field managers.
+func AppliedBy(crd *apiextensionsv1.CustomResourceDefinition, owner string) bool {
+	for _, m := range crd.ManagedFields {
+		if m.Manager == owner {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,138 @@
+// Package kueue is Loom's adapter to Kueue's Workload API (kueue.x-k8s.io
+// v1beta2, the storage version Kueue v0.17 serves): TrainingJobs are a Kueue
+// "external framework", so Loom implements the part of Kueue's jobframework
+// contract that a job controller owns. A job carrying the
+// kueue.x-k8s.io/queue-name label gets one Workload (its pod sets, owner
+// reference and name as jobframework builds them); the job runs only while
+// that Workload is admitted, with the admitted flavours' node labels and
+// tolerations on its pods; an evicted Workload's gang is stopped and its
+// quota reservation released; a Workload of a job that ended is marked
+// Finished.
+//
+// The Workload is handled as an unstructured object with the few typed
+// fields below rather than through Kueue's Go API types: requiring
+// sigs.k8s.io/kueue (even its API package alone) raises
+// github.com/ray-project/kuberay/ray-operator from v1.5.0 to v1.6.0, whose
+// builders controllers/raycluster calls with other signatures, and Kueue's
+// jobframework library does not compile against Loom's k8s.io/api. The JSON
+// field names here are Kueue v1beta2's.
+package kueue
+
+import (
+	"crypto/sha1" //nolint:gosec // jobframework's workload names are a SHA-1 prefix; not a security use.
+	"encoding/hex"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Labels Kueue reads on jobs and writes on Workloads.
+const (
+	// QueueLabel names the LocalQueue of a job; a job without it is not
+	// Kueue's.
+	QueueLabel = "kueue.x-k8s.io/queue-name"
+	// PriorityClassLabel names a WorkloadPriorityClass.
+	PriorityClassLabel = "kueue.x-k8s.io/priority-class"
+	// JobUIDLabel on a Workload is its job's UID.
+	JobUIDLabel = "kueue.x-k8s.io/job-uid"
+)
+
+// Workload condition types (Kueue's).
+const (
+	CondQuotaReserved = "QuotaReserved"
+	CondAdmitted      = "Admitted"
+	CondEvicted       = "Evicted"
+	CondFinished      = "Finished"
+)
+
+// Group is Kueue's API group.
+const Group = "kueue.x-k8s.io"
+
+var (
+	// WorkloadGVK is the Workload kind at its storage version.
+	WorkloadGVK = schema.GroupVersionKind{Group: Group, Version: "v1beta2", Kind: "Workload"}
+	// ResourceFlavorGVK is the ResourceFlavor kind.
+	ResourceFlavorGVK = schema.GroupVersionKind{Group: Group, Version: "v1beta2", Kind: "ResourceFlavor"}
+	// WorkloadPriorityClassGVK is the WorkloadPriorityClass kind.
+	WorkloadPriorityClassGVK = schema.GroupVersionKind{Group: Group, Version: "v1beta2", Kind: "WorkloadPriorityClass"}
+)
+
+// WorkloadCRD is the Workload CRD's name.
+const WorkloadCRD = "workloads.kueue.x-k8s.io"
+
+// Workload is the part of a Kueue Workload Loom reads and writes.
+type Workload struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec              WorkloadSpec   `json:"spec"`
+	Status            WorkloadStatus `json:"status,omitempty"`
+}
+
+// WorkloadSpec is the Workload's spec.
+type WorkloadSpec struct {
+	PodSets          []PodSet          `json:"podSets"`
+	QueueName        string            `json:"queueName,omitempty"`
+	PriorityClassRef *PriorityClassRef `json:"priorityClassRef,omitempty"`
+	Priority         *int32            `json:"priority,omitempty"`
+}
+
+// PriorityClassRef names the Workload's priority class.
+type PriorityClassRef struct {
+	Group string `json:"group,omitempty"`
+	Kind  string `json:"kind,omitempty"`
+	Name  string `json:"name,omitempty"`
+}
+
+// PodSet is one group of identical pods.
+type PodSet struct {
+	Name     string                 `json:"name"`
+	Template corev1.PodTemplateSpec `json:"template"`
+	Count    int32                  `json:"count"`
+}
+
+// WorkloadStatus is the Workload's status.
+type WorkloadStatus struct {
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	Admission  *Admission         `json:"admission,omitempty"`
+}
+
+// Admission is where Kueue admitted the Workload.
+type Admission struct {
+	ClusterQueue      string             `json:"clusterQueue"`
+	PodSetAssignments []PodSetAssignment `json:"podSetAssignments"`
+}
+
+// PodSetAssignment is one pod set's flavours and usage.
+type PodSetAssignment struct {
+	Name          string                         `json:"name"`
+	Flavors       map[corev1.ResourceName]string `json:"flavors,omitempty"`
+	ResourceUsage corev1.ResourceList            `json:"resourceUsage,omitempty"`
+	Count         *int32                         `json:"count,omitempty"`
+}
+
+// ResourceFlavor is the part of a ResourceFlavor that reaches pods.
+type ResourceFlavor struct {
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec              struct {
+		NodeLabels  map[string]string   `json:"nodeLabels,omitempty"`
+		Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+	} `json:"spec"`
+}
+
+// WorkloadName is the Workload name Kueue's jobframework gives the Workload
+// of a job (GetWorkloadNameForOwnerWithGVK): "<kind>-<name>" truncated to 247
+// characters, "-", and five hex digits of a SHA-1 of the kind, group, name
+// and UID.
+func WorkloadName(name string, uid types.UID, gvk schema.GroupVersionKind) string {
+	const hashLength, maxName = 5, 253
+	prefix := strings.ToLower(gvk.Kind) + "-" + name
+	if n := maxName - 1 - hashLength; len(prefix) > n {
+		prefix = prefix[:n]
+	}
+	h := sha1.New() //nolint:gosec // see the import
+	h.Write([]byte(gvk.Kind + "\n" + gvk.Group + "\n" + name + "\n" + string(uid)))
+	return prefix + "-" + hex.EncodeToString(h.Sum(nil))[:hashLength]
+}

@@ -1,0 +1,231 @@
+package kueue
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Eviction reasons after which Kueue requeues a Workload at once
+// (jobframework sets Requeued=True only for these).
+const (
+	reasonPreempted    = "Preempted"
+	reasonNodeFailures = "NodeFailures"
+)
+
+// Cond returns the Workload's condition of type t, or nil.
+func (w *Workload) Cond(t string) *metav1.Condition {
+	if w == nil {
+		return nil
+	}
+	return meta.FindStatusCondition(w.Status.Conditions, t)
+}
+
+func (w *Workload) isTrue(t string) bool {
+	c := w.Cond(t)
+	return c != nil && c.Status == metav1.ConditionTrue
+}
+
+// QuotaReserved: Kueue reserved quota for the Workload (status.admission set).
+func (w *Workload) QuotaReserved() bool {
+	return w != nil && w.isTrue(CondQuotaReserved) && w.Status.Admission != nil
+}
+
+// Admitted: quota reserved and every admission check ready, so the job may
+// run.
+func (w *Workload) Admitted() bool { return w.QuotaReserved() && w.isTrue(CondAdmitted) }
+
+// Evicted is the Evicted condition while it is True, else nil: the job must
+// stop.
+func (w *Workload) Evicted() *metav1.Condition {
+	if c := w.Cond(CondEvicted); c != nil && c.Status == metav1.ConditionTrue {
+		return c
+	}
+	return nil
+}
+
+// Finished: the Workload was marked finished.
+func (w *Workload) Finished() bool { return w.isTrue(CondFinished) }
+
+// Waiting says why a job of this Workload waits, in Kueue's words: the
+// queue and Kueue's QuotaReserved message (for a lack of quota "couldn't
+// assign flavors to pod set master: insufficient unused quota for
+// nvidia.com/gpu in flavor default, 8 more needed"), or the admission checks
+// still pending.
+func (w *Workload) Waiting() string {
+	if w == nil {
+		return "waiting for its Kueue Workload to be created"
+	}
+	q := fmt.Sprintf("queued in Kueue LocalQueue %s/%s", w.Namespace, w.Spec.QueueName)
+	if c := w.Evicted(); c != nil {
+		return fmt.Sprintf("%s; evicted (%s): %s", q, c.Reason, c.Message)
+	}
+	if w.QuotaReserved() {
+		return fmt.Sprintf("%s; quota reserved in ClusterQueue %s, waiting for admission checks", q, w.Status.Admission.ClusterQueue)
+	}
+	if c := w.Cond(CondQuotaReserved); c != nil && c.Message != "" {
+		return q + ": " + c.Message
+	}
+	return q + "; waiting for Kueue to consider it"
+}
+
+// AdmittedMessage says where Kueue admitted the Workload: its ClusterQueue
+// and each pod set's flavours.
+func (w *Workload) AdmittedMessage() string {
+	if !w.QuotaReserved() {
+		return ""
+	}
+	var sets []string
+	for _, a := range w.Status.Admission.PodSetAssignments {
+		var fl []string
+		for _, r := range slices.Sorted(maps.Keys(a.Flavors)) {
+			fl = append(fl, fmt.Sprintf("%s in flavor %s", r, a.Flavors[r]))
+		}
+		if len(fl) > 0 {
+			sets = append(sets, a.Name+": "+strings.Join(fl, ", "))
+		}
+	}
+	msg := fmt.Sprintf("admitted by Kueue to ClusterQueue %s (LocalQueue %s)", w.Status.Admission.ClusterQueue, w.Spec.QueueName)
+	if len(sets) > 0 {
+		msg += "; " + strings.Join(sets, "; ")
+	}
+	return msg
+}
+
+// Flavors are the names of the flavours assigned to a pod set, sorted.
+func (w *Workload) Flavors(podSet string) []string {
+	if !w.QuotaReserved() {
+		return nil
+	}
+	seen := map[string]bool{}
+	for _, a := range w.Status.Admission.PodSetAssignments {
+		if a.Name != podSet {
+			continue
+		}
+		for _, f := range a.Flavors {
+			seen[f] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
+}
+
+// Placement is what an admission adds to a pod set's pods: the flavours'
+// node labels as a node selector and their tolerations.
+type Placement struct {
+	NodeSelector map[string]string
+	Tolerations  []corev1.Toleration
+}
+
+// PlacementOf merges the given flavours (by name; a missing one is
+// skipped) into one Placement, in flavour-name order.
+func PlacementOf(names []string, flavors map[string]*ResourceFlavor) Placement {
+	var p Placement
+	for _, n := range names {
+		f := flavors[n]
+		if f == nil {
+			continue
+		}
+		for k, v := range f.Spec.NodeLabels {
+			if p.NodeSelector == nil {
+				p.NodeSelector = map[string]string{}
+			}
+			p.NodeSelector[k] = v
+		}
+		for _, t := range f.Spec.Tolerations {
+			if !hasToleration(p.Tolerations, &t) {
+				p.Tolerations = append(p.Tolerations, t)
+			}
+		}
+	}
+	return p
+}
+
+// Apply adds the placement to a pod spec: node selector entries (the
+// pod's own win on a conflict, as jobframework's merge refuses to override)
+// and tolerations the pod lacks.
+func (p Placement) Apply(spec *corev1.PodSpec) {
+	for k, v := range p.NodeSelector {
+		if spec.NodeSelector == nil {
+			spec.NodeSelector = map[string]string{}
+		}
+		if _, set := spec.NodeSelector[k]; !set {
+			spec.NodeSelector[k] = v
+		}
+	}
+	for _, t := range p.Tolerations {
+		if !hasToleration(spec.Tolerations, &t) {
+			spec.Tolerations = append(spec.Tolerations, t)
+		}
+	}
+}
+
+// SamePodSets reports whether the Workload asks for the pod sets want
+// (names and counts); a Workload that does not must be replaced while it
+// holds no quota.
+func (w *Workload) SamePodSets(want []PodSet) bool {
+	if len(w.Spec.PodSets) != len(want) {
+		return false
+	}
+	for i := range want {
+		if w.Spec.PodSets[i].Name != want[i].Name || w.Spec.PodSets[i].Count != want[i].Count {
+			return false
+		}
+	}
+	return true
+}
+
+// ReleaseStatus is the status patch that gives back an evicted Workload's
+// quota once its job stopped, as jobframework does: no admission,
+// QuotaReserved and Admitted False, and Requeued (True after a preemption
+// or node failures, so that Kueue queues it again at once).
+func ReleaseStatus(w *Workload, now time.Time) map[string]any {
+	ev := w.Evicted()
+	reason, msg := "Pending", "the job was stopped"
+	requeue := false
+	if ev != nil {
+		msg = ev.Message
+		requeue = ev.Reason == reasonPreempted || ev.Reason == reasonNodeFailures
+		reason = ev.Reason
+	}
+	conds := slices.Clone(w.Status.Conditions)
+	t := metav1.NewTime(now)
+	set := func(ty string, s metav1.ConditionStatus, r, m string) {
+		meta.SetStatusCondition(&conds, metav1.Condition{Type: ty, Status: s, Reason: r, Message: m, ObservedGeneration: w.Generation, LastTransitionTime: t})
+	}
+	rq := metav1.ConditionFalse
+	if requeue {
+		rq = metav1.ConditionTrue
+	}
+	set("Requeued", rq, reason, msg)
+	set(CondQuotaReserved, metav1.ConditionFalse, "Pending", msg)
+	set(CondAdmitted, metav1.ConditionFalse, "NoReservation", "The workload has no reservation")
+	return map[string]any{"status": map[string]any{"admission": nil, "conditions": conds}}
+}
+
+// FinishStatus is the status patch that marks the Workload Finished
+// (reason Succeeded or Failed), which releases its quota.
+func FinishStatus(w *Workload, succeeded bool, msg string, now time.Time) map[string]any {
+	reason := "Failed"
+	if succeeded {
+		reason = "Succeeded"
+	}
+	conds := slices.Clone(w.Status.Conditions)
+	meta.SetStatusCondition(&conds, metav1.Condition{Type: CondFinished, Status: metav1.ConditionTrue, Reason: reason,
+		Message: msg, ObservedGeneration: w.Generation, LastTransitionTime: metav1.NewTime(now)})
+	return map[string]any{"status": map[string]any{"conditions": conds}}
+}
+
+func hasToleration(ts []corev1.Toleration, t *corev1.Toleration) bool {
+	for i := range ts {
+		if ts[i].MatchToleration(t) {
+			return true
+		}
+	}
+	return false
+}
