@@ -104,6 +104,7 @@ func TestMonitoringSelectedByTheRealPrometheusOperator(t *testing.T) {
 
 	jobs := []string{
 		"serviceMonitor/loom-system/loom-dcgm-exporter/0",
+		"podMonitor/loom-system/loom-node-agent/0",
 		"podMonitor/ml-mon/loom-trainingjob-bert-mon/0",
 		"podMonitor/ml-mon/loom-raycluster-" + rc.Name + "/0",
 	}

@@ -72,7 +72,7 @@ type Reconciler struct {
 // child's name.
 func New(c client.Client, live client.Reader, namespace string) *Reconciler {
 	return &Reconciler{Client: c, Namespace: namespace,
-		w: apply.NewWriter(c, FieldOwner, apply.Options{Live: live, Conditions: []string{conditionReady}, MetadataOnly: rbacKinds})}
+		w: apply.NewWriter(c, FieldOwner, apply.Options{Live: live, Conditions: []string{conditionReady, conditionReconciling, conditionStalled}, MetadataOnly: rbacKinds})}
 }
 
 // Setup registers the ClusterPolicy reconciler.

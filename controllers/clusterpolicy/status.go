@@ -28,7 +28,13 @@ const (
 )
 
 const (
-	conditionReady        = "Ready"
+	conditionReady = "Ready"
+	// conditionReconciling and conditionStalled are kstatus's (Helm's
+	// --wait, Flux, cli-utils): Reconciling is True while the stack rolls
+	// out, Stalled while only a person can move it on (an invalid spec,
+	// another policy in force), which kstatus reads as Failed.
+	conditionReconciling  = "Reconciling"
+	conditionStalled      = "Stalled"
 	componentStateReady   = "ready"
 	componentStateWaiting = "notReady"
 	componentStateOff     = "disabled"
@@ -77,6 +83,7 @@ func ignoredStatus(cp *gpuv1alpha1.ClusterPolicy, active string) *gpuv1alpha1.Cl
 	st.State, st.ActivePolicy, st.Components = gpuv1alpha1.PolicyIgnored, active, nil
 	setReady(st, cp.Generation, metav1.ConditionFalse, ReasonIgnored,
 		fmt.Sprintf("ClusterPolicy %s is in force (the oldest); this one is ignored", active))
+	settle(st, cp.Generation)
 	return st
 }
 
@@ -99,6 +106,7 @@ func status(cp *gpuv1alpha1.ClusterPolicy, obs observed, writeErrs []string) *gp
 		u.Reason == gpuv1alpha1.ReasonUpgradePaused && readyReason(st) == ReasonComponentsWait {
 		setReady(st, cp.Generation, metav1.ConditionFalse, gpuv1alpha1.ReasonUpgradePaused, "driver upgrade paused: "+u.Message)
 	}
+	settle(st, cp.Generation)
 	return st
 }
 
@@ -238,8 +246,37 @@ func readyReason(st *gpuv1alpha1.ClusterPolicyStatus) string {
 
 // setReady is the one way the Ready condition is set.
 func setReady(st *gpuv1alpha1.ClusterPolicyStatus, generation int64, status metav1.ConditionStatus, reason, message string) {
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: conditionReady, Status: status,
+	setCondition(st, conditionReady, generation, status, reason, message)
+}
+
+func setCondition(st *gpuv1alpha1.ClusterPolicyStatus, t string, generation int64, status metav1.ConditionStatus, reason, message string) {
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: t, Status: status,
 		Reason: reason, Message: apply.TruncateMessage(message), ObservedGeneration: generation})
+}
+
+// stalledReasons are Ready's reasons only a person can clear.
+var stalledReasons = map[string]bool{ReasonInvalidSpec: true, ReasonIgnored: true}
+
+// settle sets kstatus's Reconciling and Stalled from Ready, so that kstatus
+// reads a ready stack Current, one rolling out (or waiting for GPU nodes,
+// or retrying a failed write) InProgress, and an invalid or ignored policy
+// Failed.
+func settle(st *gpuv1alpha1.ClusterPolicyStatus, generation int64) {
+	reason, msg, ready := "Unknown", "not looked at yet", false
+	if c := meta.FindStatusCondition(st.Conditions, conditionReady); c != nil {
+		reason, msg, ready = c.Reason, c.Message, c.Status == metav1.ConditionTrue
+	}
+	switch {
+	case ready:
+		setCondition(st, conditionReconciling, generation, metav1.ConditionFalse, reason, "every component is rolled out")
+		setCondition(st, conditionStalled, generation, metav1.ConditionFalse, reason, "nothing in the way")
+	case stalledReasons[reason]:
+		setCondition(st, conditionReconciling, generation, metav1.ConditionFalse, reason, "waiting for a person: see Stalled")
+		setCondition(st, conditionStalled, generation, metav1.ConditionTrue, reason, msg)
+	default:
+		setCondition(st, conditionReconciling, generation, metav1.ConditionTrue, reason, msg)
+		setCondition(st, conditionStalled, generation, metav1.ConditionFalse, reason, "nothing in the way")
+	}
 }
 
 func countEnabled(cs []gpuv1alpha1.ComponentStatus) int {

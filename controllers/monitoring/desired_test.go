@@ -77,10 +77,13 @@ func TestGPUDesired(t *testing.T) {
 
 	policy.Spec.DCGMExporter.Enabled = ptr.To(false)
 	matchAll := &metav1.LabelSelector{}
-	o = gpuObserved{policy: policy, proms: []*monitoringv1.Prometheus{{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: "all"},
-		Spec: monitoringv1.PrometheusSpec{RuleSelector: matchAll}}}}
+	all := &monitoringv1.Prometheus{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: "all"}, Spec: monitoringv1.PrometheusSpec{RuleSelector: matchAll}}
+	all.Spec.PodMonitorSelector = matchAll
+	o = gpuObserved{policy: policy, proms: []*monitoringv1.Prometheus{all}}
 	d = r.desired(o)
-	if got := names(d.ensure); len(got) != 2 || got[1] != "PrometheusRule "+loomNS+"/"+RuleName {
+	// The rules and the node agent's PodMonitor stay: neither is
+	// dcgm-exporter's.
+	if got := names(d.ensure); len(got) != 3 || got[1] != "PrometheusRule "+loomNS+"/"+RuleName || got[2] != "PodMonitor "+loomNS+"/"+NodeAgentPodMonitorName {
 		t.Errorf("ensure %v", got)
 	}
 	if got := names(d.remove); len(got) != 3 || got[2] != "ServiceMonitor "+loomNS+"/"+ExporterName {

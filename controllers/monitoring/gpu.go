@@ -17,8 +17,9 @@ import (
 )
 
 // GPUReconciler onboards the GPU fleet's monitoring for the ClusterPolicy in
-// force: dcgm-exporter's Service, counters and ServiceMonitor, the GPU
-// alert and recording rules, and the Grafana dashboards. Its condition
+// force: dcgm-exporter's Service, counters and ServiceMonitor, the node
+// agent's PodMonitor, the GPU alert and recording rules, and the Grafana
+// dashboards. Its condition
 // Monitoring on the policy says which Prometheus selects them, or why none
 // does.
 type GPUReconciler struct {
@@ -130,12 +131,15 @@ func (r *GPUReconciler) desired(o gpuObserved) gpuDesired {
 	nsLabels := func(string) map[string]string { return o.nsLabels }
 	smSel := Select(o.proms, Object{Kind: KindServiceMonitor, Namespace: r.Namespace, Labels: ownedLabels(gpuv1alpha1.OperandDCGMExporter)}, r.Labels, nsLabels)
 	ruleSel := Select(o.proms, Object{Kind: KindPrometheusRule, Namespace: r.Namespace, Labels: ownedLabels(componentAlerts)}, r.Labels, nsLabels)
+	agentSel := Select(o.proms, Object{Kind: KindPodMonitor, Namespace: r.Namespace, Labels: ownedLabels(componentNodeAgent)}, r.Labels, nsLabels)
 	want(exporter, ExporterServiceMonitor(r.Namespace, smSel.Labels))
 	want(true, GPURule(r.Namespace, ruleSel.Labels))
+	want(true, NodeAgentPodMonitor(r.Namespace, agentSel.Labels))
 	if exporter {
 		d.parts = append(d.parts, selected{KindServiceMonitor, r.Namespace + "/" + ExporterName, smSel})
 	}
-	d.parts = append(d.parts, selected{KindPrometheusRule, r.Namespace + "/" + RuleName, ruleSel})
+	d.parts = append(d.parts, selected{KindPrometheusRule, r.Namespace + "/" + RuleName, ruleSel},
+		selected{KindPodMonitor, r.Namespace + "/" + NodeAgentPodMonitorName, agentSel})
 	return d
 }
 

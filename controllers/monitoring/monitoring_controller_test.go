@@ -75,6 +75,7 @@ func createPolicy(t *testing.T, spec gpuv1alpha1.ClusterPolicySpec) *gpuv1alpha1
 			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: DashboardsConfigMap}},
 			&monitoringv1.ServiceMonitor{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: ExporterName}},
 			&monitoringv1.PrometheusRule{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: RuleName}},
+			&monitoringv1.PodMonitor{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: NodeAgentPodMonitorName}},
 		} {
 			_ = env.Client.Delete(ctx(), o)
 		}
@@ -184,6 +185,21 @@ func TestOnboardsWhenTheOperatorArrives(t *testing.T) {
 	}
 	ownedBy(t, sm, cp)
 	ownedBy(t, rule, cp)
+	// The node agent's own metrics: a PodMonitor for its pods' "metrics"
+	// port, beside dcgm-exporter's ServiceMonitor.
+	agent := &monitoringv1.PodMonitor{ObjectMeta: key(loomNS, NodeAgentPodMonitorName)}
+	exists(t, agent)
+	ownedBy(t, agent, cp)
+	if want := NodeAgentPodMonitor(loomNS, nil); !apiequality.Semantic.DeepEqual(agent.Spec, want.Spec) {
+		t.Errorf("node agent PodMonitor spec\n%+v\nwant\n%+v", agent.Spec, want.Spec)
+	}
+	if sel := agent.Spec.Selector.MatchLabels; len(sel) != 1 || sel["app.kubernetes.io/component"] != "node-agent" ||
+		*agent.Spec.PodMetricsEndpoints[0].Port != "metrics" || agent.Spec.NamespaceSelector.MatchNames[0] != loomNS {
+		t.Errorf("node agent PodMonitor selects %v port %s in %v", sel, *agent.Spec.PodMetricsEndpoints[0].Port, agent.Spec.NamespaceSelector)
+	}
+	if !strings.Contains(c.Message, "PodMonitor loom-system/loom-node-agent") {
+		t.Errorf("message %q does not name the node agent's PodMonitor", c.Message)
+	}
 }
 
 func createProm(t *testing.T, ns, name string, spec monitoringv1.PrometheusSpec) *monitoringv1.Prometheus {
@@ -212,14 +228,16 @@ func TestSelectedByPrometheus(t *testing.T) {
 
 	c := policyCondition(t, cp, ReasonSelected)
 	for _, want := range []string{"ServiceMonitor loom-system/loom-dcgm-exporter selected by Prometheus monitoring/kps",
-		"PrometheusRule loom-system/loom-gpu selected by Prometheus monitoring/kps", "labels release=kps learned from monitoring/kps"} {
+		"PrometheusRule loom-system/loom-gpu selected by Prometheus monitoring/kps", "labels release=kps learned from monitoring/kps",
+		"PodMonitor loom-system/loom-node-agent selected by Prometheus monitoring/kps"} {
 		if !strings.Contains(c.Message, want) {
 			t.Errorf("message %q lacks %q", c.Message, want)
 		}
 	}
 	sm := &monitoringv1.ServiceMonitor{ObjectMeta: key(loomNS, ExporterName)}
 	rule := &monitoringv1.PrometheusRule{ObjectMeta: key(loomNS, RuleName)}
-	for _, o := range []client.Object{sm, rule} {
+	agent := &monitoringv1.PodMonitor{ObjectMeta: key(loomNS, NodeAgentPodMonitorName)}
+	for _, o := range []client.Object{sm, rule, agent} {
 		exists(t, o)
 		if o.GetLabels()["release"] != "kps" {
 			t.Errorf("%T labels %v lack release=kps", o, o.GetLabels())

@@ -39,8 +39,12 @@ const (
 	// grafana_dashboard=1).
 	DashboardsConfigMap = "loom-grafana-dashboards"
 	// MetricsPortName is the container port a TrainingJob declares to be
-	// scraped (Ray's is "metrics" too, on 8080).
+	// scraped (Ray's is "metrics" too, on 8080; the node agent's too, on
+	// the chart's nodeAgent.metricsPort).
 	MetricsPortName = "metrics"
+	// NodeAgentPodMonitorName names the node agent's PodMonitor, in the
+	// namespace Loom runs in.
+	NodeAgentPodMonitorName = "loom-node-agent"
 )
 
 // Components of the children that are no operand's (dcgm-exporter's
@@ -50,6 +54,9 @@ const (
 	componentDashboards  = "dashboards"
 	componentTrainingJob = "trainingjob"
 	componentRayCluster  = "raycluster"
+	// componentNodeAgent is the node agent's component label (the chart's
+	// app.kubernetes.io/component on its pods).
+	componentNodeAgent = "node-agent"
 )
 
 // ownedLabels are the labels of a monitoring child: Loom's, and the
@@ -160,6 +167,17 @@ func RayClusterPodMonitor(rc *rayv1.RayCluster, selection map[string]string) *mo
 	return podMonitor(RayClusterPodMonitorName(rc.Name), rc.Namespace, componentRayCluster, selection,
 		map[string]string{"ray.io/cluster": rc.Name},
 		[]string{"ray.io/cluster", "ray.io/node-type", "ray.io/group"})
+}
+
+// NodeAgentPodMonitor scrapes the node agent's own metrics on every GPU
+// node (its pods in namespace, by the chart's component label, port
+// "metrics"), each series labelled with the agent pod's node.
+func NodeAgentPodMonitor(namespace string, selection map[string]string) *monitoringv1.PodMonitor {
+	pm := podMonitor(NodeAgentPodMonitorName, namespace, componentNodeAgent, selection,
+		map[string]string{gpuv1alpha1.LabelComponent: componentNodeAgent}, nil)
+	pm.Spec.PodMetricsEndpoints[0].RelabelConfigs = []monitoringv1.RelabelConfig{
+		{SourceLabels: []monitoringv1.LabelName{"__meta_kubernetes_pod_node_name"}, TargetLabel: "node", Action: "replace"}}
+	return pm
 }
 
 func declaresMetricsPort(t *corev1.PodTemplateSpec) bool {

@@ -1,7 +1,7 @@
 // Package monitoring onboards GPU and workload monitoring into the
 // Prometheus Operator: dcgm-exporter's Service, counters and ServiceMonitor,
-// Loom's GPU alert and recording rules, Grafana dashboards, and a PodMonitor
-// per TrainingJob and RayCluster. Each object carries the labels a
+// the node agent's PodMonitor, Loom's GPU alert and recording rules, Grafana
+// dashboards, and a PodMonitor per TrainingJob and RayCluster. Each object carries the labels a
 // Prometheus needs to select it (configured, or learned from the Prometheus
 // objects' selectors), and a Monitoring condition on the onboarded object
 // says which Prometheus selects it, or which label or namespace is missing.
@@ -88,6 +88,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	gr.crds = operatorCRDs{
 		crdKind("servicemonitors", monitoringv1.ServiceMonitorsKind, watch(gc, &monitoringv1.ServiceMonitor{}, one, loomComponent)),
 		crdKind("prometheusrules", monitoringv1.PrometheusRuleKind, watch(gc, &monitoringv1.PrometheusRule{}, one, loomComponent)),
+		crdKind("podmonitors", monitoringv1.PodMonitorsKind, watch(gc, &monitoringv1.PodMonitor{}, one, nodeAgentMonitor)),
 		crdKind("prometheuses", monitoringv1.PrometheusesKind, watch(gc, &monitoringv1.Prometheus{}, one, selectorsChanged)),
 	}
 	registerInventoryMetrics(mgr.GetCache())
@@ -143,6 +144,12 @@ var isOperatorCRD = predicate.NewPredicateFuncs(func(o client.Object) bool {
 // loomComponent selects the monitoring children (Loom's, by label).
 var loomComponent = predicate.NewPredicateFuncs(func(o client.Object) bool {
 	return o.GetLabels()[apply.LabelManagedBy] == apply.ManagedBy && o.GetLabels()[gpuv1alpha1.LabelComponent] != ""
+})
+
+// nodeAgentMonitor selects the node agent's PodMonitor (the workload
+// PodMonitors are the workload reconcilers').
+var nodeAgentMonitor = predicate.NewPredicateFuncs(func(o client.Object) bool {
+	return o.GetLabels()[apply.LabelManagedBy] == apply.ManagedBy && o.GetLabels()[gpuv1alpha1.LabelComponent] == componentNodeAgent
 })
 
 var noCreate = predicate.Funcs{CreateFunc: func(event.CreateEvent) bool { return false }}

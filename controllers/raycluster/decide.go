@@ -30,6 +30,16 @@ const (
 	// ConditionValid: the spec passes KubeRay's validation and Loom's
 	// (group names, replica bounds, derived names, the pod limit).
 	ConditionValid = "loom.dev/SpecValid"
+	// ConditionReady: every pod of the cluster runs and is ready (KubeRay
+	// has no such condition; kstatus-based tools read it).
+	ConditionReady = "Ready"
+	// ConditionReconciling and ConditionStalled are kstatus's (Helm's
+	// --wait, Flux, cli-utils): Reconciling is True while Loom creates,
+	// replaces or waits for the cluster's pods, Stalled while only a
+	// person can move it on (a spec Loom refuses, a name taken, Volcano
+	// missing), which kstatus reads as Failed.
+	ConditionReconciling = "Reconciling"
+	ConditionStalled     = "Stalled"
 )
 
 // Reasons of Loom's conditions.
@@ -50,7 +60,7 @@ const (
 var conditions = []string{
 	string(rayv1.RayClusterProvisioned), string(rayv1.HeadPodReady), string(rayv1.RayClusterReplicaFailure),
 	string(rayv1.RayClusterSuspending), string(rayv1.RayClusterSuspended),
-	ConditionGang, ConditionGPUs, ConditionValid,
+	ConditionGang, ConditionGPUs, ConditionValid, ConditionReady, ConditionReconciling, ConditionStalled,
 }
 
 // observed is what one reconcile sees.
@@ -183,6 +193,7 @@ func decide(ctx context.Context, rc *rayv1.RayCluster, obs observed, sched strin
 			break
 		}
 	}
+	settle(p)
 	return p.d
 }
 

@@ -128,6 +128,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	}
 	r.volcano = &gang.Volcano{Client: r.Client, Cache: mgr.GetCache(), Controller: c, Owner: &rayv1.RayCluster{}, Scheme: mgr.GetScheme(),
 		QueueUsers: r.queueClusters}
+	registerMetrics(mgr.GetCache())
 	return nil
 }
 
@@ -215,7 +216,11 @@ func (r *Reconciler) execute(ctx context.Context, orig, rc *rayv1.RayCluster, ob
 		r.conflictEvent(orig, applyErr)
 	}
 	applied(&d.status, applyErr, rc.Generation, obs.now)
+	was := orig.Status.DeepCopy()
 	wait, err := r.writeStatus(ctx, orig, &d.status, obs.now, d.guard)
+	if err == nil && wait == 0 {
+		observeProvisioned(orig, was, &d.status, obs.now)
+	}
 	switch {
 	case apierrors.IsConflict(err):
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
@@ -266,6 +271,7 @@ func (r *Reconciler) forget(key client.ObjectKey) {
 	gone := &rayv1.RayCluster{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}}
 	r.pods.Forget(gone)
 	r.writer.Forget(gone)
+	forgetMetrics(key)
 }
 
 func (r *Reconciler) observe(ctx context.Context, rc *rayv1.RayCluster, sched string, now time.Time) (observed, error) {

@@ -137,6 +137,9 @@ func applied(st *rayv1.RayClusterStatus, err error, gen int64, now time.Time) {
 			reason = ReasonNameConflict
 		}
 		setCond(st, failure, metav1.ConditionTrue, reason, podset.Message(err), gen, now)
+		// A failed apply is retried; a name taken waits for a person.
+		conflict := reason == ReasonNameConflict
+		setKstatus(st, false, !conflict, conflict, reason, podset.Message(err), gen, now)
 	} else if meta.IsStatusConditionTrue(st.Conditions, failure) {
 		setCond(st, failure, metav1.ConditionFalse, "Applied", "every pod and Service was created or deleted as needed", gen, now)
 	}
@@ -222,4 +225,64 @@ func times(q resource.Quantity, n int64) resource.Quantity {
 		acc.Add(acc.DeepCopy())
 	}
 	return out
+}
+
+// settle sets Ready and kstatus's Reconciling and Stalled once the phases
+// have decided: kstatus reads a cluster whose pods all run, ready and up
+// to date, Current; one provisioning, scaling, rolling out or suspending
+// InProgress; one held on its spec or on a missing Volcano Failed. A
+// suspended cluster has what it asked for: Ready False, nothing to do.
+func settle(p *pass) {
+	st := &p.d.status
+	work := len(p.d.create) > 0 || len(p.d.remove) > 0 || p.d.deferred > 0 || p.d.removePodGroup && p.obs.podGroup != nil
+	gangCond := meta.FindStatusCondition(st.Conditions, ConditionGang)
+	var ready, reconciling, stalled bool
+	reason, msg := string(rayv1.RayClusterPodsProvisioning), "waiting for the cluster's pods"
+	switch valid := meta.FindStatusCondition(st.Conditions, ConditionValid); {
+	case valid != nil && valid.Status == metav1.ConditionFalse:
+		stalled, reason, msg = true, valid.Reason, valid.Message
+	case gangCond != nil && gangCond.Reason == "VolcanoNotInstalled" && !p.gangOff:
+		stalled, reason, msg = true, gangCond.Reason, gangCond.Message
+	case meta.IsStatusConditionTrue(st.Conditions, string(rayv1.RayClusterSuspended)):
+		reason, msg = string(rayv1.RayClusterSuspended), "spec.suspend is true: every pod is deleted"
+	case meta.IsStatusConditionTrue(st.Conditions, string(rayv1.RayClusterSuspending)):
+		reconciling, reason, msg = true, "Suspending", "deleting the cluster's pods"
+	case st.State == rayv1.Ready:
+		ready, reconciling = true, work
+		reason, msg = rayv1.AllPodRunningAndReadyFirstTime, "all Ray pods are running and ready"
+		if work {
+			msg = "all Ray pods are running and ready; replacing or removing some"
+		}
+	default:
+		reconciling = true
+		for _, t := range []rayv1.RayClusterConditionType{rayv1.HeadPodReady, rayv1.RayClusterProvisioned} {
+			if c := meta.FindStatusCondition(st.Conditions, string(t)); c != nil && c.Status == metav1.ConditionFalse {
+				reason, msg = c.Reason, c.Message
+			}
+		}
+		if gangCond != nil && gangCond.Status == metav1.ConditionFalse && !p.gangOff {
+			reason, msg = gangCond.Reason, gangCond.Message
+		}
+	}
+	setKstatus(st, ready, reconciling, stalled, reason, msg, p.rc.Generation, p.obs.now)
+}
+
+// setKstatus writes Ready, Reconciling and Stalled: reason and msg go on
+// the one that says what stands (Ready when it is True).
+func setKstatus(st *rayv1.RayClusterStatus, ready, reconciling, stalled bool, reason, msg string, gen int64, now time.Time) {
+	b := func(v bool) metav1.ConditionStatus {
+		if v {
+			return metav1.ConditionTrue
+		}
+		return metav1.ConditionFalse
+	}
+	say := func(v bool, otherwise string) string {
+		if v {
+			return msg
+		}
+		return otherwise
+	}
+	setCond(st, ConditionReady, b(ready), reason, msg, gen, now)
+	setCond(st, ConditionReconciling, b(reconciling), reason, say(reconciling, "nothing left to do"), gen, now)
+	setCond(st, ConditionStalled, b(stalled), reason, say(stalled, "nothing in the way"), gen, now)
 }

@@ -105,6 +105,7 @@ var conditions = []string{
 	trainingv1alpha1.ConditionCreated, trainingv1alpha1.ConditionScheduled, trainingv1alpha1.ConditionRunning,
 	trainingv1alpha1.ConditionRestarting, trainingv1alpha1.ConditionSucceeded, trainingv1alpha1.ConditionFailed,
 	trainingv1alpha1.ConditionSuspended, trainingv1alpha1.ConditionReady,
+	trainingv1alpha1.ConditionReconciling, trainingv1alpha1.ConditionStalled,
 }
 
 // pass is one decision in the making: the job, what was observed, the pods
@@ -166,6 +167,7 @@ func decide(job *trainingv1alpha1.TrainingJob, obs observed, defScheduler traini
 			break
 		}
 	}
+	settle(&p.d.status, job.Generation, obs.now)
 	return p.d
 }
 

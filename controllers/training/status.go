@@ -180,6 +180,7 @@ func applied(st *trainingv1alpha1.TrainingJobStatus, err error, gen int64, now t
 	}
 	setCond(st, trainingv1alpha1.ConditionCreated, metav1.ConditionFalse, reason, msg, gen, now)
 	setCond(st, trainingv1alpha1.ConditionReady, metav1.ConditionFalse, reason, msg, gen, now)
+	settle(st, gen, now)
 }
 
 // nameConflict: a child's name (a pod's, the Service's) is taken by an
@@ -208,4 +209,47 @@ func urgent(job *trainingv1alpha1.TrainingJob, d *decision) bool {
 func countsOnly(old, st *trainingv1alpha1.TrainingJobStatus) bool {
 	return old.State == st.State && old.Attempt == st.Attempt && old.Restarts == st.Restarts &&
 		old.ObservedGeneration == st.ObservedGeneration && apply.SameConditions(old.Conditions, st.Conditions)
+}
+
+// stalledReasons are Ready's reasons that only a person can clear: a job
+// over the manager's pod limit, a name taken by an object the job does not
+// control, a gang for Volcano where Volcano is not installed.
+var stalledReasons = map[string]bool{ReasonTooManyPods: true, ReasonNameConflict: true, ReasonVolcanoNotInstalled: true}
+
+// settle sets kstatus's Reconciling and Stalled from the state and Ready,
+// so that kstatus reads a pending, restarting or queued job InProgress, a
+// running or succeeded one Current and a failed or refused one Failed.
+// A job suspended by its own runPolicy.suspend is neither: it has what it
+// asked for, and Ready False says it does not run.
+func settle(st *trainingv1alpha1.TrainingJobStatus, gen int64, now time.Time) {
+	reason, msg := "Unknown", "the job has not been looked at yet"
+	if c := meta.FindStatusCondition(st.Conditions, trainingv1alpha1.ConditionReady); c != nil {
+		reason, msg = c.Reason, c.Message
+	}
+	reconciling, stalled := metav1.ConditionFalse, metav1.ConditionFalse
+	switch {
+	case st.State == trainingv1alpha1.StateFailed:
+		stalled = metav1.ConditionTrue
+		if c := meta.FindStatusCondition(st.Conditions, trainingv1alpha1.ConditionFailed); c != nil {
+			reason, msg = c.Reason, c.Message
+		}
+	case st.State == trainingv1alpha1.StateSucceeded:
+		reason, msg = ReasonMasterSucceeded, "the job has succeeded"
+	case stalledReasons[reason]:
+		stalled = metav1.ConditionTrue
+	case condTrue(st, trainingv1alpha1.ConditionReady):
+		msg = "the gang runs"
+	case st.State == trainingv1alpha1.StateSuspended && reason == ReasonSuspended:
+		msg = "the job is suspended: it has no pods until runPolicy.suspend is unset"
+	default:
+		reconciling = metav1.ConditionTrue
+	}
+	rmsg, smsg := "nothing left to do", "nothing in the way"
+	if reconciling == metav1.ConditionTrue {
+		rmsg = msg
+	} else if stalled == metav1.ConditionTrue {
+		smsg = msg
+	}
+	setCond(st, trainingv1alpha1.ConditionReconciling, reconciling, reason, rmsg, gen, now)
+	setCond(st, trainingv1alpha1.ConditionStalled, stalled, reason, smsg, gen, now)
 }

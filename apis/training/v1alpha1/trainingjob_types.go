@@ -237,16 +237,23 @@ const (
 )
 
 // Condition types of a TrainingJob. Ready is True while the gang runs and
-// once it has succeeded, for kstatus-based tools.
+// once it has succeeded. Reconciling and Stalled are kstatus's (Helm's
+// --wait, Flux, cli-utils): Reconciling is True while Loom still works
+// towards a running gang (creating pods, waiting for the gang to be
+// placed, restarting it), Stalled is True when only a person can move the
+// job on (a spec Loom refuses, a failed job), which kstatus reads as
+// Failed.
 const (
-	ConditionCreated    = "Created"
-	ConditionScheduled  = "Scheduled"
-	ConditionRunning    = "Running"
-	ConditionRestarting = "Restarting"
-	ConditionSucceeded  = "Succeeded"
-	ConditionFailed     = "Failed"
-	ConditionSuspended  = "Suspended"
-	ConditionReady      = "Ready"
+	ConditionCreated     = "Created"
+	ConditionScheduled   = "Scheduled"
+	ConditionRunning     = "Running"
+	ConditionRestarting  = "Restarting"
+	ConditionSucceeded   = "Succeeded"
+	ConditionFailed      = "Failed"
+	ConditionSuspended   = "Suspended"
+	ConditionReady       = "Ready"
+	ConditionReconciling = "Reconciling"
+	ConditionStalled     = "Stalled"
 )
 
 // ReplicaStatus counts one role's pods of the current attempt.
