@@ -173,7 +173,9 @@ func TestChaosAPIServerSIGKILL(t *testing.T) {
 	if exited, err := m.Exited(); exited {
 		t.Fatalf("the manager exited while the API server was away for 30 s: %v\n%s", err, m.Tail(3000))
 	}
-	got := waitJob(t, job, trainingv1alpha1.StateRunning, 3*time.Minute)
+	// Recovery takes the client's watch backoff (up to 30 s) and the API
+	// server's own warm-up (its RBAC cache refuses for a moment).
+	got := waitJob(t, job, trainingv1alpha1.StateRunning, 4*time.Minute)
 	assertOnePodPerIndex(t, got, workers)
 
 	// Watches work after the restart: a second job is created and runs.
@@ -182,7 +184,7 @@ func TestChaosAPIServerSIGKILL(t *testing.T) {
 	if err := cluster.Client.Create(ctx, second); err != nil {
 		t.Fatal(err)
 	}
-	got = waitJob(t, second, trainingv1alpha1.StateRunning, 90*time.Second)
+	got = waitJob(t, second, trainingv1alpha1.StateRunning, 3*time.Minute)
 	assertOnePodPerIndex(t, got, 3)
 }
 

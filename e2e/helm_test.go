@@ -155,14 +155,21 @@ func startManager(t *testing.T, ctx context.Context, rel *framework.Release, arg
 // its CRDs.
 func TestHelmUpgradeAndUninstall(t *testing.T) {
 	ctx := context.Background()
-	if _, err := cluster.CreateNodes(ctx, framework.NodeSpec{Prefix: "helm-cpu", Count: 2}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cluster.CreateNodes(ctx, framework.NodeSpec{Prefix: "helm-h100", Count: 1, GPUs: 8, Product: "NVIDIA-H100-80GB-HBM3",
-		Labels: map[string]string{"team": "ml"}}); err != nil {
-		t.Fatal(err)
-	}
+	testNodes(t, framework.NodeSpec{Prefix: "helm-cpu", Count: 2})
+	testNodes(t, framework.NodeSpec{Prefix: "helm-h100", Count: 1, GPUs: 8, Product: "NVIDIA-H100-80GB-HBM3",
+		Labels: map[string]string{"team": "ml"}})
 	must(t, cluster.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: helmJob}}))
+	// One Loom per cluster: the other tests' release (its admission policy
+	// admits only its own node agents) goes first; they install it again.
+	if _, err := cluster.RunHelm(ctx, "uninstall", "loom", "--namespace", loomNS, "--ignore-not-found",
+		"--kubeconfig", cluster.Kubeconfig, "--wait", "--timeout", "2m"); err != nil {
+		t.Fatal(err)
+	}
+	// A failed run must not leave this release's policy behind either.
+	t.Cleanup(func() {
+		_, _ = cluster.RunHelm(context.Background(), "uninstall", helmRel, "--namespace", helmNS, "--ignore-not-found",
+			"--kubeconfig", cluster.Kubeconfig, "--wait", "--timeout", "2m")
+	})
 	deleteLoomCRDs(t, ctx)
 
 	// The older release, with its manager (which did not apply CRDs).

@@ -177,7 +177,9 @@ func TestInventoryOnASimulatedFleet(t *testing.T) {
 	}
 	rogue.Stop(10 * time.Second)
 
-	// The A100's GPUs go away: its GFD labels go, and nothing else.
+	// The A100's GPUs go away (from NVML and the PCI bus): its GFD labels
+	// go, and nothing else; gpu.present stays while NFD's PCI label says
+	// an NVIDIA device is there.
 	a100.Stop(10 * time.Second)
 	zero := 0
 	runAgent(t, rel, framework.AgentSpec{Node: "inv-a100-0", System: "dgx-a100", GPUs: &zero})
@@ -186,10 +188,12 @@ func TestInventoryOnASimulatedFleet(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		if hasPrefix(l, "nvidia.com/") {
-			return false, fmt.Sprintf("GPU labels left: %v", l)
+		for k := range l {
+			if strings.HasPrefix(k, "nvidia.com/") && k != gpuv1alpha1.LabelPresent {
+				return false, fmt.Sprintf("GPU labels left: %v", l)
+			}
 		}
-		return l["feature.node.kubernetes.io/pci-10de.present"] == "true", "NFD's label removed"
+		return l["feature.node.kubernetes.io/pci-10de.present"] == "true" && l[gpuv1alpha1.LabelPresent] == "true", fmt.Sprintf("labels %v", l)
 	})
 
 	// Deleting a Node garbage-collects its GPUNode.

@@ -161,6 +161,10 @@ func parseHex(b []byte, bits int) (uint64, error) {
 // <bus ID>/{vendor,device,class}), as the kernel shows them: the simulator's
 // PCI bus, and tests'. A device without a class is a 3D controller.
 func WritePCITree(root string, devs []gpuv1alpha1.PCIDevice) error {
+	// The bus exists with no GPU on it too (a node whose GPUs are gone).
+	if err := os.MkdirAll(filepath.Join(root, "bus", "pci", "devices"), 0o755); err != nil {
+		return err
+	}
 	for _, d := range devs {
 		dir := filepath.Join(root, "bus", "pci", "devices", d.BusID)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
