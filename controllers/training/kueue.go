@@ -83,9 +83,15 @@ func newKueueJobs(c client.Client, live client.Reader, ca cache.Cache, ctl contr
 }
 
 // observe fills obs.kueue for a job that names a LocalQueue.
+// With the integration off (--kueue=false, k nil) the queue label means
+// nothing to Loom: the job runs as any other.
 func (k *kueueJobs) observe(ctx context.Context, job *trainingv1alpha1.TrainingJob, obs *observed) error {
-	obs.kueue = kueueObs{queued: job.Labels[kueue.QueueLabel] != ""}
-	if !obs.kueue.queued || k == nil {
+	obs.kueue = kueueObs{}
+	if k == nil {
+		return nil
+	}
+	obs.kueue.queued = job.Labels[kueue.QueueLabel] != ""
+	if !obs.kueue.queued {
 		return nil
 	}
 	served, err := k.kind.Served(ctx, k.client)

@@ -48,6 +48,10 @@ type Options struct {
 	// served, otherwise none; RayClusters gang only when they ask, as with
 	// KubeRay), volcano or none.
 	GangScheduler string
+	// Kueue integrates TrainingJobs labelled kueue.x-k8s.io/queue-name with
+	// Kueue (Workloads, admission) once Kueue's CRDs are served; false
+	// ignores the label.
+	Kueue bool
 	// MaxWorkloadPods is the most pods one TrainingJob or RayCluster may
 	// ask for; a bigger one is held with a condition saying so, so that one
 	// object cannot exhaust the manager's memory or the cluster's API.
@@ -119,6 +123,7 @@ func DefaultOptions() Options {
 		KubeAPIQPS:              DefaultKubeAPIQPS,
 		KubeAPIBurst:            DefaultKubeAPIBurst,
 		GangScheduler:           GangAuto,
+		Kueue:                   true,
 		MaxWorkloadPods:         DefaultMaxWorkloadPods,
 		InstallRayCRD:           true,
 		ApplyCRDs:               true,
@@ -167,6 +172,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "client-side rate limit of API requests per second")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "client-side burst of API requests")
 	fs.IntVar(&o.MaxWorkloadPods, "max-workload-pods", o.MaxWorkloadPods, "most pods one TrainingJob or RayCluster may ask for; bigger ones are held with a condition")
+	fs.BoolVar(&o.Kueue, "kueue", o.Kueue, "admit TrainingJobs labelled kueue.x-k8s.io/queue-name through Kueue once its CRDs are served (false: ignore the label)")
 	fs.StringVar(&o.GangScheduler, "gang-scheduler", o.GangScheduler, "gang scheduler of TrainingJobs and RayClusters that name none: auto (Volcano when installed, for TrainingJobs), volcano or none")
 	fs.BoolVar(&o.InstallRayCRD, "install-ray-crd", o.InstallRayCRD, "apply KubeRay's RayCluster CRD (server-side) when it is absent; one applied by someone else is left alone")
 	fs.BoolVar(&o.ApplyCRDs, "apply-crds", o.ApplyCRDs, "at start, apply Loom's own CRDs (server-side) when the cluster's are older than this build's")
