@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"github.com/loom-dev/loom/e2e/framework"
 )
 
@@ -23,6 +26,7 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	ctrllog.SetLogger(logr.Discard()) // the tests' own clients: no stack trace
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	started := time.Now()

@@ -16,10 +16,12 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/go-logr/logr"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
@@ -36,6 +38,9 @@ func main() {
 }
 
 func run() error {
+	// The demo's own clients log nothing; without a logger controller-runtime
+	// prints a stack trace the first time one of them would.
+	ctrllog.SetLogger(logr.Discard())
 	loomBin := flag.String("loom", "", "loom binary (default: build ./cmd/manager)")
 	systems := flag.String("systems", "dgx-h100,dgx-a100:mig,dgx-b200,dgx-h100:bare", "simulated GPU nodes, one per entry: dgx-a100, dgx-h100, dgx-h200 or dgx-b200, \":mig\" for MIG mode (3g.20gb, 2g.10gb, 2 x 1g.5gb per GPU), \":bare\" for a node with no driver yet (the GPU stack brings it up: kubectl get gpunodes -w)")
 	cpuNodes := flag.Int("cpu-nodes", 1, "simulated CPU-only nodes")
