@@ -223,7 +223,8 @@ func TestChaosRayClusterScaleUpSIGKILL(t *testing.T) {
 		t.Fatal(err)
 	}
 	for round := range 2 {
-		time.Sleep(time.Duration(200+rand.IntN(1500)) * time.Millisecond)
+		// Mid scale-up: a random moment soon after pods start to appear.
+		time.Sleep(time.Duration(rand.IntN(300)) * time.Millisecond)
 		pods, _ := livePods(t, rc)
 		m.Kill()
 		t.Logf("SIGKILL %d with %d pods", round+1, len(pods))

@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	nodev1 "k8s.io/api/node/v1"
@@ -283,9 +284,32 @@ func (c *Cluster) CrashAPIServer(ctx context.Context, down time.Duration) error 
 			return err
 		}
 		c.procs[i] = np
-		return c.waitHealthy(ctx, "/readyz", 90*time.Second)
+		if err := c.waitHealthy(ctx, "/readyz", 90*time.Second); err != nil {
+			return err
+		}
+		// kube-scheduler's cache does not survive its API server's crash
+		// (it exits a while later with "Scheduler cache is corrupted"); on a
+		// real control plane its static pod restarts. Restart it here.
+		return c.restart("kube-scheduler")
 	}
 	return errors.New("no kube-apiserver process")
+}
+
+// restart kills the named process and starts it again with the same flags.
+func (c *Cluster) restart(name string) error {
+	for i, p := range c.procs {
+		if p.Name != name && !strings.HasPrefix(p.Name, name+"-") {
+			continue
+		}
+		p.Kill()
+		np, err := startProcess(c.Dir, fmt.Sprintf("%s-%d", name, time.Now().UnixNano()%1000000), p.bin, nil, p.args...)
+		if err != nil {
+			return err
+		}
+		c.procs[i] = np
+		return nil
+	}
+	return fmt.Errorf("no %s process", name)
 }
 
 func (c *Cluster) start(name, bin string, args ...string) error {
