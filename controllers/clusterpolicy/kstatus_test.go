@@ -5,28 +5,16 @@ import (
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/testenv"
 )
 
 // kstatusOf is what cli-utils' kstatus (Helm's --wait, Flux) reads from
 // the policy.
 func kstatusOf(t *testing.T, cp *gpuv1alpha1.ClusterPolicy) kstatus.Status {
-	t.Helper()
-	cp = cp.DeepCopy()
-	cp.APIVersion, cp.Kind = gpuv1alpha1.GroupVersion.String(), "ClusterPolicy"
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(cp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := kstatus.Compute(&unstructured.Unstructured{Object: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res.Status
+	return testenv.KStatus(t, cp, gpuv1alpha1.GroupVersion.WithKind("ClusterPolicy"))
 }
 
 // kstatus reads a ready stack Current, one rolling out (or waiting for GPU

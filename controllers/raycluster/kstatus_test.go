@@ -9,30 +9,18 @@ import (
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 
 	"github.com/loom-dev/loom/internal/podset"
+	"github.com/loom-dev/loom/internal/testenv"
 )
 
 // kstatusOf is what cli-utils' kstatus (Helm's --wait, Flux) reads from
 // the cluster.
 func kstatusOf(t *testing.T, rc *rayv1.RayCluster) kstatus.Status {
-	t.Helper()
-	rc = rc.DeepCopy()
-	rc.APIVersion, rc.Kind = rayv1.GroupVersion.String(), "RayCluster"
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := kstatus.Compute(&unstructured.Unstructured{Object: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res.Status
+	return testenv.KStatus(t, rc, rayv1.GroupVersion.WithKind("RayCluster"))
 }
 
 // readyPods are the sample cluster's head and worker, running and ready.

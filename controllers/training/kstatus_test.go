@@ -7,30 +7,18 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/podset"
+	"github.com/loom-dev/loom/internal/testenv"
 )
 
 // kstatusOf is what cli-utils' kstatus (Helm's --wait, Flux) reads from
 // the job.
 func kstatusOf(t *testing.T, job *trainingv1alpha1.TrainingJob) kstatus.Status {
-	t.Helper()
-	job = job.DeepCopy()
-	job.APIVersion, job.Kind = trainingv1alpha1.GroupVersion.String(), "TrainingJob"
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := kstatus.Compute(&unstructured.Unstructured{Object: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res.Status
+	return testenv.KStatus(t, job, trainingv1alpha1.GroupVersion.WithKind("TrainingJob"))
 }
 
 // kstatus reads a TrainingJob in each phase as a person would: waiting or

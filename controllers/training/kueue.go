@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -18,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/kueue"
 	"github.com/loom-dev/loom/internal/optional"
 )
@@ -133,6 +136,37 @@ func (k *kueueJobs) priorityValue(ctx context.Context, name string) (*int32, err
 	}
 	p := int32(v)
 	return &p, nil
+}
+
+// releaseGone deletes the Workloads of a job that is gone or going, as
+// Kueue's own job integrations do when their job is deleted: the quota
+// comes back at once, not when the garbage collector reaches the Workload
+// (which on a busy control plane, or just after Kueue's CRDs appeared, can
+// take minutes). Only Workloads whose controller is a TrainingJob of that
+// name are touched; with the integration off or Kueue absent it does nothing.
+func (k *kueueJobs) releaseGone(ctx context.Context, key client.ObjectKey, w *apply.Writer) error {
+	if k == nil || !k.kind.Watching() {
+		return nil
+	}
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(kueue.WorkloadGVK.GroupVersion().WithKind(kueue.WorkloadGVK.Kind + "List"))
+	if err := k.cache.List(ctx, list, client.InNamespace(key.Namespace)); err != nil {
+		return err
+	}
+	for i := range list.Items {
+		wl := &list.Items[i]
+		owner := metav1.GetControllerOf(wl)
+		if owner == nil || owner.Kind != trainingJobGVK.Kind || owner.Name != key.Name || wl.GetDeletionTimestamp() != nil {
+			continue
+		}
+		if !strings.HasPrefix(owner.APIVersion, trainingJobGVK.Group+"/") {
+			continue
+		}
+		if err := w.Delete(ctx, wl, "its TrainingJob is gone: release the quota now"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // placements reads the admitted flavours and turns them into each role's

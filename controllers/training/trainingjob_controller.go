@@ -186,13 +186,14 @@ func (r *Reconciler) jobsWhere(ctx context.Context, keep func(*trainingv1alpha1.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	job := &trainingv1alpha1.TrainingJob{}
 	if err := r.Get(ctx, req.NamespacedName, job); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.forget(req.NamespacedName)
+		if !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
 		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		r.forget(req.NamespacedName)
+		return ctrl.Result{}, r.kueue.releaseGone(ctx, req.NamespacedName, r.writer)
 	}
 	if job.DeletionTimestamp != nil {
-		return ctrl.Result{}, nil
+		return ctrl.Result{}, r.kueue.releaseGone(ctx, req.NamespacedName, r.writer)
 	}
 	obs, err := r.observe(ctx, job, time.Now())
 	if errors.Is(err, gang.ErrNotServedYet) {

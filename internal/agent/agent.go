@@ -175,13 +175,14 @@ func (a *Agent) collect() (*gpuv1alpha1.GPUNodeStatus, string) {
 }
 
 // writer is the agent's one writer: its GPUNode and that GPUNode's status,
-// with the two conditions the agent owns.
+// with the conditions the agent owns.
 func (a *Agent) writer() *apply.Writer {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.w == nil {
 		a.w = apply.NewWriter(a.Client, FieldOwner, apply.Options{
-			Conditions: []string{gpuv1alpha1.ConditionReady, gpuv1alpha1.ConditionNVMLUnavailable}})
+			Conditions: []string{gpuv1alpha1.ConditionReady, gpuv1alpha1.ConditionNVMLUnavailable,
+				gpuv1alpha1.ConditionReconciling, gpuv1alpha1.ConditionStalled}})
 	}
 	return a.w
 }

@@ -49,14 +49,35 @@ func composeStatus(in statusInput) gpuv1alpha1.GPUNodeStatus {
 func conditions(in statusInput, st gpuv1alpha1.GPUNodeStatus) []metav1.Condition {
 	switch {
 	case in.down != nil:
-		return unavailable(*in.down, st, in.inventory != nil)
+		return withKstatus(unavailable(*in.down, st, in.inventory != nil))
 	case in.collectErr != "":
-		return []metav1.Condition{{Type: gpuv1alpha1.ConditionReady, Status: metav1.ConditionFalse,
-			Reason: gpuv1alpha1.ReasonCollectionFailed, Message: in.collectErr + "; showing the last inventory"}}
+		return withKstatus([]metav1.Condition{{Type: gpuv1alpha1.ConditionReady, Status: metav1.ConditionFalse,
+			Reason: gpuv1alpha1.ReasonCollectionFailed, Message: in.collectErr + "; showing the last inventory"}})
 	case in.inventory == nil:
 		return nil // before the first attempt
 	}
-	return ready(st)
+	return withKstatus(ready(st))
+}
+
+// withKstatus adds the conditions kstatus reads (Helm's --wait, Flux,
+// kubectl wait): Reconciling while the agent retries (NVML not there yet,
+// or failing), so a node being bootstrapped or upgraded reads InProgress;
+// Stalled while a GPU is unhealthy, which only a person fixes, so it reads
+// Failed; neither once every GPU is read and healthy (Current). Ready keeps
+// its own reason and message; the two derive from it.
+func withKstatus(cs []metav1.Condition) []metav1.Condition {
+	r := cs[0]
+	rec := metav1.Condition{Type: gpuv1alpha1.ConditionReconciling, Status: metav1.ConditionFalse, Reason: r.Reason, Message: r.Message}
+	stalled := metav1.Condition{Type: gpuv1alpha1.ConditionStalled, Status: metav1.ConditionFalse,
+		Reason: gpuv1alpha1.ReasonAllHealthy, Message: "no GPU needs a person"}
+	switch r.Reason {
+	case gpuv1alpha1.ReasonCollected:
+	case gpuv1alpha1.ReasonUnhealthyGPUs:
+		stalled.Status, stalled.Reason, stalled.Message = metav1.ConditionTrue, r.Reason, r.Message
+	default:
+		rec.Status = metav1.ConditionTrue
+	}
+	return append(cs, rec, stalled)
 }
 
 func ready(st gpuv1alpha1.GPUNodeStatus) []metav1.Condition {

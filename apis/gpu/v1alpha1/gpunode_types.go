@@ -12,12 +12,23 @@ const (
 	// ConditionNVMLUnavailable is True when NVML cannot be used on the node
 	// (library missing, driver not loaded); its message is NVML's own error.
 	ConditionNVMLUnavailable = "NVMLUnavailable"
+	// ConditionReconciling (kstatus) is True while the agent has not yet read
+	// the inventory through NVML, or is retrying after NVML or a collection
+	// failed: it is expected to clear by itself (the driver is being
+	// installed or replaced).
+	ConditionReconciling = "Reconciling"
+	// ConditionStalled (kstatus) is True when a GPU is unhealthy: no retry
+	// fixes it; a person resets or replaces the GPU (see the health reset
+	// annotation).
+	ConditionStalled = "Stalled"
 
 	ReasonCollected        = "Collected"
 	ReasonNVMLInitFailed   = "NVMLInitFailed"
 	ReasonCollectionFailed = "CollectionFailed"
 	ReasonNVMLAvailable    = "NVMLAvailable"
 	ReasonUnhealthyGPUs    = "UnhealthyGPUs"
+	// ReasonAllHealthy: Stalled is False, every GPU read is healthy.
+	ReasonAllHealthy = "AllHealthy"
 	// ReasonNVMLLost: NVML worked, then its calls began failing (the driver
 	// was unloaded, e.g. for an upgrade). The agent keeps the last inventory.
 	ReasonNVMLLost = "NVMLLost"
