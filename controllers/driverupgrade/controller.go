@@ -54,6 +54,10 @@ const FieldOwner = "loom-driver-upgrade"
 // requeue is how soon a pass with upgrades in progress runs again.
 const requeue = 3 * time.Second
 
+// placingRequeue paces the passes that only recount nodes whose driver pod
+// the DaemonSet is still placing.
+const placingRequeue = 30 * time.Second
+
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies/status,verbs=get;patch
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch
@@ -192,6 +196,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	if pl.more || retry {
 		return ctrl.Result{RequeueAfter: requeue}, nil
+	}
+	if pl.summary.placing > 0 {
+		// Driver pods' readiness is not watched (every pod of a rollout
+		// would cost a pass); the count converges at this pace instead.
+		return ctrl.Result{RequeueAfter: placingRequeue}, nil
 	}
 	return ctrl.Result{}, nil
 }

@@ -18,6 +18,10 @@ const maxNamed = 10
 // DriverUpgrade condition.
 type summary struct {
 	nodes, upToDate, inProgress, waiting int
+	// placing counts idle nodes whose wanted driver pod is not there or
+	// not ready yet: the DaemonSet is placing it (a first install, a new
+	// GPU node), no upgrade is needed.
+	placing int
 	paused                               bool
 	failed, blocked, ignored             []string
 	// firstFailure is the first failed node and why it failed.
@@ -38,8 +42,11 @@ func (s *summary) add(v nodeView, k kind, why string) {
 			s.firstFailure = v.node.Name + ": " + why
 		}
 	case idle:
-		if v.driver != nil && v.target != "" && v.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == v.target {
+		switch {
+		case v.driver != nil && v.target != "" && v.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == v.target && podReady(v.driver):
 			s.upToDate++
+		case v.driver == nil || v.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == v.target:
+			s.placing++
 		}
 	}
 	if b := v.node.Annotations[gpuv1alpha1.AnnotationBlocked]; b != "" && k != ignored {
@@ -65,6 +72,9 @@ func condition(s summary, invalid error) (metav1.ConditionStatus, string, string
 	}
 	if s.waiting > 0 {
 		parts = append(parts, fmt.Sprintf("%d waiting", s.waiting))
+	}
+	if s.placing > 0 {
+		parts = append(parts, fmt.Sprintf("%d waiting for their driver pod to be placed and ready (no upgrade needed)", s.placing))
 	}
 	if len(s.failed) > 0 {
 		parts = append(parts, fmt.Sprintf("failed (%d): %s (see annotation %s)", len(s.failed), names(s.failed), gpuv1alpha1.AnnotationFailure))

@@ -83,15 +83,25 @@ func TestReasonsAreTheReconcilers(t *testing.T) {
 			t.Errorf("%s no longer sets %s", lit.dir, lit.s)
 		}
 	}
+	// The words by which the advice tells a gang bigger than the cluster.
+	if !sourceHas(t, "internal/inventory", moreThanTheCluster, strings.Contains) {
+		t.Errorf("internal/inventory no longer says %q in a fit's message", moreThanTheCluster)
+	}
 }
 
-func sourceHas(t *testing.T, dir, s string) bool {
+// sourceHas reports whether a string literal of dir's code is s (or, with
+// match, one match accepts).
+func sourceHas(t *testing.T, dir, s string, match ...func(lit, s string) bool) bool {
 	t.Helper()
+	same := func(lit, s string) bool { return lit == s }
+	if len(match) > 0 {
+		same = match[0]
+	}
 	found := false
 	for _, f := range parseDir(t, dir) {
 		{
 			ast.Inspect(f, func(n ast.Node) bool {
-				if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING && lit.Value == s {
+				if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING && same(lit.Value, s) {
 					found = true
 				}
 				return !found

@@ -42,6 +42,10 @@ func TestTrainingJob(t *testing.T) {
 			c("Ready", "False", ReasonNeverFits, "same")),
 			"trainingjob/bert: Pending (NeverFits): 0 of 1 pods placed; inventory: needs 1 pod × 16 nvidia.com/gpu; it can never fit",
 			"reduce replicas or GPUs per pod (now 16 nvidia.com/gpu), or add nodes with NVIDIA-H100-80GB-HBM3 GPUs", ""},
+		{"bigger than the cluster", job(trainingv1alpha1.StatePending,
+			c("Scheduled", "False", ReasonNotEnoughGPUs, "2 of 8 pods placed; inventory: needs 32 more GPUs than the cluster has (32 on 4 nodes)")),
+			"trainingjob/bert: Pending (NotEnoughGPUs): 2 of 8 pods placed; inventory: needs 32 more GPUs than the cluster has (32 on 4 nodes)",
+			"add GPU nodes", "wait for GPUs"},
 		{"queue", job(trainingv1alpha1.StatePending, c("Scheduled", "False", ReasonQueueNotFound, `Volcano queue "default" does not exist`)),
 			`trainingjob/bert: Pending (QueueNotFound): Volcano queue "default" does not exist`, `create the Volcano queue "default"`, ""},
 		{"not created beats scheduled", job(trainingv1alpha1.StateHeld,
@@ -67,6 +71,9 @@ func TestTrainingJob(t *testing.T) {
 			}
 			if tc.advice == "" && a.Advice != "" {
 				t.Errorf("advice %q, want none", a.Advice)
+			}
+			if tc.notIn != "" && strings.Contains(a.Advice, tc.notIn) {
+				t.Errorf("advice %q has %q", a.Advice, tc.notIn)
 			}
 		})
 	}

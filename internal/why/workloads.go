@@ -51,9 +51,17 @@ func TrainingJob(tj *trainingv1alpha1.TrainingJob) Answer {
 		a.State = "Unknown"
 	}
 	a.Advice = trainingAdvice(a.Reason, tj)
+	if a.Reason == ReasonNotEnoughGPUs && strings.Contains(a.Message, moreThanTheCluster) {
+		a.Advice = "the whole job is bigger than the cluster today: add GPU nodes (it starts once they join), or reduce replicas or GPUs per pod"
+	}
 	a.Also = appendIf(a.Also, stale(tj.Status.ObservedGeneration, tj.Generation))
 	return a
 }
+
+// moreThanTheCluster is how the inventory's fit says a gang is bigger than
+// every eligible GPU in the cluster together ("needs 32 more GPUs than the
+// cluster has"): waiting for GPUs to free up would not help.
+const moreThanTheCluster = "than the cluster has"
 
 // jobGPUs is the biggest nvidia.com/* request of one pod of the job (the
 // resource and its count) and the GPU product its pods ask for, if any.
