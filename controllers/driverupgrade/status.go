@@ -21,9 +21,9 @@ type summary struct {
 	// placing counts idle nodes whose wanted driver pod is not there or
 	// not ready yet: the DaemonSet is placing it (a first install, a new
 	// GPU node), no upgrade is needed.
-	placing int
-	paused                               bool
-	failed, blocked, ignored             []string
+	placing                  int
+	paused                   bool
+	failed, blocked, ignored []string
 	// firstFailure is the first failed node and why it failed.
 	firstFailure string
 }
