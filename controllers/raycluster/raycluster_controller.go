@@ -42,6 +42,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/crdinstall"
 	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/manager"
@@ -87,7 +88,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	// The manager cannot start a watch on a kind that is not served: make
 	// sure KubeRay's CRD is there first (the manager is not started yet, so
 	// this reads and writes directly).
-	present, err := EnsureCRD(ctx, mgr.GetClient(), mgr.GetAPIReader(), opts.InstallRayCRD)
+	present, err := crdinstall.Ensure(ctx, mgr.GetClient(), mgr.GetAPIReader(), crd, opts.InstallRayCRD)
 	if err != nil {
 		return err
 	}

@@ -26,6 +26,9 @@ type CRD struct {
 	Manifest []byte
 	// FieldOwner is the field manager Loom applies it as.
 	FieldOwner string
+	// Why is the reason the apply is logged with; empty means
+	// "install or upgrade <Name>".
+	Why string
 }
 
 // Ensure makes the CRD exist. Absent, it is applied server-side (these CRDs
@@ -54,7 +57,7 @@ func Ensure(ctx context.Context, c client.Client, reader client.Reader, crd CRD,
 	if u.GetName() != crd.Name {
 		return false, fmt.Errorf("embedded CRD is %q, want %q", u.GetName(), crd.Name)
 	}
-	if err := apply.NewWriter(c, crd.FieldOwner, apply.Options{}).ApplyFields(ctx, u, true, "install or upgrade "+crd.Name); err != nil {
+	if err := apply.NewWriter(c, crd.FieldOwner, apply.Options{}).ApplyFields(ctx, u, true, crd.why()); err != nil {
 		return false, err
 	}
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -69,6 +72,13 @@ func Ensure(ctx context.Context, c client.Client, reader client.Reader, crd CRD,
 		return false, nil
 	})
 	return err == nil, err
+}
+
+func (crd CRD) why() string {
+	if crd.Why != "" {
+		return crd.Why
+	}
+	return "install or upgrade " + crd.Name
 }
 
 // AppliedBy reports whether owner is one of crd's field managers.

@@ -1,0 +1,182 @@
+package inventory
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+)
+
+// maxPlaces is how many distinct placements one query tells apart (one
+// bit each).
+const maxPlaces = 64
+
+// place is a compiled placement.
+type place struct {
+	p           *Placement
+	product     string // the product it selects, if any (for messages and Gang.Product)
+	affinity    *nodeaffinity.RequiredNodeAffinity
+	tolerations []corev1.Toleration
+	// cordonOK: the pods tolerate node.kubernetes.io/unschedulable, as
+	// DaemonSet pods do, so the scheduler places them on cordoned nodes.
+	cordonOK bool
+}
+
+func compilePlaces(g Gang) ([]place, bool) {
+	var out []place
+	for _, pg := range g.Groups {
+		if slices.ContainsFunc(out, func(p place) bool { return equality.Semantic.DeepEqual(p.p, pg.Placement) }) {
+			continue
+		}
+		if len(out) == maxPlaces {
+			return nil, false
+		}
+		p := place{p: pg.Placement, product: g.Product}
+		if pg.Placement != nil {
+			if v := pg.Placement.NodeSelector[ProductLabel]; v != "" {
+				p.product = v
+			}
+			a := nodeaffinity.NewRequiredNodeAffinity(pg.Placement.NodeSelector, pg.Placement.Affinity)
+			p.affinity, p.tolerations = &a, pg.Placement.Tolerations
+			p.cordonOK = corev1helpers.TolerationsTolerateTaint(logr.Discard(), p.tolerations,
+				&corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}, true)
+		}
+		out = append(out, p)
+	}
+	return out, true
+}
+
+func placeIndex(places []place, pl *Placement) int {
+	for i := range places {
+		if equality.Semantic.DeepEqual(places[i].p, pl) {
+			return i
+		}
+	}
+	return -1
+}
+
+// Why a node offers nothing free to a placement that may use it.
+const (
+	closedCordoned = "cordoned"
+	closedNotReady = "NotReady"
+	closedPending  = "pending"
+	closedTaint    = "taint:"
+)
+
+// admits says whether the placement may use node n at all, and when it
+// may, why it cannot now ("" when it can).
+// scratch is a Node of n's name and labels for the affinity helpers to
+// match (one per query, not one per node in memory).
+func (p *place) admits(n *nodeEntry, scratch *corev1.Node) (ok bool, closed string) {
+	if p.product != "" && n.product != p.product {
+		return false, ""
+	}
+	if p.affinity != nil {
+		scratch.Name, scratch.Labels = n.name, n.labels
+		if m, err := p.affinity.Match(scratch); err != nil || !m {
+			return false, ""
+		}
+	}
+	for i := range n.node.taints {
+		t := &n.node.taints[i]
+		if corev1helpers.TolerationsTolerateTaint(logr.Discard(), p.tolerations, t, true) {
+			continue
+		}
+		if !passingTaint(t.Key) {
+			return false, ""
+		}
+		if closed == "" {
+			closed = closedTaint + t.Key
+		}
+	}
+	switch {
+	case n.node.cordoned && !p.cordonOK:
+		return true, closedCordoned
+	case n.node.notReady:
+		return true, closedNotReady
+	case n.pending:
+		return true, closedPending
+	}
+	return true, closed
+}
+
+// passingTaint: a taint that comes and goes with the node's condition
+// (kubelet's and the node lifecycle controller's node.kubernetes.io/*,
+// Loom's unhealthy-GPU taint), not one that dedicates the node.
+func passingTaint(key string) bool {
+	return strings.HasPrefix(key, "node.kubernetes.io/") || key == gpuv1alpha1.TaintUnhealthy
+}
+
+// tally is one resource's nodes as the gang's placements see them.
+type tally struct {
+	free, offers map[bucketKey]int64 // (placements' mask, units) → nodes
+	full         int64               // open eligible nodes with nothing free
+	nodes        int64               // nodes with the resource
+	eligible     int64               // nodes some placement may use
+	excluded     int64               // nodes with it no placement may use
+	open, idle   int64               // open eligible nodes, those with something free
+	total, spare int64               // offers and free on open eligible nodes
+	all          int64               // offers on every eligible node
+	largest      int64               // the largest offer of an eligible node
+	closed       map[string][2]int64 // reason → nodes, units
+}
+
+func (x *Index) tally(res corev1.ResourceName, places []place) *tally {
+	t := &tally{free: map[bucketKey]int64{}, offers: map[bucketKey]int64{}, closed: map[string][2]int64{}}
+	scratch := &corev1.Node{}
+	for _, n := range x.nodes {
+		offer := amount(n.offers, res)
+		if offer == 0 {
+			continue
+		}
+		t.nodes++
+		var elig, open uint64
+		reason := ""
+		for i := range places {
+			ok, closed := places[i].admits(n, scratch)
+			if !ok {
+				continue
+			}
+			elig |= 1 << i
+			if closed == "" {
+				open |= 1 << i
+			} else if reason == "" {
+				reason = closed
+			}
+		}
+		t.add(n, res, offer, elig, open, reason)
+	}
+	return t
+}
+
+func (t *tally) add(n *nodeEntry, res corev1.ResourceName, offer int64, elig, open uint64, reason string) {
+	if elig == 0 {
+		t.excluded++
+		return
+	}
+	t.eligible++
+	t.all += offer
+	t.largest = max(t.largest, offer)
+	t.offers[bucketKey{elig, offer}]++
+	if open == 0 {
+		c := t.closed[reason]
+		t.closed[reason] = [2]int64{c[0] + 1, c[1] + offer}
+		return
+	}
+	free := n.free(res)
+	t.open++
+	t.total += offer
+	t.spare += free
+	if free == 0 {
+		t.full++
+		return
+	}
+	t.idle++
+	t.free[bucketKey{open, free}]++
+}
