@@ -94,6 +94,12 @@ func setupKueueQueues(t *testing.T) {
 		}}),
 		kueueObj("ClusterQueue", "", kueueCQ, map[string]any{"spec": map[string]any{
 			"namespaceSelector": map[string]any{},
+			// The test asserts a definite order of admission. Under the
+			// default BestEffortFIFO a workload Kueue found inadmissible
+			// waits to be requeued, and one created after it that fits the
+			// quota just freed may go first (seen: the RayCluster took the
+			// quota of a deleted job ahead of kq-c).
+			"queueingStrategy": "StrictFIFO",
 			"preemption":        map[string]any{"withinClusterQueue": "LowerPriority"},
 			"resourceGroups": []any{map[string]any{
 				"coveredResources": []any{"cpu", "memory", string(framework.GPUResource)},

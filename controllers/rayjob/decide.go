@@ -63,8 +63,15 @@ type decision struct {
 	ensureService   bool
 	submit          bool
 	deleteSelf      bool
+	// warn is a Warning event to record on the RayJob (reason "": none).
+	warn warning
 	// requeue is when to look again (0: only on a change).
 	requeue time.Duration
+}
+
+// warning is a Warning event's reason and message.
+type warning struct {
+	reason, msg string
 }
 
 func selectorMode(j *rayv1.RayJob) bool { return len(j.Spec.ClusterSelector) != 0 }
@@ -177,7 +184,10 @@ func clusterPresent(o observed, d *decision) bool {
 // starts the submission.
 func initializing(o observed, d *decision) {
 	st := &d.status
-	if suspendOrDeadline(o, st) || !clusterPresent(o, d) {
+	if isVerdict(st.Reason) {
+		st.Reason = "" // said again below while it stands
+	}
+	if suspendOrDeadline(o, st) || !clusterPresent(o, d) || heldByCluster(o, d) {
 		return
 	}
 	if st.DashboardURL == "" {
@@ -200,6 +210,24 @@ func initializing(o observed, d *decision) {
 		d.createSubmitter = o.submitter == nil
 	}
 	st.JobDeploymentStatus, st.Message = rayv1.JobDeploymentStatusRunning, ""
+}
+
+// heldByCluster says, before anything is submitted, that the cluster's
+// own verdict (it can never fit, its gang is held, it is stalled) keeps
+// the job from running, and reports whether it does. It is asked even of
+// a cluster that reads ready: the submission waits until the cluster and
+// the inventory agree. A new or changed verdict is also a Warning event.
+func heldByCluster(o observed, d *decision) bool {
+	reason, msg := clusterVerdict(o.cluster)
+	if reason == "" {
+		return false
+	}
+	st := &d.status
+	st.Reason, st.Message = reason, msg
+	if old := o.job.Status; old.Reason != reason || old.Message != msg {
+		d.warn = warning{reason: string(reason), msg: msg}
+	}
+	return true
 }
 
 // clusterProblem is the cluster's own explanation of why it is not ready,

@@ -27,6 +27,17 @@ func originLabels(j *rayv1.RayJob) map[string]string {
 
 // desiredCluster is the RayCluster a RayJob runs on: its rayClusterSpec,
 // the RayJob's labels and annotations, named as the status says.
+//
+// Every label is copied, as KubeRay v1.5 does (constructRayClusterForRayJob),
+// so that the cluster is gang-scheduled as the RayJob asks: the raycluster
+// controller reads ray.io/scheduler-name, volcano.sh/queue-name and
+// ray.io/priority-class-name from the cluster. Kueue's queue label is copied
+// too, and does not queue the cluster a second time: the writer makes the
+// cluster controlled by the RayJob in the create itself, and Kueue skips an
+// object whose controller is a job it manages (the RayJob, suspended and
+// admitted through Kueue's ray.io/rayjob integration). One difference from
+// KubeRay: kubectl's last-applied annotation, which describes the RayJob,
+// is not copied.
 func desiredCluster(j *rayv1.RayJob, name string) *rayv1.RayCluster {
 	labels := make(map[string]string, len(j.Labels)+2)
 	for k, v := range j.Labels {

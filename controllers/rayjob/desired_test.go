@@ -107,3 +107,27 @@ func TestValidateKubeRaySamples(t *testing.T) {
 		t.Fatal("suspend without shutdownAfterJobFinishes passed")
 	}
 }
+
+// The cluster carries every label of the RayJob, as KubeRay v1.5 copies
+// them: Volcano's scheduler, queue and priority labels gang-schedule the
+// created cluster as the RayJob asks, and Kueue's queue label comes along
+// as in KubeRay (Kueue skips a cluster whose controller is its RayJob).
+func TestDesiredClusterCarriesTheRayJobsLabels(t *testing.T) {
+	j := baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusInitializing)
+	j.Labels = map[string]string{
+		"ray.io/scheduler-name": "volcano", "volcano.sh/queue-name": "research", "ray.io/priority-class-name": "high",
+		"kueue.x-k8s.io/queue-name": "user-queue", "ray.io/originated-from-cr-name": "someone-else",
+	}
+	rc := desiredCluster(j, "rj-fghij")
+	for k, v := range map[string]string{
+		"ray.io/scheduler-name": "volcano", "volcano.sh/queue-name": "research", "ray.io/priority-class-name": "high",
+		"kueue.x-k8s.io/queue-name": "user-queue", "ray.io/originated-from-cr-name": "rj", "ray.io/originated-from-crd": "RayJob",
+	} {
+		if rc.Labels[k] != v {
+			t.Errorf("label %s = %q, want %q (labels %v)", k, rc.Labels[k], v, rc.Labels)
+		}
+	}
+	if len(j.Labels) != 5 || j.Labels["ray.io/originated-from-cr-name"] != "someone-else" {
+		t.Fatalf("the RayJob's labels changed: %v", j.Labels)
+	}
+}

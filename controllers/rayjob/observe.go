@@ -48,9 +48,7 @@ func (r *Reconciler) observe(ctx context.Context, job *rayv1.RayJob, now time.Ti
 		}
 	}
 	if o.cluster != nil && st.DashboardURL == "" && o.cluster.Status.State == rayv1.Ready {
-		if u, err := utils.FetchHeadServiceURL(ctx, r.Client, o.cluster, utils.DashboardPortName); err == nil {
-			o.headURL = u
-		}
+		o.headURL = r.headURL(ctx, o.cluster)
 	}
 	if j.Spec.SubmissionMode == rayv1.K8sJobMode {
 		sj := &batchv1.Job{}
@@ -67,6 +65,32 @@ func (r *Reconciler) observe(ctx context.Context, job *rayv1.RayJob, now time.Ti
 		o.dash = r.askDashboard(ctx, client.ObjectKeyFromObject(j), st, now)
 	}
 	return o, nil
+}
+
+// headURL is the dashboard address of a ready cluster's head Service, ""
+// while there is none. The cache holds only the Services Loom labels: the
+// head Service of a cluster another operator runs (a KubeRay operator
+// running RayClusters, a cluster picked by clusterSelector) is read from
+// the API server, once per pass until the address is in the status.
+func (r *Reconciler) headURL(ctx context.Context, rc *rayv1.RayCluster) string {
+	u, err := utils.FetchHeadServiceURL(ctx, r.Client, rc, utils.DashboardPortName)
+	if apierrors.IsNotFound(err) && r.APIReader != nil {
+		u, err = utils.FetchHeadServiceURL(ctx, liveReads{Client: r.Client, live: r.APIReader}, rc, utils.DashboardPortName)
+	}
+	if err != nil {
+		return ""
+	}
+	return u
+}
+
+// liveReads is a client whose Get reads from the API server.
+type liveReads struct {
+	client.Client
+	live client.Reader
+}
+
+func (l liveReads) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	return l.live.Get(ctx, key, obj, opts...)
 }
 
 // askDashboard reads the Ray job from the dashboard, counting failed

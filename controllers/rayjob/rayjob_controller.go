@@ -12,6 +12,11 @@
 // pure state machine; the children are written through one apply.Writer,
 // then the status. The job id and the cluster name are in the status before
 // anything is created or submitted, so a restart submits exactly once.
+// Before submitting, the RayJob reads its cluster's own verdict from the
+// conditions Loom's raycluster controller writes (it can never fit, its
+// gang is held, it is stalled) and says so in its status (verdict.go).
+// KubeRay's RayJob metrics and Loom's time to running are on the
+// manager's registry (metrics.go).
 package rayjob
 
 import (
@@ -26,6 +31,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -113,6 +119,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		},
 	}
 	r.writer = apply.NewWriter(r.Client, FieldOwner, apply.Options{Live: r.APIReader})
+	registerMetrics(mgr.GetCache())
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("rayjob").
 		For(&rayv1.RayJob{}).
@@ -152,11 +159,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if _, err := r.writer.Status(ctx, job, &job.Status, &d.status); err != nil {
 		return ctrl.Result{}, err
 	}
+	observeStatus(job, &job.Status, &d.status, time.Now())
 	return ctrl.Result{RequeueAfter: d.requeue}, nil
 }
 
+// forget drops what the reconciler keeps of a RayJob that is gone or
+// going: its dashboard failures, its metrics' series and what the writer
+// remembers of its children.
 func (r *Reconciler) forget(key types.NamespacedName) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	delete(r.unreachable, key)
+	r.mu.Unlock()
+	forgetMetrics(key)
+	if r.writer != nil {
+		r.writer.Forget(&rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}})
+	}
 }

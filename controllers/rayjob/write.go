@@ -44,6 +44,9 @@ func (r *Reconciler) write(ctx context.Context, o observed, d decision) error {
 			return err
 		}
 	}
+	if d.warn.reason != "" {
+		r.event(owner, corev1.EventTypeWarning, d.warn.reason, "%s", d.warn.msg)
+	}
 	if err := r.release(ctx, o, d); err != nil {
 		return err
 	}
