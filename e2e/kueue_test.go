@@ -137,7 +137,7 @@ func TestKueueAdmitsTrainingJobsAndRayClusters(t *testing.T) {
 	}
 	startLoomManager(t)
 	k, err := cluster.StartKueue(ctx, framework.KueueOptions{
-		Frameworks:         []string{"ray.io/raycluster"},
+		Frameworks:         []string{"ray.io/raycluster", "ray.io/rayjob"},
 		ExternalFrameworks: []string{"TrainingJob.v1alpha1.training.loom.dev"},
 	})
 	if err != nil {
@@ -217,7 +217,60 @@ func TestKueueAdmitsTrainingJobsAndRayClusters(t *testing.T) {
 	if err := cluster.Client.Delete(ctx, rc); err != nil {
 		t.Fatal(err)
 	}
+	queuedRayJob(t)
 	preemption(t, jobs[2])
+}
+
+// queuedRayJob: Kueue's own ray.io/rayjob integration queues a RayJob (it
+// is created suspended, so Loom makes no cluster), admits it into the quota
+// the RayCluster freed, and Loom then creates its cluster with the
+// flavour's node selector Kueue put into rayClusterSpec; Kueue does not
+// queue that cluster a second time (its controller is the RayJob).
+func queuedRayJob(t *testing.T) {
+	ctx := context.Background()
+	rc := queuedRayCluster()
+	rj := &rayv1.RayJob{
+		ObjectMeta: metav1.ObjectMeta{Name: "kq-rayjob", Namespace: kueueNS, Labels: map[string]string{kueue.QueueLabel: kueueLQ}},
+		Spec: rayv1.RayJobSpec{Entrypoint: "python -c 'print(1)'", ShutdownAfterJobFinishes: true,
+			RayClusterSpec: &rc.Spec},
+	}
+	if err := cluster.Client.Create(ctx, rj); err != nil {
+		t.Fatal(err)
+	}
+	var name string
+	eventually(t, 60*time.Second, func() (bool, string) {
+		got := getRayJob(t, rj)
+		name = got.Status.RayClusterName
+		if name == "" {
+			return false, fmt.Sprintf("RayJob suspend %v, status %q: no cluster yet", got.Spec.Suspend, got.Status.JobDeploymentStatus)
+		}
+		all, running := livePods(t, &rayv1.RayCluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: kueueNS}})
+		return len(all) == 2 && running == 2, fmt.Sprintf("RayJob's cluster %s: pods %d, running %d", name, len(all), running)
+	})
+	all, _ := livePods(t, &rayv1.RayCluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: kueueNS}})
+	for _, p := range all {
+		if p.Spec.NodeSelector[kueuePool] != "kueue" {
+			t.Errorf("RayJob cluster pod %s lacks the flavour's node selector: %v", p.Name, p.Spec.NodeSelector)
+		}
+	}
+	wls := &unstructured.UnstructuredList{}
+	wls.SetGroupVersionKind(kueue.WorkloadGVK.GroupVersion().WithKind("WorkloadList"))
+	if err := cluster.Client.List(ctx, wls, client.InNamespace(kueueNS)); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range wls.Items {
+		if o := metav1.GetControllerOf(&w); o != nil && o.Kind == "RayCluster" && o.Name == name {
+			t.Errorf("Kueue queued the RayJob's cluster %s a second time (Workload %s)", name, w.GetName())
+		}
+	}
+	t.Logf("RayJob admitted by Kueue; its cluster %s runs on the flavour's nodes", name)
+	if err := cluster.Client.Delete(ctx, rj); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, func() (bool, string) {
+		all, _ := livePods(t, &rayv1.RayCluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: kueueNS}})
+		return len(all) == 0, fmt.Sprintf("the deleted RayJob's cluster has %d pods", len(all))
+	})
 }
 
 // preemption: with kq-c and kq-d holding the 16 GPUs, an urgent job
