@@ -100,7 +100,7 @@ func setupKueueQueues(t *testing.T) {
 			// quota just freed may go first (seen: the RayCluster took the
 			// quota of a deleted job ahead of kq-c).
 			"queueingStrategy": "StrictFIFO",
-			"preemption":        map[string]any{"withinClusterQueue": "LowerPriority"},
+			"preemption":       map[string]any{"withinClusterQueue": "LowerPriority"},
 			"resourceGroups": []any{map[string]any{
 				"coveredResources": []any{"cpu", "memory", string(framework.GPUResource)},
 				"flavors": []any{map[string]any{"name": kueueFlavor, "resources": []any{
