@@ -113,7 +113,7 @@ func updateJob(t *testing.T, rj *rayv1.RayJob, f func(*rayv1.RayJob)) {
 func waitJob(t *testing.T, rj *rayv1.RayJob, what string, ok func(*rayv1.RayJob) bool) *rayv1.RayJob {
 	t.Helper()
 	var got *rayv1.RayJob
-	testenv.Eventually(t, 30*time.Second, func() error {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		got = getJob(t, rj)
 		if !ok(got) {
 			return fmt.Errorf("RayJob %s is not %s: status %+v", rj.Name, what, got.Status)
