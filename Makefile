@@ -32,7 +32,11 @@ demo: build ## Run Loom on a local simulated GPU cluster until Ctrl-C.
 	exec $(BIN)/loom-demo --loom $(BIN)/loom
 
 .PHONY: bench
-bench: tools ## The fleet benchmark: NODES simulated GPU nodes (default 1000, 10,000 pods; 5000 needs a bigger machine), gang, jobs, RayClusters, idle; one table (~7 min).
+bench: tools ## Loom vs KubeRay v1.5.0 (CLUSTERS RayClusters, default 100) and vs Training Operator v1.8.1 and the floor (a PODS-pod gang, default 512), REPS repetitions (default 3); one table of ratios.
+	go run ./e2e/cmd/bench compare --clusters $(or $(CLUSTERS),100) --gang-pods $(or $(PODS),512) --reps $(or $(REPS),3)
+
+.PHONY: bench-fleet
+bench-fleet: tools ## The fleet benchmark: NODES simulated GPU nodes (default 1000, 10,000 pods; 5000 needs a bigger machine), gang, jobs, RayClusters, idle; one table (~7 min).
 	go run ./e2e/cmd/bench fleet --nodes $(or $(NODES),1000)
 
 .PHONY: bench-gpu-stack
@@ -59,7 +63,7 @@ kubectl-loom: ## Build the kubectl plugin into bin/kubectl-loom (put bin/ on PAT
 
 .PHONY: tools
 tools: ## Build every pinned tool into the cache (once per version).
-	$(TOOLS) kube kwok helm controller-gen golangci-lint prometheus-operator kueue >/dev/null
+	$(TOOLS) kube kwok helm controller-gen golangci-lint prometheus-operator kueue kuberay training-operator >/dev/null
 
 ##@ Generate
 

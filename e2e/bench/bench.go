@@ -13,7 +13,10 @@
 //   - gpu-stack: a ClusterPolicy rolled out on GPU nodes, then idle;
 //   - gang: one large TrainingJob gang at Loom's and client-go's client
 //     limits;
-//   - raycluster: many RayClusters to ready, the manager's RSS and writes.
+//   - raycluster: many RayClusters to ready, the manager's RSS and writes;
+//   - compare (compare.go, `make bench`): Loom side by side with KubeRay and
+//     Kubeflow's Training Operator, each contender on a fresh cluster, one
+//     table of ratios against the product's goals.
 package bench
 
 import (

@@ -7,6 +7,8 @@
 #   hack/tools/build.sh kwok helm controller-gen golangci-lint
 #   hack/tools/build.sh prometheus-operator -> operator, crds/ (its own CRDs)
 #   hack/tools/build.sh kueue -> kueue, config/ (its CRDs, webhooks, conversion patches)
+#   hack/tools/build.sh kuberay -> ray-operator, crds/ (benchmark anchor: KubeRay's operator)
+#   hack/tools/build.sh training-operator -> training-operator, crds/ (benchmark anchor: Kubeflow's)
 #
 # LOOM_TOOLS_DIR overrides the cache root (default: ~/.cache/loom/tools).
 set -euo pipefail
@@ -126,7 +128,52 @@ build_kueue() {
 	echo "$dir"
 }
 
-all=(kube kwok helm controller-gen golangci-lint prometheus-operator kueue)
+# module_dir MODULE VERSION: the module's source in the module cache.
+module_dir() {
+	go mod download -json "$1@$2" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
+}
+
+# build_anchor NAME VERSION PKG MODULE CRDDIR CRD...: an operator that
+# `make bench` compares Loom with, built from source as upstream documents
+# it (go install of its main package) into root/NAME-VERSION, and the named
+# CRDs (file names or globs) of the same module version from CRDDIR copied
+# into crds/ next to the binary.
+build_anchor() {
+	local name="$1" version="$2" pkg="$3" mod="$4" crddir="$5" dir="$root/$1-$2"
+	shift 5
+	if [[ ! -x "$dir/$name" || ! -d "$dir/crds" ]]; then
+		log "building $name $version (once, a few minutes; cached in $dir)"
+		rm -rf "$dir.tmp" && mkdir -p "$dir.tmp/crds"
+		GOBIN="$dir.tmp" go install "$pkg@$version"
+		local src f
+		src="$(module_dir "$mod" "$version")"
+		[[ -d "$src/$crddir" ]] || { log "$mod $version: no $crddir"; exit 1; }
+		# shellcheck disable=SC2086 # $f may be a glob
+		for f in "$@"; do cp "$src/$crddir/"$f "$dir.tmp/crds/"; done
+		chmod -R u+w,go+r "$dir.tmp/crds"
+		rm -rf "$dir" && mv "$dir.tmp" "$dir"
+	fi
+	echo "$dir"
+}
+
+# build_kuberay: KubeRay's operator (its main package is the module root;
+# the binary is named after it) and its three CRDs: it exits at start when
+# the RayJob or RayService CRD is missing.
+build_kuberay() {
+	local mod=github.com/ray-project/kuberay/ray-operator
+	build_anchor ray-operator "$KUBERAY_VERSION" "$mod" "$mod" config/crd/bases \
+		ray.io_rayclusters.yaml ray.io_rayjobs.yaml ray.io_rayservices.yaml
+}
+
+# build_training_operator: Kubeflow's Training Operator (v1) and its job
+# CRDs (without the directory's kustomization.yaml).
+build_training_operator() {
+	local mod=github.com/kubeflow/training-operator
+	build_anchor training-operator.v1 "$TRAINING_OPERATOR_VERSION" "$mod/cmd/training-operator.v1" "$mod" manifests/base/crds \
+		'kubeflow.org_*.yaml'
+}
+
+all=(kube kwok helm controller-gen golangci-lint prometheus-operator kueue kuberay training-operator)
 [[ $# -gt 0 ]] || set -- "${all[@]}"
 for t in "$@"; do
 	case "$t" in
@@ -137,6 +184,8 @@ for t in "$@"; do
 	golangci-lint) install_tool golangci-lint "$GOLANGCI_LINT_VERSION" github.com/golangci/golangci-lint/v2/cmd/golangci-lint ;;
 	prometheus-operator) build_prometheus_operator ;;
 	kueue) build_kueue ;;
+	kuberay) build_kuberay ;;
+	training-operator) build_training_operator ;;
 	*) log "unknown tool $t (known: ${all[*]})"; exit 2 ;;
 	esac
 done

@@ -1,7 +1,8 @@
 // Command bench runs one of Loom's benchmarks on the simulated cluster
 // (package e2e/bench) and prints its table:
 //
-//	go run ./e2e/cmd/bench [fleet] [--nodes 1000] ...   # make bench
+//	go run ./e2e/cmd/bench compare --clusters 100 --gang-pods 512 --reps 3   # make bench
+//	go run ./e2e/cmd/bench [fleet] [--nodes 1000] ...   # make bench-fleet
 //	go run ./e2e/cmd/bench gpu-stack --nodes 500        # make bench-gpu-stack
 //	go run ./e2e/cmd/bench gang --pods 512 --nodes 64   # make bench-training
 //	go run ./e2e/cmd/bench raycluster --clusters 100    # make bench-raycluster
@@ -22,6 +23,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"github.com/loom-dev/loom/e2e/bench"
 )
 
@@ -31,10 +35,12 @@ type scenario struct {
 	flags func(fs *flag.FlagSet) job
 }
 
-// A job checks the parsed flags (before the cluster starts), then measures.
+// A job checks the parsed flags (before the cluster starts), then measures
+// on one cluster, or, standalone, brings up clusters itself.
 type job struct {
-	check   func() error
-	measure func(ctx context.Context, env *bench.Env) (printer, error)
+	check      func() error
+	measure    func(ctx context.Context, env *bench.Env) (printer, error)
+	standalone func(ctx context.Context, up bench.UpOptions) (printer, error)
 }
 
 type printer interface{ Print(w io.Writer) error }
@@ -44,9 +50,13 @@ var scenarios = map[string]scenario{
 	"gpu-stack":  {"ClusterPolicy apply to Ready and the manager's API requests on GPU nodes", gpuStack},
 	"gang":       {"pods/s creating a TrainingJob gang at Loom's and client-go's client limits", gang},
 	"raycluster": {"RayClusters × 4 pods to all ready, the manager's RSS and writes", rayCluster},
+	"compare":    {"Loom side by side with KubeRay and the Training Operator, a fresh cluster each; one table of ratios (make bench)", compare},
 }
 
+var scenarioNames = []string{"fleet", "gpu-stack", "gang", "raycluster", "compare"}
+
 func main() {
+	ctrllog.SetLogger(logr.Discard()) // the benchmark's own clients: no stack trace
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
 		os.Exit(1)
@@ -60,12 +70,12 @@ func run(args []string) error {
 	}
 	sc, ok := scenarios[name]
 	if !ok {
-		return fmt.Errorf("unknown scenario %q; want fleet, gpu-stack, gang or raycluster", name)
+		return fmt.Errorf("unknown scenario %q; want one of %s", name, strings.Join(scenarioNames, ", "))
 	}
 	fs := flag.NewFlagSet("bench "+name, flag.ExitOnError)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: bench [scenario] [flags] [-- manager flags]; scenarios:\n")
-		for _, n := range []string{"fleet", "gpu-stack", "gang", "raycluster"} {
+		for _, n := range scenarioNames {
 			fmt.Fprintf(fs.Output(), "  %-10s  %s\n", n, scenarios[n].doc)
 		}
 		fmt.Fprintf(fs.Output(), "flags of %s:\n", name)
@@ -92,6 +102,14 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	t0 := time.Now()
+	if j.standalone != nil {
+		r, err := j.standalone(ctx, up)
+		if err != nil {
+			return err
+		}
+		up.Logf("done in %s", time.Since(t0).Round(time.Second))
+		return r.Print(os.Stdout)
+	}
 	env, err := bench.Up(ctx, up)
 	if err != nil {
 		return err
@@ -148,4 +166,20 @@ func rayCluster(fs *flag.FlagSet) job {
 	fs.IntVar(&cfg.Clusters, "clusters", 100, "RayClusters of 1 head + 3 workers")
 	fs.DurationVar(&cfg.Idle, "idle", 30*time.Second, "idle window after all are ready")
 	return job{measure: func(ctx context.Context, env *bench.Env) (printer, error) { return bench.RunRayClusters(ctx, env, cfg) }}
+}
+
+func compare(fs *flag.FlagSet) job {
+	cfg := bench.CompareConfig{}
+	fs.IntVar(&cfg.Clusters, "clusters", 100, "raycluster: RayClusters of 1 head + 3 workers (and as many nodes)")
+	fs.IntVar(&cfg.GangPods, "gang-pods", 512, "gang: pods of the job (1 master + gang-pods-1 workers, 1 GPU each)")
+	fs.IntVar(&cfg.Reps, "reps", 3, "repetitions (the contenders' order rotates)")
+	fs.DurationVar(&cfg.Idle, "idle", 30*time.Second, "raycluster: idle window after all are ready")
+	fs.StringVar(&cfg.Only, "only", "", "run one scenario only: raycluster or gang")
+	return job{
+		check: func() error { return cfg.Check() },
+		standalone: func(ctx context.Context, up bench.UpOptions) (printer, error) {
+			cfg.Loom, cfg.Logf, cfg.ManagerArgs, cfg.ManagerEnv = up.Loom, up.Logf, up.ManagerArgs, up.ManagerEnv
+			return bench.RunCompare(ctx, cfg)
+		},
+	}
 }

@@ -1,0 +1,263 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/loom-dev/loom/e2e/framework"
+)
+
+// CompareConfig sizes the comparison (`make bench`): Loom side by side with
+// the upstream operators it replaces, each contender on a fresh simulated
+// cluster of the same nodes with the same objects.
+//   - raycluster: Clusters RayClusters of 1 head + 3 workers on as many
+//     nodes, KubeRay's operator against Loom's manager with only its
+//     raycluster controller;
+//   - gang: a job of 1 master + GangPods-1 workers (1 GPU each) on
+//     GangPods/8 8-GPU nodes, Kubeflow's Training Operator (a PyTorchJob)
+//     against Loom (a TrainingJob), and the floor: a plain client creating
+//     the same pods with nothing in between.
+//
+// Each of Reps repetitions runs every contender once, in an order that
+// rotates between repetitions, so that neither always runs on a cold or a
+// warm machine.
+type CompareConfig struct {
+	Clusters, GangPods, Reps int
+	// Idle is the raycluster scenario's idle window after all are ready.
+	Idle time.Duration
+	// Only runs one scenario ("raycluster" or "gang"); empty: both.
+	Only string
+	// Loom is a loom binary; empty: build ./cmd/manager once.
+	Loom string
+	Logf func(format string, args ...any)
+	// ManagerArgs and ManagerEnv are added to Loom's manager.
+	ManagerArgs, ManagerEnv []string
+}
+
+// Contenders, as the tables name them.
+const (
+	contLoom    = "Loom"
+	contKubeRay = "KubeRay"
+	contTO      = "Training Operator"
+	contFloor   = "floor"
+)
+
+// Check says whether the configuration can run.
+func (cfg CompareConfig) Check() error {
+	switch {
+	case cfg.Clusters < 1 || cfg.Reps < 1:
+		return fmt.Errorf("need clusters >= 1 and reps >= 1")
+	case cfg.GangPods < 2:
+		return fmt.Errorf("need gang-pods >= 2")
+	case cfg.Only != "" && cfg.Only != "raycluster" && cfg.Only != "gang":
+		return fmt.Errorf("--only: want raycluster or gang, got %q", cfg.Only)
+	}
+	return nil
+}
+
+// CompareRun is one contender's measurement in one repetition.
+type CompareRun struct {
+	// Done is the time to all RayClusters ready, or to all of the gang's
+	// pods created; Running to all the gang's pods running.
+	Done, Running time.Duration
+	// The process's resident set at its peak (VmHWM) and settled (VmRSS),
+	// and the settled one's anonymous and file-backed parts.
+	PeakRSS, RSS, AnonRSS, FileRSS int64
+	// CPU is the process's CPU seconds while converging, IdleCPU per idle
+	// minute.
+	CPU, IdleCPU float64
+	// Writes while converging and per idle minute: client-go's POST, PUT,
+	// PATCH and DELETE requests, without Loom's lease renewals and the
+	// metrics endpoint's reviews of the benchmark's own scrapes.
+	Writes, IdleWrites float64
+	// LoomIdle are Loom's own idle writes by verb and resource, apart from
+	// its lease (Loom only).
+	LoomIdle map[framework.APIRequest]float64
+}
+
+// CompareReport is what the comparison measured: each scenario's runs by
+// contender, one a repetition.
+type CompareReport struct {
+	Config      CompareConfig
+	Ray, Gang   map[string][]CompareRun
+	AnchorNames map[string]string // contender -> "KubeRay ray-operator v1.5.0"
+}
+
+// RunCompare runs the comparison.
+func RunCompare(ctx context.Context, cfg CompareConfig) (*CompareReport, error) {
+	if err := cfg.Check(); err != nil {
+		return nil, err
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	if cfg.Loom == "" {
+		dir, err := os.MkdirTemp("", "loom-bench-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		if cfg.Loom, err = framework.BuildLoom(dir); err != nil {
+			return nil, err
+		}
+	}
+	r := &CompareReport{Config: cfg, Ray: map[string][]CompareRun{}, Gang: map[string][]CompareRun{}, AnchorNames: map[string]string{}}
+	for rep := range cfg.Reps {
+		if cfg.Only != "gang" {
+			if err := r.repeat(ctx, rep, "raycluster", []string{contLoom, contKubeRay}, r.Ray, r.rayRun); err != nil {
+				return nil, err
+			}
+		}
+		if cfg.Only != "raycluster" {
+			if err := r.repeat(ctx, rep, "gang", []string{contLoom, contTO, contFloor}, r.Gang, r.gangRun); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return r, nil
+}
+
+// repeat runs each contender once on a fresh cluster, the order rotated by
+// rep, and appends its run to runs.
+func (r *CompareReport) repeat(ctx context.Context, rep int, scenario string, contenders []string,
+	runs map[string][]CompareRun, measure func(context.Context, *Env, string) (CompareRun, error)) error {
+	for i := range contenders {
+		name := contenders[(i+rep)%len(contenders)]
+		run, err := r.onFreshCluster(ctx, fmt.Sprintf("%s rep %d/%d %s", scenario, rep+1, r.Config.Reps, name),
+			func(env *Env) (CompareRun, error) { return measure(ctx, env, name) })
+		if err != nil {
+			return fmt.Errorf("%s, %s, repetition %d: %w", scenario, name, rep+1, err)
+		}
+		runs[name] = append(runs[name], run)
+	}
+	return nil
+}
+
+// onFreshCluster brings a simulated cluster up, runs f on it and takes it
+// down again.
+func (r *CompareReport) onFreshCluster(ctx context.Context, what string, f func(*Env) (CompareRun, error)) (CompareRun, error) {
+	cfg := r.Config
+	logf := func(format string, args ...any) { cfg.Logf("%s: %s", what, fmt.Sprintf(format, args...)) }
+	env, err := Up(ctx, UpOptions{Loom: cfg.Loom, Logf: logf, ManagerArgs: cfg.ManagerArgs, ManagerEnv: cfg.ManagerEnv})
+	if err != nil {
+		return CompareRun{}, err
+	}
+	defer env.Down()
+	return f(env)
+}
+
+// contender is one operator process under comparison.
+type contender interface {
+	PID() int
+	metrics() (string, error)
+	halt()
+}
+
+type loomContender struct{ *Manager }
+
+func (l loomContender) metrics() (string, error) { return l.Metrics(l.token) }
+func (l loomContender) halt()                    { l.Stop(20 * time.Second) }
+
+type anchorContender struct{ *framework.Anchor }
+
+func (a anchorContender) metrics() (string, error) { return a.Metrics() }
+func (a anchorContender) halt()                    { a.Stop(20 * time.Second) }
+
+// startContender starts name's operator on env: Loom's chart and manager
+// with only loomController, or the anchor.
+func (r *CompareReport) startContender(ctx context.Context, env *Env, name, loomController string) (contender, error) {
+	var a *framework.Anchor
+	var err error
+	switch name {
+	case contLoom:
+		rel, err := env.Install(ctx, "nodeAgent.enabled=false")
+		if err != nil {
+			return nil, err
+		}
+		m, err := env.StartManager(ctx, rel, "--controllers="+loomController, "--gang-scheduler=none")
+		if err != nil {
+			return nil, err
+		}
+		return loomContender{m}, nil
+	case contKubeRay:
+		a, err = env.Cluster.StartKubeRay(ctx)
+	case contTO:
+		a, err = env.Cluster.StartTrainingOperator(ctx)
+	default:
+		return nil, fmt.Errorf("no operator for %s", name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	r.AnchorNames[name] = a.Name + " " + a.Version
+	return anchorContender{a}, nil
+}
+
+// sample is a contender at one moment.
+type sample struct {
+	writes float64
+	// loom is loom_api_requests_total (Loom only).
+	loom                  map[framework.APIRequest]float64
+	rss, peak, anon, file int64
+	cpu                   float64
+}
+
+// takeSample scrapes the contender's metrics, then reads its /proc status.
+func takeSample(c contender) (sample, error) {
+	text, err := c.metrics()
+	if err != nil {
+		return sample{}, err
+	}
+	if len(framework.Samples(text, "rest_client_requests_total")) == 0 {
+		return sample{}, fmt.Errorf("no rest_client_requests_total in the metrics")
+	}
+	s := sample{loom: framework.ParseAPIRequests(text)}
+	s.writes = framework.RESTClientWrites(text) - benchArtefacts(s.loom)
+	pid := c.PID()
+	s.rss, _ = framework.RSS(pid)
+	s.peak, _ = framework.PeakRSS(pid)
+	s.anon, _ = framework.AnonRSS(pid)
+	s.file, _ = framework.FileRSS(pid)
+	if s.cpu, err = framework.CPUSeconds(pid); err != nil {
+		return sample{}, err
+	}
+	return s, nil
+}
+
+// benchArtefacts are Loom's writes that are not reconciliation: its lease
+// renewals (the anchors run without leader election) and the TokenReviews
+// and SubjectAccessReviews its metrics endpoint sends to authenticate the
+// benchmark's scrapes (the anchors' endpoints are plain HTTP).
+func benchArtefacts(loom map[framework.APIRequest]float64) (n float64) {
+	for k, v := range loom {
+		switch {
+		case k.Verb == "get" || k.Verb == "list" || k.Verb == "watch":
+		case isLease(k), k.Resource == "tokenreviews", k.Resource == "subjectaccessreviews":
+			n += v
+		}
+	}
+	return n
+}
+
+// converged fills run from the samples at the start (s0) and at the end of
+// converging (s1).
+func (run *CompareRun) converged(s0, s1 sample) {
+	run.PeakRSS = s1.peak
+	run.RSS, run.AnonRSS, run.FileRSS = s1.rss, s1.anon, s1.file
+	run.CPU = s1.cpu - s0.cpu
+	run.Writes = s1.writes - s0.writes
+}
+
+// idled fills run's idle figures from the samples around an idle window d
+// (the settled RSS is the one after it).
+func (run *CompareRun) idled(s1, s2 sample, d time.Duration) {
+	run.RSS, run.AnonRSS, run.FileRSS = s2.rss, s2.anon, s2.file
+	run.PeakRSS = s2.peak
+	run.IdleCPU = (s2.cpu - s1.cpu) / d.Minutes()
+	run.IdleWrites = (s2.writes - s1.writes) / d.Minutes()
+	if len(s2.loom) > 0 {
+		run.LoomIdle = pick(diff(s2.loom, s1.loom), func(k framework.APIRequest) bool { return isWrite(k) && !isLease(k) })
+	}
+}

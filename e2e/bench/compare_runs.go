@@ -1,0 +1,192 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/loom-dev/loom/e2e/framework"
+)
+
+// rayRun is the raycluster scenario for one contender on a fresh env: the
+// nodes, the operator, then the RayClusters timed to all ready, a settle,
+// and the idle window.
+func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (CompareRun, error) {
+	c, n, ns := env.Cluster, r.Config.Clusters, "bench"
+	var run CompareRun
+	if _, err := c.CreateNodes(ctx, framework.NodeSpec{Prefix: "node", Count: n}); err != nil {
+		return run, err
+	}
+	op, err := r.startContender(ctx, env, name, "raycluster")
+	if err != nil {
+		return run, err
+	}
+	defer op.halt()
+	if err := createNamespace(ctx, c, ns); err != nil {
+		return run, err
+	}
+	s0, err := takeSample(op)
+	if err != nil {
+		return run, err
+	}
+	start := time.Now()
+	if err := createRayClusters(ctx, c, ns, n); err != nil {
+		return run, err
+	}
+	if err := poll(ctx, c, 250*time.Millisecond, 15*time.Minute, func() (bool, string, error) {
+		ready, err := readyRayClusters(ctx, c, ns)
+		return ready == n, fmt.Sprintf("%d of %d RayClusters ready", ready, n), err
+	}); err != nil {
+		return run, err
+	}
+	run.Done = time.Since(start)
+	env.Logf("%d RayClusters ready after %s", n, round(run.Done))
+	return run, r.settleAndIdle(env, op, &run, s0)
+}
+
+// settleAndIdle ends the converging phase after a settle, then idles.
+func (r *CompareReport) settleAndIdle(env *Env, op contender, run *CompareRun, s0 sample) error {
+	settle()
+	s1, err := takeSample(op)
+	if err != nil {
+		return err
+	}
+	run.converged(s0, s1)
+	env.Logf("idle for %s", r.Config.Idle)
+	time.Sleep(r.Config.Idle)
+	s2, err := takeSample(op)
+	if err != nil {
+		return err
+	}
+	run.idled(s1, s2, r.Config.Idle)
+	return nil
+}
+
+// gangRun is the gang scenario for one contender on a fresh env: the nodes,
+// the operator (none for the floor), then the job (or the floor's pods)
+// timed to all pods created and to all running.
+func (r *CompareReport) gangRun(ctx context.Context, env *Env, name string) (CompareRun, error) {
+	c, pods, ns := env.Cluster, r.Config.GangPods, "bench"
+	var run CompareRun
+	if _, err := c.CreateNodes(ctx, framework.NodeSpec{Prefix: "gpu", Count: (pods + 7) / 8, GPUs: 8, Pods: "200"}); err != nil {
+		return run, err
+	}
+	if err := createNamespace(ctx, c, ns); err != nil {
+		return run, err
+	}
+	var op contender
+	var s0 sample
+	if name != contFloor {
+		var err error
+		if op, err = r.startContender(ctx, env, name, "trainingjob"); err != nil {
+			return run, err
+		}
+		defer op.halt()
+		if s0, err = takeSample(op); err != nil {
+			return run, err
+		}
+	}
+	submit, err := gangSubmitter(c, name, ns, pods)
+	if err != nil {
+		return run, err
+	}
+	if err := timeGang(ctx, env, &run, pods, ns, submit); err != nil {
+		return run, err
+	}
+	settle()
+	if op == nil {
+		run.Writes = float64(pods) // the floor's client sent one create a pod, nothing else
+		return run, nil
+	}
+	s1, err := takeSample(op)
+	run.converged(s0, s1)
+	return run, err
+}
+
+// timeGang runs submit in the background and times the namespace's pods
+// to all created and to all running, polling alike for every contender.
+func timeGang(ctx context.Context, env *Env, run *CompareRun, pods int, ns string, submit func(context.Context) error) error {
+	c := env.Cluster
+	start := time.Now()
+	errc := make(chan error, 1)
+	go func() { errc <- submit(ctx) }()
+	if err := poll(ctx, c, 50*time.Millisecond, 10*time.Minute, func() (bool, string, error) {
+		select {
+		case err := <-errc:
+			if err != nil {
+				return false, "", err
+			}
+		default:
+		}
+		n, err := countPods(ctx, c, client.InNamespace(ns))
+		return n >= pods, fmt.Sprintf("%d of %d pods created", n, pods), err
+	}); err != nil {
+		return err
+	}
+	run.Done = time.Since(start)
+	env.Logf("%d pods created after %s", pods, round(run.Done))
+	if err := poll(ctx, c, 250*time.Millisecond, 10*time.Minute, func() (bool, string, error) {
+		n, err := runningPods(ctx, c, client.InNamespace(ns))
+		return n == pods, fmt.Sprintf("%d of %d pods running", n, pods), err
+	}); err != nil {
+		return err
+	}
+	run.Running = time.Since(start)
+	env.Logf("%d pods running after %s", pods, round(run.Running))
+	return nil
+}
+
+// gangSubmitter returns what creates the contender's gang: Loom's
+// TrainingJob, the Training Operator's PyTorchJob, or, for the floor, the
+// pods themselves from a client without a rate limit, 32 creates in flight.
+func gangSubmitter(c *framework.Cluster, name, ns string, pods int) (func(context.Context) error, error) {
+	switch name {
+	case contLoom:
+		return func(ctx context.Context) error {
+			return c.Client.Create(ctx, trainingJob(ns, "gang", int32(pods-1), "1"))
+		}, nil
+	case contTO:
+		return func(ctx context.Context) error { return c.Client.Create(ctx, pyTorchJob(ns, "gang", pods-1)) }, nil
+	}
+	cfg := rest.CopyConfig(c.Config)
+	cfg.QPS = -1 // no client-side limit
+	cl, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error {
+		return parallel(pods, func(i int) error { return cl.Create(ctx, floorPod(ns, i)) })
+	}, nil
+}
+
+// pyTorchJob is the Training Operator's job of the same shape as Loom's
+// TrainingJob: a master and workers with the same pod template (1 GPU).
+func pyTorchJob(ns, name string, workers int) *unstructured.Unstructured {
+	replica := func(n int) map[string]any {
+		t := gpuTemplate("1")
+		tmpl, _ := runtime.DefaultUnstructuredConverter.ToUnstructured(&t)
+		return map[string]any{"replicas": int64(n), "restartPolicy": "OnFailure", "template": tmpl}
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kubeflow.org/v1",
+		"kind":       "PyTorchJob",
+		"metadata":   map[string]any{"name": name, "namespace": ns},
+		"spec": map[string]any{"pytorchReplicaSpecs": map[string]any{
+			"Master": replica(1),
+			"Worker": replica(workers),
+		}},
+	}}
+	return u
+}
+
+// floorPod is the floor's pod i: the gang's pod template, nothing else.
+func floorPod(ns string, i int) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("gang-%d", i)}, Spec: gpuTemplate("1").Spec}
+}

@@ -1,0 +1,227 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"runtime"
+	"slices"
+	"strings"
+
+	"github.com/loom-dev/loom/e2e/framework"
+)
+
+// goal is a product goal on one ratio column's median: at most Max, or at
+// least Min.
+type goal struct {
+	ratio    int // index into the table's ratio pairs
+	max, min float64
+}
+
+func (g goal) String() string {
+	if g.min > 0 {
+		return fmt.Sprintf("≥%g×", g.min)
+	}
+	return fmt.Sprintf("≤%g×", g.max)
+}
+
+func (g goal) met(median float64) bool {
+	if math.IsNaN(median) {
+		return false
+	}
+	if g.min > 0 {
+		return median >= g.min
+	}
+	return median <= g.max
+}
+
+// metric is one row of a comparison table.
+type metric struct {
+	label string
+	get   func(CompareRun) float64
+	unit  func(float64) string
+	// process: the floor has no process, so no value here.
+	process bool
+	goals   []goal
+}
+
+func secs(v float64) string {
+	if v < 10 {
+		return fmt.Sprintf("%.2f s", v)
+	}
+	return fmt.Sprintf("%.1f s", v)
+}
+func mibF(v float64) string { return fmt.Sprintf("%.0f MiB", v/(1<<20)) }
+func count(v float64) string {
+	if v < 10 && v != math.Trunc(v) {
+		return fmt.Sprintf("%.1f", v)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+func cpuSecs(v float64) string { return fmt.Sprintf("%.2f s", v) }
+
+// Print writes the comparison as one table, a section a scenario.
+func (r *CompareReport) Print(w io.Writer) error {
+	t := NewTable(w)
+	cfg := r.Config
+	t.Row("comparison", "each contender on a fresh simulated cluster (%d CPUs), %d repetition(s), order rotated; median (min–max) over repetitions; ratios paired within a repetition",
+		runtime.NumCPU(), cfg.Reps)
+	t.Row("writes", "client-go's rest_client_requests_total POST/PUT/PATCH/DELETE, without Loom's lease renewals and its metrics endpoint's reviews of the benchmark's scrapes (the anchors run without leader election, with plain-HTTP metrics)")
+	if len(cfg.ManagerEnv) > 0 || len(cfg.ManagerArgs) > 0 {
+		t.Row("Loom's manager run with", "%s", strings.Join(append(append([]string{}, cfg.ManagerEnv...), cfg.ManagerArgs...), " "))
+	}
+	if len(r.Ray) > 0 {
+		t.Blank()
+		t.Row("raycluster", "%d RayClusters (1 head + 3 workers, %d pods) on %d nodes; Loom's manager with --controllers=raycluster vs %s (all its controllers); idle window %s",
+			cfg.Clusters, 4*cfg.Clusters, cfg.Clusters, r.anchorName(contKubeRay), cfg.Idle)
+		r.section(t, r.Ray, []string{contLoom, contKubeRay}, [][2]string{{contLoom, contKubeRay}}, rayMetrics)
+	}
+	if len(r.Gang) > 0 {
+		t.Blank()
+		t.Row("gang", "1 master + %d workers (1 GPU each) on %d 8-GPU nodes; Loom's TrainingJob (--controllers=trainingjob) vs %s's PyTorchJob vs the floor (a plain client creating the same pods, 32 in flight, no rate limit)",
+			cfg.GangPods-1, (cfg.GangPods+7)/8, r.anchorName(contTO))
+		r.section(t, r.Gang, []string{contLoom, contTO, contFloor}, [][2]string{{contLoom, contTO}, {contLoom, contFloor}}, r.gangMetrics())
+	}
+	if idle := r.LoomIdleWrites(); len(idle) > 0 {
+		t.Blank()
+		for _, k := range framework.SortedRequests(idle) {
+			t.Row("Loom idle write (not its lease)", "%s %s: %.0f", k.Verb, k.Resource, idle[k])
+		}
+	}
+	return t.Flush()
+}
+
+func (r *CompareReport) anchorName(c string) string {
+	if n := r.AnchorNames[c]; n != "" {
+		return n
+	}
+	return c
+}
+
+var rayMetrics = []metric{
+	{label: "all RayClusters ready", get: func(r CompareRun) float64 { return r.Done.Seconds() }, unit: secs, goals: []goal{{max: 0.6}}},
+	{label: "peak RSS (VmHWM)", get: func(r CompareRun) float64 { return float64(r.PeakRSS) }, unit: mibF, goals: []goal{{max: 0.75}}},
+	{label: "settled RSS (VmRSS)", get: func(r CompareRun) float64 { return float64(r.RSS) }, unit: mibF},
+	{label: "  of it RssAnon", get: func(r CompareRun) float64 { return float64(r.AnonRSS) }, unit: mibF},
+	{label: "  of it RssFile (binary's pages)", get: func(r CompareRun) float64 { return float64(r.FileRSS) }, unit: mibF},
+	{label: "CPU while converging", get: func(r CompareRun) float64 { return r.CPU }, unit: cpuSecs},
+	{label: "CPU per idle minute", get: func(r CompareRun) float64 { return r.IdleCPU }, unit: cpuSecs},
+	{label: "writes while converging", get: func(r CompareRun) float64 { return r.Writes }, unit: count, goals: []goal{{max: 0.55}}},
+	{label: "writes per idle minute", get: func(r CompareRun) float64 { return r.IdleWrites }, unit: count},
+}
+
+func (r *CompareReport) gangMetrics() []metric {
+	pods := float64(r.Config.GangPods)
+	return []metric{
+		{label: "all pods created", get: func(r CompareRun) float64 { return r.Done.Seconds() }, unit: secs, goals: []goal{{ratio: 1, max: 1.3}}},
+		{label: "pods/s created", get: func(r CompareRun) float64 { return pods / r.Done.Seconds() }, unit: count, goals: []goal{{min: 10}}},
+		{label: "all pods running", get: func(r CompareRun) float64 { return r.Running.Seconds() }, unit: secs},
+		{label: "writes (to all running + settle)", get: func(r CompareRun) float64 { return r.Writes }, unit: count, goals: []goal{{max: 0.55}}},
+		{label: "peak RSS (VmHWM)", get: func(r CompareRun) float64 { return float64(r.PeakRSS) }, unit: mibF, process: true},
+		{label: "RSS after (VmRSS)", get: func(r CompareRun) float64 { return float64(r.RSS) }, unit: mibF, process: true},
+		{label: "CPU", get: func(r CompareRun) float64 { return r.CPU }, unit: cpuSecs, process: true},
+	}
+}
+
+// section writes one scenario: a column per contender, a column per ratio,
+// and the goals with whether the median ratio meets them.
+func (r *CompareReport) section(t *Table, runs map[string][]CompareRun, contenders []string, ratios [][2]string, metrics []metric) {
+	header := []string{""}
+	for _, c := range contenders {
+		header = append(header, r.anchorName(c))
+	}
+	for _, p := range ratios {
+		header = append(header, shortName(p[0])+"/"+shortName(p[1]))
+	}
+	t.Cells(append(header, "goal")...)
+	for _, m := range metrics {
+		vals := map[string][]float64{}
+		row := []string{m.label}
+		for _, c := range contenders {
+			for _, run := range runs[c] {
+				v := m.get(run)
+				if m.process && c == contFloor {
+					v = math.NaN()
+				}
+				vals[c] = append(vals[c], v)
+			}
+			row = append(row, spread(vals[c], m.unit))
+		}
+		medians := make([]float64, len(ratios))
+		for i, p := range ratios {
+			rs := pairRatios(vals[p[0]], vals[p[1]])
+			medians[i] = median(rs)
+			row = append(row, spread(rs, func(v float64) string { return fmt.Sprintf("%.2f×", v) }))
+		}
+		var gs []string
+		for _, g := range m.goals {
+			verdict := "not met"
+			if g.met(medians[g.ratio]) {
+				verdict = "met"
+			}
+			gs = append(gs, fmt.Sprintf("%s/%s %s: %s", shortName(ratios[g.ratio][0]), shortName(ratios[g.ratio][1]), g, verdict))
+		}
+		t.Cells(append(row, strings.Join(gs, "; "))...)
+	}
+}
+
+func shortName(c string) string {
+	if c == contTO {
+		return "TO"
+	}
+	return c
+}
+
+// pairRatios are a[i]/b[i], a repetition's contenders paired.
+func pairRatios(a, b []float64) []float64 {
+	out := make([]float64, 0, len(a))
+	for i := range min(len(a), len(b)) {
+		out = append(out, a[i]/b[i])
+	}
+	return out
+}
+
+// spread is "median (min–max)", or the one value, or "–" without values.
+func spread(vs []float64, unit func(float64) string) string {
+	var ok []float64
+	for _, v := range vs {
+		if !math.IsNaN(v) && !math.IsInf(v, 0) {
+			ok = append(ok, v)
+		}
+	}
+	switch {
+	case len(ok) == 0:
+		return "–"
+	case len(ok) == 1 || slices.Min(ok) == slices.Max(ok):
+		return unit(ok[0])
+	}
+	return fmt.Sprintf("%s (%s–%s)", unit(median(ok)), unit(slices.Min(ok)), unit(slices.Max(ok)))
+}
+
+// median of vs, NaN without values or with any NaN.
+func median(vs []float64) float64 {
+	if len(vs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	if math.IsNaN(s[0]) {
+		return math.NaN()
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// LoomIdleWrites are Loom's idle writes apart from its lease, over every
+// raycluster run: the comparison's structural check.
+func (r *CompareReport) LoomIdleWrites() map[framework.APIRequest]float64 {
+	out := map[framework.APIRequest]float64{}
+	for _, run := range r.Ray[contLoom] {
+		for k, v := range run.LoomIdle {
+			out[k] += v
+		}
+	}
+	return out
+}

@@ -1,0 +1,42 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/loom-dev/loom/e2e/bench"
+)
+
+// The comparison (make bench) at CI size: Loom's manager against KubeRay
+// v1.5.0 on 5 RayClusters and against the Training Operator v1.8.1 and the
+// floor on a 1 + 31 gang, one repetition, each on a fresh cluster of its
+// own. Its table is printed in the test log. On a shared 2-core machine the
+// timings and ratios are noise at this size, so it fails only on hard
+// errors (an anchor that does not start, a contender that does not
+// converge) and on a write of Loom's manager in the idle window other than
+// its lease.
+func TestCompareWithKubeRayAndTrainingOperator(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	cfg := bench.CompareConfig{Clusters: 5, GangPods: 32, Reps: 1, Idle: 20 * time.Second, Loom: loomBin, Logf: t.Logf}
+	r, err := bench.RunCompare(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := r.Print(&b); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("comparison at CI size (make bench runs 100 RayClusters, a 512-pod gang, 3 repetitions):\n%s", b.String())
+	if path := os.Getenv("LOOM_COMPARE_REPORT"); path != "" {
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			t.Errorf("writing the table to %s: %v", path, err)
+		}
+	}
+	for k, v := range r.LoomIdleWrites() {
+		t.Errorf("Loom idle write (not its lease): %s %s ×%v", k.Verb, k.Resource, v)
+	}
+}
