@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -31,6 +32,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -54,9 +56,10 @@ const FieldOwner = "loom-driver-upgrade"
 // requeue is how soon a pass with upgrades in progress runs again.
 const requeue = 3 * time.Second
 
-// placingRequeue paces the passes that only recount nodes whose driver pod
-// the DaemonSet is still placing.
-const placingRequeue = 30 * time.Second
+// placingDelay coalesces the passes that recount nodes whose driver pod the
+// DaemonSet is still placing: at most one per policy this often, and only
+// while the DaemonSet's readiness moves.
+const placingDelay = 10 * time.Second
 
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies/status,verbs=get;patch
@@ -81,6 +84,59 @@ type Reconciler struct {
 	// existing runbooks and alerts keep working).
 	Recorder recorder.EventRecorder
 	w        *apply.Writer
+	// placing are the policies whose last pass counted nodes waiting for
+	// their driver pod: for them, a driver DaemonSet's readiness changing
+	// is worth a (delayed, coalesced) pass, so that the DriverUpgrade
+	// count converges without polling.
+	placing placingSet
+}
+
+// placingSet is a set of policy names, safe for the event handlers.
+type placingSet struct {
+	mu    sync.Mutex
+	names map[string]bool
+}
+
+func (p *placingSet) set(name string, on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.names == nil {
+		p.names = map[string]bool{}
+	}
+	if on {
+		p.names[name] = true
+	} else {
+		delete(p.names, name)
+	}
+}
+
+func (p *placingSet) has(name string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.names[name]
+}
+
+// readinessWhilePlacing enqueues, after placingDelay, the policy owning a
+// driver DaemonSet whose readiness changed while that policy counts nodes
+// waiting for their driver pod. Otherwise DaemonSet status churn costs
+// nothing: an idle cluster makes no pass.
+func (r *Reconciler) readinessWhilePlacing() handler.EventHandler {
+	return handler.Funcs{UpdateFunc: func(ctx context.Context, e event.TypedUpdateEvent[client.Object], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		oldDS, ok1 := e.ObjectOld.(*appsv1.DaemonSet)
+		newDS, ok2 := e.ObjectNew.(*appsv1.DaemonSet)
+		if !ok1 || !ok2 || readiness(oldDS) == readiness(newDS) {
+			return
+		}
+		for _, req := range ownerPolicy(ctx, newDS) {
+			if r.placing.has(req.Name) {
+				q.AddAfter(req, placingDelay)
+			}
+		}
+	}}
+}
+
+func readiness(ds *appsv1.DaemonSet) [3]int32 {
+	return [3]int32{ds.Status.NumberReady, ds.Status.UpdatedNumberScheduled, ds.Status.DesiredNumberScheduled}
 }
 
 // New returns a reconciler of Loom's namespace on the wall clock.
@@ -109,6 +165,7 @@ func Setup(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		// rollout) would otherwise cost a pod list each.
 		Watches(&appsv1.DaemonSet{}, handler.EnqueueRequestsFromMapFunc(ownerPolicy),
 			builder.WithPredicates(isDriver, predicate.GenerationChangedPredicate{})).
+		Watches(&appsv1.DaemonSet{}, r.readinessWhilePlacing(), builder.WithPredicates(isDriver)).
 		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.nodePolicies), builder.WithPredicates(nodeChanged())).
 		Complete(r)
 }
@@ -185,6 +242,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		pl.more = len(pl.todo) > 0
 	}
 	retry, errs := r.step(ctx, obs, req.Name, pl.todo)
+	r.placing.set(req.Name, obs.cp != nil && pl.summary.placing > 0)
 	if obs.cp != nil && obs.cp.DeletionTimestamp == nil {
 		errs = append(errs, r.acknowledge(ctx, obs.cp, pl)...)
 		if err := r.status(ctx, obs, pl); err != nil {
@@ -196,11 +254,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	if pl.more || retry {
 		return ctrl.Result{RequeueAfter: requeue}, nil
-	}
-	if pl.summary.placing > 0 {
-		// Driver pods' readiness is not watched (every pod of a rollout
-		// would cost a pass); the count converges at this pace instead.
-		return ctrl.Result{RequeueAfter: placingRequeue}, nil
 	}
 	return ctrl.Result{}, nil
 }

@@ -156,7 +156,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.write(ctx, obs, d); err != nil {
 		return ctrl.Result{}, err
 	}
-	if _, err := r.writer.Status(ctx, job, &job.Status, &d.status); err != nil {
+	// Guarded: the status carries the names of the cluster and the Ray job
+	// of this attempt, drawn once; a pass on a cache copy older than the
+	// last write must fail (and run again on a fresh one) rather than draw
+	// new names over them, which would leave a cluster nothing owns an
+	// attempt for.
+	if _, err := r.writer.Status(ctx, job, &job.Status, &d.status, apply.Guarded()); err != nil {
+		if apierrors.IsConflict(err) {
+			return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
+		}
 		return ctrl.Result{}, err
 	}
 	observeStatus(job, &job.Status, &d.status, time.Now())
