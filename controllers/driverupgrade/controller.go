@@ -58,8 +58,8 @@ const requeue = 3 * time.Second
 
 // placingDelay coalesces the passes that recount nodes whose driver pod the
 // DaemonSet is still placing: at most one per policy this often, and only
-// while the DaemonSet's readiness moves.
-const placingDelay = 10 * time.Second
+// while the DaemonSet places pods.
+const placingDelay = time.Second
 
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies/status,verbs=get;patch
@@ -85,7 +85,7 @@ type Reconciler struct {
 	Recorder recorder.EventRecorder
 	w        *apply.Writer
 	// placing are the policies whose last pass counted nodes waiting for
-	// their driver pod: for them, a driver DaemonSet's readiness changing
+	// their driver pod: for them, a driver DaemonSet placing pods
 	// is worth a (delayed, coalesced) pass, so that the DriverUpgrade
 	// count converges without polling.
 	placing placingSet
@@ -116,15 +116,15 @@ func (p *placingSet) has(name string) bool {
 	return p.names[name]
 }
 
-// readinessWhilePlacing enqueues, after placingDelay, the policy owning a
-// driver DaemonSet whose readiness changed while that policy counts nodes
+// scheduledWhilePlacing enqueues, after placingDelay, the policy owning a
+// driver DaemonSet whose scheduled pod counts changed while that policy counts nodes
 // waiting for their driver pod. Otherwise DaemonSet status churn costs
 // nothing: an idle cluster makes no pass.
-func (r *Reconciler) readinessWhilePlacing() handler.EventHandler {
+func (r *Reconciler) scheduledWhilePlacing() handler.EventHandler {
 	return handler.Funcs{UpdateFunc: func(ctx context.Context, e event.TypedUpdateEvent[client.Object], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 		oldDS, ok1 := e.ObjectOld.(*appsv1.DaemonSet)
 		newDS, ok2 := e.ObjectNew.(*appsv1.DaemonSet)
-		if !ok1 || !ok2 || readiness(oldDS) == readiness(newDS) {
+		if !ok1 || !ok2 || scheduled(oldDS) == scheduled(newDS) {
 			return
 		}
 		for _, req := range ownerPolicy(ctx, newDS) {
@@ -135,8 +135,8 @@ func (r *Reconciler) readinessWhilePlacing() handler.EventHandler {
 	}}
 }
 
-func readiness(ds *appsv1.DaemonSet) [3]int32 {
-	return [3]int32{ds.Status.NumberReady, ds.Status.UpdatedNumberScheduled, ds.Status.DesiredNumberScheduled}
+func scheduled(ds *appsv1.DaemonSet) [3]int32 {
+	return [3]int32{ds.Status.CurrentNumberScheduled, ds.Status.UpdatedNumberScheduled, ds.Status.DesiredNumberScheduled}
 }
 
 // New returns a reconciler of Loom's namespace on the wall clock.
@@ -165,7 +165,7 @@ func Setup(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		// rollout) would otherwise cost a pod list each.
 		Watches(&appsv1.DaemonSet{}, handler.EnqueueRequestsFromMapFunc(ownerPolicy),
 			builder.WithPredicates(isDriver, predicate.GenerationChangedPredicate{})).
-		Watches(&appsv1.DaemonSet{}, r.readinessWhilePlacing(), builder.WithPredicates(isDriver)).
+		Watches(&appsv1.DaemonSet{}, r.scheduledWhilePlacing(), builder.WithPredicates(isDriver)).
 		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.nodePolicies), builder.WithPredicates(nodeChanged())).
 		Complete(r)
 }

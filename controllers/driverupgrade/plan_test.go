@@ -231,7 +231,7 @@ func TestCondition(t *testing.T) {
 	// node needs an upgrade, and the message does not read "0 of 3".
 	placing := []nodeView{gpuNode("e", "", wanted), gpuNode("h", "", ""), gpuNode("i", "", wanted+" starting")}
 	st, reason, msg = condition(plan(placing, one, policy, false).summary, nil)
-	if want := "1 of 3 GPU nodes run the wanted driver; 2 waiting for their driver pod to be placed and ready (no upgrade needed)"; st != metav1.ConditionTrue || reason != gpuv1alpha1.ReasonUpgradeUpToDate || msg != want {
+	if want := "2 of 3 GPU nodes run the wanted driver; 1 waiting for the DaemonSet to place their driver pod (no upgrade needed)"; st != metav1.ConditionTrue || reason != gpuv1alpha1.ReasonUpgradeUpToDate || msg != want {
 		t.Errorf("placing: %s %s %q, want True UpToDate %q", st, reason, msg, want)
 	}
 	var many []string

@@ -18,9 +18,8 @@ const maxNamed = 10
 // DriverUpgrade condition.
 type summary struct {
 	nodes, upToDate, inProgress, waiting int
-	// placing counts idle nodes whose wanted driver pod is not there or
-	// not ready yet: the DaemonSet is placing it (a first install, a new
-	// GPU node), no upgrade is needed.
+	// placing counts idle nodes with no driver pod yet: the DaemonSet is
+	// placing it (a first install, a new GPU node), no upgrade is needed.
 	placing                  int
 	paused                   bool
 	failed, blocked, ignored []string
@@ -43,9 +42,9 @@ func (s *summary) add(v nodeView, k kind, why string) {
 		}
 	case idle:
 		switch {
-		case v.driver != nil && v.target != "" && v.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == v.target && podReady(v.driver):
+		case v.driver != nil && v.target != "" && v.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == v.target:
 			s.upToDate++
-		case v.driver == nil || v.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == v.target:
+		case v.driver == nil:
 			s.placing++
 		}
 	}
@@ -74,7 +73,7 @@ func condition(s summary, invalid error) (metav1.ConditionStatus, string, string
 		parts = append(parts, fmt.Sprintf("%d waiting", s.waiting))
 	}
 	if s.placing > 0 {
-		parts = append(parts, fmt.Sprintf("%d waiting for their driver pod to be placed and ready (no upgrade needed)", s.placing))
+		parts = append(parts, fmt.Sprintf("%d waiting for the DaemonSet to place their driver pod (no upgrade needed)", s.placing))
 	}
 	if len(s.failed) > 0 {
 		parts = append(parts, fmt.Sprintf("failed (%d): %s (see annotation %s)", len(s.failed), names(s.failed), gpuv1alpha1.AnnotationFailure))
