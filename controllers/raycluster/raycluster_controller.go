@@ -366,7 +366,7 @@ func (r *Reconciler) applyChildren(ctx context.Context, rc *rayv1.RayCluster, ob
 // suspends or resumes must not land on a newer spec.
 func (r *Reconciler) writeStatus(ctx context.Context, rc *rayv1.RayCluster, st *rayv1.RayClusterStatus, now time.Time, guard bool) (time.Duration, error) {
 	touched(&rc.Status, st, now)
-	opts := []apply.StatusOption{apply.CountsOnly(countsOnly(&rc.Status, st))}
+	opts := []apply.StatusOption{apply.CountsOnly(countsOnly(&rc.Status, st)), apply.Progress(progressOnly(&rc.Status, st))}
 	if guard {
 		opts = append(opts, apply.Guarded())
 	}

@@ -152,6 +152,36 @@ func countsOnly(old, st *rayv1.RayClusterStatus) bool {
 		apply.SameConditions(old.Conditions, st.Conditions)
 }
 
+// progressOnly: the new status only records progress towards a cluster
+// not yet ready (its pods being created, scheduled, started), and so did
+// the old one, if any: kstatus's Reconciling, nothing stalled, failed,
+// suspended or held by a verdict (the spec, the inventory, the gang). Such
+// a write may wait a moment, so that a cluster whose pods come up quickly
+// is written once, ready. A status that clears a verdict (a resume, a
+// conflict resolved) is news and is written at once.
+func progressOnly(old, st *rayv1.RayClusterStatus) bool {
+	return old.State != rayv1.Ready && provisioning(st) && (len(old.Conditions) == 0 || provisioning(old))
+}
+
+// provisioning: st says the cluster's pods are on their way and nothing
+// stands in the way.
+func provisioning(st *rayv1.RayClusterStatus) bool {
+	if st.State != "" || !meta.IsStatusConditionTrue(st.Conditions, ConditionReconciling) {
+		return false
+	}
+	for _, t := range []string{ConditionStalled, string(rayv1.RayClusterReplicaFailure), string(rayv1.RayClusterSuspending), string(rayv1.RayClusterSuspended)} {
+		if meta.IsStatusConditionTrue(st.Conditions, t) {
+			return false
+		}
+	}
+	for _, t := range []string{ConditionGPUs, ConditionGang, ConditionValid} {
+		if meta.IsStatusConditionFalse(st.Conditions, t) {
+			return false
+		}
+	}
+	return true
+}
+
 // touched stamps st.LastUpdateTime when st says anything old does not (as
 // KubeRay does, which compares the statuses but for that time), and keeps
 // old's time otherwise.

@@ -48,7 +48,11 @@ func (c *Cluster) StartKubeRay(ctx context.Context) (*Anchor, error) {
 		return nil, err
 	}
 	metrics, probe := fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])
-	a.Process, err = c.StartProcess("kuberay", filepath.Join(dir, "ray-operator"), []string{"KUBECONFIG=" + c.Kubeconfig},
+	bin, err := FreshCopy(filepath.Join(dir, "ray-operator"), c.Dir)
+	if err != nil {
+		return nil, err
+	}
+	a.Process, err = c.StartProcess("kuberay", bin, []string{"KUBECONFIG=" + c.Kubeconfig},
 		"--metrics-addr="+metrics, "--health-probe-bind-address="+probe,
 		"--enable-leader-election=false", "--log-stdout-encoder=console")
 	if err != nil {
@@ -92,12 +96,16 @@ func (c *Cluster) StartTrainingOperator(ctx context.Context) (*Anchor, error) {
 	if err != nil {
 		return nil, err
 	}
+	bin, err := FreshCopy(filepath.Join(dir, "training-operator.v1"), c.Dir)
+	if err != nil {
+		return nil, err
+	}
 	metrics, probe := fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])
 	script := fmt.Sprintf(`set -e
 mkdir -p /tmp/k8s-webhook-server
 mount --bind %s /tmp/k8s-webhook-server
 exec %s --metrics-bind-address=%s --health-probe-bind-address=%s --webhook-server-port=%d --enable-scheme=pytorchjob`,
-		certs, filepath.Join(dir, "training-operator.v1"), metrics, probe, ports[2])
+		certs, bin, metrics, probe, ports[2])
 	a.Process, err = c.StartProcess("training-operator", "unshare",
 		[]string{"KUBECONFIG=" + c.Kubeconfig, "MY_POD_NAMESPACE=" + trainingOperatorNamespace},
 		"--mount", "--propagation", "private", "sh", "-c", script)

@@ -28,13 +28,18 @@ func BuildLoom(dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, "loom")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/manager")
+	build := filepath.Join(dir, "build")
+	if err := os.MkdirAll(build, 0o755); err != nil {
+		return "", err
+	}
+	cmd := exec.Command("go", "build", "-o", filepath.Join(build, "loom"), "./cmd/manager")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build ./cmd/manager: %w\n%s", err, out)
 	}
-	return bin, nil
+	// Run a copy, as an image would be unpacked, not the linker's output
+	// (see FreshCopy).
+	return FreshCopy(filepath.Join(build, "loom"), dir)
 }
 
 // Release is an installed Loom chart.

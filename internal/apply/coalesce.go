@@ -1,9 +1,12 @@
 package apply
 
-// Coalescing spaces out status writes that only move counts and messages:
-// during a large rollout every pod event would otherwise cost one status
-// write. Writes that change a state, a condition's status or reason are
-// never held back.
+// Coalescing spaces out status writes that only move counts and messages,
+// or only record progress towards what the object already asks for: during
+// a large rollout every pod event would otherwise cost one status write,
+// and a new object whose pods come up within the interval gets one status
+// write instead of two. Writes that change a verdict (a failure, a state
+// reached, a condition's status or reason that is not progress) are never
+// held back.
 
 import (
 	"sync"
@@ -23,6 +26,9 @@ const CoalesceInterval = 2 * time.Second
 type coalesceWrites struct {
 	mu   sync.Mutex
 	last map[types.NamespacedName]time.Time
+	// held is when a progress write of an object whose status was never
+	// written was first held back.
+	held map[types.NamespacedName]time.Time
 }
 
 // wait is how long a count-only write of key must still wait (0: now).
@@ -35,6 +41,28 @@ func (w *coalesceWrites) wait(key types.NamespacedName) time.Duration {
 	return 0
 }
 
+// waitProgress is how long a progress write of key must still wait (0:
+// now): CoalesceInterval after the last write, or, when none was written,
+// after the first progress write held back.
+func (w *coalesceWrites) waitProgress(key types.NamespacedName, now time.Time) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	since, ok := w.last[key]
+	if !ok {
+		if since, ok = w.held[key]; !ok {
+			if w.held == nil {
+				w.held = map[types.NamespacedName]time.Time{}
+			}
+			w.held[key] = now
+			since = now
+		}
+	}
+	if d := now.Sub(since); d < CoalesceInterval {
+		return CoalesceInterval - d
+	}
+	return 0
+}
+
 // wrote records a status write of key.
 func (w *coalesceWrites) wrote(key types.NamespacedName) {
 	w.mu.Lock()
@@ -43,6 +71,7 @@ func (w *coalesceWrites) wrote(key types.NamespacedName) {
 		w.last = map[types.NamespacedName]time.Time{}
 	}
 	w.last[key] = time.Now()
+	delete(w.held, key)
 }
 
 // forget drops key (the object is gone).
@@ -50,6 +79,7 @@ func (w *coalesceWrites) forget(key types.NamespacedName) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.last, key)
+	delete(w.held, key)
 }
 
 // SameConditions reports whether two condition lists have the same types,

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -19,12 +20,22 @@ type StatusOption func(*statusWrite)
 
 type statusWrite struct {
 	countsOnly bool
+	progress   bool
 	guarded    bool
 }
 
 // CountsOnly marks a change that moves only counts and messages: it waits
 // until CoalesceInterval has passed since the object's last status write.
 func CountsOnly(yes bool) StatusOption { return func(s *statusWrite) { s.countsOnly = yes } }
+
+// Progress marks a change that only records progress towards what the
+// object already asks for (a new object's pods being created, scheduled,
+// started), with no failure and no verdict a person must act on: it waits
+// until CoalesceInterval has passed since the object's last status write,
+// or, for an object whose status this writer has not written, since the
+// first such write was held back. A new object whose pods come up within
+// the interval then gets one status write, not two.
+func Progress(yes bool) StatusOption { return func(s *statusWrite) { s.progress = yes } }
 
 // Guarded sends obj's resourceVersion with the write, so that it fails
 // with a conflict when obj changed since it was read: for a status that
@@ -53,11 +64,9 @@ func (w *Writer) Status(ctx context.Context, obj client.Object, old, want any, o
 		count(gvk.Kind, w.fieldOwner, "status", "skipped")
 		return 0, nil
 	}
-	if s.countsOnly {
-		if wait := w.statuses.wait(key); wait > 0 {
-			count(gvk.Kind, w.fieldOwner, "status", "coalesced")
-			return wait, nil
-		}
+	if wait := s.hold(&w.statuses, key); wait > 0 {
+		count(gvk.Kind, w.fieldOwner, "status", "coalesced")
+		return wait, nil
 	}
 	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(want)
 	if err != nil {
@@ -87,8 +96,22 @@ func (w *Writer) Status(ctx context.Context, obj client.Object, old, want any, o
 	return 0, nil
 }
 
+// hold is how long the write must wait before it is sent (0: now).
+func (s statusWrite) hold(c *coalesceWrites, key types.NamespacedName) time.Duration {
+	switch {
+	case s.progress:
+		return c.waitProgress(key, time.Now())
+	case s.countsOnly:
+		return c.wait(key)
+	}
+	return 0
+}
+
 func statusWhy(s statusWrite) string {
-	if s.countsOnly {
+	switch {
+	case s.progress:
+		return "progress recorded"
+	case s.countsOnly:
 		return "counts changed"
 	}
 	return "status changed"

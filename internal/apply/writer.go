@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/client-go/util/csaupgrade"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -156,9 +158,23 @@ func (w *Writer) Ensure(ctx context.Context, owner, want client.Object) error {
 	want.SetAnnotations(annotations)
 
 	ck := childKey{gk: gvk.GroupKind(), key: client.ObjectKeyFromObject(want)}
-	cur, err := w.observe(ctx, gvk, ck.key)
+	u, err := ToUnstructured(want)
 	if err != nil {
 		return err
+	}
+	u.SetGroupVersionKind(gvk)
+	cur, err := w.read(ctx, w.c, gvk, ck.key)
+	if err != nil {
+		return err
+	}
+	if cur == nil && w.opts.Live != nil {
+		var done bool
+		if cur, done, err = w.created(ctx, ck, gvk, u, owner); done {
+			if err == nil {
+				w.remember(ck, gvk, owner, hash, u)
+			}
+			return err
+		}
 	}
 	why := "create"
 	if cur != nil {
@@ -169,26 +185,29 @@ func (w *Writer) Ensure(ctx context.Context, owner, want client.Object) error {
 			count(gvk.Kind, w.fieldOwner, "apply", "skipped")
 			return nil
 		}
+		if err := w.upgradeCreated(ctx, gvk, ck.key); err != nil {
+			return err
+		}
 	}
 	log.FromContext(ctx).V(1).Info("apply", "kind", gvk.Kind, "object", ck.key, "fieldOwner", w.fieldOwner, "why", why)
-	u, err := ToUnstructured(want)
-	if err != nil {
-		return err
-	}
-	u.SetGroupVersionKind(gvk)
 	if err := w.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(w.fieldOwner), client.ForceOwnership); err != nil {
 		count(gvk.Kind, w.fieldOwner, "apply", "error")
 		return fmt.Errorf("applying %s %s: %w", gvk.Kind, ck.key, err)
 	}
 	count(gvk.Kind, w.fieldOwner, "apply", "written")
-	w.mu.Lock()
+	w.remember(ck, gvk, owner, hash, u)
+	return nil
+}
+
+// remember records what the server answered (u) to a write of a child.
+func (w *Writer) remember(ck childKey, gvk schema.GroupVersionKind, owner client.Object, hash string, u *unstructured.Unstructured) {
 	rec := record{owner: uidOf(owner), ownerKey: keyOf(owner), hash: hash, generation: u.GetGeneration(), version: u.GetResourceVersion()}
 	if slices.Contains(w.opts.SpecOnly, ck.gk) {
 		rec.spec = w.answeredSpec(gvk, u)
 	}
+	w.mu.Lock()
 	w.applied[ck] = rec
 	w.mu.Unlock()
-	return nil
 }
 
 // ApplyFields server-side applies exactly the fields obj carries, under the
@@ -324,20 +343,55 @@ func (w *Writer) Forget(owner client.Object) {
 	}
 }
 
-// observe reads a child from the cache and, when the cache does not show
-// it and a live reader is set, around the cache; nil means it does not
-// exist.
-func (w *Writer) observe(ctx context.Context, gvk schema.GroupVersionKind, key types.NamespacedName) (client.Object, error) {
-	cur, err := w.read(ctx, w.c, gvk, key)
-	if err != nil || cur != nil || w.opts.Live == nil {
-		return cur, err
+// created creates want (u, its unstructured form) with a POST when the cache
+// does not show it and the cache may hold only Loom's objects of the kind
+// (Live set): the create itself is the check that the name is free, so no
+// read goes around the cache. done: the child is created (or the name is
+// taken by an object Loom does not control: err is a ForeignError); not
+// done: an object of the name is Loom's and not yet in the cache, cur,
+// which the caller applies to as to any cached child.
+func (w *Writer) created(ctx context.Context, ck childKey, gvk schema.GroupVersionKind, u *unstructured.Unstructured, owner client.Object) (cur client.Object, done bool, err error) {
+	log.FromContext(ctx).V(1).Info("create", "kind", gvk.Kind, "object", ck.key, "fieldOwner", w.fieldOwner, "why", "not in the cache")
+	err = w.c.Create(ctx, u, client.FieldOwner(w.fieldOwner))
+	if err == nil {
+		count(gvk.Kind, w.fieldOwner, "create", "written")
+		return nil, true, nil
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		count(gvk.Kind, w.fieldOwner, "create", "error")
+		return nil, true, fmt.Errorf("creating %s %s: %w", gvk.Kind, ck.key, err)
+	}
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(gvk)
+	if err := w.opts.Live.Get(ctx, ck.key, m); err != nil {
+		return nil, true, fmt.Errorf("reading %s %s, which a create found taken: %w", gvk.Kind, ck.key, err)
+	}
+	if reason := foreign(m, owner); reason != "" {
+		return nil, true, &ForeignError{Kind: gvk.Kind, Key: ck.key.String(), Reason: reason}
+	}
+	return m, false, nil
+}
+
+// upgradeCreated hands the fields of a child this writer created with a
+// POST (recorded under its field owner as an update) to its server-side
+// apply, before the first apply that changes it: otherwise a field the
+// apply no longer sets would stay, still owned by the create. It reads the
+// child's managed fields around the cache (the cache drops them); it runs
+// only on the way to a write, never in a steady state.
+func (w *Writer) upgradeCreated(ctx context.Context, gvk schema.GroupVersionKind, key types.NamespacedName) error {
+	if w.opts.Live == nil {
+		return nil
 	}
 	m := &metav1.PartialObjectMetadata{}
 	m.SetGroupVersionKind(gvk)
 	if err := w.opts.Live.Get(ctx, key, m); err != nil {
-		return nil, client.IgnoreNotFound(err)
+		return client.IgnoreNotFound(err)
 	}
-	return m, nil
+	patch, err := csaupgrade.UpgradeManagedFieldsPatch(m, sets.New(w.fieldOwner), w.fieldOwner)
+	if err != nil || patch == nil {
+		return err
+	}
+	return w.Patch(ctx, m, client.RawPatch(types.JSONPatchType, patch), "hand the created fields to server-side apply")
 }
 
 func (w *Writer) read(ctx context.Context, r client.Reader, gvk schema.GroupVersionKind, key types.NamespacedName) (client.Object, error) {

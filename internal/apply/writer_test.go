@@ -324,3 +324,47 @@ func TestLiveReadFindsWhatTheCacheHides(t *testing.T) {
 		t.Fatalf("a free name: %v", err)
 	}
 }
+
+// countingReader counts the reads that go around the cache.
+type countingReader struct {
+	client.Reader
+	reads int
+}
+
+func (c *countingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	c.reads++
+	return c.Reader.Get(ctx, key, obj, opts...)
+}
+
+// A child the cache does not show is created with a POST and no read
+// around the cache; its first change later removes what the change drops,
+// though the create, not an apply, set it.
+func TestCreateReadsNothingAroundTheCache(t *testing.T) {
+	ctx := context.Background()
+	o := owner(t, "post-owner")
+	live := &countingReader{Reader: env.Client}
+	w := apply.NewWriter(loomOnly{env.Client}, "test-post", apply.Options{Live: live})
+	first := child("posted", "v1")
+	first.Data["dropped"] = "soon"
+	if err := w.Ensure(ctx, o, first); err != nil {
+		t.Fatal(err)
+	}
+	if live.reads != 0 {
+		t.Fatalf("creating a child read around the cache %d times", live.reads)
+	}
+	if got := counted(t, "ConfigMap", "test-post", "create", "written"); got != 1 {
+		t.Fatalf("creates counted: %v, want 1", got)
+	}
+	if err := w.Ensure(ctx, o, child("posted", "v1")); err != nil {
+		t.Fatal(err)
+	}
+	cm := get(t, "posted")
+	if _, ok := cm.Data["dropped"]; ok || cm.Data["k"] != "v1" {
+		t.Fatalf("after the change: data %v, want only k=v1 (the created field is handed to the apply and dropped)", cm.Data)
+	}
+	for _, f := range cm.ManagedFields {
+		if f.Manager == "test-post" && f.Operation != metav1.ManagedFieldsOperationApply {
+			t.Errorf("field owner test-post still holds fields by %s", f.Operation)
+		}
+	}
+}
