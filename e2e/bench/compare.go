@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/loom-dev/loom/e2e/framework"
@@ -18,16 +20,20 @@ import (
 //   - gang: a job of 1 master + GangPods-1 workers (1 GPU each) on
 //     GangPods/8 8-GPU nodes, Kubeflow's Training Operator (a PyTorchJob)
 //     against Loom (a TrainingJob), and the floor: a plain client creating
-//     the same pods with nothing in between.
+//     the same pods with nothing in between;
+//   - jobs: Jobs jobs of 1 master + 7 workers (1 GPU each) submitted at once
+//     on Jobs 8-GPU nodes, the same three contenders.
 //
 // Each of Reps repetitions runs every contender once, in an order that
 // rotates between repetitions, so that neither always runs on a cold or a
 // warm machine.
 type CompareConfig struct {
 	Clusters, GangPods, Reps int
+	// Jobs is the jobs scenario's number of jobs; 0: no jobs scenario.
+	Jobs int
 	// Idle is the raycluster scenario's idle window after all are ready.
 	Idle time.Duration
-	// Only runs one scenario ("raycluster" or "gang"); empty: both.
+	// Only runs one scenario ("raycluster", "gang" or "jobs"); empty: all.
 	Only string
 	// Loom is a loom binary; empty: build ./cmd/manager once.
 	Loom string
@@ -51,10 +57,20 @@ func (cfg CompareConfig) Check() error {
 		return fmt.Errorf("need clusters >= 1 and reps >= 1")
 	case cfg.GangPods < 2:
 		return fmt.Errorf("need gang-pods >= 2")
-	case cfg.Only != "" && cfg.Only != "raycluster" && cfg.Only != "gang":
-		return fmt.Errorf("--only: want raycluster or gang, got %q", cfg.Only)
+	case cfg.Jobs < 0 || (cfg.Only == "jobs" && cfg.Jobs < 1):
+		return fmt.Errorf("need jobs >= 1 for the jobs scenario (0: none)")
+	case cfg.Only != "" && cfg.Only != "raycluster" && cfg.Only != "gang" && cfg.Only != "jobs":
+		return fmt.Errorf("--only: want raycluster, gang or jobs, got %q", cfg.Only)
 	}
 	return nil
+}
+
+// runs says whether the configuration runs scenario.
+func (cfg CompareConfig) runs(scenario string) bool {
+	if scenario == "jobs" && cfg.Jobs < 1 {
+		return false
+	}
+	return cfg.Only == "" || cfg.Only == scenario
 }
 
 // CompareRun is one contender's measurement in one repetition.
@@ -75,6 +91,17 @@ type CompareRun struct {
 	// LoomIdle are Loom's own idle writes by verb and resource, apart from
 	// its lease (Loom only).
 	LoomIdle map[framework.APIRequest]float64
+	// AuditWrites and AuditReads are the contender's requests in the API
+	// server's audit log over the same window as Writes (the floor's: from
+	// its first create to the end of the settle), by verb and resource, told
+	// apart by its user agents: its writes, and its gets and live lists
+	// (reads around its cache; watches are not logged). AuditInformer are
+	// its informers' lists in the window (framework.InformerList: filling
+	// its cache, a cache that started late). Without leases and the metrics
+	// endpoint's TokenReviews and SubjectAccessReviews, as Writes.
+	AuditWrites, AuditReads, AuditInformer map[framework.APIRequest]float64
+	// from and to are the converging window, for the audit log.
+	from, to time.Time
 }
 
 // CompareReport is what the comparison measured: each scenario's runs by
@@ -82,6 +109,7 @@ type CompareRun struct {
 type CompareReport struct {
 	Config      CompareConfig
 	Ray, Gang   map[string][]CompareRun
+	Jobs        map[string][]CompareRun
 	AnchorNames map[string]string // contender -> "KubeRay ray-operator v1.5.0"
 }
 
@@ -103,15 +131,24 @@ func RunCompare(ctx context.Context, cfg CompareConfig) (*CompareReport, error) 
 			return nil, err
 		}
 	}
-	r := &CompareReport{Config: cfg, Ray: map[string][]CompareRun{}, Gang: map[string][]CompareRun{}, AnchorNames: map[string]string{}}
+	r := &CompareReport{Config: cfg, Ray: map[string][]CompareRun{}, Gang: map[string][]CompareRun{},
+		Jobs: map[string][]CompareRun{}, AnchorNames: map[string]string{}}
+	scenarios := []struct {
+		name       string
+		contenders []string
+		runs       map[string][]CompareRun
+		measure    func(context.Context, *Env, string) (CompareRun, error)
+	}{
+		{"raycluster", []string{contLoom, contKubeRay}, r.Ray, r.rayRun},
+		{"gang", []string{contLoom, contTO, contFloor}, r.Gang, r.gangRun},
+		{"jobs", []string{contLoom, contTO, contFloor}, r.Jobs, r.jobsRun},
+	}
 	for rep := range cfg.Reps {
-		if cfg.Only != "gang" {
-			if err := r.repeat(ctx, rep, "raycluster", []string{contLoom, contKubeRay}, r.Ray, r.rayRun); err != nil {
-				return nil, err
+		for _, sc := range scenarios {
+			if !cfg.runs(sc.name) {
+				continue
 			}
-		}
-		if cfg.Only != "raycluster" {
-			if err := r.repeat(ctx, rep, "gang", []string{contLoom, contTO, contFloor}, r.Gang, r.gangRun); err != nil {
+			if err := r.repeat(ctx, rep, sc.name, sc.contenders, sc.runs, sc.measure); err != nil {
 				return nil, err
 			}
 		}
@@ -125,7 +162,7 @@ func (r *CompareReport) repeat(ctx context.Context, rep int, scenario string, co
 	runs map[string][]CompareRun, measure func(context.Context, *Env, string) (CompareRun, error)) error {
 	for i := range contenders {
 		name := contenders[(i+rep)%len(contenders)]
-		run, err := r.onFreshCluster(ctx, fmt.Sprintf("%s rep %d/%d %s", scenario, rep+1, r.Config.Reps, name),
+		run, err := r.onFreshCluster(ctx, name, fmt.Sprintf("%s rep %d/%d %s", scenario, rep+1, r.Config.Reps, name),
 			func(env *Env) (CompareRun, error) { return measure(ctx, env, name) })
 		if err != nil {
 			return fmt.Errorf("%s, %s, repetition %d: %w", scenario, name, rep+1, err)
@@ -135,17 +172,97 @@ func (r *CompareReport) repeat(ctx context.Context, rep int, scenario string, co
 	return nil
 }
 
-// onFreshCluster brings a simulated cluster up, runs f on it and takes it
+// onFreshCluster brings a simulated cluster up with an audit log, runs f on
+// it, reads contender name's requests from the log and takes the cluster
 // down again.
-func (r *CompareReport) onFreshCluster(ctx context.Context, what string, f func(*Env) (CompareRun, error)) (CompareRun, error) {
+func (r *CompareReport) onFreshCluster(ctx context.Context, name, what string, f func(*Env) (CompareRun, error)) (CompareRun, error) {
 	cfg := r.Config
 	logf := func(format string, args ...any) { cfg.Logf("%s: %s", what, fmt.Sprintf(format, args...)) }
-	env, err := Up(ctx, UpOptions{Loom: cfg.Loom, Logf: logf, ManagerArgs: cfg.ManagerArgs, ManagerEnv: cfg.ManagerEnv})
+	env, err := Up(ctx, UpOptions{Loom: cfg.Loom, Logf: logf, ManagerArgs: cfg.ManagerArgs, ManagerEnv: cfg.ManagerEnv, Audit: true})
 	if err != nil {
 		return CompareRun{}, err
 	}
 	defer env.Down()
-	return f(env)
+	run, err := f(env)
+	if err != nil {
+		return run, err
+	}
+	// The contender has stopped: every request of its window is in the log.
+	return run, run.audit(env.Cluster, name, r.programs(name))
+}
+
+// programs are contender name's user agents' program names, as the audit
+// log records them (seen in the logs), its main client's first:
+//   - Loom's manager sets "loom-manager"; its leader election's client keeps
+//     client-go's default, the binary's name ("loom/v0.0.0 …/leader-election");
+//   - KubeRay sets "kuberay-operator/v1.5.0"; a clientset it makes at start
+//     keeps the default ("ray-operator/v0.0.0 …");
+//   - the Training Operator keeps the default ("training-operator.v1/…");
+//   - the floor's client is named apart from the benchmark's own.
+func (r *CompareReport) programs(name string) []string {
+	switch name {
+	case contLoom:
+		return []string{"loom-manager", filepath.Base(r.Config.Loom)}
+	case contKubeRay:
+		return []string{"kuberay-operator", "ray-operator"}
+	case contTO:
+		return []string{"training-operator.v1"}
+	}
+	return []string{floorAgent}
+}
+
+// audit fills run's audit figures from the cluster's audit log over its
+// window. A contender whose main program has no request in the whole log
+// is a user agent the benchmark has wrong: an error, not a row of zeros.
+func (run *CompareRun) audit(c *framework.Cluster, name string, programs []string) error {
+	counts, err := c.Audit(run.from, run.to)
+	if err != nil {
+		return err
+	}
+	if _, ok := counts[programs[0]]; !ok {
+		all, err := c.Audit(time.Time{}, time.Time{})
+		if err != nil {
+			return err
+		}
+		if _, ok := all[programs[0]]; !ok {
+			return fmt.Errorf("no request of %s's user agent %q in the audit log %s; programs seen: %s",
+				name, programs[0], c.AuditLog, strings.Join(all.Programs(), ", "))
+		}
+	}
+	writes, reads, informer := counts.Split(programs...)
+	run.AuditWrites, run.AuditReads, run.AuditInformer = pick(writes, notArtefact), pick(reads, notArtefact), pick(informer, notArtefact)
+	return nil
+}
+
+// notArtefact leaves out what Writes leaves out of Loom's requests (see
+// benchArtefacts): its lease and its metrics endpoint's reviews.
+func notArtefact(k framework.APIRequest) bool {
+	return !isLease(k) && k.Resource != "tokenreviews" && k.Resource != "subjectaccessreviews"
+}
+
+// WritesByKind is AuditWrites in one line, the largest count first:
+// "pods create 400 · services create 100".
+func (run CompareRun) WritesByKind() string { return byKind(run.AuditWrites) }
+
+// ReadsByKind is AuditReads in one line, as WritesByKind.
+func (run CompareRun) ReadsByKind() string { return byKind(run.AuditReads) }
+
+func byKind(m map[framework.APIRequest]float64) string {
+	var parts []string
+	for _, k := range framework.ByCount(m) {
+		parts = append(parts, fmt.Sprintf("%s %s %.0f", k.Resource, k.Verb, m[k]))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, " · ")
+}
+
+func total(m map[framework.APIRequest]float64) (n float64) {
+	for _, v := range m {
+		n += v
+	}
+	return n
 }
 
 // contender is one operator process under comparison.
@@ -197,6 +314,8 @@ func (r *CompareReport) startContender(ctx context.Context, env *Env, name, loom
 
 // sample is a contender at one moment.
 type sample struct {
+	// at is when the sample began: a bound of the audit log's window.
+	at     time.Time
 	writes float64
 	// loom is loom_api_requests_total (Loom only).
 	loom                  map[framework.APIRequest]float64
@@ -206,6 +325,7 @@ type sample struct {
 
 // takeSample scrapes the contender's metrics, then reads its /proc status.
 func takeSample(c contender) (sample, error) {
+	at := time.Now()
 	text, err := c.metrics()
 	if err != nil {
 		return sample{}, err
@@ -213,7 +333,7 @@ func takeSample(c contender) (sample, error) {
 	if len(framework.Samples(text, "rest_client_requests_total")) == 0 {
 		return sample{}, fmt.Errorf("no rest_client_requests_total in the metrics")
 	}
-	s := sample{loom: framework.ParseAPIRequests(text)}
+	s := sample{at: at, loom: framework.ParseAPIRequests(text)}
 	s.writes = framework.RESTClientWrites(text) - benchArtefacts(s.loom)
 	pid := c.PID()
 	s.rss, _ = framework.RSS(pid)
@@ -248,6 +368,7 @@ func (run *CompareRun) converged(s0, s1 sample) {
 	run.RSS, run.AnonRSS, run.FileRSS = s1.rss, s1.anon, s1.file
 	run.CPU = s1.cpu - s0.cpu
 	run.Writes = s1.writes - s0.writes
+	run.from, run.to = s0.at, s1.at
 }
 
 // idled fills run's idle figures from the samples around an idle window d

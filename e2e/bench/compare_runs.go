@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -69,11 +70,17 @@ func (r *CompareReport) settleAndIdle(env *Env, op contender, run *CompareRun, s
 	return nil
 }
 
-// gangRun is the gang scenario for one contender on a fresh env: the nodes,
-// the operator (none for the floor), then the job (or the floor's pods)
-// timed to all pods created and to all running.
+// gangRun is the gang scenario for one contender on a fresh env: one job
+// of GangPods pods.
 func (r *CompareReport) gangRun(ctx context.Context, env *Env, name string) (CompareRun, error) {
-	c, pods, ns := env.Cluster, r.Config.GangPods, "bench"
+	return r.podsRun(ctx, env, name, gangShape{jobs: 1, pods: r.Config.GangPods})
+}
+
+// podsRun is a gang-like scenario for one contender on a fresh env: the
+// nodes, the operator (none for the floor), then the jobs (or the floor's
+// pods) timed to all pods created and to all running.
+func (r *CompareReport) podsRun(ctx context.Context, env *Env, name string, shape gangShape) (CompareRun, error) {
+	c, pods, ns := env.Cluster, shape.total(), "bench"
 	var run CompareRun
 	if _, err := c.CreateNodes(ctx, framework.NodeSpec{Prefix: "gpu", Count: (pods + 7) / 8, GPUs: 8, Pods: "200"}); err != nil {
 		return run, err
@@ -93,16 +100,18 @@ func (r *CompareReport) gangRun(ctx context.Context, env *Env, name string) (Com
 			return run, err
 		}
 	}
-	submit, err := gangSubmitter(c, name, ns, pods)
+	submit, err := gangSubmitter(c, name, ns, shape)
 	if err != nil {
 		return run, err
 	}
+	from := time.Now()
 	if err := timeGang(ctx, env, &run, pods, ns, submit); err != nil {
 		return run, err
 	}
 	settle()
 	if op == nil {
 		run.Writes = float64(pods) // the floor's client sent one create a pod, nothing else
+		run.from, run.to = from, time.Now()
 		return run, nil
 	}
 	s1, err := takeSample(op)
@@ -143,26 +152,42 @@ func timeGang(ctx context.Context, env *Env, run *CompareRun, pods int, ns strin
 	return nil
 }
 
-// gangSubmitter returns what creates the contender's gang: Loom's
-// TrainingJob, the Training Operator's PyTorchJob, or, for the floor, the
-// pods themselves from a client without a rate limit, 32 creates in flight.
-func gangSubmitter(c *framework.Cluster, name, ns string, pods int) (func(context.Context) error, error) {
+// floorAgent is the floor's client's user agent: the audit log tells its
+// requests from the benchmark's own polls by it.
+const floorAgent = "loom-bench-floor"
+
+// gangSubmitter returns what creates the contender's jobs: Loom's
+// TrainingJobs, the Training Operator's PyTorchJobs (all at once), or, for
+// the floor, the pods themselves from a client without a rate limit, 32
+// creates in flight.
+func gangSubmitter(c *framework.Cluster, name, ns string, shape gangShape) (func(context.Context) error, error) {
+	workers := shape.pods - 1
 	switch name {
 	case contLoom:
 		return func(ctx context.Context) error {
-			return c.Client.Create(ctx, trainingJob(ns, "gang", int32(pods-1), "1"))
+			return parallel(shape.jobs, func(i int) error {
+				return c.Client.Create(ctx, trainingJob(ns, shape.job(i), int32(workers), "1"))
+			})
 		}, nil
 	case contTO:
-		return func(ctx context.Context) error { return c.Client.Create(ctx, pyTorchJob(ns, "gang", pods-1)) }, nil
+		return func(ctx context.Context) error {
+			return parallel(shape.jobs, func(i int) error { return c.Client.Create(ctx, pyTorchJob(ns, shape.job(i), workers)) })
+		}, nil
 	}
 	cfg := rest.CopyConfig(c.Config)
 	cfg.QPS = -1 // no client-side limit
-	cl, err := client.New(cfg, client.Options{})
+	cfg.UserAgent = floorAgent
+	// A typed clientset: no discovery, so the floor's requests are its
+	// pods' creates and nothing else.
+	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
 	return func(ctx context.Context) error {
-		return parallel(pods, func(i int) error { return cl.Create(ctx, floorPod(ns, i)) })
+		return parallel(shape.total(), func(i int) error {
+			_, err := cs.CoreV1().Pods(ns).Create(ctx, floorPod(ns, shape.pod(i)), metav1.CreateOptions{})
+			return err
+		})
 	}, nil
 }
 
@@ -186,7 +211,7 @@ func pyTorchJob(ns, name string, workers int) *unstructured.Unstructured {
 	return u
 }
 
-// floorPod is the floor's pod i: the gang's pod template, nothing else.
-func floorPod(ns string, i int) *corev1.Pod {
-	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("gang-%d", i)}, Spec: gpuTemplate("1").Spec}
+// floorPod is a floor's pod: the gang's pod template, nothing else.
+func floorPod(ns, name string) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: gpuTemplate("1").Spec}
 }

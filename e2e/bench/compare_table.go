@@ -43,6 +43,10 @@ type metric struct {
 	// process: the floor has no process, so no value here.
 	process bool
 	goals   []goal
+	// noRatio leaves the ratio columns empty (a breakdown's rows); note is
+	// written into the goal column.
+	noRatio bool
+	note    string
 }
 
 func secs(v float64) string {
@@ -67,21 +71,12 @@ func (r *CompareReport) Print(w io.Writer) error {
 	t.Row("comparison", "each contender on a fresh simulated cluster (%d CPUs), %d repetition(s), order rotated; median (min–max) over repetitions; ratios paired within a repetition",
 		runtime.NumCPU(), cfg.Reps)
 	t.Row("writes", "client-go's rest_client_requests_total POST/PUT/PATCH/DELETE, without Loom's lease renewals and its metrics endpoint's reviews of the benchmark's scrapes (the anchors run without leader election, with plain-HTTP metrics)")
+	t.Row("audit log", "kube-apiserver's audit log (level Metadata, stage ResponseComplete) over the same window, each contender's requests by its user agent (%s), leases and reviews left out as above: its writes by kind (resource verb), and its reads around its cache (get, and list without a resourceVersion; watches are not logged), apart from its informers' lists (with one)",
+		r.agents())
 	if len(cfg.ManagerEnv) > 0 || len(cfg.ManagerArgs) > 0 {
 		t.Row("Loom's manager run with", "%s", strings.Join(append(append([]string{}, cfg.ManagerEnv...), cfg.ManagerArgs...), " "))
 	}
-	if len(r.Ray) > 0 {
-		t.Blank()
-		t.Row("raycluster", "%d RayClusters (1 head + 3 workers, %d pods) on %d nodes; Loom's manager with --controllers=raycluster vs %s (all its controllers); idle window %s",
-			cfg.Clusters, 4*cfg.Clusters, cfg.Clusters, r.anchorName(contKubeRay), cfg.Idle)
-		r.section(t, r.Ray, []string{contLoom, contKubeRay}, [][2]string{{contLoom, contKubeRay}}, rayMetrics)
-	}
-	if len(r.Gang) > 0 {
-		t.Blank()
-		t.Row("gang", "1 master + %d workers (1 GPU each) on %d 8-GPU nodes; Loom's TrainingJob (--controllers=trainingjob) vs %s's PyTorchJob vs the floor (a plain client creating the same pods, 32 in flight, no rate limit)",
-			cfg.GangPods-1, (cfg.GangPods+7)/8, r.anchorName(contTO))
-		r.section(t, r.Gang, []string{contLoom, contTO, contFloor}, [][2]string{{contLoom, contTO}, {contLoom, contFloor}}, r.gangMetrics())
-	}
+	r.sections(t)
 	if idle := r.LoomIdleWrites(); len(idle) > 0 {
 		t.Blank()
 		for _, k := range framework.SortedRequests(idle) {
@@ -91,6 +86,42 @@ func (r *CompareReport) Print(w io.Writer) error {
 	return t.Flush()
 }
 
+// sections writes each scenario that ran.
+func (r *CompareReport) sections(t *Table) {
+	cfg := r.Config
+	gangContenders := []string{contLoom, contTO, contFloor}
+	gangRatios := [][2]string{{contLoom, contTO}, {contLoom, contFloor}}
+	if len(r.Ray) > 0 {
+		t.Blank()
+		t.Row("raycluster", "%d RayClusters (1 head + 3 workers, %d pods) on %d nodes; Loom's manager with --controllers=raycluster vs %s (all its controllers); idle window %s",
+			cfg.Clusters, 4*cfg.Clusters, cfg.Clusters, r.anchorName(contKubeRay), cfg.Idle)
+		contenders := []string{contLoom, contKubeRay}
+		r.section(t, r.Ray, contenders, [][2]string{{contLoom, contKubeRay}}, rayMetrics(auditMetrics(r.Ray, contenders, "while converging")))
+	}
+	if len(r.Gang) > 0 {
+		t.Blank()
+		t.Row("gang", "1 master + %d workers (1 GPU each) on %d 8-GPU nodes; Loom's TrainingJob (--controllers=trainingjob) vs %s's PyTorchJob vs the floor (a plain client creating the same pods, 32 in flight, no rate limit)",
+			cfg.GangPods-1, (cfg.GangPods+7)/8, r.anchorName(contTO))
+		r.section(t, r.Gang, gangContenders, gangRatios, gangMetrics(cfg.GangPods, true, auditMetrics(r.Gang, gangContenders, "(to all running + settle)")))
+	}
+	if len(r.Jobs) > 0 {
+		pods := cfg.Jobs * jobsPerJob
+		t.Blank()
+		t.Row("jobs", "%d jobs of 1 master + %d workers (1 GPU each, %d pods) submitted at once on %d 8-GPU nodes; Loom's TrainingJobs (--controllers=trainingjob) vs %s's PyTorchJobs vs the floor (a plain client creating the same pods, 32 in flight, no rate limit); no goals set",
+			cfg.Jobs, jobsPerJob-1, pods, (pods+7)/8, r.anchorName(contTO))
+		r.section(t, r.Jobs, gangContenders, gangRatios, gangMetrics(pods, false, auditMetrics(r.Jobs, gangContenders, "(to all running + settle)")))
+	}
+}
+
+// agents names each contender's user agents' programs, for the header.
+func (r *CompareReport) agents() string {
+	var parts []string
+	for _, c := range []string{contLoom, contKubeRay, contTO, contFloor} {
+		parts = append(parts, shortName(c)+": "+strings.Join(r.programs(c), ", "))
+	}
+	return strings.Join(parts, "; ")
+}
+
 func (r *CompareReport) anchorName(c string) string {
 	if n := r.AnchorNames[c]; n != "" {
 		return n
@@ -98,29 +129,92 @@ func (r *CompareReport) anchorName(c string) string {
 	return c
 }
 
-var rayMetrics = []metric{
-	{label: "all RayClusters ready", get: func(r CompareRun) float64 { return r.Done.Seconds() }, unit: secs, goals: []goal{{max: 0.6}}},
-	{label: "peak RSS (VmHWM)", get: func(r CompareRun) float64 { return float64(r.PeakRSS) }, unit: mibF, goals: []goal{{max: 0.75}}},
-	{label: "settled RSS (VmRSS)", get: func(r CompareRun) float64 { return float64(r.RSS) }, unit: mibF},
-	{label: "  of it RssAnon", get: func(r CompareRun) float64 { return float64(r.AnonRSS) }, unit: mibF},
-	{label: "  of it RssFile (binary's pages)", get: func(r CompareRun) float64 { return float64(r.FileRSS) }, unit: mibF},
-	{label: "CPU while converging", get: func(r CompareRun) float64 { return r.CPU }, unit: cpuSecs},
-	{label: "CPU per idle minute", get: func(r CompareRun) float64 { return r.IdleCPU }, unit: cpuSecs},
-	{label: "writes while converging", get: func(r CompareRun) float64 { return r.Writes }, unit: count, goals: []goal{{max: 0.55}}},
-	{label: "writes per idle minute", get: func(r CompareRun) float64 { return r.IdleWrites }, unit: count},
+// rayMetrics are the raycluster section's rows, audit's after the
+// client-go writes.
+func rayMetrics(audit []metric) []metric {
+	ms := []metric{
+		{label: "all RayClusters ready", get: func(r CompareRun) float64 { return r.Done.Seconds() }, unit: secs, goals: []goal{{max: 0.6}}},
+		{label: "peak RSS (VmHWM)", get: func(r CompareRun) float64 { return float64(r.PeakRSS) }, unit: mibF, goals: []goal{{max: 0.75}}},
+		{label: "settled RSS (VmRSS)", get: func(r CompareRun) float64 { return float64(r.RSS) }, unit: mibF},
+		{label: "  of it RssAnon", get: func(r CompareRun) float64 { return float64(r.AnonRSS) }, unit: mibF},
+		{label: "  of it RssFile (binary's pages)", get: func(r CompareRun) float64 { return float64(r.FileRSS) }, unit: mibF},
+		{label: "CPU while converging", get: func(r CompareRun) float64 { return r.CPU }, unit: cpuSecs},
+		{label: "CPU per idle minute", get: func(r CompareRun) float64 { return r.IdleCPU }, unit: cpuSecs},
+		{label: "writes while converging", get: func(r CompareRun) float64 { return r.Writes }, unit: count, goals: []goal{{max: 0.55}}},
+	}
+	ms = append(ms, audit...)
+	return append(ms, metric{label: "writes per idle minute", get: func(r CompareRun) float64 { return r.IdleWrites }, unit: count})
 }
 
-func (r *CompareReport) gangMetrics() []metric {
-	pods := float64(r.Config.GangPods)
-	return []metric{
+// gangMetrics are a gang-like section's rows for pods pods, audit's after
+// the client-go writes; the goals are the gang scenario's.
+func gangMetrics(pods int, goals bool, audit []metric) []metric {
+	n := float64(pods)
+	ms := []metric{
 		{label: "all pods created", get: func(r CompareRun) float64 { return r.Done.Seconds() }, unit: secs, goals: []goal{{ratio: 1, max: 1.3}}},
-		{label: "pods/s created", get: func(r CompareRun) float64 { return pods / r.Done.Seconds() }, unit: count, goals: []goal{{min: 10}}},
+		{label: "pods/s created", get: func(r CompareRun) float64 { return n / r.Done.Seconds() }, unit: count, goals: []goal{{min: 10}}},
 		{label: "all pods running", get: func(r CompareRun) float64 { return r.Running.Seconds() }, unit: secs},
 		{label: "writes (to all running + settle)", get: func(r CompareRun) float64 { return r.Writes }, unit: count, goals: []goal{{max: 0.55}}},
-		{label: "peak RSS (VmHWM)", get: func(r CompareRun) float64 { return float64(r.PeakRSS) }, unit: mibF, process: true},
-		{label: "RSS after (VmRSS)", get: func(r CompareRun) float64 { return float64(r.RSS) }, unit: mibF, process: true},
-		{label: "CPU", get: func(r CompareRun) float64 { return r.CPU }, unit: cpuSecs, process: true},
 	}
+	ms = append(ms, audit...)
+	ms = append(ms,
+		metric{label: "peak RSS (VmHWM)", get: func(r CompareRun) float64 { return float64(r.PeakRSS) }, unit: mibF, process: true},
+		metric{label: "RSS after (VmRSS)", get: func(r CompareRun) float64 { return float64(r.RSS) }, unit: mibF, process: true},
+		metric{label: "CPU", get: func(r CompareRun) float64 { return r.CPU }, unit: cpuSecs, process: true})
+	if !goals {
+		for i := range ms {
+			ms[i].goals = nil
+		}
+	}
+	return ms
+}
+
+// auditMetrics are the rows of the audit log's figures over phase: each
+// contender's writes, in all (set against client-go's figure) and by kind,
+// then its reads around its cache, in all and by kind.
+func auditMetrics(runs map[string][]CompareRun, contenders []string, phase string) []metric {
+	writes := func(r CompareRun) map[framework.APIRequest]float64 { return r.AuditWrites }
+	reads := func(r CompareRun) map[framework.APIRequest]float64 { return r.AuditReads }
+	ms := []metric{{label: "  audit log: writes " + phase, get: func(r CompareRun) float64 { return total(r.AuditWrites) },
+		unit: count, note: agreement(runs, contenders)}}
+	ms = append(ms, kindRows(runs, writes)...)
+	ms = append(ms, metric{label: "reads around the cache " + phase, get: func(r CompareRun) float64 { return total(r.AuditReads) }, unit: count})
+	ms = append(ms, kindRows(runs, reads)...)
+	return append(ms, metric{label: "  informer lists (filling its cache, not around it)",
+		get: func(r CompareRun) float64 { return total(r.AuditInformer) }, unit: count, noRatio: true})
+}
+
+// kindRows are one row a request kind in any run's of(run), the largest
+// first.
+func kindRows(runs map[string][]CompareRun, of func(CompareRun) map[framework.APIRequest]float64) []metric {
+	var all []map[framework.APIRequest]float64
+	for _, rs := range runs {
+		for _, run := range rs {
+			all = append(all, of(run))
+		}
+	}
+	var ms []metric
+	for _, k := range framework.ByCount(all...) {
+		ms = append(ms, metric{label: "    " + k.Resource + " " + k.Verb, get: func(r CompareRun) float64 { return of(r)[k] }, unit: count, noRatio: true})
+	}
+	return ms
+}
+
+// agreement says whether the audit log's writes are client-go's in every
+// run, naming each run where they differ (both figures stay in the table).
+func agreement(runs map[string][]CompareRun, contenders []string) string {
+	var diffs []string
+	for _, c := range contenders {
+		for i, run := range runs[c] {
+			if a := total(run.AuditWrites); a != run.Writes {
+				diffs = append(diffs, fmt.Sprintf("%s rep %d: audit %.0f vs client-go %.0f", shortName(c), i+1, a, run.Writes))
+			}
+		}
+	}
+	if len(diffs) == 0 {
+		return "= client-go's figure in every run"
+	}
+	return "≠ client-go's figure: " + strings.Join(diffs, "; ")
 }
 
 // section writes one scenario: a column per contender, a column per ratio,
@@ -149,6 +243,10 @@ func (r *CompareReport) section(t *Table, runs map[string][]CompareRun, contende
 		}
 		medians := make([]float64, len(ratios))
 		for i, p := range ratios {
+			if m.noRatio {
+				row = append(row, "")
+				continue
+			}
 			rs := pairRatios(vals[p[0]], vals[p[1]])
 			medians[i] = median(rs)
 			row = append(row, spread(rs, func(v float64) string { return fmt.Sprintf("%.2f×", v) }))
@@ -160,6 +258,9 @@ func (r *CompareReport) section(t *Table, runs map[string][]CompareRun, contende
 				verdict = "met"
 			}
 			gs = append(gs, fmt.Sprintf("%s/%s %s: %s", shortName(ratios[g.ratio][0]), shortName(ratios[g.ratio][1]), g, verdict))
+		}
+		if m.note != "" {
+			gs = append(gs, m.note)
 		}
 		t.Cells(append(row, strings.Join(gs, "; "))...)
 	}

@@ -40,6 +40,8 @@ type UpOptions struct {
 	Logf func(format string, args ...any)
 	// ManagerArgs and ManagerEnv become the Env's.
 	ManagerArgs, ManagerEnv []string
+	// Audit starts the API server with an audit log (framework.Options).
+	Audit bool
 }
 
 // Up starts the simulated cluster and finds or builds the loom binary.
@@ -47,7 +49,7 @@ func Up(ctx context.Context, opts UpOptions) (*Env, error) {
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
 	}
-	c, err := framework.Start(ctx, framework.Options{Dir: opts.Dir, Logf: opts.Logf, KeepDir: os.Getenv("LOOM_E2E_KEEP") != ""})
+	c, err := framework.Start(ctx, framework.Options{Dir: opts.Dir, Logf: opts.Logf, KeepDir: os.Getenv("LOOM_E2E_KEEP") != "", Audit: opts.Audit})
 	if err != nil {
 		return nil, err
 	}

@@ -44,6 +44,9 @@ type Options struct {
 	KeepDir bool
 	// Logf receives progress lines (nil: silent).
 	Logf func(format string, args ...any)
+	// Audit has kube-apiserver log every write, get and list (not watches)
+	// to Cluster.AuditLog, for Cluster.Audit: who sent what, by resource.
+	Audit bool
 }
 
 // Cluster is a running simulated cluster.
@@ -57,6 +60,9 @@ type Cluster struct {
 	// Server is the API server's URL; CAFile its serving certificate.
 	Server string
 	CAFile string
+	// AuditLog is the API server's JSON-lines audit log (Options.Audit;
+	// empty without).
+	AuditLog string
 
 	opts    Options
 	tools   tools
@@ -135,7 +141,13 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 
 	opts.Logf("starting kube-apiserver on %s", c.Server)
-	if err = c.start("kube-apiserver", filepath.Join(c.tools.kube, "kube-apiserver"),
+	var audit []string
+	if opts.Audit {
+		if audit, err = c.auditFlags(); err != nil {
+			return nil, err
+		}
+	}
+	if err = c.start("kube-apiserver", filepath.Join(c.tools.kube, "kube-apiserver"), append(audit,
 		"--etcd-servers", etcdURL,
 		"--allow-privileged=true",
 		"--secure-port", strconv.Itoa(ports[2]), "--bind-address", "127.0.0.1",
@@ -150,7 +162,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		"--service-account-signing-key-file", filepath.Join(pki, "sa.key"),
 		"--service-cluster-ip-range", "10.96.0.0/16",
 		"--enable-priority-and-fairness=true",
-		"--profiling=false"); err != nil {
+		"--profiling=false")...); err != nil {
 		return nil, err
 	}
 	c.CAFile = filepath.Join(pki, "apiserver.crt")

@@ -1,11 +1,12 @@
 // Command bench runs one of Loom's benchmarks on the simulated cluster
 // (package e2e/bench) and prints its table:
 //
-//	go run ./e2e/cmd/bench compare --clusters 100 --gang-pods 512 --reps 3   # make bench
+//	go run ./e2e/cmd/bench compare --clusters 100 --gang-pods 512 --jobs 20 --reps 3   # make bench
 //	go run ./e2e/cmd/bench [fleet] [--nodes 1000] ...   # make bench-fleet
 //	go run ./e2e/cmd/bench gpu-stack --nodes 500        # make bench-gpu-stack
 //	go run ./e2e/cmd/bench gang --pods 512 --nodes 64   # make bench-training
 //	go run ./e2e/cmd/bench raycluster --clusters 100    # make bench-raycluster
+//	go run ./e2e/cmd/bench pending --jobs 500 --nodes 16 # waiting jobs while GPUs churn
 //
 // Every scenario takes --loom (a loom binary; default: build ./cmd/manager),
 // --manager-env KEY=VALUE, and extra manager flags after "--".
@@ -50,10 +51,11 @@ var scenarios = map[string]scenario{
 	"gpu-stack":  {"ClusterPolicy apply to Ready and the manager's API requests on GPU nodes", gpuStack},
 	"gang":       {"pods/s creating a TrainingJob gang at Loom's and client-go's client limits", gang},
 	"raycluster": {"RayClusters × 4 pods to all ready, the manager's RSS and writes", rayCluster},
+	"pending":    {"TrainingJobs waiting for GPUs while others finish and start: the manager's writes per minute", pending},
 	"compare":    {"Loom side by side with KubeRay and the Training Operator, a fresh cluster each; one table of ratios (make bench)", compare},
 }
 
-var scenarioNames = []string{"fleet", "gpu-stack", "gang", "raycluster", "compare"}
+var scenarioNames = []string{"fleet", "gpu-stack", "gang", "raycluster", "pending", "compare"}
 
 func main() {
 	ctrllog.SetLogger(logr.Discard()) // the benchmark's own clients: no stack trace
@@ -168,13 +170,28 @@ func rayCluster(fs *flag.FlagSet) job {
 	return job{measure: func(ctx context.Context, env *bench.Env) (printer, error) { return bench.RunRayClusters(ctx, env, cfg) }}
 }
 
+func pending(fs *flag.FlagSet) job {
+	cfg := bench.PendingConfig{}
+	fs.IntVar(&cfg.Jobs, "jobs", 500, "TrainingJobs of 1 pod × 8 GPUs")
+	fs.IntVar(&cfg.Nodes, "nodes", 16, "simulated 8-GPU nodes (as many jobs run, the rest wait)")
+	fs.IntVar(&cfg.Finish, "finish", 2, "running jobs the benchmark ends at each step of the churn")
+	fs.DurationVar(&cfg.Every, "every", 5*time.Second, "time between two steps of the churn")
+	fs.DurationVar(&cfg.Window, "window", 2*time.Minute, "the churn window measured")
+	fs.IntVar(&cfg.TenantNodes, "tenant-nodes", 1, "more 8-GPU nodes where another tenant's 1-GPU pods come and go at each step (0: none)")
+	return job{
+		check:   func() error { return cfg.Check() },
+		measure: func(ctx context.Context, env *bench.Env) (printer, error) { return bench.RunPending(ctx, env, cfg) },
+	}
+}
+
 func compare(fs *flag.FlagSet) job {
 	cfg := bench.CompareConfig{}
 	fs.IntVar(&cfg.Clusters, "clusters", 100, "raycluster: RayClusters of 1 head + 3 workers (and as many nodes)")
 	fs.IntVar(&cfg.GangPods, "gang-pods", 512, "gang: pods of the job (1 master + gang-pods-1 workers, 1 GPU each)")
+	fs.IntVar(&cfg.Jobs, "jobs", 20, "jobs: concurrent jobs of 1 master + 7 workers (1 GPU each, on as many 8-GPU nodes); 0: no jobs scenario")
 	fs.IntVar(&cfg.Reps, "reps", 3, "repetitions (the contenders' order rotates)")
 	fs.DurationVar(&cfg.Idle, "idle", 30*time.Second, "raycluster: idle window after all are ready")
-	fs.StringVar(&cfg.Only, "only", "", "run one scenario only: raycluster or gang")
+	fs.StringVar(&cfg.Only, "only", "", "run one scenario only: raycluster, gang or jobs")
 	return job{
 		check: func() error { return cfg.Check() },
 		standalone: func(ctx context.Context, up bench.UpOptions) (printer, error) {
