@@ -84,6 +84,10 @@ type CompareRun struct {
 	// CPU is the process's CPU seconds while converging, IdleCPU per idle
 	// minute.
 	CPU, IdleCPU float64
+	// ControlPlaneCPU is kube-apiserver's and etcd's CPU seconds over the
+	// same converging window: where the simulated control plane is the
+	// bound, this says so.
+	ControlPlaneCPU float64
 	// Writes while converging and per idle minute: client-go's POST, PUT,
 	// PATCH and DELETE requests, without Loom's lease renewals and the
 	// metrics endpoint's reviews of the benchmark's own scrapes.

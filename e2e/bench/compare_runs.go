@@ -37,7 +37,7 @@ func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (Comp
 	if err != nil {
 		return run, err
 	}
-	start := time.Now()
+	start, cp0 := time.Now(), controlPlaneCPU(c)
 	if err := createRayClusters(ctx, c, ns, n); err != nil {
 		return run, err
 	}
@@ -49,12 +49,13 @@ func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (Comp
 	}
 	run.Done = time.Since(start)
 	env.Logf("%d RayClusters ready after %s", n, round(run.Done))
-	return run, r.settleAndIdle(env, op, &run, s0)
+	return run, r.settleAndIdle(env, op, &run, s0, cp0)
 }
 
 // settleAndIdle ends the converging phase after a settle, then idles.
-func (r *CompareReport) settleAndIdle(env *Env, op contender, run *CompareRun, s0 sample) error {
+func (r *CompareReport) settleAndIdle(env *Env, op contender, run *CompareRun, s0 sample, cp0 float64) error {
 	settle()
+	run.ControlPlaneCPU = controlPlaneCPU(env.Cluster) - cp0
 	s1, err := takeSample(op)
 	if err != nil {
 		return err
@@ -104,11 +105,12 @@ func (r *CompareReport) podsRun(ctx context.Context, env *Env, name string, shap
 	if err != nil {
 		return run, err
 	}
-	from := time.Now()
+	from, cp0 := time.Now(), controlPlaneCPU(c)
 	if err := timeGang(ctx, env, &run, pods, ns, submit); err != nil {
 		return run, err
 	}
 	settle()
+	run.ControlPlaneCPU = controlPlaneCPU(c) - cp0
 	if op == nil {
 		run.Writes = float64(pods) // the floor's client sent one create a pod, nothing else
 		run.from, run.to = from, time.Now()
@@ -214,4 +216,20 @@ func pyTorchJob(ns, name string, workers int) *unstructured.Unstructured {
 // floorPod is a floor's pod: the gang's pod template, nothing else.
 func floorPod(ns, name string) *corev1.Pod {
 	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: gpuTemplate("1").Spec}
+}
+
+// controlPlaneCPU is the CPU seconds kube-apiserver and etcd have used so
+// far: what a contender's requests cost the control plane shows in its
+// difference over a window (the scheduler and kwok do the same work for
+// every contender).
+func controlPlaneCPU(c *framework.Cluster) float64 {
+	var sum float64
+	for _, p := range c.Processes() {
+		if p.Name == "kube-apiserver" || p.Name == "etcd" {
+			if s, err := framework.CPUSeconds(p.PID()); err == nil {
+				sum += s
+			}
+		}
+	}
+	return sum
 }

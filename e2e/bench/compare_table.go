@@ -140,6 +140,7 @@ func rayMetrics(audit []metric) []metric {
 		{label: "  of it RssFile (binary's pages)", get: func(r CompareRun) float64 { return float64(r.FileRSS) }, unit: mibF},
 		{label: "CPU while converging", get: func(r CompareRun) float64 { return r.CPU }, unit: cpuSecs},
 		{label: "CPU per idle minute", get: func(r CompareRun) float64 { return r.IdleCPU }, unit: cpuSecs},
+		{label: "API server + etcd CPU while converging", get: func(r CompareRun) float64 { return r.ControlPlaneCPU }, unit: cpuSecs},
 		{label: "writes while converging", get: func(r CompareRun) float64 { return r.Writes }, unit: count, goals: []goal{{max: 0.55}}},
 	}
 	ms = append(ms, audit...)
@@ -154,6 +155,7 @@ func gangMetrics(pods int, goals bool, audit []metric) []metric {
 		{label: "all pods created", get: func(r CompareRun) float64 { return r.Done.Seconds() }, unit: secs, goals: []goal{{ratio: 1, max: 1.3}}},
 		{label: "pods/s created", get: func(r CompareRun) float64 { return n / r.Done.Seconds() }, unit: count, goals: []goal{{min: 10}}},
 		{label: "all pods running", get: func(r CompareRun) float64 { return r.Running.Seconds() }, unit: secs},
+		{label: "API server + etcd CPU", get: func(r CompareRun) float64 { return r.ControlPlaneCPU }, unit: cpuSecs},
 		{label: "writes (to all running + settle)", get: func(r CompareRun) float64 { return r.Writes }, unit: count, goals: []goal{{max: 0.55}}},
 	}
 	ms = append(ms, audit...)
