@@ -104,6 +104,7 @@ func (o *options) why(ctx context.Context, kind, name string) (why.Answer, error
 		obj, err = tj, c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, tj)
 		if err == nil {
 			a = why.TrainingJob(tj)
+			err = gpusNow(ctx, c, tj, &a)
 		}
 	case "RayCluster":
 		rc := &rayv1.RayCluster{}
@@ -135,6 +136,33 @@ func (o *options) why(ctx context.Context, kind, name string) (why.Answer, error
 	}
 	a.Events = evs
 	return a, nil
+}
+
+// gpusNow adds to a waiting job's answer the live GPU picture its status
+// leaves out (it would move at every allocation): computed here, from the
+// nodes, GPUNodes and bound pods, as kubectl loom gpus reads them.
+func gpusNow(ctx context.Context, c client.Client, tj *trainingv1alpha1.TrainingJob, a *why.Answer) error {
+	if !why.WaitsToBeScheduled(tj) {
+		return nil
+	}
+	nodes, err := listNodes(ctx, c)
+	if err != nil {
+		return err
+	}
+	var gns []gpuv1alpha1.GPUNode
+	gl := &gpuv1alpha1.GPUNodeList{}
+	if err := pages(ctx, c, gl, func() { gns = append(gns, gl.Items...) }); err != nil && !meta.IsNoMatchError(err) {
+		return err
+	}
+	var pods []corev1.Pod
+	pl := &corev1.PodList{}
+	if err := pages(ctx, c, pl, func() { pods = append(pods, pl.Items...) }, client.MatchingFieldsSelector{Selector: boundPods}); err != nil {
+		return err
+	}
+	if now := why.TrainingJobGPUsNow(tj, nodes, gns, pods); now != "" {
+		a.Also = append(a.Also, now)
+	}
+	return nil
 }
 
 // whyNode reads a node and its GPUNode (none when the CRD or the object is

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/agent"
@@ -212,4 +213,32 @@ func setNodeStatus(t *testing.T, name string, lib nvml.Interface) {
 	if err := env.Client.Update(context.Background(), n); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// pendingGauges reads the job's loom_trainingjob_pending_gpus and
+// loom_trainingjob_pending_free_gpus from the manager's registry; ok is
+// false when the job has no series.
+func pendingGauges(job *trainingv1alpha1.TrainingJob) (gpus, free float64, ok bool) {
+	mfs, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		return 0, 0, false
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["namespace"] != job.Namespace || labels["name"] != job.Name {
+				continue
+			}
+			switch mf.GetName() {
+			case "loom_trainingjob_pending_gpus":
+				gpus, ok = m.GetGauge().GetValue(), true
+			case "loom_trainingjob_pending_free_gpus":
+				free = m.GetGauge().GetValue()
+			}
+		}
+	}
+	return gpus, free, ok
 }

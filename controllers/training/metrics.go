@@ -9,6 +9,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/inventory"
 )
 
 var (
@@ -22,6 +23,17 @@ var (
 		Help: "Whole-gang restarts of TrainingJobs after a retryable failure.",
 	}, []string{"namespace"})
 	jobsDesc = prometheus.NewDesc("loom_trainingjobs", "TrainingJobs by state.", []string{"state"}, nil)
+	// The live numbers behind a waiting job's verdict: its status states
+	// the verdict only, so that it is not rewritten whenever a GPU
+	// elsewhere is allocated or freed; these follow every re-evaluation.
+	pendingGPUs = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "loom_trainingjob_pending_gpus",
+		Help: "GPUs an unscheduled TrainingJob's gang waits for (of the GPU resource its inventory verdict is about); no series once it is scheduled, finished, suspended or held.",
+	}, []string{"namespace", "name"})
+	pendingFree = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "loom_trainingjob_pending_free_gpus",
+		Help: "Of that GPU resource, what is free now on the nodes an unscheduled TrainingJob's pods may use, at its last re-evaluation.",
+	}, []string{"namespace", "name"})
 )
 
 var allStates = []trainingv1alpha1.JobState{
@@ -63,5 +75,29 @@ func registerMetrics(c cache.Cache) {
 		return
 	}
 	registered = true
-	ctrlmetrics.Registry.MustRegister(gangScheduled, gangRestarts, jobsCollector{cache: c})
+	ctrlmetrics.Registry.MustRegister(gangScheduled, gangRestarts, pendingGPUs, pendingFree, jobsCollector{cache: c})
+}
+
+// waiting says whether a job, as decided, waits to be scheduled: not
+// scheduled, not finished, not suspended (by itself or by Kueue) and not
+// held, with a gang that asks for GPUs.
+func waiting(st *trainingv1alpha1.TrainingJobStatus, fit inventory.FitResult) bool {
+	return fit.Units > 0 && !st.Finished() && !condTrue(st, trainingv1alpha1.ConditionScheduled) &&
+		st.State != trainingv1alpha1.StateSuspended && st.State != trainingv1alpha1.StateHeld
+}
+
+// gaugePending sets the job's pending gauges from the inventory's verdict
+// while it waits, and drops them once it does not.
+func gaugePending(job *trainingv1alpha1.TrainingJob, st *trainingv1alpha1.TrainingJobStatus, fit inventory.FitResult) {
+	if !waiting(st, fit) {
+		forgetPending(job.Namespace, job.Name)
+		return
+	}
+	pendingGPUs.WithLabelValues(job.Namespace, job.Name).Set(float64(fit.Units))
+	pendingFree.WithLabelValues(job.Namespace, job.Name).Set(float64(fit.Free))
+}
+
+func forgetPending(namespace, name string) {
+	pendingGPUs.DeleteLabelValues(namespace, name)
+	pendingFree.DeleteLabelValues(namespace, name)
 }

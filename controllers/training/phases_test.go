@@ -2,12 +2,15 @@ package training
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
@@ -244,4 +247,75 @@ func TestInqueueMessage(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A waiting job's status holds while GPUs elsewhere are allocated and freed
+// (nothing to write; only the pending gauges follow), and changes when its
+// verdict does: it fits now, or the cluster shrinks below it.
+func TestWaitingStatusIgnoresChurn(t *testing.T) {
+	x := inventory.NewIndex()
+	node := func(name string) *corev1.Node {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+		n.Status.Allocatable = corev1.ResourceList{inventory.GPUResource: *resource.NewQuantity(8, resource.DecimalSI)}
+		n.Status.Capacity = n.Status.Allocatable
+		return n
+	}
+	for _, n := range []string{"n0", "n1", "n2", "n3"} {
+		x.SetNode(node(n))
+	}
+	busy := func(gpus ...int64) {
+		for i := range 4 {
+			x.DeletePod(types.UID(fmt.Sprintf("other-%d", i)))
+		}
+		for i, n := range gpus {
+			p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("other-%d", i), UID: types.UID(fmt.Sprintf("other-%d", i))},
+				Spec: corev1.PodSpec{NodeName: fmt.Sprintf("n%d", i), Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+					Limits: corev1.ResourceList{inventory.GPUResource: *resource.NewQuantity(n, resource.DecimalSI)}}}}},
+				Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+			x.SetPod(p)
+		}
+	}
+	job := newJob("ns", "j", 1, 8, trainingv1alpha1.GangNone) // 2 pods × 8 GPUs
+	now := time.Now()
+	pass := func() (decision, inventory.FitResult) {
+		t.Helper()
+		now = now.Add(5 * time.Second)
+		_, g := gangGPUs(job)
+		fit := x.Fits(g)
+		return decide(job, observed{now: now, fit: fit}, trainingv1alpha1.GangNone), fit
+	}
+	busy(8, 8, 8, 2)
+	d, _ := pass()
+	job.Status = d.status
+	for _, gpus := range [][]int64{{8, 8, 8, 8}, {8, 8, 8, 1}, {8, 4, 8, 8}, {1, 8, 8, 8}} {
+		busy(gpus...)
+		d, fit := pass()
+		if !equality.Semantic.DeepEqual(d.status, job.Status) {
+			t.Fatalf("busy %v: the status moved with the free GPUs:\n got %+v\nwant %+v", gpus, d.status.Conditions, job.Status.Conditions)
+		}
+		if !waiting(&d.status, fit) || fit.Units != 16 || fit.Free != 8*4-sum(gpus) {
+			t.Fatalf("busy %v: waiting %v, units %d, free %d", gpus, waiting(&d.status, fit), fit.Units, fit.Free)
+		}
+	}
+	busy(8, 8)
+	if d, _ := pass(); countsOnly(&job.Status, &d.status) {
+		t.Fatalf("two nodes free: the verdict (fits now) is not written as a change of reason: %+v", d.status.Conditions)
+	}
+	busy(8, 8, 8, 8)
+	for _, n := range []string{"n1", "n2", "n3"} {
+		x.DeleteNode(n)
+	}
+	d, _ = pass()
+	sc := meta.FindStatusCondition(d.status.Conditions, trainingv1alpha1.ConditionScheduled)
+	if equality.Semantic.DeepEqual(d.status, job.Status) || !strings.Contains(sc.Message, "it fits once nodes are added") {
+		t.Fatalf("a cluster smaller than the gang: Scheduled %+v", sc)
+	}
+}
+
+func sum(v []int64) (n int64) {
+	for _, x := range v {
+		n += x
+	}
+	return n
 }

@@ -416,11 +416,15 @@ func volcanoPending(ctx context.Context, t *testing.T, job *trainingv1alpha1.Tra
 	testenv.Eventually(t, 30*time.Second, func() error {
 		c := cond(getJob(t, job), trainingv1alpha1.ConditionScheduled)
 		if !strings.Contains(c.Message, "Volcano: NotEnoughResources: 4/4 tasks in gang unschedulable") ||
-			!strings.Contains(c.Message, "inventory: needs 4 pods × 8 nvidia.com/gpu (32 in all), 24 free on 3 nodes, 32 in the cluster") {
+			!strings.Contains(c.Message, "inventory: needs 4 pods × 8 nvidia.com/gpu (32 in all): it fits the cluster once GPUs free up;") {
 			return fmt.Errorf("Scheduled = %+v", c)
 		}
 		if c.Reason != ReasonNotEnoughGPUs {
 			return fmt.Errorf("reason %s", c.Reason)
+		}
+		// The live numbers are the gauges', not the status's.
+		if gpus, free, ok := pendingGauges(job); !ok || gpus != 32 || free != 24 {
+			return fmt.Errorf("pending gauges %v %v %v, want 32 GPUs waited for, 24 free", ok, gpus, free)
 		}
 		return nil
 	})
@@ -428,13 +432,17 @@ func volcanoPending(ctx context.Context, t *testing.T, job *trainingv1alpha1.Tra
 		t.Fatalf("pods created before the gang was admitted: %v", names(pods))
 	}
 
-	// The GPUs come free: the message follows without any change to the job.
+	// The GPUs come free: the verdict changes (it fits now) without any
+	// change to the job, and the gauge follows.
 	if err := env.Client.Delete(ctx, hog, client.GracePeriodSeconds(0)); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 30*time.Second, func() error {
-		if c := cond(getJob(t, job), trainingv1alpha1.ConditionScheduled); strings.Contains(c.Message, "24 free") {
-			return fmt.Errorf("still says 24 free: %s", c.Message)
+		if c := cond(getJob(t, job), trainingv1alpha1.ConditionScheduled); c.Reason != ReasonGangPending || strings.Contains(c.Message, "inventory:") {
+			return fmt.Errorf("still waits for GPUs: %+v", c)
+		}
+		if _, free, _ := pendingGauges(job); free != 32 {
+			return fmt.Errorf("loom_trainingjob_pending_free_gpus %v, want 32", free)
 		}
 		return nil
 	})

@@ -14,6 +14,8 @@
 //   - gang: one large TrainingJob gang at Loom's and client-go's client
 //     limits;
 //   - raycluster: many RayClusters to ready, the manager's RSS and writes;
+//   - pending (pending.go): TrainingJobs waiting for GPUs while others
+//     finish and start, the manager's writes per minute;
 //   - compare (compare.go, `make bench`): Loom side by side with KubeRay and
 //     Kubeflow's Training Operator, each contender on a fresh cluster, one
 //     table of ratios against the product's goals.

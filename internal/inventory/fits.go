@@ -78,10 +78,27 @@ const (
 	Never Verdict = "Never"
 )
 
-// FitResult is the answer of Fits, with a message a user can act on.
+// FitResult is the answer of Fits: the verdict, in words a user can act
+// on, apart from the live numbers behind it.
 type FitResult struct {
 	Verdict Verdict
+	// Message states the verdict (fits what is free now; fits the cluster
+	// once GPUs free up, or once nodes that take no pods now are back;
+	// fits once nodes are added; never fits) from what the gang asks and
+	// what the cluster's nodes offer, never from what is free on them now:
+	// it stays the same while GPUs elsewhere are allocated and freed, so a
+	// status that carries it is rewritten when the verdict, the gang or
+	// the cluster's nodes change, not at every allocation.
 	Message string
+	// Now is the live picture behind the verdict: what is free now and on
+	// how many nodes, how the free GPUs spread, what is on nodes that take
+	// no pods now. It moves with every allocation: for metrics, logs and
+	// kubectl loom why, never for a status.
+	Now string
+	// Units is what the gang asks of the resource the verdict is about (the
+	// one that does not fit; the first one when all fit), Free what is
+	// free of it now on the nodes the gang may use: live, like Now.
+	Units, Free int64
 }
 
 // Fits packs the gang's pods onto the nodes each group may go to (largest
@@ -97,7 +114,7 @@ type FitResult struct {
 // (node.kubernetes.io/*, nvidia.com/gpu.unhealthy) offers nothing free
 // now, but counts for "never": it is expected back (a drain, a driver
 // upgrade, a reboot), and a gang that fits once it is back must wait, not
-// fail. Messages say how much is on such nodes.
+// fail. Now says how much is on such nodes.
 func (x *Index) Fits(g Gang) FitResult {
 	byRes := groupDemands(g.Groups)
 	if len(byRes) == 0 {
@@ -114,8 +131,8 @@ func (x *Index) Fits(g Gang) FitResult {
 	slices.Sort(names)
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	var fits []string
-	var notNow *FitResult
+	var fits, now []string
+	var notNow, first *FitResult
 	for _, name := range names {
 		r := x.fitResource(name, byRes[name], places)
 		switch {
@@ -124,13 +141,17 @@ func (x *Index) Fits(g Gang) FitResult {
 		case r.Verdict == NotNow && notNow == nil:
 			notNow = &r
 		case r.Verdict == FitsNow:
-			fits = append(fits, r.Message)
+			fits, now = append(fits, r.Message), append(now, r.Now)
+			if first == nil {
+				first = &r
+			}
 		}
 	}
 	if notNow != nil {
 		return *notNow
 	}
-	return FitResult{Verdict: FitsNow, Message: "fits: " + strings.Join(fits, "; ")}
+	return FitResult{Verdict: FitsNow, Message: "fits what is free now: " + strings.Join(fits, "; "), Now: strings.Join(now, "; "),
+		Units: first.Units, Free: first.Free}
 }
 
 // demand is a group of pods of one resource and one placement.
@@ -181,36 +202,34 @@ func (x *Index) fitResource(res corev1.ResourceName, groups []PodGroup, places [
 		what += " of " + product
 	}
 	t := x.tally(res, places)
-	if t.eligible == 0 {
-		return FitResult{Verdict: Never, Message: x.nowhere(what, res, product, t)}
+	r := FitResult{Units: units, Free: t.spare}
+	switch {
+	case t.eligible == 0:
+		r.Verdict, r.Message = Never, x.nowhere(what, res, product, t)
+		return r
+	case packBuckets(demands, t.free):
+		r.Verdict, r.Message = FitsNow, "needs "+what
+	case !packBuckets(demands, t.offers):
+		r.Verdict, r.Message = t.tooSmall(what, res, units, groups[0].GPUs, demands)
+	case !packBuckets(demands, t.openOffers):
+		// Only with nodes that take no pods now back (a drain, a driver
+		// upgrade, a reboot): which ones, and how many, is live.
+		r.Verdict, r.Message = NotNow, fmt.Sprintf("needs %s (%d in all): it fits the cluster once nodes that take no pods now are back and GPUs free up", what, units)
+	default:
+		r.Verdict, r.Message = NotNow, fmt.Sprintf("needs %s (%d in all): it fits the cluster once GPUs free up", what, units)
 	}
-	if packBuckets(demands, t.free) {
-		return FitResult{Verdict: FitsNow, Message: fmt.Sprintf("needs %s, %d of %d free", what, units, t.spare)}
-	}
-	if !packBuckets(demands, t.offers) {
-		return t.tooSmall(what, res, units, groups[0].GPUs, demands)
-	}
-	msg := fmt.Sprintf("needs %s (%d in all), %d free on %s, %d in the cluster", what, units, t.spare, plural(t.idle, "node"), t.total)
-	if t.open > 0 {
-		hist := map[int64]int64{0: t.full}
-		for k, v := range t.free {
-			hist[k.n] += v
-		}
-		msg += "; " + describeHistogram(hist)
-	}
-	return FitResult{Verdict: NotNow, Message: msg + t.describeClosed()}
+	r.Now = t.live(res)
+	return r
 }
 
 // tooSmall answers a gang that does not fit even with every eligible node
 // free. Never only when some pod is bigger than every node its placement may
 // use: then no cluster of such nodes can hold it. A gang each of whose pods
 // fits some node, but not all of them together, fits once nodes are added:
-// NotNow, saying how many units are missing.
-func (t *tally) tooSmall(what string, res corev1.ResourceName, units, biggest int64, demands []demand) FitResult {
+// NotNow, saying how many units are missing. The words come from the nodes
+// and what they offer, not from which of them take pods now (that is live).
+func (t *tally) tooSmall(what string, res corev1.ResourceName, units, biggest int64, demands []demand) (Verdict, string) {
 	var notes string
-	if n := t.eligible - t.open; n > 0 {
-		notes += fmt.Sprintf(" (%s of them not taking pods now)", plural(n, "node"))
-	}
 	if t.excluded > 0 {
 		verb := "are"
 		if t.excluded == 1 {
@@ -228,11 +247,11 @@ func (t *tally) tooSmall(what string, res corev1.ResourceName, units, biggest in
 		} else {
 			msg += fmt.Sprintf("the cluster's %d %s on %s do not divide into the gang's pods", t.all, unit(res), plural(t.eligible, "node"))
 		}
-		return FitResult{Verdict: NotNow, Message: msg + notes + "; it fits once nodes are added"}
+		return NotNow, msg + notes + "; it fits once nodes are added"
 	}
 	msg := fmt.Sprintf("needs %s (%d in all); this cluster has %s with %d %s", what, units, plural(t.eligible, "node"), t.all, unit(res))
 	if biggest > t.largest {
 		msg += fmt.Sprintf(", none with more than %d", t.largest)
 	}
-	return FitResult{Verdict: Never, Message: msg + notes + ": a pod is bigger than any node it may go to, it can never fit"}
+	return Never, msg + notes + ": a pod is bigger than any node it may go to, it can never fit"
 }

@@ -116,6 +116,7 @@ func passingTaint(key string) bool {
 // tally is one resource's nodes as the gang's placements see them.
 type tally struct {
 	free, offers map[bucketKey]int64 // (placements' mask, units) → nodes
+	openOffers   map[bucketKey]int64 // offers of the nodes that take pods now
 	full         int64               // open eligible nodes with nothing free
 	nodes        int64               // nodes with the resource
 	eligible     int64               // nodes some placement may use
@@ -128,7 +129,7 @@ type tally struct {
 }
 
 func (x *Index) tally(res corev1.ResourceName, places []place) *tally {
-	t := &tally{free: map[bucketKey]int64{}, offers: map[bucketKey]int64{}, closed: map[string][2]int64{}}
+	t := &tally{free: map[bucketKey]int64{}, offers: map[bucketKey]int64{}, openOffers: map[bucketKey]int64{}, closed: map[string][2]int64{}}
 	scratch := &corev1.Node{}
 	for _, n := range x.nodes {
 		offer := amount(n.offers, res)
@@ -170,6 +171,7 @@ func (t *tally) add(n *nodeEntry, res corev1.ResourceName, offer int64, elig, op
 		return
 	}
 	free := n.free(res)
+	t.openOffers[bucketKey{open, offer}]++
 	t.open++
 	t.total += offer
 	t.spare += free

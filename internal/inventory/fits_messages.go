@@ -28,6 +28,21 @@ func (x *Index) nowhere(what string, res corev1.ResourceName, product string, t 
 		what, plural(t.nodes, "node"), res, map[bool]string{true: "it", false: "them all"}[t.nodes == 1])
 }
 
+// live is the picture behind a verdict as it is now, which moves with every
+// allocation: "nvidia.com/gpu: 24 free on 3 nodes, 32 in the cluster; 3
+// nodes have 8 free, 1 has none; 8 more on 1 cordoned node".
+func (t *tally) live(res corev1.ResourceName) string {
+	msg := fmt.Sprintf("%s: %d free on %s, %d in the cluster", res, t.spare, plural(t.idle, "node"), t.total)
+	if t.open > 0 {
+		hist := map[int64]int64{0: t.full}
+		for k, v := range t.free {
+			hist[k.n] += v
+		}
+		msg += "; " + describeHistogram(hist)
+	}
+	return msg + t.describeClosed()
+}
+
 // describeClosed says what is on nodes that take no pods now: "; 8 more on
 // 1 cordoned node, 16 on 2 NotReady nodes".
 func (t *tally) describeClosed() string {

@@ -81,36 +81,95 @@ func fleet() *Index {
 func TestFits(t *testing.T) {
 	x := fleet()
 	tests := []struct {
-		name    string
-		gang    Gang
-		verdict Verdict
-		msg     string
+		name     string
+		gang     Gang
+		verdict  Verdict
+		msg, now string
 	}{
-		{"fits now", Gang{Groups: []PodGroup{{Count: 3, GPUs: 8}}, Product: "NVIDIA-H100-80GB-HBM3"}, FitsNow, "fits"},
-		{"uses the half-free node", Gang{Groups: []PodGroup{{Count: 3, GPUs: 8}, {Count: 2, GPUs: 2}}, Product: "NVIDIA-H100-80GB-HBM3"}, FitsNow, ""},
-		{"not now", Gang{Groups: []PodGroup{{Count: 4, GPUs: 8}}, Product: "NVIDIA-H100-80GB-HBM3"},
-			NotNow, "needs 4 pods × 8 nvidia.com/gpu of NVIDIA-H100-80GB-HBM3 (32 in all), 28 free on 4 nodes, 32 in the cluster; 3 nodes have 8 free, 1 has 4"},
+		{"fits now", Gang{Groups: []PodGroup{{Count: 3, GPUs: 8}}, Product: "NVIDIA-H100-80GB-HBM3"}, FitsNow,
+			"fits what is free now: needs 3 pods × 8 nvidia.com/gpu of NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu: 28 free on 4 nodes, 32 in the cluster"},
+		{"uses the half-free node", Gang{Groups: []PodGroup{{Count: 3, GPUs: 8}, {Count: 2, GPUs: 2}}, Product: "NVIDIA-H100-80GB-HBM3"}, FitsNow, "", ""},
+		{"not now", Gang{Groups: []PodGroup{{Count: 4, GPUs: 8}}, Product: "NVIDIA-H100-80GB-HBM3"}, NotNow,
+			"needs 4 pods × 8 nvidia.com/gpu of NVIDIA-H100-80GB-HBM3 (32 in all): it fits the cluster once GPUs free up",
+			"nvidia.com/gpu: 28 free on 4 nodes, 32 in the cluster; 3 nodes have 8 free, 1 has 4"},
 		{"larger than the cluster: fits once nodes are added", Gang{Groups: []PodGroup{{Count: 5, GPUs: 8}}, Product: "NVIDIA-H100-80GB-HBM3"},
 			NotNow, "needs 5 pods × 8 nvidia.com/gpu of NVIDIA-H100-80GB-HBM3 (40 in all): needs 8 more GPUs than the cluster has (32 on 4 nodes) " +
-				"(1 more node with nvidia.com/gpu is ruled out by the pods' node selector, affinity or tolerations); it fits once nodes are added"},
+				"(1 more node with nvidia.com/gpu is ruled out by the pods' node selector, affinity or tolerations); it fits once nodes are added", "28 free"},
 		{"does not divide into the nodes: fits once nodes are added", Gang{Groups: []PodGroup{{Count: 6, GPUs: 5}}, Product: "NVIDIA-H100-80GB-HBM3"},
-			NotNow, "the cluster's 32 GPUs on 4 nodes do not divide into the gang's pods"},
+			NotNow, "the cluster's 32 GPUs on 4 nodes do not divide into the gang's pods", ""},
 		{"never: one pod too big among pods that fit", Gang{Groups: []PodGroup{{Count: 1, GPUs: 16}, {Count: 2, GPUs: 1}}},
-			Never, "none with more than 8: a pod is bigger than any node it may go to, it can never fit"},
+			Never, "none with more than 8: a pod is bigger than any node it may go to, it can never fit", "36 free on 5 nodes"},
 		{"never: too big per pod", Gang{Groups: []PodGroup{{Count: 1, GPUs: 16}}},
-			Never, "none with more than 8"},
+			Never, "none with more than 8", ""},
 		{"never: absent product", Gang{Groups: []PodGroup{{Count: 1, GPUs: 1}}, Product: "NVIDIA-B200"},
-			Never, "the cluster has no NVIDIA-B200 GPUs (it has NVIDIA-A100-SXM4-40GB: 8, NVIDIA-H100-80GB-HBM3: 32)"},
-		{"any product", Gang{Groups: []PodGroup{{Count: 4, GPUs: 8}}}, FitsNow, ""},
-		{"no GPUs", Gang{Groups: []PodGroup{{Count: 3, GPUs: 0}}}, FitsNow, "needs no GPUs"},
+			Never, "the cluster has no NVIDIA-B200 GPUs (it has NVIDIA-A100-SXM4-40GB: 8, NVIDIA-H100-80GB-HBM3: 32)", ""},
+		{"any product", Gang{Groups: []PodGroup{{Count: 4, GPUs: 8}}}, FitsNow, "", ""},
+		{"no GPUs", Gang{Groups: []PodGroup{{Count: 3, GPUs: 0}}}, FitsNow, "needs no GPUs", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := x.Fits(tt.gang)
-			if r.Verdict != tt.verdict || !strings.Contains(r.Message, tt.msg) {
-				t.Errorf("Fits = %s %q, want %s containing %q", r.Verdict, r.Message, tt.verdict, tt.msg)
+			if r.Verdict != tt.verdict || !strings.Contains(r.Message, tt.msg) || !strings.Contains(r.Now, tt.now) {
+				t.Errorf("Fits = %s %q (now %q), want %s containing %q (now %q)", r.Verdict, r.Message, r.Now, tt.verdict, tt.msg, tt.now)
+			}
+			if strings.Contains(r.Message, "free on") || strings.Contains(r.Message, " have ") {
+				t.Errorf("the message carries live numbers: %q", r.Message)
 			}
 		})
+	}
+}
+
+// A waiting gang's message is the same whatever else is allocated or freed
+// while its verdict holds (the live numbers move in Now, Free), and says
+// apart waiting for GPUs, waiting for nodes that take no pods now, needing
+// more nodes and never fitting.
+func TestFitsMessageIgnoresChurn(t *testing.T) {
+	gang := Gang{Groups: []PodGroup{{Count: 2, GPUs: 8}}}
+	x := NewIndex()
+	for i := range 4 {
+		addGPUNode(x, fmt.Sprintf("n%d", i), h100, 8)
+	}
+	busy := func(pods ...int64) {
+		for i := range 4 {
+			x.DeletePod(types.UID(fmt.Sprintf("b%d", i)))
+		}
+		for i, n := range pods {
+			x.SetPod(pod(fmt.Sprintf("b%d", i), fmt.Sprintf("n%d", i), n, corev1.PodRunning))
+		}
+	}
+	busy(8, 8, 8, 1)
+	want := x.Fits(gang)
+	if want.Verdict != NotNow || want.Units != 16 || want.Free != 7 {
+		t.Fatalf("Fits = %+v, want NotNow, 16 units, 7 free", want)
+	}
+	for _, pods := range [][]int64{{8, 8, 8, 4}, {8, 8, 2, 2}, {8, 8, 8, 8}, {1, 8, 8, 8}, {8, 4, 8, 8}} {
+		busy(pods...)
+		got := x.Fits(gang)
+		if got.Verdict != NotNow || got.Message != want.Message {
+			t.Errorf("busy %v: %s %q, want the message %q", pods, got.Verdict, got.Message, want.Message)
+		}
+		if got.Now == want.Now && got.Free != want.Free {
+			t.Errorf("busy %v: Now %q did not follow the free GPUs (%d)", pods, got.Now, got.Free)
+		}
+	}
+	busy(8, 8)
+	if got := x.Fits(gang); got.Verdict != FitsNow || got.Message == want.Message {
+		t.Errorf("two nodes free: %s %q, want a new verdict", got.Verdict, got.Message)
+	}
+	busy()
+	for _, n := range []string{"n1", "n2", "n3"} { // a drain: one node is left to take pods, too few for the gang
+		x.SetNode(func() *corev1.Node { k := kubeNode(n, "nvidia.com/gpu", 8); k.Spec.Unschedulable = true; return k }())
+	}
+	back := x.Fits(gang)
+	if back.Verdict != NotNow || back.Message == want.Message || !strings.Contains(back.Message, "once nodes that take no pods now are back") ||
+		!strings.Contains(back.Now, "24 more on 3 cordoned nodes") {
+		t.Errorf("only cordoned nodes free: %s %q (now %q), want its own verdict", back.Verdict, back.Message, back.Now)
+	}
+	big := x.Fits(Gang{Groups: []PodGroup{{Count: 5, GPUs: 8}}})
+	never := x.Fits(Gang{Groups: []PodGroup{{Count: 1, GPUs: 9}}})
+	if big.Verdict != NotNow || !strings.Contains(big.Message, "it fits once nodes are added") || never.Verdict != Never ||
+		strings.Contains(never.Message, "not taking pods") {
+		t.Errorf("more than the cluster: %s %q; too big a pod: %s %q", big.Verdict, big.Message, never.Verdict, never.Message)
 	}
 }
 
@@ -563,29 +622,29 @@ func TestFitsSchedulerView(t *testing.T) {
 				x.SetNode(kubeNode(n, "nvidia.com/gpu", 16))
 				x.SetGPUNode(gpuNode(n, h100, 4))
 			}
-		}, []PodGroup{group(2, 8, gpu, nil)}, FitsNow, "needs 2 pods × 8 nvidia.com/gpu, 16 of 32 free"},
+		}, []PodGroup{group(2, 8, gpu, nil)}, FitsNow, "needs 2 pods × 8 nvidia.com/gpu | nvidia.com/gpu: 32 free on 2 nodes, 32 in the cluster"},
 		{"time-slicing ×4: a 32-replica pod per node of 8 GPUs", twoSliced, []PodGroup{group(2, 32, gpu, nil)}, FitsNow, ""},
 		{"time-slicing ×4: not a pod over one node's replicas", twoSliced, []PodGroup{group(1, 33, gpu, nil)}, Never, "none with more than 32"},
 		{"time-slicing ×4: what pods use is taken", func(x *Index) {
 			twoSliced(x)
 			x.SetPod(pod("busy", "s0", 20, corev1.PodRunning))
-		}, []PodGroup{group(2, 20, gpu, nil)}, NotNow, "44 free on 2 nodes, 64 in the cluster; 1 node has 32 free, 1 has 12"},
+		}, []PodGroup{group(2, 20, gpu, nil)}, NotNow, "it fits the cluster once GPUs free up | nvidia.com/gpu: 44 free on 2 nodes, 64 in the cluster; 1 node has 32 free, 1 has 12"},
 
 		{"MIG mixed profiles fit", migNodes(), []PodGroup{group(12, 1, mig3g, nil), group(2, 7, mig1g, nil)}, FitsNow, "nvidia.com/mig-3g.40gb"},
 		{"MIG: not now, named resource", func(x *Index) {
 			migNodes()(x)
 			x.SetPod(podOf("p", "m0", mig3g, 6))
 			x.SetPod(podOf("q", "m1", mig3g, 4))
-		}, []PodGroup{group(4, 2, mig3g, nil)}, NotNow, "needs 4 pods × 2 nvidia.com/mig-3g.40gb (8 in all), 2 free on 1 node, 12 in the cluster"},
+		}, []PodGroup{group(4, 2, mig3g, nil)}, NotNow, "needs 4 pods × 2 nvidia.com/mig-3g.40gb (8 in all): it fits the cluster once GPUs free up | nvidia.com/mig-3g.40gb: 2 free on 1 node, 12 in the cluster"},
 		{"MIG: a profile no node has", migNodes(), []PodGroup{group(1, 1, "nvidia.com/mig-2g.20gb", nil)}, Never,
 			"no node offers nvidia.com/mig-2g.20gb (the cluster has nvidia.com/mig-1g.10gb: 14, nvidia.com/mig-3g.40gb: 12)"},
 		{"MIG: whole GPUs are not MIG devices", migNodes(), []PodGroup{group(1, 1, gpu, nil)}, Never, "no node offers nvidia.com/gpu"},
 		{"MIG: an unhealthy GPU takes its MIG devices", migNodes(1), []PodGroup{group(2, 6, mig3g, nil)}, NotNow,
 			"needs 2 more nvidia.com/mig-3g.40gb than the cluster has (10 on 2 nodes)"},
-		{"MIG: unhealthy GPU, the profile's count", migNodes(1), []PodGroup{group(1, 5, mig3g, nil)}, FitsNow, "5 of 10 free"},
+		{"MIG: unhealthy GPU, the profile's count", migNodes(1), []PodGroup{group(1, 5, mig3g, nil)}, FitsNow, "| nvidia.com/mig-3g.40gb: 10 free on 2 nodes, 10 in the cluster"},
 
 		{".shared rename", func(x *Index) { x.SetNode(kubeNode("r0", "nvidia.com/gpu.shared", 32)) },
-			[]PodGroup{group(4, 8, shared, nil)}, FitsNow, "needs 4 pods × 8 nvidia.com/gpu.shared, 32 of 32 free"},
+			[]PodGroup{group(4, 8, shared, nil)}, FitsNow, "needs 4 pods × 8 nvidia.com/gpu.shared | nvidia.com/gpu.shared: 32 free on 1 node"},
 		{".shared rename: nvidia.com/gpu is gone", func(x *Index) { x.SetNode(kubeNode("r0", "nvidia.com/gpu.shared", 32)) },
 			[]PodGroup{group(1, 1, gpu, nil)}, Never, "no node offers nvidia.com/gpu (the cluster has nvidia.com/gpu.shared: 32)"},
 		{".shared rename: an unhealthy GPU takes its replicas", func(x *Index) {
@@ -594,9 +653,10 @@ func TestFitsSchedulerView(t *testing.T) {
 		}, []PodGroup{group(1, 29, shared, nil)}, Never, "none with more than 28"},
 
 		{"cordoned: not free, but counted", twoWhole(func(n *corev1.Node) *corev1.Node { n.Spec.Unschedulable = true; return n }),
-			[]PodGroup{group(2, 8, gpu, nil)}, NotNow, "8 free on 1 node, 8 in the cluster; 1 node has 8 free; 8 more on 1 cordoned node"},
+			[]PodGroup{group(2, 8, gpu, nil)}, NotNow, "it fits the cluster once nodes that take no pods now are back and GPUs free up | " +
+				"nvidia.com/gpu: 8 free on 1 node, 8 in the cluster; 1 node has 8 free; 8 more on 1 cordoned node"},
 		{"cordoned: more than the cluster", twoWhole(func(n *corev1.Node) *corev1.Node { n.Spec.Unschedulable = true; return n }),
-			[]PodGroup{group(3, 8, gpu, nil)}, NotNow, "needs 8 more GPUs than the cluster has (16 on 2 nodes) (1 node of them not taking pods now)"},
+			[]PodGroup{group(3, 8, gpu, nil)}, NotNow, "needs 8 more GPUs than the cluster has (16 on 2 nodes); it fits once nodes are added | nvidia.com/gpu: 8 free on 1 node, 8 in the cluster; 1 node has 8 free; 8 more on 1 cordoned node"},
 		{"NotReady", twoWhole(func(n *corev1.Node) *corev1.Node {
 			n.Status.Conditions[0].Status = corev1.ConditionUnknown
 			return tainted(n, "node.kubernetes.io/unreachable", corev1.TaintEffectNoExecute)
@@ -644,7 +704,7 @@ func TestFitsSchedulerView(t *testing.T) {
 			n.Status.Allocatable[gpu] = *resource.NewQuantity(12, resource.DecimalSI) // 4 GPUs × 4, one unhealthy
 			x.SetNode(n)
 			x.SetGPUNode(gpuNode("u0", h100, 4, 0))
-		}, []PodGroup{group(1, 12, gpu, nil)}, FitsNow, "12 of 12 free"},
+		}, []PodGroup{group(1, 12, gpu, nil)}, FitsNow, "| nvidia.com/gpu: 12 free on 1 node, 12 in the cluster"},
 		{"device plugin not registered yet", func(x *Index) {
 			x.SetNode(kubeNode("w0", "nvidia.com/gpu", 8))
 			x.SetNode(kubeNode("p0"))
@@ -657,8 +717,9 @@ func TestFitsSchedulerView(t *testing.T) {
 			x := NewIndex()
 			tt.setup(x)
 			r := x.Fits(Gang{Groups: tt.groups})
-			if r.Verdict != tt.verdict || !strings.Contains(r.Message, tt.msg) {
-				t.Errorf("Fits = %s %q, want %s containing %q", r.Verdict, r.Message, tt.verdict, tt.msg)
+			// The verdict's words, then the live picture: msg may span both.
+			if got := r.Message + " | " + r.Now; r.Verdict != tt.verdict || !strings.Contains(got, tt.msg) {
+				t.Errorf("Fits = %s %q, want %s containing %q", r.Verdict, got, tt.verdict, tt.msg)
 			}
 		})
 	}

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
@@ -46,6 +47,10 @@ func TestTrainingJob(t *testing.T) {
 			c("Scheduled", "False", ReasonNotEnoughGPUs, "2 of 8 pods placed; inventory: needs 32 more GPUs than the cluster has (32 on 4 nodes)")),
 			"trainingjob/bert: Pending (NotEnoughGPUs): 2 of 8 pods placed; inventory: needs 32 more GPUs than the cluster has (32 on 4 nodes)",
 			"add GPU nodes", "wait for GPUs"},
+		{"waits for GPUs", job(trainingv1alpha1.StatePending,
+			c("Scheduled", "False", ReasonNotEnoughGPUs, "0 of 4 pods placed; inventory: needs 4 pods × 8 nvidia.com/gpu (32 in all): it fits the cluster once GPUs free up")),
+			"trainingjob/bert: Pending (NotEnoughGPUs): 0 of 4 pods placed; inventory: needs 4 pods × 8 nvidia.com/gpu (32 in all): it fits the cluster once GPUs free up",
+			"wait for GPUs to free up", "add GPU nodes"},
 		{"queue", job(trainingv1alpha1.StatePending, c("Scheduled", "False", ReasonQueueNotFound, `Volcano queue "default" does not exist`)),
 			`trainingjob/bert: Pending (QueueNotFound): Volcano queue "default" does not exist`, `create the Volcano queue "default"`, ""},
 		{"not created beats scheduled", job(trainingv1alpha1.StateHeld,
@@ -149,5 +154,36 @@ func TestRayCluster(t *testing.T) {
 	rc.Status.Conditions[2] = c(RayConditionGPUs, "False", ReasonNeverFits, "group gpu: needs 9 nvidia.com/gpu")
 	if a := RayCluster(rc); a.Reason != ReasonNeverFits {
 		t.Errorf("NeverFits should come before the gang: got %q", a.Reason)
+	}
+}
+
+// The live picture a waiting job's status leaves out: computed from the
+// nodes and bound pods as the manager's inventory does.
+func TestTrainingJobGPUsNow(t *testing.T) {
+	tj := job(trainingv1alpha1.StatePending, c("Scheduled", "False", ReasonNotEnoughGPUs, "waits"))
+	tj.Spec.ReplicaSpecs.Master.Template.Spec.NodeSelector = nil // 1 pod × 16
+	h := map[string]string{gpuv1alpha1.LabelProduct: "NVIDIA-H100-80GB-HBM3"}
+	nodes := []corev1.Node{gpuNode("g0", h, nil, gpus(8)), gpuNode("g1", h, nil, gpus(16)), gpuNode("g2", h, nil, gpus(16))}
+	nodes[2].Spec.Unschedulable = true
+	pod := func(name, node string, n int64, phase corev1.PodPhase) corev1.Pod {
+		return corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml", UID: types.UID(name)},
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+				Limits: corev1.ResourceList{"nvidia.com/gpu": *resource.NewQuantity(n, resource.DecimalSI)}}}}},
+			Status: corev1.PodStatus{Phase: phase}}
+	}
+	pods := []corev1.Pod{pod("a", "g1", 4, corev1.PodRunning), pod("b", "g0", 8, corev1.PodSucceeded)}
+	want := "GPUs now: nvidia.com/gpu: 20 free on 2 nodes, 24 in the cluster; 1 node has 12 free, 1 has 8; 16 more on 1 cordoned node"
+	if got := TrainingJobGPUsNow(tj, nodes, nil, pods); got != want {
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
+	if !WaitsToBeScheduled(tj) {
+		t.Error("a job not scheduled does not wait")
+	}
+	tj.Status.Conditions = []metav1.Condition{c("Scheduled", "True", "GangScheduled", "placed")}
+	if WaitsToBeScheduled(tj) {
+		t.Error("a scheduled job waits")
+	}
+	if got := TrainingJobGPUsNow(tj, nil, nil, nil); got != "" {
+		t.Errorf("no GPU nodes: %q", got)
 	}
 }
