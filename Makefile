@@ -32,8 +32,13 @@ demo: build ## Run Loom on a local simulated GPU cluster until Ctrl-C.
 	exec $(BIN)/loom-demo --loom $(BIN)/loom
 
 .PHONY: bench
-bench: tools ## Loom vs KubeRay v1.5.0 (CLUSTERS RayClusters, default 100) and vs Training Operator v1.8.1 and the floor (a PODS-pod gang, default 512), REPS repetitions (default 3); one table of ratios.
-	go run ./e2e/cmd/bench compare --clusters $(or $(CLUSTERS),100) --gang-pods $(or $(PODS),512) --reps $(or $(REPS),3)
+bench: tools ## Loom vs KubeRay v1.5.0 (CLUSTERS RayClusters, default 100) and vs Training Operator v1.8.1 and the floor (a PODS-pod gang, default 512; JOBS concurrent 1+7 jobs, default 20), REPS repetitions (default 3); one table of ratios; then 500 waiting TrainingJobs while GPUs churn.
+	go run ./e2e/cmd/bench compare --clusters $(or $(CLUSTERS),100) --gang-pods $(or $(PODS),512) --jobs $(or $(JOBS),20) --reps $(or $(REPS),3)
+	go run ./e2e/cmd/bench pending
+
+.PHONY: bench-pending
+bench-pending: ## 500 TrainingJobs waiting for GPUs while others finish and start: the manager's writes per minute.
+	go run ./e2e/cmd/bench pending
 
 .PHONY: bench-fleet
 bench-fleet: tools ## The fleet benchmark: NODES simulated GPU nodes (default 1000, 10,000 pods; 5000 needs a bigger machine), gang, jobs, RayClusters, idle; one table (~7 min).

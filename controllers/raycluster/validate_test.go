@@ -155,7 +155,7 @@ func TestBuildIsBoundedPerPass(t *testing.T) {
 		deferred int64
 	}{
 		{"100,000 replicas", scale(100000), 0, 200000, map[string]int{headGroup: 1, "g0": podset.PerPass - 1}, 100001 - podset.PerPass},
-		{"shared by groups", scale(400, 400), 0, 0, map[string]int{headGroup: 1, "g0": 400, "g1": 99}, 301},
+		{"shared by groups", scale(700, 700), 0, 0, map[string]int{headGroup: 1, "g0": 700, "g1": podset.PerPass - 701}, 1401 - podset.PerPass},
 		{"less the deletes", scale(1000), 100, 0, map[string]int{headGroup: 1, "g0": podset.PerPass - 101}, 1001 - (podset.PerPass - 100)},
 		{"deletes fill the pass", scale(1000), podset.PerPass + 1, 0, map[string]int{}, 1001},
 		{"small", scale(3), 0, 0, map[string]int{headGroup: 1, "g0": 3}, 0},

@@ -46,12 +46,13 @@ func TestDecideBoundsHostileJobs(t *testing.T) {
 				t.Fatalf("create %d (first %s) deferred %d", len(d.create), d.create[0].Name, d.deferred)
 			}
 		}},
-		{"deletes take from the pass's budget", 600, func(job *trainingv1alpha1.TrainingJob, obs *observed) {
+		{"deletes take from the pass's budget", podset.PerPass + 100, func(job *trainingv1alpha1.TrainingJob, obs *observed) {
 			obs.pods = stalePods(job, 100)
 			job.Status.Attempt = 1
 		}, func(t *testing.T, _ *trainingv1alpha1.TrainingJob, d decision) {
-			// 100 names wait for their old pods; 400 of the other 501 are built.
-			if len(d.remove) != 100 || len(d.create) != 400 || d.deferred != 101 {
+			// 100 names wait for their old pods; PerPass-100 of the other
+			// PerPass+1 are built.
+			if len(d.remove) != 100 || len(d.create) != podset.PerPass-100 || d.deferred != 101 {
 				t.Fatalf("remove %d create %d deferred %d", len(d.remove), len(d.create), d.deferred)
 			}
 		}},

@@ -116,8 +116,8 @@ func live(t *testing.T, ns, set string) []corev1.Pod {
 	return list.Items
 }
 
-// A quota that admits 3 pods: batches of 1 and 2 succeed, the batch of 4
-// fails, and the batch of 8 is never sent. One Warning event for the pass;
+// A quota that admits 3 pods: the first batch (FirstBatch, 8) fails after
+// 3, and the batch of 16 is never sent. One Warning event for the pass;
 // the failed pods' expectations are dropped.
 func TestSlowStartStopsAfterAFailedBatch(t *testing.T) {
 	ctx := context.Background()
@@ -140,8 +140,8 @@ func TestSlowStartStopsAfterAFailedBatch(t *testing.T) {
 	if !errors.As(err, &ce) || !apierrors.IsForbidden(err) {
 		t.Fatalf("error %v, want a CreateError from the quota", err)
 	}
-	if res.Created != 3 || creates.Load() != 7 {
-		t.Fatalf("created %d in %d calls, want 3 in 1+2+4", res.Created, creates.Load())
+	if res.Created != 3 || creates.Load() != podset.FirstBatch {
+		t.Fatalf("created %d in %d calls, want 3 in the first batch's %d", res.Created, creates.Load(), podset.FirstBatch)
 	}
 	if got := len(live(t, o.Namespace, "q")); got != 3 {
 		t.Fatalf("%d pods exist, want 3", got)
