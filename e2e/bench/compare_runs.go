@@ -142,6 +142,13 @@ func timeGang(ctx context.Context, env *Env, run *CompareRun, pods int, ns strin
 		return err
 	}
 	run.Done = time.Since(start)
+	// The poll's list is slow on a busy API server (up to 1.5 s for 512
+	// pods): the audit log says when the last create was answered.
+	if last, err := c.LastAudit(start, func(ev framework.AuditEvent) bool {
+		return ev.Verb == "create" && ev.Request.Resource == "pods" && ev.Namespace == ns && ev.Code/100 == 2
+	}); err == nil && last.After(start) {
+		run.Done = last.Sub(start)
+	}
 	env.Logf("%d pods created after %s", pods, round(run.Done))
 	if err := poll(ctx, c, 250*time.Millisecond, 10*time.Minute, func() (bool, string, error) {
 		n, err := runningPods(ctx, c, client.InNamespace(ns))

@@ -59,8 +59,10 @@ const InformerList = "informer-list"
 
 // AuditEvent is what the counts keep of one audit event.
 type AuditEvent struct {
-	Stage, Verb, UserAgent string
-	Request                APIRequest
+	Stage, Verb, UserAgent, Namespace string
+	Request                           APIRequest
+	// Code is the response's status code (0 before ResponseComplete).
+	Code int
 	// At is when the stage was reached (for ResponseComplete: when the
 	// response was done), or, without a stage timestamp, when the request
 	// was received.
@@ -76,7 +78,11 @@ type auditLine struct {
 	ObjectRef  *struct {
 		Resource    string `json:"resource"`
 		Subresource string `json:"subresource"`
+		Namespace   string `json:"namespace"`
 	} `json:"objectRef"`
+	ResponseStatus *struct {
+		Code int `json:"code"`
+	} `json:"responseStatus"`
 	Received time.Time `json:"requestReceivedTimestamp"`
 	StageAt  time.Time `json:"stageTimestamp"`
 }
@@ -90,6 +96,12 @@ func ParseAuditEvent(line []byte) (AuditEvent, error) {
 	ev := AuditEvent{Stage: l.Stage, Verb: l.Verb, UserAgent: l.UserAgent, At: l.StageAt}
 	if ev.At.IsZero() {
 		ev.At = l.Received
+	}
+	if l.ResponseStatus != nil {
+		ev.Code = l.ResponseStatus.Code
+	}
+	if l.ObjectRef != nil {
+		ev.Namespace = l.ObjectRef.Namespace
 	}
 	path, query, _ := strings.Cut(l.RequestURI, "?")
 	ev.Request.Verb = l.Verb
@@ -209,4 +221,30 @@ func ByCount(ms ...map[APIRequest]float64) []APIRequest {
 		return cmp.Or(cmp.Compare(top[b], top[a]), strings.Compare(a.Resource, b.Resource), strings.Compare(a.Verb, b.Verb))
 	})
 	return out
+}
+
+// LastAudit is the time of the last completed request in the cluster's
+// audit log, from from on, that keep accepts (the zero time: none).
+func (c *Cluster) LastAudit(from time.Time, keep func(AuditEvent) bool) (time.Time, error) {
+	if c.AuditLog == "" {
+		return time.Time{}, errors.New("the cluster was started without an audit log (Options.Audit)")
+	}
+	f, err := os.Open(c.AuditLog)
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer f.Close()
+	var last time.Time
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<16), 1<<24)
+	for sc.Scan() {
+		ev, err := ParseAuditEvent(sc.Bytes())
+		if err != nil || ev.Stage != "ResponseComplete" || ev.At.Before(from) || !keep(ev) {
+			continue // a line the API server is still writing
+		}
+		if ev.At.After(last) {
+			last = ev.At
+		}
+	}
+	return last, sc.Err()
 }

@@ -77,10 +77,19 @@ func TestParseAuditEvent(t *testing.T) {
 				t.Errorf("At = %s, want %s", got.At, tt.want.At)
 			}
 			got.At = tt.want.At
+			if got.Code != 0 && got.Code != 201 {
+				t.Errorf("Code = %d, want the fixture's 201", got.Code)
+			}
+			got.Code, got.Namespace = 0, "" // checked below
 			if got != tt.want {
 				t.Errorf("got %+v, want %+v", got, tt.want)
 			}
 		})
+	}
+	ev, err := ParseAuditEvent([]byte(auditEvent("ResponseComplete", "create", kuberayAgent, `{"resource":"pods","namespace":"bench"}`,
+		"/api/v1/namespaces/bench/pods", "2025-05-01T10:00:00.100000Z", "2025-05-01T10:00:00.123456Z")))
+	if err != nil || ev.Namespace != "bench" || ev.Code != 201 {
+		t.Errorf("a create's namespace and code: %+v, %v", ev, err)
 	}
 	if _, err := ParseAuditEvent([]byte(`{"stage":`)); err == nil {
 		t.Error("a broken line parsed")
