@@ -53,7 +53,27 @@ func startManager(t *testing.T, mutate ...func(*manager.Options)) {
 	for _, m := range mutate {
 		m(&opts)
 	}
+	// Registered before the manager's own cleanup, so it runs after the
+	// manager has stopped: a child removed while the manager still runs
+	// would be created again, owned by this test's policy, and the next test
+	// would meet it as another owner's object.
+	t.Cleanup(removeGPUChildren)
 	env.StartManager(t, opts, reg)
+}
+
+// removeGPUChildren deletes the children of the ClusterPolicy: no garbage
+// collector runs under envtest.
+func removeGPUChildren() {
+	for _, o := range []client.Object{
+		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: ExporterName}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: CountersConfigMap}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: DashboardsConfigMap}},
+		&monitoringv1.ServiceMonitor{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: ExporterName}},
+		&monitoringv1.PrometheusRule{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: RuleName}},
+		&monitoringv1.PodMonitor{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: NodeAgentPodMonitorName}},
+	} {
+		_ = env.Client.Delete(ctx(), o)
+	}
 }
 
 const loomNS = "loom-system"
@@ -66,20 +86,7 @@ func createPolicy(t *testing.T, spec gpuv1alpha1.ClusterPolicySpec) *gpuv1alpha1
 	if err := env.Client.Create(ctx(), cp); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = env.Client.Delete(ctx(), cp)
-		// No garbage collector runs under envtest: remove the children by hand.
-		for _, o := range []client.Object{
-			&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: ExporterName}},
-			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: CountersConfigMap}},
-			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: DashboardsConfigMap}},
-			&monitoringv1.ServiceMonitor{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: ExporterName}},
-			&monitoringv1.PrometheusRule{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: RuleName}},
-			&monitoringv1.PodMonitor{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: NodeAgentPodMonitorName}},
-		} {
-			_ = env.Client.Delete(ctx(), o)
-		}
-	})
+	t.Cleanup(func() { _ = env.Client.Delete(ctx(), cp) })
 	return cp
 }
 

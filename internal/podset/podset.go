@@ -1,6 +1,6 @@
 // Package podset creates and deletes the pods of a workload (a TrainingJob's
 // gang, a RayCluster's head and workers) the way Kubernetes' own workload
-// controllers do: slow-start batches capped per pass, expectations recorded
+// controllers do: a slow start capped per pass, expectations recorded
 // before each call so that a lagging cache neither creates a pod twice nor
 // mistakes a fresh one for a lost one, deletes guarded by the pod's UID, and
 // one event and one condition message for a failed pass.
@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,11 +34,13 @@ import (
 // cost a status write and a requeue (about 0.25 s of a 512-pod gang's 4 s).
 const PerPass = 1024
 
-// FirstBatch is the slow start's first batch: a quota or an admission
+// FirstBatch is the slow start's first window: a quota or an admission
 // webhook that refuses every pod stops the pass after this many calls.
-// Kubernetes' ReplicaSet and Job controllers start at 1; 8 (a node's worth
-// of a gang, a RayCluster's head and workers) creates a small set in one
-// round trip instead of four, and a 512-pod gang in 7 rounds instead of 10.
+// Kubernetes' ReplicaSet and Job controllers start at 1 and double in
+// batches, each waiting for its slowest call; here each call that succeeds
+// opens the window by one, so it doubles every round trip with no barrier
+// between rounds. 8 (a node's worth of a gang, a RayCluster's head and
+// workers) creates a small set in one round trip.
 const FirstBatch = 8
 
 // inFlight is how many calls run at once; the client's rate limiter is the
@@ -128,8 +131,8 @@ func (r Result) RequeueAfter(after ...time.Duration) time.Duration {
 }
 
 // Sync deletes remove, then creates create: at most PerPass calls in all,
-// creates in batches of FirstBatch, twice that, ... so that a quota or admission error
-// stops after a few calls instead of hundreds. A failed pass records one
+// creates in a slow start from FirstBatch calls in flight, so that a quota
+// or admission error stops after a few calls instead of hundreds. A failed pass records one
 // Warning event on owner and returns one error, whose Message fits a
 // condition.
 func (e *Executor) Sync(ctx context.Context, owner client.Object, remove, create []*corev1.Pod) (Result, error) {
@@ -186,25 +189,60 @@ func actionOf(err error) string {
 func Message(err error) string { return apply.Truncate(err.Error(), MaxMessage) }
 
 func (e *Executor) create(ctx context.Context, owner client.Object, pods []*corev1.Pod) (int, error) {
-	var created atomic.Int64
-	for batch := FirstBatch; len(pods) > 0; batch *= 2 {
-		n := min(batch, len(pods))
-		err := apply.Each(pods[:n], inFlight, func(p *corev1.Pod) error {
-			if err := e.createOne(ctx, owner, p); err != nil {
-				return err
-			}
-			created.Add(1)
-			return nil
-		})
-		if err != nil {
-			return int(created.Load()), &CreateError{err}
-		}
-		pods = pods[n:]
+	n, err := slowStart(pods, func(p *corev1.Pod) error { return e.createOne(ctx, owner, p) })
+	if err != nil {
+		return n, &CreateError{err}
 	}
-	if n := created.Load(); n > 0 {
+	if n > 0 {
 		log.FromContext(ctx).V(1).Info("created pods", "owner", client.ObjectKeyFromObject(owner), "count", n)
 	}
-	return int(created.Load()), nil
+	return n, nil
+}
+
+// slowStart calls f for each pod, FirstBatch at first and one more for each
+// call that succeeds, so the window doubles every round trip (TCP's slow
+// start) up to inFlight, with no barrier between rounds: a call starts as
+// soon as one ends. After the first error no call starts; those in flight
+// finish. It returns how many succeeded and the errors joined.
+func slowStart(pods []*corev1.Pod, f func(*corev1.Pod) error) (int, error) {
+	var (
+		mu      sync.Mutex
+		wake    = sync.NewCond(&mu)
+		window  = FirstBatch
+		running int
+		done    int
+		errs    []error
+		wg      sync.WaitGroup
+	)
+	for _, p := range pods {
+		mu.Lock()
+		for len(errs) == 0 && running >= min(window, inFlight) {
+			wake.Wait()
+		}
+		if len(errs) > 0 {
+			mu.Unlock()
+			break
+		}
+		running++
+		mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := f(p)
+			mu.Lock()
+			defer mu.Unlock()
+			running--
+			if err != nil {
+				errs = append(errs, err)
+			} else {
+				done++
+				window++
+			}
+			wake.Broadcast()
+		}()
+	}
+	wg.Wait()
+	return done, errors.Join(errs...)
 }
 
 // createOne records the expectation, then creates. A generated name is

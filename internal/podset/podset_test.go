@@ -116,9 +116,10 @@ func live(t *testing.T, ns, set string) []corev1.Pod {
 	return list.Items
 }
 
-// A quota that admits 3 pods: the first batch (FirstBatch, 8) fails after
-// 3, and the batch of 16 is never sent. One Warning event for the pass;
-// the failed pods' expectations are dropped.
+// A quota that admits 3 pods: of the first window (FirstBatch, 8) 5 fail;
+// each of the 3 successes may have opened one more call before the first
+// failure came back, and none starts after it. One Warning event for the
+// pass; the failed pods' expectations are dropped.
 func TestSlowStartStopsAfterAFailedBatch(t *testing.T) {
 	ctx := context.Background()
 	o := owner(t, "slowstart")
@@ -140,8 +141,8 @@ func TestSlowStartStopsAfterAFailedBatch(t *testing.T) {
 	if !errors.As(err, &ce) || !apierrors.IsForbidden(err) {
 		t.Fatalf("error %v, want a CreateError from the quota", err)
 	}
-	if res.Created != 3 || creates.Load() != podset.FirstBatch {
-		t.Fatalf("created %d in %d calls, want 3 in the first batch's %d", res.Created, creates.Load(), podset.FirstBatch)
+	if n := creates.Load(); res.Created != 3 || n < podset.FirstBatch || n > podset.FirstBatch+3 {
+		t.Fatalf("created %d in %d calls, want 3 in %d to %d calls", res.Created, n, podset.FirstBatch, podset.FirstBatch+3)
 	}
 	if got := len(live(t, o.Namespace, "q")); got != 3 {
 		t.Fatalf("%d pods exist, want 3", got)
