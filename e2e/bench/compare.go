@@ -45,10 +45,16 @@ type CompareConfig struct {
 // Contenders, as the tables name them.
 const (
 	contLoom    = "Loom"
+	contLoomAll = "Loom, all controllers"
 	contKubeRay = "KubeRay"
 	contTO      = "Training Operator"
 	contFloor   = "floor"
 )
+
+// rayContenders are the raycluster scenario's: Loom's manager with only
+// its RayCluster controller, the whole platform (every controller on), and
+// KubeRay's operator.
+var rayContenders = []string{contLoom, contLoomAll, contKubeRay}
 
 // Check says whether the configuration can run.
 func (cfg CompareConfig) Check() error {
@@ -143,7 +149,7 @@ func RunCompare(ctx context.Context, cfg CompareConfig) (*CompareReport, error) 
 		runs       map[string][]CompareRun
 		measure    func(context.Context, *Env, string) (CompareRun, error)
 	}{
-		{"raycluster", []string{contLoom, contKubeRay}, r.Ray, r.rayRun},
+		{"raycluster", rayContenders, r.Ray, r.rayRun},
 		{"gang", []string{contLoom, contTO, contFloor}, r.Gang, r.gangRun},
 		{"jobs", []string{contLoom, contTO, contFloor}, r.Jobs, r.jobsRun},
 	}
@@ -205,7 +211,7 @@ func (r *CompareReport) onFreshCluster(ctx context.Context, name, what string, f
 //   - the floor's client is named apart from the benchmark's own.
 func (r *CompareReport) programs(name string) []string {
 	switch name {
-	case contLoom:
+	case contLoom, contLoomAll:
 		return []string{"loom-manager", filepath.Base(r.Config.Loom)}
 	case contKubeRay:
 		return []string{"kuberay-operator", "ray-operator"}
@@ -292,12 +298,16 @@ func (r *CompareReport) startContender(ctx context.Context, env *Env, name, loom
 	var a *framework.Anchor
 	var err error
 	switch name {
-	case contLoom:
+	case contLoom, contLoomAll:
 		rel, err := env.Install(ctx, "nodeAgent.enabled=false")
 		if err != nil {
 			return nil, err
 		}
-		m, err := env.StartManager(ctx, rel, "--controllers="+loomController, "--gang-scheduler=none")
+		args := []string{"--controllers=" + loomController, "--gang-scheduler=none"}
+		if name == contLoomAll {
+			args = args[1:] // every controller, as the chart runs it
+		}
+		m, err := env.StartManager(ctx, rel, args...)
 		if err != nil {
 			return nil, err
 		}

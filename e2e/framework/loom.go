@@ -32,7 +32,8 @@ func BuildLoom(dir string) (string, error) {
 	if err := os.MkdirAll(build, 0o755); err != nil {
 		return "", err
 	}
-	cmd := exec.Command("go", "build", "-o", filepath.Join(build, "loom"), "./cmd/manager")
+	// Built as the image builds it (Dockerfile): no symbol table or DWARF.
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(build, "loom"), "./cmd/manager")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build ./cmd/manager: %w\n%s", err, out)
