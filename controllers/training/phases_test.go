@@ -199,6 +199,23 @@ func TestUrgent(t *testing.T) {
 			t.Errorf("%s: urgent = %v", tt.name, got)
 		}
 	}
+	// A job's first pass writes its status once, after its pods, unless it
+	// deletes a pod (a stale copy's pass must fail its write first) or ends.
+	fresh := &trainingv1alpha1.TrainingJob{}
+	pending := trainingv1alpha1.TrainingJobStatus{State: trainingv1alpha1.StatePending}
+	for _, tt := range []struct {
+		name string
+		d    decision
+		want bool
+	}{
+		{"first pass", decision{status: pending}, false},
+		{"first pass that deletes", decision{status: pending, remove: []*corev1.Pod{{}}}, true},
+		{"first pass that ends", decision{status: trainingv1alpha1.TrainingJobStatus{State: trainingv1alpha1.StateFailed}}, true},
+	} {
+		if got := urgent(fresh, &tt.d); got != tt.want {
+			t.Errorf("%s: urgent = %v", tt.name, got)
+		}
+	}
 }
 
 func TestApplied(t *testing.T) {

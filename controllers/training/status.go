@@ -199,7 +199,14 @@ func nameConflict(err error) bool {
 // resumption) or a new state, which is written before anything else, so
 // that a crash between the two never loses it, and so that a decision from
 // a stale copy of the job fails its guarded write before it deletes a pod.
+// A job's first pass is the exception when it deletes nothing: a crash
+// before its one status write loses nothing the next pass does not work
+// out again, and the write would hold up the gang's first pod by a round
+// trip.
 func urgent(job *trainingv1alpha1.TrainingJob, d *decision) bool {
+	if job.Status.State == "" && len(d.remove) == 0 && !d.restarted && !d.status.Finished() {
+		return false
+	}
 	return d.restarted || (d.status.Finished() && !job.Status.Finished()) || d.status.State != job.Status.State ||
 		d.status.Attempt != job.Status.Attempt
 }
