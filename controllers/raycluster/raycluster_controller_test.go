@@ -264,10 +264,14 @@ func raySuspended(t *testing.T, rc *rayv1.RayCluster) {
 	}
 	update(t, rc, func(c *rayv1.RayCluster) { c.Spec.Suspend = ptr.To(false) })
 	waitPods(t, rc, map[string]int{"headgroup": 1, "workergroup": 2})
-	got := get(t, rc)
-	if c := meta.FindStatusCondition(got.Status.Conditions, string(rayv1.RayClusterSuspended)); c == nil || c.Status != metav1.ConditionFalse {
-		t.Fatalf("RayClusterSuspended after resume = %+v", c)
-	}
+	// The pass writes its status after its pods: the pods can be seen first.
+	testenv.Eventually(t, 10*time.Second, func() error {
+		got := get(t, rc)
+		if c := meta.FindStatusCondition(got.Status.Conditions, string(rayv1.RayClusterSuspended)); c == nil || c.Status != metav1.ConditionFalse {
+			return fmt.Errorf("RayClusterSuspended after resume = %+v", c)
+		}
+		return nil
+	})
 }
 
 // The autoscaler sample asking for Volcano: held with a condition until the

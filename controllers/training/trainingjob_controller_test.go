@@ -457,9 +457,13 @@ func volcanoInqueue(ctx context.Context, t *testing.T, job *trainingv1alpha1.Tra
 		t.Fatal(err)
 	}
 	pods := waitPods(t, job, 4, 0)
-	if c := cond(getJob(t, job), trainingv1alpha1.ConditionScheduled); c.Reason != ReasonGangInqueue {
-		t.Fatalf("Scheduled while Inqueue = %+v", c)
-	}
+	// The pass writes its status after its pods: the pods can be seen first.
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if c := cond(getJob(t, job), trainingv1alpha1.ConditionScheduled); c.Reason != ReasonGangInqueue {
+			return fmt.Errorf("Scheduled while Inqueue = %+v", c)
+		}
+		return nil
+	})
 	for i, p := range pods {
 		role, rank := "worker", i
 		if p.Name == "llama-master-0" {
