@@ -17,9 +17,9 @@ import (
 // floor on a 1 + 31 gang and on 2 concurrent 1 + 7 jobs, one repetition,
 // each on a fresh cluster of its own. Its table is printed in the test
 // log. On a shared 2-core machine the timings and ratios are noise at this
-// size, so it fails only on hard
-// errors (an anchor that does not start, a contender that does not
-// converge) and on a write of Loom's manager in the idle window other than
+// size, so it fails only on hard errors (an anchor that does not start, a
+// contender that does not converge) and on a write of Loom's manager (Ray
+// controller alone or the whole platform) in the idle window other than
 // its lease. Each run's writes and reads by kind, from the API server's
 // audit log, are logged too.
 func TestCompareWithKubeRayAndTrainingOperator(t *testing.T) {

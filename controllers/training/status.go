@@ -201,8 +201,8 @@ func nameConflict(err error) bool {
 // a stale copy of the job fails its guarded write before it deletes a pod.
 // A job's first pass is the exception when it deletes nothing: a crash
 // before its one status write loses nothing the next pass does not work
-// out again, and the write would hold up the gang's first pod by a round
-// trip.
+// out again (only status.startTime is then taken at that pass), and the
+// write would hold up the gang's first pod by a round trip.
 func urgent(job *trainingv1alpha1.TrainingJob, d *decision) bool {
 	if job.Status.State == "" && len(d.remove) == 0 && !d.restarted && !d.status.Finished() {
 		return false

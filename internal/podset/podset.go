@@ -132,9 +132,9 @@ func (r Result) RequeueAfter(after ...time.Duration) time.Duration {
 
 // Sync deletes remove, then creates create: at most PerPass calls in all,
 // creates in a slow start from FirstBatch calls in flight, so that a quota
-// or admission error stops after a few calls instead of hundreds. A failed pass records one
-// Warning event on owner and returns one error, whose Message fits a
-// condition.
+// or admission error stops after a few calls instead of hundreds. A failed
+// pass records one Warning event on owner and returns one error, whose
+// Message fits a condition.
 func (e *Executor) Sync(ctx context.Context, owner client.Object, remove, create []*corev1.Pod) (Result, error) {
 	var res Result
 	remove, deferDel := capped(remove, PerPass)
