@@ -3,6 +3,7 @@ package raycluster
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -158,9 +159,22 @@ func countsOnly(old, st *rayv1.RayClusterStatus) bool {
 // suspended or held by a verdict (the spec, the inventory, the gang). Such
 // a write may wait a moment, so that a cluster whose pods come up quickly
 // is written once, ready. A status that clears a verdict (a resume, a
-// conflict resolved) is news and is written at once.
+// conflict resolved) is news and is written at once. A status only
+// another writer has touched (the monitoring controller's
+// loom.dev/Monitoring, which often lands first on a new cluster) counts as
+// not yet written: that condition says nothing of the pods.
 func progressOnly(old, st *rayv1.RayClusterStatus) bool {
-	return old.State != rayv1.Ready && provisioning(st) && (len(old.Conditions) == 0 || provisioning(old))
+	return old.State != rayv1.Ready && provisioning(st) && (!hasOwnCondition(old) || provisioning(old))
+}
+
+// hasOwnCondition: st carries a condition of this controller's.
+func hasOwnCondition(st *rayv1.RayClusterStatus) bool {
+	for _, c := range st.Conditions {
+		if slices.Contains(conditions, c.Type) {
+			return true
+		}
+	}
+	return false
 }
 
 // provisioning: st says the cluster's pods are on their way and nothing

@@ -25,6 +25,8 @@ func TestProgressOnly(t *testing.T) {
 		want    bool
 	}{
 		{"a new cluster's pods being created", empty, inProgress(), true},
+		{"only the monitoring condition written before", &rayv1.RayClusterStatus{Conditions: []metav1.Condition{cond("loom.dev/Monitoring", metav1.ConditionFalse)}}, inProgress(), true},
+		{"the monitoring condition beside a held verdict", &rayv1.RayClusterStatus{Conditions: []metav1.Condition{cond("loom.dev/Monitoring", metav1.ConditionFalse), cond(ConditionGang, metav1.ConditionFalse)}}, inProgress(), false},
 		{"ready", empty, &rayv1.RayClusterStatus{State: rayv1.Ready, Conditions: []metav1.Condition{cond(ConditionReady, metav1.ConditionTrue)}}, false},
 		{"was ready: a replacement is news", &rayv1.RayClusterStatus{State: rayv1.Ready}, inProgress(), false},
 		{"stalled", empty, &rayv1.RayClusterStatus{Conditions: []metav1.Condition{cond(ConditionReconciling, metav1.ConditionFalse), cond(ConditionStalled, metav1.ConditionTrue)}}, false},
