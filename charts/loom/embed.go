@@ -5,28 +5,44 @@ package chart
 
 import (
 	"embed"
+	"fmt"
 	"io/fs"
+	"path"
 	"sort"
+	"strings"
 )
 
 //go:embed crds/*.yaml
 var crds embed.FS
 
-// CRDs returns the chart's CRD manifests (one CRD a file), sorted by file
-// name.
-func CRDs() ([][]byte, error) {
+// CRD is one of the chart's CRDs.
+type CRD struct {
+	// Name is the CRD's name, <plural>.<group>, read from its file name
+	// (controller-gen writes <group>_<plural>.yaml), so that a caller can
+	// look the CRD up without parsing the manifest.
+	Name string
+	// Manifest is the file's YAML.
+	Manifest []byte
+}
+
+// CRDs returns the chart's CRDs (one a file), sorted by file name.
+func CRDs() ([]CRD, error) {
 	names, err := fs.Glob(crds, "crds/*.yaml")
 	if err != nil {
 		return nil, err
 	}
 	sort.Strings(names)
-	out := make([][]byte, 0, len(names))
+	out := make([]CRD, 0, len(names))
 	for _, n := range names {
+		group, plural, ok := strings.Cut(strings.TrimSuffix(path.Base(n), ".yaml"), "_")
+		if !ok {
+			return nil, fmt.Errorf("%s: not named <group>_<plural>.yaml", n)
+		}
 		b, err := crds.ReadFile(n)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, b)
+		out = append(out, CRD{Name: plural + "." + group, Manifest: b})
 	}
 	return out, nil
 }

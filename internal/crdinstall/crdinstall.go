@@ -5,11 +5,14 @@ package crdinstall
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -17,6 +20,10 @@ import (
 
 	"github.com/loom-dev/loom/internal/apply"
 )
+
+// AnnotationHash is the content hash of the manifest Loom last applied to
+// a CRD (the first 8 bytes of its SHA-256, in hex).
+const AnnotationHash = "loom.dev/crd-hash"
 
 // CRD is one CRD Loom may install.
 type CRD struct {
@@ -34,21 +41,27 @@ type CRD struct {
 // Ensure makes the CRD exist. Absent, it is applied server-side (these CRDs
 // are past client-side apply's annotation limit) when install is true;
 // present and applied by Loom before (FieldOwner among its managers), it is
-// re-applied so a Loom upgrade upgrades it; present and someone else's, it
-// is left alone. It returns whether the CRD exists (and is established)
-// afterwards.
+// re-applied when its loom.dev/crd-hash is not this manifest's, so a Loom
+// upgrade upgrades it; present and someone else's, it is left alone. It
+// returns whether the CRD exists (and is established) afterwards.
+//
+// The check reads the CRD's metadata only, and the manifest is parsed only
+// to apply it: these CRDs are about 1 MB of YAML each, which a full read
+// and a parse at every start would turn into some 20 MB of garbage and a
+// megabyte of API traffic for a CRD that is already up to date.
 func Ensure(ctx context.Context, c client.Client, reader client.Reader, crd CRD, install bool) (bool, error) {
-	have := &apiextensionsv1.CustomResourceDefinition{}
+	have := &metav1.PartialObjectMetadata{}
+	have.SetGroupVersionKind(apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefinition"))
 	err := reader.Get(ctx, client.ObjectKey{Name: crd.Name}, have)
 	switch {
-	case err == nil && !AppliedBy(have, crd.FieldOwner):
-		return true, nil
 	case err != nil && !apierrors.IsNotFound(err):
 		return false, fmt.Errorf("reading CRD %s: %w", crd.Name, err)
 	case err != nil && !install:
 		return false, nil
-	case err == nil && !install:
+	case err == nil && (!install || !AppliedBy(have, crd.FieldOwner)):
 		return true, nil
+	case err == nil && have.GetAnnotations()[AnnotationHash] == crd.Hash():
+		return true, nil // this very manifest, applied before
 	}
 	u := &unstructured.Unstructured{}
 	if err := yaml.Unmarshal(crd.Manifest, &u.Object); err != nil {
@@ -57,14 +70,21 @@ func Ensure(ctx context.Context, c client.Client, reader client.Reader, crd CRD,
 	if u.GetName() != crd.Name {
 		return false, fmt.Errorf("embedded CRD is %q, want %q", u.GetName(), crd.Name)
 	}
+	ann := u.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[AnnotationHash] = crd.Hash()
+	u.SetAnnotations(ann)
 	if err := apply.NewWriter(c, crd.FieldOwner, apply.Options{}).ApplyFields(ctx, u, true, crd.why()); err != nil {
 		return false, err
 	}
+	established := &apiextensionsv1.CustomResourceDefinition{}
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		if err := reader.Get(ctx, client.ObjectKey{Name: crd.Name}, have); err != nil {
+		if err := reader.Get(ctx, client.ObjectKey{Name: crd.Name}, established); err != nil {
 			return false, client.IgnoreNotFound(err)
 		}
-		for _, cond := range have.Status.Conditions {
+		for _, cond := range established.Status.Conditions {
 			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
 				return true, nil
 			}
@@ -72,6 +92,13 @@ func Ensure(ctx context.Context, c client.Client, reader client.Reader, crd CRD,
 		return false, nil
 	})
 	return err == nil, err
+}
+
+// Hash is the manifest's content hash, as the loom.dev/crd-hash annotation
+// carries it.
+func (crd CRD) Hash() string {
+	sum := sha256.Sum256(crd.Manifest)
+	return hex.EncodeToString(sum[:8])
 }
 
 func (crd CRD) why() string {
@@ -82,8 +109,8 @@ func (crd CRD) why() string {
 }
 
 // AppliedBy reports whether owner is one of crd's field managers.
-func AppliedBy(crd *apiextensionsv1.CustomResourceDefinition, owner string) bool {
-	for _, m := range crd.ManagedFields {
+func AppliedBy(crd metav1.Object, owner string) bool {
+	for _, m := range crd.GetManagedFields() {
 		if m.Manager == owner {
 			return true
 		}

@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/yaml"
 
 	"github.com/loom-dev/loom/internal/crdinstall"
@@ -184,4 +185,70 @@ func TestManifestOfAnotherCRDIsRefused(t *testing.T) {
 			t.Fatalf("CRD %s after a refused Ensure: %v, want NotFound", name, err)
 		}
 	}
+}
+
+// Loom's copy of this very manifest is not applied again: a restart
+// writes nothing. One an earlier Loom applied without the content hash is
+// applied once more, and carries it after.
+func TestLoomsCurrentCopyIsNotRewritten(t *testing.T) {
+	crd := crdOf("currents", "a")
+	ensure(t, crd, true)
+	have := get(t, crd.Name)
+	if got := have.Annotations[crdinstall.AnnotationHash]; got != crd.Hash() {
+		t.Fatalf("%s after Ensure is %q, want %q", crdinstall.AnnotationHash, got, crd.Hash())
+	}
+	before, applies := have.ResourceVersion, applied(t)
+	for range 2 {
+		if !ensure(t, crd, true) {
+			t.Fatal("Ensure reports Loom's current copy absent")
+		}
+	}
+	if n := applied(t) - applies; n != 0 {
+		t.Fatalf("Loom's current copy was applied %v more times", n)
+	}
+	if after := get(t, crd.Name).ResourceVersion; after != before {
+		t.Fatalf("Loom's current copy was written again: resourceVersion %s -> %s", before, after)
+	}
+
+	// An earlier Loom's copy: applied as FieldOwner, no hash.
+	legacy := crdOf("legacies", "a")
+	u := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal(legacy.Manifest, &u.Object); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Apply(context.Background(), client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(owner), client.ForceOwnership); err != nil {
+		t.Fatal(err)
+	}
+	if err := testenv.WaitForCRDs(context.Background(), env.Client, legacy.Name); err != nil {
+		t.Fatal(err)
+	}
+	ensure(t, legacy, true)
+	if got := get(t, legacy.Name).Annotations[crdinstall.AnnotationHash]; got != legacy.Hash() {
+		t.Fatalf("an earlier Loom's copy after Ensure: %s %q, want %q", crdinstall.AnnotationHash, got, legacy.Hash())
+	}
+}
+
+// applied is how many CRD applies loom_writes_total has counted for owner.
+func applied(t *testing.T) float64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"kind": "CustomResourceDefinition", "field_owner": owner, "operation": "apply", "result": "written"}
+	for _, f := range families {
+		if f.GetName() != "loom_writes_total" {
+			continue
+		}
+	metrics:
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if want[l.GetName()] != l.GetValue() {
+					continue metrics
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
 }

@@ -5,10 +5,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/go-logr/logr"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -38,52 +41,64 @@ var CRDNames = []string{"clusterpolicies.gpu.loom.dev", "gpunodes.gpu.loom.dev",
 // client-side apply's annotation limit), unless its loom.dev/crd-version is
 // a newer release than this one (an older replica during a rolling upgrade
 // leaves the newer CRDs alone). It returns the names it applied.
+//
+// Only the installed CRDs' metadata is read, and an embedded manifest is
+// parsed only to be applied: a start against up-to-date CRDs reads a few
+// kilobytes and parses nothing.
 func EnsureCRDs(ctx context.Context, c client.Client, build string, log logr.Logger) ([]string, error) {
-	docs, err := chart.CRDs()
+	crds, err := chart.CRDs()
 	if err != nil {
 		return nil, fmt.Errorf("embedded CRDs: %w", err)
 	}
 	var applied []string
-	for _, doc := range docs {
-		want, err := desiredCRD(doc, build)
-		if err != nil {
-			return applied, err
-		}
-		have := &unstructured.Unstructured{}
-		have.SetGroupVersionKind(want.GroupVersionKind())
-		err = c.Get(ctx, client.ObjectKey{Name: want.GetName()}, have)
+	for _, crd := range crds {
+		ann := map[string]string{AnnotationCRDVersion: build, AnnotationCRDHash: contentHash(crd.Manifest)}
+		have := &metav1.PartialObjectMetadata{}
+		have.SetGroupVersionKind(apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefinition"))
+		err = c.Get(ctx, client.ObjectKey{Name: crd.Name}, have)
 		if err != nil && !apierrors.IsNotFound(err) {
-			return applied, fmt.Errorf("reading CRD %s: %w", want.GetName(), err)
+			return applied, fmt.Errorf("reading CRD %s: %w", crd.Name, err)
 		}
 		if err == nil {
-			if apply, why := crdNeedsApply(have.GetAnnotations(), want.GetAnnotations()); !apply {
-				log.V(1).Info("CRD left as it is", "crd", want.GetName(), "why", why)
+			if apply, why := crdNeedsApply(have.GetAnnotations(), ann); !apply {
+				log.V(1).Info("CRD left as it is", "crd", crd.Name, "why", why)
 				continue
 			}
 		}
-		if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(want), client.FieldOwner(CRDFieldOwner), client.ForceOwnership); err != nil {
-			return applied, fmt.Errorf("applying CRD %s: %w", want.GetName(), err)
+		want, err := desiredCRD(crd, ann)
+		if err != nil {
+			return applied, err
 		}
-		log.Info("applied CRD", "crd", want.GetName(), "version", build, "previous", have.GetAnnotations()[AnnotationCRDVersion])
-		applied = append(applied, want.GetName())
+		if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(want), client.FieldOwner(CRDFieldOwner), client.ForceOwnership); err != nil {
+			return applied, fmt.Errorf("applying CRD %s: %w", crd.Name, err)
+		}
+		log.Info("applied CRD", "crd", crd.Name, "version", build, "previous", have.GetAnnotations()[AnnotationCRDVersion])
+		applied = append(applied, crd.Name)
 	}
 	return applied, waitEstablished(ctx, c, applied)
 }
 
-// desiredCRD is one embedded CRD with this build's annotations.
-func desiredCRD(doc []byte, build string) (*unstructured.Unstructured, error) {
+// contentHash is a manifest's loom.dev/crd-hash.
+func contentHash(manifest []byte) string {
+	sum := sha256.Sum256(manifest)
+	return hex.EncodeToString(sum[:8])
+}
+
+// desiredCRD is one embedded CRD with the build's annotations ann.
+func desiredCRD(crd chart.CRD, ann map[string]string) (*unstructured.Unstructured, error) {
 	u := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal(doc, &u.Object); err != nil {
-		return nil, fmt.Errorf("embedded CRD: %w", err)
+	if err := yaml.Unmarshal(crd.Manifest, &u.Object); err != nil {
+		return nil, fmt.Errorf("embedded CRD %s: %w", crd.Name, err)
 	}
-	sum := sha256.Sum256(doc)
-	ann := u.GetAnnotations()
-	if ann == nil {
-		ann = map[string]string{}
+	if u.GetName() != crd.Name {
+		return nil, fmt.Errorf("embedded CRD is %q, want %q (its file name)", u.GetName(), crd.Name)
 	}
-	ann[AnnotationCRDVersion] = build
-	ann[AnnotationCRDHash] = hex.EncodeToString(sum[:8])
-	u.SetAnnotations(ann)
+	all := u.GetAnnotations()
+	if all == nil {
+		all = map[string]string{}
+	}
+	maps.Copy(all, ann)
+	u.SetAnnotations(all)
 	return u, nil
 }
 
