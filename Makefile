@@ -59,8 +59,9 @@ bench-training: ## Pods/s creating a PODS-pod TrainingJob gang (default 512) at 
 ##@ Build
 
 .PHONY: build
-build: kubectl-loom ## Build the loom binary and the kubectl loom plugin into bin/.
-	go build -ldflags "$(LDFLAGS)" -o $(BIN)/loom ./cmd/manager
+build: kubectl-loom ## Build the loom (manager) and loom-node-agent binaries and the kubectl loom plugin into bin/.
+	CGO_ENABLED=0 go build -ldflags "$(LDFLAGS)" -o $(BIN)/loom ./cmd/manager
+	CGO_ENABLED=1 go build -ldflags "$(LDFLAGS)" -o $(BIN)/loom-node-agent ./cmd/node-agent
 
 .PHONY: kubectl-loom
 kubectl-loom: ## Build the kubectl plugin into bin/kubectl-loom (put bin/ on PATH for `kubectl loom`).

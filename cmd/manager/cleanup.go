@@ -24,6 +24,7 @@ import (
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/controllers/nodelabels"
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/cli"
 	"github.com/loom-dev/loom/internal/manager"
 )
 
@@ -50,12 +51,12 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fs.StringVar(&cfg.agentDaemonSet, "node-agent-daemonset", "", "the node agent's DaemonSet, stopped before the GPUNodes are deleted")
 	fs.StringVar(&cfg.lease, "leader-election-id", "loom-manager", "the manager's leader-election Lease: the manager is gone when no one holds it")
 	fs.DurationVar(&cfg.timeout, "timeout", 10*time.Minute, "how long to wait for each step")
-	var common commonFlags
-	common.bind(fs)
-	if code, done := parseFlags(fs, &common, args, stdout); done {
+	var common cli.Common
+	common.Bind(fs)
+	if code, done := cli.Parse(fs, &common, args, stdout); done {
 		return code
 	}
-	rc, err := common.restConfig()
+	rc, err := common.RestConfig()
 	if err != nil {
 		fmt.Fprintf(stderr, "loom uninstall-cleanup: %v\n", err)
 		return 1

@@ -1,29 +1,27 @@
-// Command loom is Loom's one binary. Subcommands:
+// Command loom is Loom's manager binary. Subcommands:
 //
 //	loom manager     the controller manager (every reconciler)
-//	loom node-agent  publishes this node's GPUs (NVML) as its GPUNode status
 //	loom version     prints the version this binary was built as
 //
-// and, hidden, "loom uninstall-cleanup", the chart's pre-delete hook.
+// and, hidden, "loom uninstall-cleanup", the chart's pre-delete hook. The
+// node agent is a binary of its own, loom-node-agent (cmd/node-agent): it
+// needs cgo and NVML, which this binary leaves out, so that it builds
+// static and the manager maps less of itself into memory.
 //
 // Run "loom <subcommand> -h" for its flags.
 package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"runtime/debug"
 
-	"go.uber.org/zap/zapcore"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/loom-dev/loom/controllers/clusterpolicy"
 	"github.com/loom-dev/loom/controllers/driverupgrade"
@@ -32,6 +30,7 @@ import (
 	"github.com/loom-dev/loom/controllers/raycluster"
 	"github.com/loom-dev/loom/controllers/rayjob"
 	"github.com/loom-dev/loom/controllers/training"
+	"github.com/loom-dev/loom/internal/cli"
 	"github.com/loom-dev/loom/internal/manager"
 )
 
@@ -56,7 +55,7 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	usage := func() {
 		fmt.Fprintf(stderr, "usage: loom <subcommand> [flags]\n\nsubcommands:\n  manager     run the controller manager\n"+
-			"  node-agent  publish this node's GPU inventory (NVML) as its GPUNode\n  version     print the version\n")
+			"  version     print the version\n\n(the node agent is the loom-node-agent binary)\n")
 	}
 	if len(args) == 0 {
 		usage()
@@ -66,7 +65,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "manager":
 		return runManager(ctx, args[1:], stdout, stderr)
 	case "node-agent":
-		return runAgent(ctx, args[1:], stdout, stderr)
+		fmt.Fprintln(stderr, "loom: the node agent is its own binary, loom-node-agent, in the same image (flags as before)")
+		return 2
 	case "uninstall-cleanup":
 		return runCleanup(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-version":
@@ -95,50 +95,14 @@ func setGCPercent(getenv func(string) string) {
 	}
 }
 
-// commonFlags are the flags every subcommand that talks to a cluster has.
-type commonFlags struct {
-	kubeconfig  string
-	showVersion bool
-}
-
-func (f *commonFlags) bind(fs *flag.FlagSet) {
-	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "path of a kubeconfig (default: $KUBECONFIG, then in-cluster, then ~/.kube/config)")
-	fs.BoolVar(&f.showVersion, "version", false, "print the version and exit")
-}
-
-// restConfig is the cluster's config: from --kubeconfig when given, else
-// as controller-runtime finds one.
-func (f *commonFlags) restConfig() (*rest.Config, error) {
-	if f.kubeconfig != "" {
-		return clientcmd.BuildConfigFromFlags("", f.kubeconfig)
-	}
-	return ctrl.GetConfig()
-}
-
-// parseFlags parses args into fs; done means exit with code (help,
-// --version or a bad flag).
-func parseFlags(fs *flag.FlagSet, common *commonFlags, args []string, stdout io.Writer) (code int, done bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0, true
-		}
-		return 2, true
-	}
-	if common.showVersion {
-		fmt.Fprintln(stdout, "loom", manager.Version())
-		return 0, true
-	}
-	return 0, false
-}
-
 func runManager(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("loom manager", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	opts := manager.DefaultOptions()
 	opts.BindFlags(fs)
-	var common commonFlags
-	common.bind(fs)
-	if code, done := parseFlags(fs, &common, args, stdout); done {
+	var common cli.Common
+	common.Bind(fs)
+	if code, done := cli.Parse(fs, &common, args, stdout); done {
 		return code
 	}
 	if err := opts.Validate(); err != nil {
@@ -151,12 +115,12 @@ func runManager(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "loom manager: %v\n", err)
 		return 2
 	}
-	setupLogging(opts.LogLevel, opts.LogFormat, stderr)
+	cli.SetupLogging(opts.LogLevel, opts.LogFormat, stderr)
 	log := ctrl.Log.WithName("setup")
 	log.Info("loom manager", "version", manager.Version())
 	setGCPercent(os.Getenv)
 
-	cfg, err := common.restConfig()
+	cfg, err := common.RestConfig()
 	if err != nil {
 		fmt.Fprintf(stderr, "loom manager: cannot load a kubeconfig or in-cluster config: %v\n", err)
 		return 1
@@ -193,15 +157,4 @@ func applyCRDs(ctx context.Context, cfg *rest.Config) error {
 	}
 	_, err = manager.EnsureCRDs(ctx, c, manager.Version(), ctrl.Log.WithName("crds"))
 	return err
-}
-
-func setupLogging(logLevel, logFormat string, w io.Writer) {
-	level, _ := manager.ParseLogLevel(logLevel) // validated already
-	zopts := []zap.Opts{zap.WriteTo(w), zap.Level(level), zap.StacktraceLevel(zapcore.PanicLevel)}
-	if logFormat == "text" {
-		zopts = append(zopts, zap.ConsoleEncoder())
-	} else {
-		zopts = append(zopts, zap.JSONEncoder())
-	}
-	ctrl.SetLogger(zap.New(zopts...))
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"os/exec"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -24,7 +25,7 @@ func TestCommandLine(t *testing.T) {
 		{args: []string{"manager", "-h"}, wantCode: 0, wantErr: "-kube-api-qps"},
 		{args: []string{"manager", "-h"}, wantCode: 0, wantErr: "-kubeconfig"},
 		{args: []string{"manager", "--kubeconfig", "/no/such/kubeconfig", "--version"}, wantCode: 0, wantErr: "loom " + manager.Version()},
-		{args: []string{"node-agent", "--kubeconfig", "/no/such/kubeconfig", "--version"}, wantCode: 0, wantErr: "loom " + manager.Version()},
+		{args: []string{"node-agent", "--once"}, wantCode: 2, wantErr: "its own binary, loom-node-agent"},
 		{args: []string{"version"}, wantCode: 0, wantErr: "loom " + manager.Version()},
 		{args: []string{"uninstall-cleanup", "-h"}, wantCode: 0, wantErr: "-manager-deployment"},
 		{args: []string{"manager", "--kubeconfig", "/no/such/kubeconfig", "--controllers=gpu-labels"}, wantCode: 1, wantErr: "/no/such/kubeconfig"},
@@ -54,5 +55,22 @@ func TestManagerGCPercent(t *testing.T) {
 	setGCPercent(func(k string) string { return map[string]string{"GOGC": "150"}[k] })
 	if got := debug.SetGCPercent(100); got != 150 {
 		t.Errorf("GOGC=150: GC percent %d, want 150 kept", got)
+	}
+}
+
+// The manager's binary links neither NVML nor go-nvml's mock servers
+// (whose tables are built at start) nor the node agent: they are
+// loom-node-agent's alone, and the manager builds without cgo.
+func TestManagerLinksNoNVML(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps: %v\n%s", err, out)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		for _, banned := range []string{"github.com/NVIDIA/go-nvml/", "github.com/loom-dev/loom/internal/collect", "github.com/loom-dev/loom/internal/agent"} {
+			if strings.HasPrefix(pkg, banned) {
+				t.Errorf("the manager links %s", pkg)
+			}
+		}
 	}
 }

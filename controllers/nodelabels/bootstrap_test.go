@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
-	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/collect"
 	"github.com/loom-dev/loom/internal/testenv"
 )
 
@@ -100,7 +100,7 @@ func TestLabellerBareNode(t *testing.T) {
 		gpuv1alpha1.LabelReplicas, gpuv1alpha1.LabelDriverFull, gpuv1alpha1.LabelMIGStrategy)
 
 	// The driver arrives: NVML's inventory, GFD's full set.
-	st := collect(t, inventory.SimOptions{System: "dgx-h100", GPUs: intPtr(2)})
+	st := collected(t, collect.SimOptions{System: "dgx-h100", GPUs: intPtr(2)})
 	st.PCIDevices = pciH100
 	setStatus(t, "bare-pci", st)
 	wantLabels(t, "bare-pci", map[string]string{gpuv1alpha1.LabelDriverFull: "550.54.15", gpuv1alpha1.LabelReplicas: "1",
@@ -160,7 +160,7 @@ func TestLabellerSharingConfigMap(t *testing.T) {
 	t.Cleanup(func() { deletePolicies(t) })
 
 	createNode(t, "shared-h100", nil)
-	setStatus(t, "shared-h100", collect(t, inventory.SimOptions{System: "dgx-h100", GPUs: intPtr(2)}))
+	setStatus(t, "shared-h100", collected(t, collect.SimOptions{System: "dgx-h100", GPUs: intPtr(2)}))
 	wantLabels(t, "shared-h100", map[string]string{gpuv1alpha1.LabelReplicas: "2", gpuv1alpha1.LabelSharingStrategy: "time-slicing",
 		gpuv1alpha1.LabelProduct: "NVIDIA-H100-80GB-HBM3-SHARED"})
 
@@ -216,7 +216,7 @@ func TestLabellerUnhealthyTaint(t *testing.T) {
 	if err := env.Client.Create(ctx, node); err != nil {
 		t.Fatal(err)
 	}
-	st := collect(t, inventory.SimOptions{System: "dgx-h100", GPUs: intPtr(2)})
+	st := collected(t, collect.SimOptions{System: "dgx-h100", GPUs: intPtr(2)})
 	setStatus(t, node.Name, st)
 	wantLabels(t, node.Name, map[string]string{gpuv1alpha1.LabelPresent: "true"})
 	wantTaints(t, node.Name, user)

@@ -14,7 +14,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/agent"
-	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/collect"
 	"github.com/loom-dev/loom/internal/manager"
 	"github.com/loom-dev/loom/internal/testenv"
 )
@@ -33,10 +33,10 @@ func startManager(t *testing.T) {
 }
 
 // runAgent runs a simulated node agent for node until the returned stop.
-func runAgent(t *testing.T, node string, o inventory.SimOptions) func() {
+func runAgent(t *testing.T, node string, o collect.SimOptions) func() {
 	t.Helper()
 	o.Seed = node
-	s, err := inventory.Simulate(o)
+	s, err := collect.Simulate(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestLabellerFollowsTheInventory(t *testing.T) {
 	node := createNode(t, "labels-a100", hand)
 	createNode(t, "labels-cpu", map[string]string{"team": "web"})
 
-	stop := runAgent(t, node.Name, inventory.SimOptions{System: "dgx-a100", MIG: "3g.20gb:2"})
+	stop := runAgent(t, node.Name, collect.SimOptions{System: "dgx-a100", MIG: "3g.20gb:2"})
 	testenv.Eventually(t, 20*time.Second, func() error {
 		l, _ := nodeLabels(t, node.Name)
 		for k, v := range map[string]string{gpuv1alpha1.LabelPresent: "true", gpuv1alpha1.LabelCount: "8", gpuv1alpha1.LabelProduct: "NVIDIA-A100-SXM4-40GB",
@@ -196,7 +196,7 @@ func testDeletedLabelComesBack(t *testing.T, name string) {
 // The GPUs go away: every label the labeller set goes, the rest stays.
 func testGPUsGoAway(t *testing.T, node *corev1.Node, hand map[string]string, stop func()) {
 	stop()
-	runAgent(t, node.Name, inventory.SimOptions{System: "dgx-a100", GPUs: new(int)})
+	runAgent(t, node.Name, collect.SimOptions{System: "dgx-a100", GPUs: new(int)})
 	testenv.Eventually(t, 20*time.Second, func() error {
 		l, n := nodeLabels(t, node.Name)
 		for k := range l {

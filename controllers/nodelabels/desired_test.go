@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
-	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/collect"
 	"github.com/loom-dev/loom/internal/sharing"
 )
 
@@ -47,8 +47,8 @@ var pciH100 = []gpuv1alpha1.PCIDevice{
 // testdata/<name>.golden (go test -run TestDesiredGolden -update rewrites
 // them).
 func TestDesiredGolden(t *testing.T) {
-	h100 := collect(t, inventory.SimOptions{System: "dgx-h100", GPUs: intPtr(2)})
-	a100MIG := collect(t, inventory.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "1g.5gb:7"})
+	h100 := collected(t, collect.SimOptions{System: "dgx-h100", GPUs: intPtr(2)})
+	a100MIG := collected(t, collect.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "1g.5gb:7"})
 	ts4 := "version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 4}]}}\n"
 	tests := []struct {
 		name string
@@ -97,7 +97,7 @@ func TestDesiredGolden(t *testing.T) {
 // NVML failing changes no label: the agent keeps its last good GPUs (same
 // labels), and a GPUNode with none left keeps what the labeller set.
 func TestDesiredNVMLUnavailable(t *testing.T) {
-	h100 := collect(t, inventory.SimOptions{System: "dgx-h100"})
+	h100 := collected(t, collect.SimOptions{System: "dgx-h100"})
 	ts := mustSharing(t, "version: v1\nsharing: {timeSlicing: {resources: [{name: gpu, replicas: 3}]}}\n")
 	good := Desired(Input{GPUNode: &h100, Sharing: ts})
 	kept := nvmlUnavailableStatus(h100)
@@ -126,7 +126,7 @@ func TestDesiredNVMLUnavailable(t *testing.T) {
 
 // A config that cannot be read changes no sharing label.
 func TestDesiredConfigUnreadable(t *testing.T) {
-	h100 := collect(t, inventory.SimOptions{System: "dgx-h100"})
+	h100 := collected(t, collect.SimOptions{System: "dgx-h100"})
 	shared := Desired(Input{GPUNode: &h100, Sharing: mustSharing(t, "version: v1\nsharing: {timeSlicing: {resources: [{name: gpu, replicas: 4}]}}\n")})
 	if shared[gpuv1alpha1.LabelProduct] != "NVIDIA-H100-80GB-HBM3-SHARED" {
 		t.Fatalf("product %q", shared[gpuv1alpha1.LabelProduct])
@@ -154,12 +154,12 @@ func TestSharedProductFitsALabel(t *testing.T) {
 }
 
 func TestUnhealthyTaint(t *testing.T) {
-	st := collect(t, inventory.SimOptions{System: "dgx-h100", GPUs: intPtr(3)})
+	st := collected(t, collect.SimOptions{System: "dgx-h100", GPUs: intPtr(3)})
 	st.GPUs[1].Health = gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUUnhealthy, Reason: "RowRemapPending"}
 	st.GPUs[2].Health = gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUUnhealthy, Reason: "XidCriticalError", Xid: 79}
-	noReason := collect(t, inventory.SimOptions{System: "dgx-h100", GPUs: intPtr(1)})
+	noReason := collected(t, collect.SimOptions{System: "dgx-h100", GPUs: intPtr(1)})
 	noReason.GPUs[0].Health = gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUUnhealthy}
-	healthy := collect(t, inventory.SimOptions{System: "dgx-h100", GPUs: intPtr(1)})
+	healthy := collected(t, collect.SimOptions{System: "dgx-h100", GPUs: intPtr(1)})
 	tests := []struct {
 		name    string
 		st      *gpuv1alpha1.GPUNodeStatus

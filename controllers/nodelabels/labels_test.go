@@ -6,16 +6,17 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/collect"
 	"github.com/loom-dev/loom/internal/inventory"
 )
 
-func collect(t testing.TB, o inventory.SimOptions) gpuv1alpha1.GPUNodeStatus {
+func collected(t testing.TB, o collect.SimOptions) gpuv1alpha1.GPUNodeStatus {
 	t.Helper()
-	s, err := inventory.Simulate(o)
+	s, err := collect.Simulate(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := inventory.Collect(s, nil)
+	st, err := collect.Collect(s, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,13 +26,13 @@ func collect(t testing.TB, o inventory.SimOptions) gpuv1alpha1.GPUNodeStatus {
 func TestLabels(t *testing.T) {
 	tests := []struct {
 		name   string
-		sim    inventory.SimOptions
+		sim    collect.SimOptions
 		want   map[string]string
 		absent []string
 	}{
 		{
 			name: "DGX H100",
-			sim:  inventory.SimOptions{System: "dgx-h100"},
+			sim:  collect.SimOptions{System: "dgx-h100"},
 			want: map[string]string{
 				gpuv1alpha1.LabelPresent: "true", gpuv1alpha1.LabelCount: "8", gpuv1alpha1.LabelProduct: "NVIDIA-H100-80GB-HBM3", gpuv1alpha1.LabelMemory: "81920",
 				gpuv1alpha1.LabelFamily: "hopper", gpuv1alpha1.LabelComputeMajor: "9", gpuv1alpha1.LabelComputeMinor: "0", gpuv1alpha1.LabelMIGCapable: "true",
@@ -43,7 +44,7 @@ func TestLabels(t *testing.T) {
 		},
 		{
 			name: "DGX A100 with mixed MIG",
-			sim:  inventory.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "3g.20gb:1,1g.5gb:4"},
+			sim:  collect.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "3g.20gb:1,1g.5gb:4"},
 			want: map[string]string{
 				gpuv1alpha1.LabelCount: "2", gpuv1alpha1.LabelProduct: "NVIDIA-A100-SXM4-40GB", gpuv1alpha1.LabelFamily: "ampere", gpuv1alpha1.LabelMIGStrategy: "mixed",
 				"nvidia.com/mig-3g.20gb.count": "2", "nvidia.com/mig-1g.5gb.count": "8",
@@ -52,14 +53,14 @@ func TestLabels(t *testing.T) {
 		},
 		{
 			name:   "no GPUs",
-			sim:    inventory.SimOptions{System: "dgx-b200", GPUs: intPtr(0)},
+			sim:    collect.SimOptions{System: "dgx-b200", GPUs: intPtr(0)},
 			want:   map[string]string{},
 			absent: []string{gpuv1alpha1.LabelPresent, gpuv1alpha1.LabelCount},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := Labels(collect(t, tt.sim))
+			got := Labels(collected(t, tt.sim))
 			for k, v := range tt.want {
 				if got[k] != v {
 					t.Errorf("%s = %q, want %q", k, got[k], v)
@@ -110,8 +111,8 @@ func intPtr(i int) *int { return &i }
 
 // The ClusterPolicy's MIG strategy shapes the labels as GFD's does.
 func TestLabelsForMIGStrategy(t *testing.T) {
-	uniform := collect(t, inventory.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "1g.5gb:7"})
-	mixed := collect(t, inventory.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "3g.20gb:1,1g.5gb:4"})
+	uniform := collected(t, collect.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "1g.5gb:7"})
+	mixed := collected(t, collect.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "3g.20gb:1,1g.5gb:4"})
 	tests := []struct {
 		name     string
 		st       gpuv1alpha1.GPUNodeStatus

@@ -17,6 +17,7 @@ import (
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/agent"
+	"github.com/loom-dev/loom/internal/collect"
 	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/manager"
 	"github.com/loom-dev/loom/internal/testenv"
@@ -168,13 +169,13 @@ func cond(job *trainingv1alpha1.TrainingJob, typ string) metav1.Condition {
 }
 
 // runAgent runs a simulated node agent for a new node until the test ends.
-func runAgent(t *testing.T, node string, o inventory.SimOptions) {
+func runAgent(t *testing.T, node string, o collect.SimOptions) {
 	t.Helper()
 	if err := env.Client.Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
 		t.Fatal(err)
 	}
 	o.Seed = node
-	s, err := inventory.Simulate(o)
+	s, err := collect.Simulate(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +193,7 @@ func runAgent(t *testing.T, node string, o inventory.SimOptions) {
 // inventory counts what the scheduler sees.
 func setNodeStatus(t *testing.T, name string, lib nvml.Interface) {
 	t.Helper()
-	st, err := inventory.Collect(lib, nil)
+	st, err := collect.Collect(lib, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

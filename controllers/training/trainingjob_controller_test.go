@@ -16,6 +16,7 @@ import (
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/collect"
 	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/manager"
@@ -313,7 +314,7 @@ func TestVolcano(t *testing.T) {
 func volcanoJob(t *testing.T) (*trainingv1alpha1.TrainingJob, *corev1.Pod) {
 	ns := namespace(t, "volcano")
 	for i := range 4 {
-		runAgent(t, fmt.Sprintf("h100-%d", i), inventory.SimOptions{System: "dgx-h100"})
+		runAgent(t, fmt.Sprintf("h100-%d", i), collect.SimOptions{System: "dgx-h100"})
 	}
 	// Something else holds 8 GPUs on one node: 24 of 32 are free.
 	hog := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "hog", Namespace: ns}, Spec: corev1.PodSpec{NodeName: "h100-0",
@@ -580,7 +581,7 @@ func checkPod(t *testing.T, p *corev1.Pod, role string, rank int) {
 // told to fail fast, it fails without creating a pod.
 func TestAGangThatCanNeverFitSaysSo(t *testing.T) {
 	ns := namespace(t, "neverfits")
-	runAgent(t, "a100-0", inventory.SimOptions{System: "dgx-a100"})
+	runAgent(t, "a100-0", collect.SimOptions{System: "dgx-a100"})
 	startManager(t)
 	wait := newJob(ns, "huge", 1, 16, trainingv1alpha1.GangNone)
 	create(t, wait)

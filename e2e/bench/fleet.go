@@ -19,7 +19,7 @@ import (
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/e2e/framework"
-	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/collect"
 )
 
 // The fleet scenario's inventory and workloads.
@@ -66,14 +66,14 @@ func publishInventory(ctx context.Context, c *framework.Cluster, nodes []string)
 // simulatedStatus is the GPUNode status an agent would publish for node on
 // a simulated DGX H100.
 func simulatedStatus(node string) (*gpuv1alpha1.GPUNodeStatus, error) {
-	sim, err := inventory.Simulate(inventory.SimOptions{System: "dgx-h100", Seed: node})
+	sim, err := collect.Simulate(collect.SimOptions{System: "dgx-h100", Seed: node})
 	if err != nil {
 		return nil, err
 	}
 	if ret := sim.Init(); ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("simulated NVML: %v", ret)
 	}
-	st, err := inventory.Collect(sim, nil)
+	st, err := collect.Collect(sim, nil)
 	if err != nil {
 		return nil, err
 	}

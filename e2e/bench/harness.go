@@ -32,7 +32,8 @@ type Env struct {
 
 // UpOptions configure Up.
 type UpOptions struct {
-	// Loom is a loom binary; empty: build ./cmd/manager (or LOOM_BINARY).
+	// Loom is a loom binary (loom-node-agent beside it); empty: build both
+	// (or LOOM_BINARY).
 	Loom string
 	// Dir holds the cluster's data and logs; empty: a temporary directory,
 	// removed by Down unless LOOM_E2E_KEEP is set.

@@ -29,13 +29,13 @@ type AgentSpec struct {
 	// Bare simulates a node without a loaded driver (--simulate-bare): NVML
 	// fails with ERROR_LIBRARY_NOT_FOUND until
 	// DriverRoot/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 exists (see
-	// inventory.BareLibrary), and every call fails with
+	// collect.BareLibrary), and every call fails with
 	// ERROR_DRIVER_NOT_LOADED once it is removed again.
 	Bare bool
 	// DriverRoot is --driver-root (required with Bare).
 	DriverRoot string
 	// MIGFile is --simulate-mig-file: the simulated MIG manager's layout,
-	// read before each collection (see inventory.Simulator.ReloadMIG).
+	// read before each collection (see collect.Simulator.ReloadMIG).
 	MIGFile string
 	// SysfsRoot is --sysfs-root; empty: the agent fabricates a PCI bus of
 	// the simulated GPUs in a temporary directory.
@@ -43,10 +43,10 @@ type AgentSpec struct {
 	Args      []string
 }
 
-// RunAgent starts `loom node-agent --simulate` as a local process with a
-// token bound to the release's node-agent DaemonSet pod on spec.Node, so the
-// agent authenticates exactly as it would in that pod: the chart's RBAC and
-// admission policy apply.
+// RunAgent starts `loom-node-agent --simulate` (the one beside loomBin) as
+// a local process with a token bound to the release's node-agent DaemonSet
+// pod on spec.Node, so the agent authenticates exactly as it would in that
+// pod: the chart's RBAC and admission policy apply.
 func (c *Cluster) RunAgent(ctx context.Context, loomBin string, rel *Release, spec AgentSpec) (*Process, error) {
 	pod, err := c.WaitDaemonPod(ctx, rel.Namespace, "app.kubernetes.io/component=node-agent", spec.Node, 90*time.Second)
 	if err != nil {
@@ -69,7 +69,7 @@ func (c *Cluster) RunAgent(ctx context.Context, loomBin string, rel *Release, sp
 	if nodeName == "" {
 		nodeName = spec.Node
 	}
-	args := []string{"node-agent", "--node-name=" + nodeName, "--simulate=" + spec.System,
+	args := []string{"--node-name=" + nodeName, "--simulate=" + spec.System,
 		"--metrics-bind-address=0", "--log-format=text"}
 	if spec.GPUs != nil {
 		args = append(args, "--simulate-gpus="+strconv.Itoa(*spec.GPUs))
@@ -86,7 +86,7 @@ func (c *Cluster) RunAgent(ctx context.Context, loomBin string, rel *Release, sp
 		}
 	}
 	args = append(args, spec.Args...)
-	return c.StartProcess(name, loomBin, []string{"KUBECONFIG=" + kubeconfig}, args...)
+	return c.StartProcess(name, AgentBinary(loomBin), []string{"KUBECONFIG=" + kubeconfig}, args...)
 }
 
 // WaitDaemonPod waits for a running pod matching selector on node.

@@ -19,7 +19,9 @@ import (
 	"github.com/loom-dev/loom/internal/testenv"
 )
 
-// BuildLoom builds the loom binary into dir, unless LOOM_BINARY names one.
+// BuildLoom builds the loom binary, and loom-node-agent beside it, into
+// dir, unless LOOM_BINARY names a loom binary (with loom-node-agent in the
+// same directory).
 func BuildLoom(dir string) (string, error) {
 	if bin := os.Getenv("LOOM_BINARY"); bin != "" {
 		return bin, nil
@@ -32,15 +34,30 @@ func BuildLoom(dir string) (string, error) {
 	if err := os.MkdirAll(build, 0o755); err != nil {
 		return "", err
 	}
-	// Built as the image builds it (Dockerfile): no symbol table or DWARF.
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(build, "loom"), "./cmd/manager")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/manager: %w\n%s", err, out)
+	// Built as the image builds them (Dockerfile): the manager static, the
+	// agent with cgo (NVML), neither with a symbol table or DWARF.
+	for _, b := range []struct{ name, pkg, cgo string }{{"loom", "./cmd/manager", "0"}, {AgentBinaryName, "./cmd/node-agent", "1"}} {
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(build, b.name), b.pkg)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED="+b.cgo)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("go build %s: %w\n%s", b.pkg, err, out)
+		}
 	}
-	// Run a copy, as an image would be unpacked, not the linker's output
+	// Run copies, as an image would be unpacked, not the linker's output
 	// (see FreshCopy).
+	if _, err := FreshCopy(filepath.Join(build, AgentBinaryName), dir); err != nil {
+		return "", err
+	}
 	return FreshCopy(filepath.Join(build, "loom"), dir)
+}
+
+// AgentBinaryName is the node agent's binary, which sits beside loom's.
+const AgentBinaryName = "loom-node-agent"
+
+// AgentBinary is the loom-node-agent beside the loom binary loomBin.
+func AgentBinary(loomBin string) string {
+	return filepath.Join(filepath.Dir(loomBin), AgentBinaryName)
 }
 
 // Release is an installed Loom chart.

@@ -21,6 +21,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/collect"
 	"github.com/loom-dev/loom/internal/inventory"
 )
 
@@ -159,7 +160,7 @@ func (a *Agent) collect() (*gpuv1alpha1.GPUNodeStatus, string) {
 		}
 	}
 	start := time.Now()
-	st, err := inventory.Collect(a.Lib, nil)
+	st, err := collect.Collect(a.Lib, nil)
 	a.Metrics.duration.Observe(time.Since(start).Seconds())
 	if err == nil {
 		a.updateHealth(st.GPUs)

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/collect"
 	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/testenv"
 )
@@ -73,9 +74,9 @@ func waitFor(t *testing.T, name string, what string, cond func(*gpuv1alpha1.GPUN
 	}
 }
 
-func sim(t *testing.T, o inventory.SimOptions) *inventory.Simulator {
+func sim(t *testing.T, o collect.SimOptions) *collect.Simulator {
 	t.Helper()
-	s, err := inventory.Simulate(o)
+	s, err := collect.Simulate(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +85,7 @@ func sim(t *testing.T, o inventory.SimOptions) *inventory.Simulator {
 
 func TestAgentPublishesAndRestartWritesNothing(t *testing.T) {
 	const node = "agent-h100"
-	r := start(t, node, sim(t, inventory.SimOptions{System: "dgx-h100", Seed: node}), "dgx-h100")
+	r := start(t, node, sim(t, collect.SimOptions{System: "dgx-h100", Seed: node}), "dgx-h100")
 	gn := waitFor(t, node, "Ready with 8 GPUs", func(gn *gpuv1alpha1.GPUNode) bool {
 		return meta.IsStatusConditionTrue(gn.Status.Conditions, gpuv1alpha1.ConditionReady) && gn.Status.GPUCount == 8
 	})
@@ -108,7 +109,7 @@ func TestAgentPublishesAndRestartWritesNothing(t *testing.T) {
 
 	// A restarted agent with the same GPUs reads once and writes nothing.
 	rv := gn.ResourceVersion
-	r2 := start(t, node, sim(t, inventory.SimOptions{System: "dgx-h100", Seed: node}), "dgx-h100")
+	r2 := start(t, node, sim(t, collect.SimOptions{System: "dgx-h100", Seed: node}), "dgx-h100")
 	time.Sleep(time.Second)
 	if w := testutil.ToFloat64(r2.agent.Metrics.writes); w != 0 {
 		t.Errorf("restart with unchanged GPUs wrote %v times", w)
@@ -124,7 +125,7 @@ func TestAgentPublishesAndRestartWritesNothing(t *testing.T) {
 
 func TestAgentMarksGPUUnhealthyOnXid(t *testing.T) {
 	const node = "agent-xid"
-	s := sim(t, inventory.SimOptions{System: "dgx-a100", Seed: node})
+	s := sim(t, collect.SimOptions{System: "dgx-a100", Seed: node})
 	start(t, node, s, "dgx-a100")
 	waitFor(t, node, "Ready", func(gn *gpuv1alpha1.GPUNode) bool {
 		return meta.IsStatusConditionTrue(gn.Status.Conditions, gpuv1alpha1.ConditionReady)
@@ -193,7 +194,7 @@ func pciTree(t *testing.T, n int) string {
 func TestAgentRestoresADeletedGPUNode(t *testing.T) {
 	const node = "agent-restore"
 	ctx, cancel := context.WithCancel(context.Background())
-	a := &Agent{NodeName: node, Lib: sim(t, inventory.SimOptions{System: "dgx-h200", Seed: node}), Client: env.Client,
+	a := &Agent{NodeName: node, Lib: sim(t, collect.SimOptions{System: "dgx-h200", Seed: node}), Client: env.Client,
 		Log: ctrl.Log.WithName(node), Interval: 200 * time.Millisecond, Metrics: NewMetrics()}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = a.Run(ctx) }()

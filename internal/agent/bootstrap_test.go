@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/collect"
 	"github.com/loom-dev/loom/internal/inventory"
 )
 
@@ -33,7 +34,7 @@ func nvmlUnavailable(reason string) func(*gpuv1alpha1.GPUNode) bool {
 func TestAgentKeepsInventoryWhenNVMLUnavailableAtStart(t *testing.T) {
 	const node = "agent-restart-no-nvml"
 	sysfs := pciTree(t, 8)
-	r := startAgent(t, &Agent{NodeName: node, Lib: sim(t, inventory.SimOptions{System: "dgx-h100", Seed: node}), SysfsRoot: sysfs})
+	r := startAgent(t, &Agent{NodeName: node, Lib: sim(t, collect.SimOptions{System: "dgx-h100", Seed: node}), SysfsRoot: sysfs})
 	before := waitFor(t, node, "Ready with 8 GPUs", func(gn *gpuv1alpha1.GPUNode) bool { return isReady(gn) && gn.Status.GPUCount == 8 })
 	r.stop()
 
@@ -52,7 +53,7 @@ func TestAgentKeepsInventoryWhenNVMLUnavailableAtStart(t *testing.T) {
 func TestAgentBareNodeAndDriverUnloadedMidRun(t *testing.T) {
 	const node = "agent-bare"
 	root := t.TempDir()
-	s := sim(t, inventory.SimOptions{System: "dgx-a100", Seed: node, Bare: true, DriverRoot: root})
+	s := sim(t, collect.SimOptions{System: "dgx-a100", Seed: node, Bare: true, DriverRoot: root})
 	sysfs := t.TempDir()
 	if err := inventory.WritePCITree(sysfs, s.PCIDevices()); err != nil {
 		t.Fatal(err)
@@ -64,7 +65,7 @@ func TestAgentBareNodeAndDriverUnloadedMidRun(t *testing.T) {
 		t.Errorf("bare node status %+v", gn.Status)
 	}
 
-	lib := inventory.BareLibrary(root)
+	lib := collect.BareLibrary(root)
 	if err := os.MkdirAll(filepath.Dir(lib), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +96,7 @@ func TestAgentBareNodeAndDriverUnloadedMidRun(t *testing.T) {
 // A node with no GPUs on PCI or through NVML gets no GPUNode.
 func TestAgentCreatesNoGPUNodeForACPUNode(t *testing.T) {
 	const node = "agent-cpu"
-	r := startAgent(t, &Agent{NodeName: node, Lib: sim(t, inventory.SimOptions{System: "dgx-h100", GPUs: new(int)}),
+	r := startAgent(t, &Agent{NodeName: node, Lib: sim(t, collect.SimOptions{System: "dgx-h100", GPUs: new(int)}),
 		SysfsRoot: t.TempDir() + "/no-such-sysfs", Interval: 200 * time.Millisecond})
 	time.Sleep(time.Second)
 	err := env.Client.Get(context.Background(), client.ObjectKey{Name: node}, &gpuv1alpha1.GPUNode{})

@@ -9,10 +9,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
-	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/collect"
 )
 
-func injectXid(t *testing.T, s *inventory.Simulator, gpu int, xid uint64) {
+func injectXid(t *testing.T, s *collect.Simulator, gpu int, xid uint64) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !s.InjectXid(gpu, xid) {
@@ -34,7 +34,7 @@ func gpuHealth(gn *gpuv1alpha1.GPUNode, i int) gpuv1alpha1.GPUHealth {
 // resets it with the annotation, which the agent then removes.
 func TestAgentHealthSurvivesRestartUntilReset(t *testing.T) {
 	const node = "agent-xid-restart"
-	s := sim(t, inventory.SimOptions{System: "dgx-h100", Seed: node})
+	s := sim(t, collect.SimOptions{System: "dgx-h100", Seed: node})
 	r := start(t, node, s, "dgx-h100")
 	waitFor(t, node, "Ready", isReady)
 	injectXid(t, s, 3, 79)
@@ -47,7 +47,7 @@ func TestAgentHealthSurvivesRestartUntilReset(t *testing.T) {
 	}
 	r.stop()
 
-	r2 := start(t, node, sim(t, inventory.SimOptions{System: "dgx-h100", Seed: node}), "dgx-h100")
+	r2 := start(t, node, sim(t, collect.SimOptions{System: "dgx-h100", Seed: node}), "dgx-h100")
 	time.Sleep(time.Second) // its first pass
 	after := waitFor(t, node, "read", func(*gpuv1alpha1.GPUNode) bool { return true })
 	if got := gpuHealth(after, 3); got.State != gpuv1alpha1.GPUUnhealthy || got.Xid != 79 || !got.Since.Equal(h.Since) {
@@ -76,7 +76,7 @@ func TestAgentHealthSurvivesRestartUntilReset(t *testing.T) {
 // reports it (the reset that applies it). Double-bit ECC counts stay.
 func TestAgentRowRemapAndDoubleBitECC(t *testing.T) {
 	const node = "agent-remap"
-	s := sim(t, inventory.SimOptions{System: "dgx-a100", Seed: node})
+	s := sim(t, collect.SimOptions{System: "dgx-a100", Seed: node})
 	r := start(t, node, s, "dgx-a100")
 	waitFor(t, node, "Ready", isReady)
 	s.InjectRowRemapPending(1, true)

@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
-	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/collect"
 	"github.com/loom-dev/loom/internal/manager"
 	"github.com/loom-dev/loom/internal/testenv"
 )
@@ -94,7 +94,7 @@ func TestAgentMayWriteOnlyItsOwnGPUNode(t *testing.T) {
 	agentClient(t, "lp-node-b") // node B exists, with its own agent pod
 
 	// The agent on node A publishes node A's inventory.
-	s, err := inventory.Simulate(inventory.SimOptions{System: "dgx-h100", Seed: "lp-node-a"})
+	s, err := collect.Simulate(collect.SimOptions{System: "dgx-h100", Seed: "lp-node-a"})
 	if err != nil {
 		t.Fatal(err)
 	}

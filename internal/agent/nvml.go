@@ -10,7 +10,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
-	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/collect"
 )
 
 // nvmlSession is the agent's NVML state: initialised (up, with its event
@@ -93,7 +93,7 @@ func (a *Agent) stopNVML() {
 // nvmlGone reports whether err is NVML saying that the driver or the
 // library is not there (any more), rather than one call failing.
 func nvmlGone(err error) bool {
-	var ne *inventory.NVMLError
+	var ne *collect.NVMLError
 	if !errors.As(err, &ne) {
 		return false
 	}

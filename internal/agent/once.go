@@ -7,6 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/collect"
 	"github.com/loom-dev/loom/internal/inventory"
 )
 
@@ -30,7 +31,7 @@ func Once(lib nvml.Interface, sysfsRoot, simulated string, beforeCollect func() 
 		if beforeCollect != nil {
 			warns = append(warns, beforeCollect())
 		}
-		inv, cerr := inventory.Collect(lib, nil)
+		inv, cerr := collect.Collect(lib, nil)
 		switch {
 		case cerr == nil:
 			in.inventory = &inv

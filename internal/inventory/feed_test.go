@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/collect"
 	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/manager"
 	"github.com/loom-dev/loom/internal/testenv"
@@ -36,11 +37,11 @@ func TestFeedFollowsTheAPIServer(t *testing.T) {
 	}
 	go func() { _ = c.Start(ctx) }()
 
-	sim, err := inventory.Simulate(inventory.SimOptions{System: "dgx-h100", Seed: "feed-0"})
+	sim, err := collect.Simulate(collect.SimOptions{System: "dgx-h100", Seed: "feed-0"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := inventory.Collect(sim, nil)
+	st, err := collect.Collect(sim, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,11 +124,11 @@ func TestFeedSkipsGPUNodesWithoutANode(t *testing.T) {
 		t.Fatal(err)
 	}
 	go func() { _ = c.Start(ctx) }()
-	sim, err := inventory.Simulate(inventory.SimOptions{System: "dgx-h100", Seed: "phantom"})
+	sim, err := collect.Simulate(collect.SimOptions{System: "dgx-h100", Seed: "phantom"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := inventory.Collect(sim, nil)
+	st, err := collect.Collect(sim, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,8 @@
 //	go run ./e2e/cmd/bench raycluster --clusters 100    # make bench-raycluster
 //	go run ./e2e/cmd/bench pending --jobs 500 --nodes 16 # waiting jobs while GPUs churn
 //
-// Every scenario takes --loom (a loom binary; default: build ./cmd/manager),
+// Every scenario takes --loom (a loom binary, loom-node-agent beside it;
+// default: build both),
 // --manager-env KEY=VALUE, and extra manager flags after "--".
 package main
 
@@ -84,7 +85,7 @@ func run(args []string) error {
 		fs.PrintDefaults()
 	}
 	up := bench.UpOptions{Logf: bench.Logger(os.Stderr)}
-	fs.StringVar(&up.Loom, "loom", "", "loom binary (default: build ./cmd/manager)")
+	fs.StringVar(&up.Loom, "loom", "", "loom binary, with loom-node-agent beside it for the agents the fleet scenario runs (default: build both)")
 	fs.Func("manager-env", "KEY=VALUE for the manager's environment (repeatable), e.g. GOGC=50", func(v string) error {
 		if !strings.Contains(v, "=") {
 			return fmt.Errorf("want KEY=VALUE, got %q", v)

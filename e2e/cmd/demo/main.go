@@ -41,7 +41,7 @@ func run() error {
 	// The demo's own clients log nothing; without a logger controller-runtime
 	// prints a stack trace the first time one of them would.
 	ctrllog.SetLogger(logr.Discard())
-	loomBin := flag.String("loom", "", "loom binary (default: build ./cmd/manager)")
+	loomBin := flag.String("loom", "", "loom binary, with loom-node-agent beside it (default: build both)")
 	systems := flag.String("systems", "dgx-h100,dgx-a100:mig,dgx-b200,dgx-h100:bare", "simulated GPU nodes, one per entry: dgx-a100, dgx-h100, dgx-h200 or dgx-b200, \":mig\" for MIG mode (3g.20gb, 2g.10gb, 2 x 1g.5gb per GPU), \":bare\" for a node with no driver yet (the GPU stack brings it up: kubectl get gpunodes -w)")
 	cpuNodes := flag.Int("cpu-nodes", 1, "simulated CPU-only nodes")
 	sampleJob := flag.String("sample-job", "config/samples/trainingjob-pytorch.yaml", "TrainingJob to submit once the manager runs (empty: none)")

@@ -1,3 +1,13 @@
+// Command loom-node-agent publishes this node's GPUs, from the PCI bus and
+// through NVML, as its GPUNode's status: the chart's DaemonSet on GPU nodes.
+// It is apart from the manager's binary (loom) because NVML needs cgo;
+// the manager builds static and without it.
+//
+//	loom-node-agent [flags]        run until stopped
+//	loom-node-agent --once         print one reading as JSON and exit
+//	loom-node-agent --simulate=S   simulate a system on go-nvml's mock servers
+//
+// Run "loom-node-agent -h" for its flags.
 package main
 
 import (
@@ -19,11 +29,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/loom-dev/loom/internal/agent"
+	"github.com/loom-dev/loom/internal/cli"
+	"github.com/loom-dev/loom/internal/collect"
 	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/manager"
 )
 
-// agentFlags are `loom node-agent`'s flags.
+// agentFlags are loom-node-agent's flags.
 type agentFlags struct {
 	nodeName, sysfsRoot, driverRoot  string
 	sysfsRootSet                     bool
@@ -33,12 +45,12 @@ type agentFlags struct {
 	simGPUs                          int
 	simBare                          bool
 	metricsAddr, logLevel, logFormat string
-	common                           commonFlags
+	common                           cli.Common
 }
 
 func parseAgentFlags(args []string, stdout, stderr io.Writer) (*agentFlags, int) {
 	f := &agentFlags{}
-	fs := flag.NewFlagSet("loom node-agent", flag.ContinueOnError)
+	fs := flag.NewFlagSet("loom-node-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default: $NODE_NAME, from the downward API)")
 	fs.DurationVar(&f.interval, "interval", 60*time.Second, "time between collections; NVML events trigger extra ones")
@@ -47,7 +59,7 @@ func parseAgentFlags(args []string, stdout, stderr io.Writer) (*agentFlags, int)
 	fs.StringVar(&f.driverRoot, "driver-root", "", "root of the driver's files; libnvidia-ml.so.1 is loaded from its usr/lib64, "+
 		"usr/lib/x86_64-linux-gnu or usr/lib/aarch64-linux-gnu (default: "+strings.Join(agent.DefaultDriverRoots, ", then ")+
 		", then the dynamic loader's search path)")
-	fs.StringVar(&f.simulate, "simulate", "", "simulate a system on go-nvml's mock servers instead of real NVML: "+strings.Join(inventory.SimulatedSystemNames(), "|"))
+	fs.StringVar(&f.simulate, "simulate", "", "simulate a system on go-nvml's mock servers instead of real NVML: "+strings.Join(collect.SimulatedSystemNames(), "|"))
 	fs.IntVar(&f.simGPUs, "simulate-gpus", 8, "GPUs of the simulated system")
 	fs.StringVar(&f.simMIG, "simulate-mig", "", "put simulated GPUs in MIG mode with these devices, e.g. 1g.5gb:7 or 3g.20gb:1,2g.10gb:2")
 	fs.StringVar(&f.simMIGFile, "simulate-mig-file", "", "before each collection, apply the MIG layout in this file to the simulated GPUs "+
@@ -57,8 +69,8 @@ func parseAgentFlags(args []string, stdout, stderr io.Writer) (*agentFlags, int)
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8090", "address of /metrics and /healthz; \"0\" disables")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, error or a verbosity number")
 	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
-	f.common.bind(fs)
-	if code, done := parseFlags(fs, &f.common, args, stdout); done {
+	f.common.Bind(fs)
+	if code, done := cli.Parse(fs, &f.common, args, stdout); done {
 		return nil, code
 	}
 	fs.Visit(func(fl *flag.Flag) { f.sysfsRootSet = f.sysfsRootSet || fl.Name == "sysfs-root" })
@@ -82,30 +94,34 @@ func (f *agentFlags) validate(stderr io.Writer) int {
 		msg = "--simulate-bare needs --driver-root (where the simulated driver's library appears)"
 	}
 	if msg != "" {
-		fmt.Fprintf(stderr, "loom node-agent: %s\n", msg)
+		fmt.Fprintf(stderr, "loom-node-agent: %s\n", msg)
 		return 2
 	}
 	return 0
 }
 
-func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func main() {
+	os.Exit(run(ctrl.SetupSignalHandler(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	f, code := parseAgentFlags(args, stdout, stderr)
 	if f == nil || code != 0 {
 		return code
 	}
-	setupLogging(f.logLevel, f.logFormat, stderr)
+	cli.SetupLogging(f.logLevel, f.logFormat, stderr)
 	log := ctrl.Log.WithName("node-agent").WithValues("node", f.nodeName)
-	log.Info("loom node-agent", "version", manager.Version())
+	log.Info("loom-node-agent", "version", manager.Version())
 	lib, before, cleanup, err := agentLibrary(f, log)
 	if err != nil {
-		fmt.Fprintf(stderr, "loom node-agent: %v\n", err)
+		fmt.Fprintf(stderr, "loom-node-agent: %v\n", err)
 		return 2
 	}
 	defer cleanup()
 	if f.once {
 		return printOnce(lib, f.sysfsRoot, f.simulate, before, stdout, stderr)
 	}
-	cfg, err := f.common.restConfig()
+	cfg, err := f.common.RestConfig()
 	if err != nil {
 		log.Error(err, "cannot load a kubeconfig or in-cluster config")
 		return 1
@@ -137,7 +153,7 @@ func agentLibrary(f *agentFlags, log logr.Logger) (nvml.Interface, func() error,
 	if f.simulate == "" {
 		return agent.NewDriverLibrary(f.driverRoot), nil, func() {}, nil
 	}
-	sim, err := inventory.Simulate(inventory.SimOptions{System: f.simulate, GPUs: &f.simGPUs, MIG: f.simMIG, Seed: f.nodeName,
+	sim, err := collect.Simulate(collect.SimOptions{System: f.simulate, GPUs: &f.simGPUs, MIG: f.simMIG, Seed: f.nodeName,
 		Bare: f.simBare, DriverRoot: f.driverRoot, MIGFile: f.simMIGFile})
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("--simulate: %w", err)
@@ -181,7 +197,7 @@ func serveAgentMetrics(addr string, metrics *agent.Metrics, log logr.Logger) fun
 func printOnce(lib nvml.Interface, sysfsRoot, simulated string, before func() error, stdout, stderr io.Writer) int {
 	st, warn, err := agent.Once(lib, sysfsRoot, simulated, before)
 	if warn != nil {
-		fmt.Fprintf(stderr, "loom node-agent: %v\n", warn)
+		fmt.Fprintf(stderr, "loom-node-agent: %v\n", warn)
 	}
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
@@ -189,7 +205,7 @@ func printOnce(lib nvml.Interface, sysfsRoot, simulated string, before func() er
 		return 1
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "loom node-agent: nothing could be read: %v\n", err)
+		fmt.Fprintf(stderr, "loom-node-agent: nothing could be read: %v\n", err)
 		return 1
 	}
 	return 0

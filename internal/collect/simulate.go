@@ -1,4 +1,4 @@
-package inventory
+package collect
 
 import (
 	"crypto/sha256"

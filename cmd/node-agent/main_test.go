@@ -11,12 +11,13 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/manager"
 )
 
 func runOnce(t *testing.T, args ...string) (gpuv1alpha1.GPUNodeStatus, int, string) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	code := run(context.Background(), append([]string{"node-agent", "--once", "--log-level=error"}, args...), &stdout, &stderr)
+	code := run(context.Background(), append([]string{"--once", "--log-level=error"}, args...), &stdout, &stderr)
 	var st gpuv1alpha1.GPUNodeStatus
 	if stdout.Len() > 0 {
 		if err := json.Unmarshal(stdout.Bytes(), &st); err != nil {
@@ -83,6 +84,24 @@ func TestAgentFlags(t *testing.T) {
 		_, code, stderr := runOnce(t, tt.args...)
 		if code != 2 || !strings.Contains(stderr, tt.wantErr) {
 			t.Errorf("%v: exit %d, stderr %q, want %q", tt.args, code, stderr, tt.wantErr)
+		}
+	}
+}
+
+func TestAgentVersionAndHelp(t *testing.T) {
+	for _, tt := range []struct {
+		args     []string
+		wantCode int
+		want     string
+	}{
+		{[]string{"--kubeconfig", "/no/such/kubeconfig", "--version"}, 0, "loom " + manager.Version()},
+		{[]string{"-h"}, 0, "-simulate-mig-file"},
+		{[]string{"--no-such-flag"}, 2, "flag provided but not defined: -no-such-flag"},
+		{[]string{"--interval=10ms", "--node-name=n"}, 2, "--interval must be at least 1s"},
+	} {
+		var out bytes.Buffer
+		if code := run(context.Background(), tt.args, &out, &out); code != tt.wantCode || !strings.Contains(out.String(), tt.want) {
+			t.Errorf("%v: exit %d, output %q; want %d and %q", tt.args, code, out.String(), tt.wantCode, tt.want)
 		}
 	}
 }

@@ -1,8 +1,8 @@
-// Package inventory is Loom's view of every node's GPUs. The agent side
-// (Collect, Simulate) reads a node's GPUs through NVML; the manager side
-// (Index) answers "how many GPUs of which product exist, are free, and does
-// this gang fit" from GPUNode objects and pod requests.
-package inventory
+// Package collect reads a node's GPUs through NVML, from the driver or from
+// go-nvml's mock servers (Simulate), for the node agent. It is apart from
+// package inventory, the manager's side, so that the manager's binary links
+// neither NVML nor the mock servers (whose tables are built at start).
+package collect
 
 import (
 	"fmt"
@@ -13,6 +13,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/inventory"
 )
 
 // NVMLError is an NVML call that failed, with NVML's own error text.
@@ -68,30 +69,8 @@ func Collect(lib nvml.Interface, health map[string]gpuv1alpha1.GPUHealth) (gpuv1
 		}
 		st.GPUs = append(st.GPUs, gpu)
 	}
-	Summarize(&st)
+	inventory.Summarize(&st)
 	return st, nil
-}
-
-// Summarize fills the summary fields (count, product, MIG) from the GPUs.
-func Summarize(st *gpuv1alpha1.GPUNodeStatus) {
-	st.GPUCount = int32(len(st.GPUs))
-	st.Product, st.MIG = "", ""
-	for i, g := range st.GPUs {
-		mode := string(gpuv1alpha1.MIGDisabled)
-		if g.MIG != nil && g.MIG.CurrentMode == gpuv1alpha1.MIGEnabled {
-			mode = string(gpuv1alpha1.MIGEnabled)
-		}
-		if i == 0 {
-			st.Product, st.MIG = g.Product, mode
-			continue
-		}
-		if st.Product != g.Product {
-			st.Product = "mixed"
-		}
-		if st.MIG != mode {
-			st.MIG = "Mixed"
-		}
-	}
 }
 
 func collectGPU(dev nvml.Device, index int) (gpuv1alpha1.GPU, error) {
