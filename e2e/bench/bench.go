@@ -38,7 +38,7 @@ import (
 type Config struct {
 	// Nodes are simulated 8-GPU nodes.
 	Nodes int
-	// Agents of them run a real `loom node-agent --simulate` process, whose
+	// Agents of them run a real `loom-node-agent --simulate` process, whose
 	// RSS and CPU per collection are measured; the benchmark publishes the
 	// other nodes' inventory itself, from the same simulator (a thousand
 	// agent processes do not fit on the benchmark machine).

@@ -1,4 +1,4 @@
-// Package agent is `loom node-agent`: it reads its node's GPUs from the PCI
+// Package agent is `loom-node-agent`: it reads its node's GPUs from the PCI
 // bus (no driver needed) and through NVML, and publishes them as the status
 // of the node's GPUNode, writing only when something changed. It never
 // writes anything else.
