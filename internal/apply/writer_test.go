@@ -10,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
@@ -54,32 +53,6 @@ func get(t *testing.T, name string) *corev1.ConfigMap {
 	return cm
 }
 
-// counted reads loom_writes_total for a kind, field owner, operation and
-// result from the manager's metrics registry.
-func counted(t *testing.T, kind, fieldOwner, op, result string) float64 {
-	t.Helper()
-	families, err := ctrlmetrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]string{"kind": kind, "field_owner": fieldOwner, "operation": op, "result": result}
-	for _, f := range families {
-		if f.GetName() != "loom_writes_total" {
-			continue
-		}
-	metrics:
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if want[l.GetName()] != l.GetValue() {
-					continue metrics
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	return 0
-}
-
 // The writer creates a child once, skips a write while the cache shows
 // what it applied, repairs another writer's edit, and changes the child
 // when the desired state changes.
@@ -101,7 +74,7 @@ func TestEnsureWritesOnlyWhatChanged(t *testing.T) {
 	if rv := get(t, "ensure-child").ResourceVersion; rv != first.ResourceVersion {
 		t.Fatalf("an unchanged child was written again (resourceVersion %s -> %s)", first.ResourceVersion, rv)
 	}
-	if w, s := counted(t, "ConfigMap", "test-ensure", "apply", "written"), counted(t, "ConfigMap", "test-ensure", "apply", "skipped"); w != 1 || s != 1 {
+	if w, s := testenv.WritesCounted(t, "ConfigMap", "test-ensure", "apply", "written"), testenv.WritesCounted(t, "ConfigMap", "test-ensure", "apply", "skipped"); w != 1 || s != 1 {
 		t.Fatalf("loom_writes_total: %v written, %v skipped; want 1 and 1", w, s)
 	}
 
@@ -233,7 +206,7 @@ func TestStatusOwnsOnlyItsConditions(t *testing.T) {
 	if _, err := owners.Status(ctx, stale, &stale.Status, &want, apply.Guarded()); !apierrors.IsConflict(err) {
 		t.Fatalf("guarded write from a stale copy: got %v, want a conflict", err)
 	}
-	if n := counted(t, "ClusterPolicy", "test-owner", "status", "skipped"); n != 1 {
+	if n := testenv.WritesCounted(t, "ClusterPolicy", "test-owner", "status", "skipped"); n != 1 {
 		t.Fatalf("skipped status writes counted %v, want 1", n)
 	}
 }
@@ -352,7 +325,7 @@ func TestCreateReadsNothingAroundTheCache(t *testing.T) {
 	if live.reads != 0 {
 		t.Fatalf("creating a child read around the cache %d times", live.reads)
 	}
-	if got := counted(t, "ConfigMap", "test-post", "create", "written"); got != 1 {
+	if got := testenv.WritesCounted(t, "ConfigMap", "test-post", "create", "written"); got != 1 {
 		t.Fatalf("creates counted: %v, want 1", got)
 	}
 	if err := w.Ensure(ctx, o, child("posted", "v1")); err != nil {

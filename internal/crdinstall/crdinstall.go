@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -50,55 +51,97 @@ type CRD struct {
 // and a parse at every start would turn into some 20 MB of garbage and a
 // megabyte of API traffic for a CRD that is already up to date.
 func Ensure(ctx context.Context, c client.Client, reader client.Reader, crd CRD, install bool) (bool, error) {
-	have := &metav1.PartialObjectMetadata{}
-	have.SetGroupVersionKind(apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefinition"))
-	err := reader.Get(ctx, client.ObjectKey{Name: crd.Name}, have)
+	have, err := ReadMetadata(ctx, reader, crd.Name)
 	switch {
-	case err != nil && !apierrors.IsNotFound(err):
-		return false, fmt.Errorf("reading CRD %s: %w", crd.Name, err)
-	case err != nil && !install:
-		return false, nil
-	case err == nil && (!install || !AppliedBy(have, crd.FieldOwner)):
+	case err != nil:
+		return false, err
+	case have == nil:
+		if !install {
+			return false, nil
+		}
+	case !install || !AppliedBy(have, crd.FieldOwner):
 		return true, nil
-	case err == nil && have.GetAnnotations()[AnnotationHash] == crd.Hash():
+	case have.GetAnnotations()[AnnotationHash] == crd.Hash():
 		return true, nil // this very manifest, applied before
 	}
-	u := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal(crd.Manifest, &u.Object); err != nil {
-		return false, fmt.Errorf("embedded CRD %s: %w", crd.Name, err)
+	u, err := Desired(crd.Manifest, crd.Name, map[string]string{AnnotationHash: crd.Hash()})
+	if err != nil {
+		return false, err
 	}
-	if u.GetName() != crd.Name {
-		return false, fmt.Errorf("embedded CRD is %q, want %q", u.GetName(), crd.Name)
-	}
-	ann := u.GetAnnotations()
-	if ann == nil {
-		ann = map[string]string{}
-	}
-	ann[AnnotationHash] = crd.Hash()
-	u.SetAnnotations(ann)
 	if err := apply.NewWriter(c, crd.FieldOwner, apply.Options{}).ApplyFields(ctx, u, true, crd.why()); err != nil {
 		return false, err
 	}
-	established := &apiextensionsv1.CustomResourceDefinition{}
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		if err := reader.Get(ctx, client.ObjectKey{Name: crd.Name}, established); err != nil {
-			return false, client.IgnoreNotFound(err)
-		}
-		for _, cond := range established.Status.Conditions {
-			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	return err == nil, err
+	if err := WaitEstablished(ctx, reader, crd.Name); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // Hash is the manifest's content hash, as the loom.dev/crd-hash annotation
 // carries it.
-func (crd CRD) Hash() string {
-	sum := sha256.Sum256(crd.Manifest)
+func (crd CRD) Hash() string { return Hash(crd.Manifest) }
+
+// Hash is a manifest's content hash: the first 8 bytes of its SHA-256, in
+// hex.
+func Hash(manifest []byte) string {
+	sum := sha256.Sum256(manifest)
 	return hex.EncodeToString(sum[:8])
+}
+
+// ReadMetadata reads the named CRD's metadata only (its annotations and
+// field managers, not its schema); nil when there is no such CRD.
+func ReadMetadata(ctx context.Context, reader client.Reader, name string) (*metav1.PartialObjectMetadata, error) {
+	have := &metav1.PartialObjectMetadata{}
+	have.SetGroupVersionKind(apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefinition"))
+	if err := reader.Get(ctx, client.ObjectKey{Name: name}, have); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("reading CRD %s: %w", name, err)
+	}
+	return have, nil
+}
+
+// Desired is the embedded manifest as it is applied: parsed, checked to be
+// the CRD name, with ann added to its annotations.
+func Desired(manifest []byte, name string, ann map[string]string) (*unstructured.Unstructured, error) {
+	u := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal(manifest, &u.Object); err != nil {
+		return nil, fmt.Errorf("embedded CRD %s: %w", name, err)
+	}
+	if u.GetName() != name {
+		return nil, fmt.Errorf("embedded CRD is %q, want %q", u.GetName(), name)
+	}
+	all := u.GetAnnotations()
+	if all == nil {
+		all = map[string]string{}
+	}
+	maps.Copy(all, ann)
+	u.SetAnnotations(all)
+	return u, nil
+}
+
+// WaitEstablished waits, 30 s at most, until every named CRD is
+// Established, so that informers find their kinds served.
+func WaitEstablished(ctx context.Context, reader client.Reader, names ...string) error {
+	for _, name := range names {
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			if err := reader.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+				return false, client.IgnoreNotFound(err)
+			}
+			for _, cond := range crd.Status.Conditions {
+				if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if err != nil {
+			return fmt.Errorf("CRD %s not established: %w", name, err)
+		}
+	}
+	return nil
 }
 
 func (crd CRD) why() string {

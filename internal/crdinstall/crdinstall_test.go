@@ -10,7 +10,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/yaml"
 
 	"github.com/loom-dev/loom/internal/crdinstall"
@@ -231,24 +230,5 @@ func TestLoomsCurrentCopyIsNotRewritten(t *testing.T) {
 // applied is how many CRD applies loom_writes_total has counted for owner.
 func applied(t *testing.T) float64 {
 	t.Helper()
-	families, err := ctrlmetrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]string{"kind": "CustomResourceDefinition", "field_owner": owner, "operation": "apply", "result": "written"}
-	for _, f := range families {
-		if f.GetName() != "loom_writes_total" {
-			continue
-		}
-	metrics:
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if want[l.GetName()] != l.GetValue() {
-					continue metrics
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	return 0
+	return testenv.WritesCounted(t, "CustomResourceDefinition", owner, "apply", "written")
 }

@@ -11,13 +11,12 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"time"
 
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/loom-dev/loom/internal/crdinstall"
 )
 
 // FieldOwner is the server-side-apply field manager of objects the harness
@@ -95,24 +94,7 @@ func Apply(ctx context.Context, c client.Client, objs []*unstructured.Unstructur
 
 // WaitForCRDs waits until each named CRD is Established.
 func WaitForCRDs(ctx context.Context, c client.Client, names ...string) error {
-	for _, name := range names {
-		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			crd := &apiextensionsv1.CustomResourceDefinition{}
-			if err := c.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
-				return false, client.IgnoreNotFound(err)
-			}
-			for _, cond := range crd.Status.Conditions {
-				if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-					return true, nil
-				}
-			}
-			return false, nil
-		})
-		if err != nil {
-			return fmt.Errorf("CRD %s not established: %w", name, err)
-		}
-	}
-	return nil
+	return crdinstall.WaitEstablished(ctx, c, names...)
 }
 
 // CRDPaths are the directories holding every CRD the reconcilers need: Loom's

@@ -1,0 +1,33 @@
+package testenv
+
+import (
+	"testing"
+
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// WritesCounted reads loom_writes_total for a kind, field owner, operation
+// and result from the manager's metrics registry (0 when never counted).
+func WritesCounted(t testing.TB, kind, fieldOwner, op, result string) float64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"kind": kind, "field_owner": fieldOwner, "operation": op, "result": result}
+	for _, f := range families {
+		if f.GetName() != "loom_writes_total" {
+			continue
+		}
+	metrics:
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if want[l.GetName()] != l.GetValue() {
+					continue metrics
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
+}
