@@ -84,6 +84,17 @@ type CompareRun struct {
 	// Done is the time to all RayClusters ready, or to all of the gang's
 	// pods created; Running to all the gang's pods running.
 	Done, Running time.Duration
+	// Half is the time to half the RayClusters ready: with Done, whether
+	// the last ones waited on something the first ones did not.
+	Half time.Duration
+	// Busy is the share of the machine's CPUs that everything running
+	// used from creating the RayClusters to all ready (/proc/stat); Cluster
+	// is the CPU seconds the simulated cluster's processes used in that
+	// window, by process (kube-apiserver, etcd, kube-scheduler, kwok,
+	// kube-controller-manager): when Busy is near 1, the machine, not a
+	// contender's wait, bounds Done.
+	Busy    float64
+	Cluster map[string]float64
 	// The process's resident set at its peak (VmHWM) and settled (VmRSS),
 	// and the settled one's anonymous and file-backed parts.
 	PeakRSS, RSS, AnonRSS, FileRSS int64

@@ -37,17 +37,21 @@ func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (Comp
 	if err != nil {
 		return run, err
 	}
-	start, cp0 := time.Now(), controlPlaneCPU(c)
+	start, cp0, m0, pc0 := time.Now(), controlPlaneCPU(c), machineCPU(), clusterCPU(c)
 	if err := createRayClusters(ctx, c, ns, n); err != nil {
 		return run, err
 	}
 	if err := poll(ctx, c, 250*time.Millisecond, 15*time.Minute, func() (bool, string, error) {
 		ready, err := readyRayClusters(ctx, c, ns)
+		if run.Half == 0 && 2*ready >= n {
+			run.Half = time.Since(start)
+		}
 		return ready == n, fmt.Sprintf("%d of %d RayClusters ready", ready, n), err
 	}); err != nil {
 		return run, err
 	}
 	run.Done = time.Since(start)
+	run.Busy, run.Cluster = machineCPU().share(m0), diff(clusterCPU(c), pc0)
 	env.Logf("%d RayClusters ready after %s", n, round(run.Done))
 	return run, r.settleAndIdle(env, op, &run, s0, cp0)
 }
@@ -223,6 +227,34 @@ func pyTorchJob(ns, name string, workers int) *unstructured.Unstructured {
 // floorPod is a floor's pod: the gang's pod template, nothing else.
 func floorPod(ns, name string) *corev1.Pod {
 	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: gpuTemplate("1").Spec}
+}
+
+// cpuSample is the machine's busy and total CPU seconds at one time.
+type cpuSample struct{ busy, total float64 }
+
+func machineCPU() cpuSample {
+	b, t, _ := framework.MachineCPU() // no /proc/stat: shares of 0
+	return cpuSample{b, t}
+}
+
+// share is the busy share of the machine's CPU time since s0.
+func (s cpuSample) share(s0 cpuSample) float64 {
+	if s.total <= s0.total {
+		return 0
+	}
+	return (s.busy - s0.busy) / (s.total - s0.total)
+}
+
+// clusterCPU is the CPU seconds each process of the simulated cluster has
+// used so far, by name.
+func clusterCPU(c *framework.Cluster) map[string]float64 {
+	out := map[string]float64{}
+	for _, p := range c.Processes() {
+		if s, err := framework.CPUSeconds(p.PID()); err == nil {
+			out[p.Name] += s
+		}
+	}
+	return out
 }
 
 // controlPlaneCPU is the CPU seconds kube-apiserver and etcd have used so

@@ -62,6 +62,7 @@ func count(v float64) string {
 	}
 	return fmt.Sprintf("%.0f", v)
 }
+func percent(v float64) string { return fmt.Sprintf("%.0f%%", 100*v) }
 func cpuSecs(v float64) string { return fmt.Sprintf("%.2f s", v) }
 
 // Print writes the comparison as one table, a section a scenario.
@@ -134,6 +135,13 @@ func (r *CompareReport) anchorName(c string) string {
 func rayMetrics(audit []metric) []metric {
 	ms := []metric{
 		{label: "all RayClusters ready", get: func(r CompareRun) float64 { return r.Done.Seconds() }, unit: secs, goals: []goal{{max: 0.6}}},
+		{label: "  half of them ready", get: func(r CompareRun) float64 { return r.Half.Seconds() }, unit: secs},
+		{label: "  machine's CPUs busy to all ready", get: func(r CompareRun) float64 { return r.Busy }, unit: percent, noRatio: true},
+		{label: "  kube-apiserver CPU to all ready", get: func(r CompareRun) float64 { return r.Cluster["kube-apiserver"] }, unit: cpuSecs},
+		{label: "  etcd CPU to all ready", get: func(r CompareRun) float64 { return r.Cluster["etcd"] }, unit: cpuSecs},
+		{label: "  kube-scheduler CPU to all ready", get: func(r CompareRun) float64 { return r.Cluster["kube-scheduler"] }, unit: cpuSecs},
+		{label: "  kwok CPU to all ready", get: func(r CompareRun) float64 { return r.Cluster["kwok"] }, unit: cpuSecs},
+		{label: "  kube-controller-manager CPU to all ready", get: func(r CompareRun) float64 { return r.Cluster["kube-controller-manager"] }, unit: cpuSecs},
 		{label: "peak RSS (VmHWM)", get: func(r CompareRun) float64 { return float64(r.PeakRSS) }, unit: mibF, goals: []goal{{max: 0.75}, {ratio: 1, max: 1.25}}},
 		{label: "settled RSS (VmRSS)", get: func(r CompareRun) float64 { return float64(r.RSS) }, unit: mibF},
 		{label: "  of it RssAnon", get: func(r CompareRun) float64 { return float64(r.AnonRSS) }, unit: mibF},

@@ -227,8 +227,8 @@ func countPods(ctx context.Context, c *framework.Cluster, opts ...client.ListOpt
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
-func diff(after, before map[framework.APIRequest]float64) map[framework.APIRequest]float64 {
-	out := map[framework.APIRequest]float64{}
+func diff[K comparable](after, before map[K]float64) map[K]float64 {
+	out := map[K]float64{}
 	for k, v := range after {
 		if d := v - before[k]; d != 0 {
 			out[k] = d

@@ -51,3 +51,33 @@ func CPUSeconds(pid int) (float64, error) {
 	}
 	return (utime + stime) / 100, nil
 }
+
+// MachineCPU is the machine's busy and total CPU seconds since boot, all
+// CPUs together (/proc/stat's first line, in USER_HZ ticks; idle and iowait
+// are not busy): over a window, busy/total says how much of the machine
+// everything running used.
+func MachineCPU() (busy, total float64, err error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 6 || f[0] != "cpu" {
+		return 0, 0, fmt.Errorf("unexpected /proc/stat: %q", line)
+	}
+	for i, s := range f[1:] {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("parsing /proc/stat: %w", err)
+		}
+		if i >= 8 { // guest and guest_nice are already in user and nice
+			break
+		}
+		total += v
+		if i != 3 && i != 4 { // idle, iowait
+			busy += v
+		}
+	}
+	return busy / 100, total / 100, nil
+}
