@@ -94,6 +94,9 @@ manifests: ## Generate CRDs and RBAC into the chart, and the third-party CRDs te
 	chmod 644 $(EXTERNAL_CRDS)/*.yaml
 	cp $(EXTERNAL_CRDS)/ray.io_rayclusters.yaml controllers/raycluster/crd/ray.io_rayclusters.yaml
 	mkdir -p controllers/rayjob/crd && cp $(EXTERNAL_CRDS)/ray.io_rayjobs.yaml controllers/rayjob/crd/ray.io_rayjobs.yaml
+	go run ./hack/crdhash -pkg chart -out charts/loom/crdhash_generated.go charts/loom/crds/*.yaml
+	go run ./hack/crdhash -pkg raycluster -out controllers/raycluster/crdhash_generated.go controllers/raycluster/crd/*.yaml
+	go run ./hack/crdhash -pkg rayjob -out controllers/rayjob/crdhash_generated.go controllers/rayjob/crd/*.yaml
 
 .PHONY: verify
 verify: generate manifests ## Fail when generated files or go.mod are stale.

@@ -23,6 +23,10 @@ type CRD struct {
 	Name string
 	// Manifest is the file's YAML.
 	Manifest []byte
+	// Hash is the manifest's content hash (crdinstall.Hash), computed
+	// when the chart's CRDs were generated (hack/crdhash): comparing it
+	// with an installed CRD's reads none of the manifest.
+	Hash string
 }
 
 // CRDs returns the chart's CRDs (one a file), sorted by file name.
@@ -42,7 +46,11 @@ func CRDs() ([]CRD, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, CRD{Name: plural + "." + group, Manifest: b})
+		hash, ok := crdHashes[path.Base(n)]
+		if !ok {
+			return nil, fmt.Errorf("%s has no precomputed hash: run make manifests", n)
+		}
+		out = append(out, CRD{Name: plural + "." + group, Manifest: b, Hash: hash})
 	}
 	return out, nil
 }

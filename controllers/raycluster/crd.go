@@ -21,5 +21,5 @@ var rayClusterCRD []byte
 // crd is the RayCluster CRD as Loom installs it (crdinstall.Ensure): when
 // absent, re-applied when Loom applied it before, left alone when it is a
 // KubeRay install's.
-var crd = crdinstall.CRD{Name: CRDName, Manifest: rayClusterCRD, FieldOwner: CRDFieldOwner,
+var crd = crdinstall.CRD{Name: CRDName, Manifest: rayClusterCRD, ManifestHash: crdHashes["ray.io_rayclusters.yaml"], FieldOwner: CRDFieldOwner,
 	Why: "install or upgrade KubeRay's CRD"}

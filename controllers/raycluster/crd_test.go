@@ -49,3 +49,11 @@ func TestKubeRaysOwnCRDIsLeftAlone(t *testing.T) {
 		t.Fatalf("KubeRay's CRD was written: resourceVersion %s -> %s", before.ResourceVersion, after.ResourceVersion)
 	}
 }
+
+// The precomputed hash is the embedded manifest's (make manifests writes
+// it): a stale one would re-apply the CRD at every start, or never.
+func TestCRDHashCurrent(t *testing.T) {
+	if want := crdinstall.Hash(rayClusterCRD); crd.ManifestHash != want {
+		t.Errorf("precomputed hash %q, manifest's %q: run make manifests", crd.ManifestHash, want)
+	}
+}

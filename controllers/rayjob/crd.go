@@ -17,4 +17,4 @@ var rayJobCRD []byte
 
 // crd is the RayJob CRD as Loom installs it: under the field owner of the
 // RayCluster CRD, so both are Loom's in the same way.
-var crd = crdinstall.CRD{Name: CRDName, Manifest: rayJobCRD, FieldOwner: "loom-ray-crd"}
+var crd = crdinstall.CRD{Name: CRDName, Manifest: rayJobCRD, ManifestHash: crdHashes["ray.io_rayjobs.yaml"], FieldOwner: "loom-ray-crd"}

@@ -52,9 +52,10 @@ const (
 )
 
 // rayContenders are the raycluster scenario's: Loom's manager with only
-// its RayCluster controller, the whole platform (every controller on), and
-// KubeRay's operator.
-var rayContenders = []string{contLoom, contLoomAll, contKubeRay}
+// its RayCluster controller, the whole platform (every controller on),
+// KubeRay's operator, and the floor (rayFloor: only the writes any
+// operator must send, nothing else in the way).
+var rayContenders = []string{contLoom, contLoomAll, contKubeRay, contFloor}
 
 // Check says whether the configuration can run.
 func (cfg CompareConfig) Check() error {

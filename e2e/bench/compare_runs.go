@@ -25,17 +25,31 @@ func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (Comp
 	if _, err := c.CreateNodes(ctx, framework.NodeSpec{Prefix: "node", Count: n}); err != nil {
 		return run, err
 	}
-	op, err := r.startContender(ctx, env, name, "raycluster")
-	if err != nil {
-		return run, err
-	}
-	defer op.halt()
 	if err := createNamespace(ctx, c, ns); err != nil {
 		return run, err
 	}
-	s0, err := takeSample(op)
-	if err != nil {
-		return run, err
+	var op contender
+	var s0 sample
+	var stopFloor func() (int, error)
+	if name == contFloor {
+		if err := c.InstallKubeRayCRDs(ctx); err != nil {
+			return run, err
+		}
+		_, stop, err := startRayFloor(ctx, c, ns)
+		if err != nil {
+			return run, err
+		}
+		stopFloor = stop
+		defer func() { _, _ = stop() }()
+	} else {
+		var err error
+		if op, err = r.startContender(ctx, env, name, "raycluster"); err != nil {
+			return run, err
+		}
+		defer op.halt()
+		if s0, err = takeSample(op); err != nil {
+			return run, err
+		}
 	}
 	start, cp0, m0, pc0 := time.Now(), controlPlaneCPU(c), machineCPU(), clusterCPU(c)
 	if err := createRayClusters(ctx, c, ns, n); err != nil {
@@ -53,6 +67,13 @@ func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (Comp
 	run.Done = time.Since(start)
 	run.Busy, run.Cluster = machineCPU().share(m0), diff(clusterCPU(c), pc0)
 	env.Logf("%d RayClusters ready after %s", n, round(run.Done))
+	if stopFloor != nil {
+		settle()
+		run.ControlPlaneCPU = controlPlaneCPU(c) - cp0
+		w, err := stopFloor()
+		run.Writes, run.from, run.to = float64(w), start, time.Now()
+		return run, err
+	}
 	return run, r.settleAndIdle(env, op, &run, s0, cp0)
 }
 
@@ -169,6 +190,22 @@ func timeGang(ctx context.Context, env *Env, run *CompareRun, pods int, ns strin
 // requests from the benchmark's own polls by it.
 const floorAgent = "loom-bench-floor"
 
+// floorConfig is the floor's client configuration: no client-side rate
+// limit, its own user agent, and for the built-in kinds (proto) protobuf,
+// as Loom's and the anchors' controller-runtime clients send: the API
+// server decodes and encodes it for less than JSON, so the floor is no
+// dearer than an operator's requests.
+func floorConfig(c *framework.Cluster, proto bool) *rest.Config {
+	cfg := rest.CopyConfig(c.Config)
+	cfg.QPS = -1
+	cfg.UserAgent = floorAgent
+	if proto {
+		cfg.ContentType = runtime.ContentTypeProtobuf
+		cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	}
+	return cfg
+}
+
 // gangSubmitter returns what creates the contender's jobs: Loom's
 // TrainingJobs, the Training Operator's PyTorchJobs (all at once), or, for
 // the floor, the pods themselves from a client without a rate limit, 32
@@ -187,12 +224,9 @@ func gangSubmitter(c *framework.Cluster, name, ns string, shape gangShape) (func
 			return parallel(shape.jobs, func(i int) error { return c.Client.Create(ctx, pyTorchJob(ns, shape.job(i), workers)) })
 		}, nil
 	}
-	cfg := rest.CopyConfig(c.Config)
-	cfg.QPS = -1 // no client-side limit
-	cfg.UserAgent = floorAgent
 	// A typed clientset: no discovery, so the floor's requests are its
 	// pods' creates and nothing else.
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := kubernetes.NewForConfig(floorConfig(c, true))
 	if err != nil {
 		return nil, err
 	}

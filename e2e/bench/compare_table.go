@@ -94,9 +94,9 @@ func (r *CompareReport) sections(t *Table) {
 	gangRatios := [][2]string{{contLoom, contTO}, {contLoom, contFloor}}
 	if len(r.Ray) > 0 {
 		t.Blank()
-		t.Row("raycluster", "%d RayClusters (1 head + 3 workers, %d pods) on %d nodes; Loom's manager with --controllers=raycluster, and with all its controllers (the whole platform, as the chart runs it), vs %s (all its controllers); idle window %s",
+		t.Row("raycluster", "%d RayClusters (1 head + 3 workers, %d pods) on %d nodes; Loom's manager with --controllers=raycluster, and with all its controllers (the whole platform, as the chart runs it), vs %s (all its controllers), vs the floor (a plain client, no rate limit, 32 writes in flight, that watches the RayClusters and their pods and sends only what any operator must: each cluster's head Service and pods as KubeRay's builders make them, and one status patch to ready); idle window %s",
 			cfg.Clusters, 4*cfg.Clusters, cfg.Clusters, r.anchorName(contKubeRay), cfg.Idle)
-		ratios := [][2]string{{contLoom, contKubeRay}, {contLoomAll, contKubeRay}}
+		ratios := [][2]string{{contLoom, contKubeRay}, {contLoomAll, contKubeRay}, {contLoom, contFloor}}
 		r.section(t, r.Ray, rayContenders, ratios, rayMetrics(auditMetrics(r.Ray, rayContenders, "while converging")))
 	}
 	if len(r.Gang) > 0 {
@@ -142,17 +142,17 @@ func rayMetrics(audit []metric) []metric {
 		{label: "  kube-scheduler CPU to all ready", get: func(r CompareRun) float64 { return r.Cluster["kube-scheduler"] }, unit: cpuSecs},
 		{label: "  kwok CPU to all ready", get: func(r CompareRun) float64 { return r.Cluster["kwok"] }, unit: cpuSecs},
 		{label: "  kube-controller-manager CPU to all ready", get: func(r CompareRun) float64 { return r.Cluster["kube-controller-manager"] }, unit: cpuSecs},
-		{label: "peak RSS (VmHWM)", get: func(r CompareRun) float64 { return float64(r.PeakRSS) }, unit: mibF, goals: []goal{{max: 0.75}, {ratio: 1, max: 1.25}}},
-		{label: "settled RSS (VmRSS)", get: func(r CompareRun) float64 { return float64(r.RSS) }, unit: mibF},
-		{label: "  of it RssAnon", get: func(r CompareRun) float64 { return float64(r.AnonRSS) }, unit: mibF},
-		{label: "  of it RssFile (binary's pages)", get: func(r CompareRun) float64 { return float64(r.FileRSS) }, unit: mibF},
-		{label: "CPU while converging", get: func(r CompareRun) float64 { return r.CPU }, unit: cpuSecs},
-		{label: "CPU per idle minute", get: func(r CompareRun) float64 { return r.IdleCPU }, unit: cpuSecs},
+		{label: "peak RSS (VmHWM)", get: func(r CompareRun) float64 { return float64(r.PeakRSS) }, unit: mibF, process: true, goals: []goal{{max: 0.75}, {ratio: 1, max: 1.25}}},
+		{label: "settled RSS (VmRSS)", get: func(r CompareRun) float64 { return float64(r.RSS) }, unit: mibF, process: true},
+		{label: "  of it RssAnon", get: func(r CompareRun) float64 { return float64(r.AnonRSS) }, unit: mibF, process: true},
+		{label: "  of it RssFile (binary's pages)", get: func(r CompareRun) float64 { return float64(r.FileRSS) }, unit: mibF, process: true},
+		{label: "CPU while converging", get: func(r CompareRun) float64 { return r.CPU }, unit: cpuSecs, process: true},
+		{label: "CPU per idle minute", get: func(r CompareRun) float64 { return r.IdleCPU }, unit: cpuSecs, process: true},
 		{label: "API server + etcd CPU while converging", get: func(r CompareRun) float64 { return r.ControlPlaneCPU }, unit: cpuSecs},
 		{label: "writes while converging", get: func(r CompareRun) float64 { return r.Writes }, unit: count, goals: []goal{{max: 0.55}}},
 	}
 	ms = append(ms, audit...)
-	return append(ms, metric{label: "writes per idle minute", get: func(r CompareRun) float64 { return r.IdleWrites }, unit: count})
+	return append(ms, metric{label: "writes per idle minute", get: func(r CompareRun) float64 { return r.IdleWrites }, unit: count, process: true})
 }
 
 // gangMetrics are a gang-like section's rows for pods pods, audit's after

@@ -62,6 +62,13 @@ func (c *Cluster) StartKubeRay(ctx context.Context) (*Anchor, error) {
 	return a, c.waitAnchorReady(ctx, a, "http://"+probe+"/readyz")
 }
 
+// InstallKubeRayCRDs installs KubeRay's CRDs as StartKubeRay does, without
+// its operator: for a client that plays the operator itself.
+func (c *Cluster) InstallKubeRayCRDs(ctx context.Context) error {
+	_, _, err := c.anchorTools(ctx, "kuberay", "KubeRay ray-operator")
+	return err
+}
+
 // trainingOperatorNamespace is where the Training Operator keeps its
 // webhook certificate Secret (MY_POD_NAMESPACE; upstream's default).
 const trainingOperatorNamespace = "kubeflow"

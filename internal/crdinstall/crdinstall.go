@@ -32,6 +32,10 @@ type CRD struct {
 	Name string
 	// Manifest is its YAML, as copied from the module Loom builds against.
 	Manifest []byte
+	// ManifestHash is Hash(Manifest), computed when the manifest was
+	// copied (hack/crdhash), so that a start that finds the CRD current
+	// never reads the manifest; empty: computed from Manifest.
+	ManifestHash string
 	// FieldOwner is the field manager Loom applies it as.
 	FieldOwner string
 	// Why is the reason the apply is logged with; empty means
@@ -79,7 +83,12 @@ func Ensure(ctx context.Context, c client.Client, reader client.Reader, crd CRD,
 
 // Hash is the manifest's content hash, as the loom.dev/crd-hash annotation
 // carries it.
-func (crd CRD) Hash() string { return Hash(crd.Manifest) }
+func (crd CRD) Hash() string {
+	if crd.ManifestHash != "" {
+		return crd.ManifestHash
+	}
+	return Hash(crd.Manifest)
+}
 
 // Hash is a manifest's content hash: the first 8 bytes of its SHA-256, in
 // hex.

@@ -43,7 +43,7 @@ func EnsureCRDs(ctx context.Context, c client.Client, build string, log logr.Log
 	}
 	var applied []string
 	for _, crd := range crds {
-		ann := map[string]string{AnnotationCRDVersion: build, AnnotationCRDHash: crdinstall.Hash(crd.Manifest)}
+		ann := map[string]string{AnnotationCRDVersion: build, AnnotationCRDHash: crd.Hash}
 		have, err := crdinstall.ReadMetadata(ctx, c, crd.Name)
 		if err != nil {
 			return applied, err
