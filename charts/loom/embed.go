@@ -21,13 +21,16 @@ type CRD struct {
 	// (controller-gen writes <group>_<plural>.yaml), so that a caller can
 	// look the CRD up without parsing the manifest.
 	Name string
-	// Manifest is the file's YAML.
-	Manifest []byte
 	// Hash is the manifest's content hash (crdinstall.Hash), computed
 	// when the chart's CRDs were generated (hack/crdhash): comparing it
 	// with an installed CRD's reads none of the manifest.
 	Hash string
+	file string
 }
+
+// Manifest is the CRD's YAML, read (copied) from the embedded file only
+// when asked for: a start that finds the CRD current never is.
+func (c CRD) Manifest() ([]byte, error) { return crds.ReadFile(c.file) }
 
 // CRDs returns the chart's CRDs (one a file), sorted by file name.
 func CRDs() ([]CRD, error) {
@@ -42,15 +45,11 @@ func CRDs() ([]CRD, error) {
 		if !ok {
 			return nil, fmt.Errorf("%s: not named <group>_<plural>.yaml", n)
 		}
-		b, err := crds.ReadFile(n)
-		if err != nil {
-			return nil, err
-		}
 		hash, ok := crdHashes[path.Base(n)]
 		if !ok {
 			return nil, fmt.Errorf("%s has no precomputed hash: run make manifests", n)
 		}
-		out = append(out, CRD{Name: plural + "." + group, Manifest: b, Hash: hash})
+		out = append(out, CRD{Name: plural + "." + group, Hash: hash, file: n})
 	}
 	return out, nil
 }

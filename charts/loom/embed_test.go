@@ -24,7 +24,11 @@ func TestCRDNames(t *testing.T) {
 				Name string `json:"name"`
 			} `json:"metadata"`
 		}
-		if err := yaml.Unmarshal(crd.Manifest, &m); err != nil {
+		b, err := crd.Manifest()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.Unmarshal(b, &m); err != nil {
 			t.Fatalf("%s: %v", crd.Name, err)
 		}
 		if m.Kind != "CustomResourceDefinition" || m.Metadata.Name != crd.Name {
@@ -41,7 +45,11 @@ func TestCRDHashesCurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, crd := range crds {
-		if want := crdinstall.Hash(crd.Manifest); crd.Hash != want {
+		b, err := crd.Manifest()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := crdinstall.Hash(b); crd.Hash != want {
 			t.Errorf("%s: precomputed hash %q, manifest's %q: run make manifests", crd.Name, crd.Hash, want)
 		}
 	}

@@ -30,16 +30,17 @@ func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (Comp
 	}
 	var op contender
 	var s0 sample
+	var floor *rayFloor
 	var stopFloor func() (int, error)
 	if name == contFloor {
 		if err := c.InstallKubeRayCRDs(ctx); err != nil {
 			return run, err
 		}
-		_, stop, err := startRayFloor(ctx, c, ns)
+		f, stop, err := startRayFloor(ctx, c, ns)
 		if err != nil {
 			return run, err
 		}
-		stopFloor = stop
+		floor, stopFloor = f, stop
 		defer func() { _, _ = stop() }()
 	} else {
 		var err error
@@ -56,6 +57,11 @@ func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (Comp
 		return run, err
 	}
 	if err := poll(ctx, c, 250*time.Millisecond, 15*time.Minute, func() (bool, string, error) {
+		if floor != nil {
+			if err := floor.failed(); err != nil {
+				return false, "", err
+			}
+		}
 		ready, err := readyRayClusters(ctx, c, ns)
 		if run.Half == 0 && 2*ready >= n {
 			run.Half = time.Since(start)

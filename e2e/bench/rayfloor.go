@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -11,9 +12,14 @@ import (
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/loom-dev/loom/e2e/framework"
@@ -22,9 +28,9 @@ import (
 // rayFloor is the raycluster scenario's floor: the requests any operator
 // must send for a RayCluster to be ready, from a client without a rate
 // limit and with nothing else in the way. For each RayCluster it is told of
-// (a watch, as an operator is), it creates the head Service and the pods
+// (an informer, as an operator is), it creates the head Service and the pods
 // KubeRay's own builders make, 32 creates in flight in all; once all of a
-// cluster's pods run and are ready (a watch on the pods), it patches the
+// cluster's pods run and are ready (an informer on the pods), it patches the
 // cluster's status.state to ready, once. No cache, no events, no other
 // status: one create per pod and Service and one status write per cluster.
 type rayFloor struct {
@@ -42,64 +48,60 @@ type rayFloor struct {
 }
 
 // startRayFloor starts the floor on namespace ns; stop ends it and returns
-// its writes.
+// its writes. It watches through informers (a list, then a watch that is
+// resumed when the API server ends it), as an operator does.
 func startRayFloor(ctx context.Context, c *framework.Cluster, ns string) (f *rayFloor, stop func() (int, error), err error) {
 	f = &rayFloor{slots: make(chan struct{}, 32), pods: map[string]int{}, ready: map[string]map[string]bool{}, written: map[string]bool{}}
 	if f.cs, err = kubernetes.NewForConfig(floorConfig(c, true)); err != nil {
 		return nil, nil, err
 	}
 	// RayClusters are JSON (a CRD).
-	wc, err := client.NewWithWatch(floorConfig(c, false), client.Options{Scheme: c.Client.Scheme(), Mapper: c.Client.RESTMapper()})
+	if f.rc, err = client.New(floorConfig(c, false), client.Options{Scheme: c.Client.Scheme(), Mapper: c.Client.RESTMapper()}); err != nil {
+		return nil, nil, err
+	}
+	dyn, err := dynamic.NewForConfig(floorConfig(c, false))
 	if err != nil {
 		return nil, nil, err
 	}
-	f.rc = wc
 	ctx, cancel := context.WithCancel(ctx)
-	clusters, err := wc.Watch(ctx, &rayv1.RayClusterList{}, client.InNamespace(ns))
-	if err != nil {
+	pods := informers.NewSharedInformerFactoryWithOptions(f.cs, 0, informers.WithNamespace(ns),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = utils.RayClusterLabelKey }))
+	clusters := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 0, ns, nil)
+	onPod := func(obj any) {
+		if p, ok := obj.(*corev1.Pod); ok {
+			f.onPod(ctx, p)
+		}
+	}
+	_, err1 := pods.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: onPod, UpdateFunc: func(_, obj any) { onPod(obj) }})
+	_, err2 := clusters.ForResource(rayv1.SchemeGroupVersion.WithResource("rayclusters")).Informer().AddEventHandler(
+		cache.ResourceEventHandlerFuncs{AddFunc: func(obj any) { f.onCluster(ctx, obj) }})
+	if err := errors.Join(err1, err2); err != nil {
 		cancel()
 		return nil, nil, err
 	}
-	pods, err := f.cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: utils.RayClusterLabelKey})
-	if err != nil {
-		clusters.Stop()
-		cancel()
-		return nil, nil, err
-	}
-	f.wg.Add(2)
-	go f.loop(ctx, clusters, f.onCluster)
-	go f.loop(ctx, pods, f.onPod)
+	pods.Start(ctx.Done())
+	clusters.Start(ctx.Done())
+	pods.WaitForCacheSync(ctx.Done())
+	clusters.WaitForCacheSync(ctx.Done())
 	return f, func() (int, error) {
 		cancel()
-		clusters.Stop()
-		pods.Stop()
+		pods.Shutdown()
+		clusters.Shutdown()
 		f.wg.Wait()
 		return int(f.writes.Load()), f.failed()
 	}, nil
 }
 
-func (f *rayFloor) loop(ctx context.Context, w watch.Interface, on func(context.Context, watch.Event)) {
-	defer f.wg.Done()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				if ctx.Err() == nil {
-					f.fail(fmt.Errorf("the floor's watch ended early"))
-				}
-				return
-			}
-			on(ctx, ev)
-		}
-	}
-}
-
 // onCluster builds a new cluster's head Service and pods and creates them.
-func (f *rayFloor) onCluster(ctx context.Context, ev watch.Event) {
-	rc, ok := ev.Object.(*rayv1.RayCluster)
-	if !ok || ev.Type != watch.Added {
+func (f *rayFloor) onCluster(ctx context.Context, obj any) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return
+	}
+	rc := &rayv1.RayCluster{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, rc); err != nil {
+		f.fail(err)
 		return
 	}
 	objs, err := floorChildren(ctx, rc)
@@ -125,17 +127,13 @@ func (f *rayFloor) onCluster(ctx context.Context, ev watch.Event) {
 }
 
 // onPod counts a cluster's ready pods and writes its status once all are.
-func (f *rayFloor) onPod(ctx context.Context, ev watch.Event) {
-	p, ok := ev.Object.(*corev1.Pod)
-	if !ok {
-		return
-	}
+func (f *rayFloor) onPod(ctx context.Context, p *corev1.Pod) {
 	name := p.Labels[utils.RayClusterLabelKey]
 	f.mu.Lock()
 	if f.ready[name] == nil {
 		f.ready[name] = map[string]bool{}
 	}
-	if ev.Type != watch.Deleted && p.Status.Phase == corev1.PodRunning && podReady(p) {
+	if p.Status.Phase == corev1.PodRunning && podReady(p) {
 		f.ready[name][p.Name] = true
 	} else {
 		delete(f.ready[name], p.Name)

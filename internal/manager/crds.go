@@ -33,9 +33,10 @@ var CRDNames = []string{"clusterpolicies.gpu.loom.dev", "gpunodes.gpu.loom.dev",
 // a newer release than this one (an older replica during a rolling upgrade
 // leaves the newer CRDs alone). It returns the names it applied.
 //
-// Only the installed CRDs' metadata is read, and an embedded manifest is
-// parsed only to be applied: a start against up-to-date CRDs reads a few
-// kilobytes and parses nothing.
+// Only the installed CRDs' metadata is read, and compared with hashes
+// computed when the manifests were generated; an embedded manifest is read
+// and parsed only to be applied: a start against up-to-date CRDs reads a
+// few kilobytes and touches none of the embedded YAML.
 func EnsureCRDs(ctx context.Context, c client.Client, build string, log logr.Logger) ([]string, error) {
 	crds, err := chart.CRDs()
 	if err != nil {
@@ -54,7 +55,11 @@ func EnsureCRDs(ctx context.Context, c client.Client, build string, log logr.Log
 				continue
 			}
 		}
-		want, err := crdinstall.Desired(crd.Manifest, crd.Name, ann)
+		manifest, err := crd.Manifest()
+		if err != nil {
+			return applied, fmt.Errorf("embedded CRD %s: %w", crd.Name, err)
+		}
+		want, err := crdinstall.Desired(manifest, crd.Name, ann)
 		if err != nil {
 			return applied, err
 		}
