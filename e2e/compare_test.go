@@ -13,8 +13,8 @@ import (
 )
 
 // The comparison (make bench) at CI size: Loom's manager against KubeRay
-// v1.5.0 on 5 RayClusters and against the Training Operator v1.8.1 and the
-// floor on a 1 + 31 gang and on 2 concurrent 1 + 7 jobs, one repetition,
+// v1.5.0 and the floor on 5 RayClusters and against the Training Operator
+// v1.8.1 and the floor on a 1 + 31 gang and on 2 concurrent 1 + 7 jobs, one repetition,
 // each on a fresh cluster of its own. Its table is printed in the test
 // log. On a shared 2-core machine the timings and ratios are noise at this
 // size, so it fails only on hard errors (an anchor that does not start, a
