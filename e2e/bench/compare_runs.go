@@ -31,26 +31,20 @@ func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (Comp
 	var op contender
 	var s0 sample
 	var floor *rayFloor
-	var stopFloor func() (int, error)
+	var err error
 	if name == contFloor {
 		if err := c.InstallKubeRayCRDs(ctx); err != nil {
 			return run, err
 		}
-		f, stop, err := startRayFloor(ctx, c, ns)
-		if err != nil {
+		if floor, err = startRayFloor(ctx, c, ns); err != nil {
 			return run, err
 		}
-		floor, stopFloor = f, stop
-		defer func() { _, _ = stop() }()
+		defer func() { _, _ = floor.stop() }()
 	} else {
-		var err error
-		if op, err = r.startContender(ctx, env, name, "raycluster"); err != nil {
+		if op, s0, err = r.startSampled(ctx, env, name, "raycluster"); err != nil {
 			return run, err
 		}
 		defer op.halt()
-		if s0, err = takeSample(op); err != nil {
-			return run, err
-		}
 	}
 	start, cp0, m0, pc0 := time.Now(), controlPlaneCPU(c), machineCPU(), clusterCPU(c)
 	if err := createRayClusters(ctx, c, ns, n); err != nil {
@@ -73,10 +67,10 @@ func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (Comp
 	run.Done = time.Since(start)
 	run.Busy, run.Cluster = machineCPU().share(m0), diff(clusterCPU(c), pc0)
 	env.Logf("%d RayClusters ready after %s", n, round(run.Done))
-	if stopFloor != nil {
+	if floor != nil {
 		settle()
 		run.ControlPlaneCPU = controlPlaneCPU(c) - cp0
-		w, err := stopFloor()
+		w, err := floor.stop()
 		run.Writes, run.from, run.to = float64(w), start, time.Now()
 		return run, err
 	}
@@ -124,13 +118,10 @@ func (r *CompareReport) podsRun(ctx context.Context, env *Env, name string, shap
 	var s0 sample
 	if name != contFloor {
 		var err error
-		if op, err = r.startContender(ctx, env, name, "trainingjob"); err != nil {
+		if op, s0, err = r.startSampled(ctx, env, name, "trainingjob"); err != nil {
 			return run, err
 		}
 		defer op.halt()
-		if s0, err = takeSample(op); err != nil {
-			return run, err
-		}
 	}
 	submit, err := gangSubmitter(c, name, ns, shape)
 	if err != nil {
@@ -302,13 +293,21 @@ func clusterCPU(c *framework.Cluster) map[string]float64 {
 // difference over a window (the scheduler and kwok do the same work for
 // every contender).
 func controlPlaneCPU(c *framework.Cluster) float64 {
-	var sum float64
-	for _, p := range c.Processes() {
-		if p.Name == "kube-apiserver" || p.Name == "etcd" {
-			if s, err := framework.CPUSeconds(p.PID()); err == nil {
-				sum += s
-			}
-		}
+	cpu := clusterCPU(c)
+	return cpu["kube-apiserver"] + cpu["etcd"]
+}
+
+// startSampled starts contender name (Loom's manager with controller, or
+// an anchor) and takes its first sample; the caller halts it.
+func (r *CompareReport) startSampled(ctx context.Context, env *Env, name, controller string) (contender, sample, error) {
+	op, err := r.startContender(ctx, env, name, controller)
+	if err != nil {
+		return nil, sample{}, err
 	}
-	return sum
+	s0, err := takeSample(op)
+	if err != nil {
+		op.halt()
+		return nil, sample{}, err
+	}
+	return op, s0, nil
 }

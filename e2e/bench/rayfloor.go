@@ -39,6 +39,8 @@ type rayFloor struct {
 	slots  chan struct{}
 	writes atomic.Int64
 	wg     sync.WaitGroup
+	cancel func()
+	shut   []func()
 
 	mu      sync.Mutex
 	err     error
@@ -47,21 +49,20 @@ type rayFloor struct {
 	written map[string]bool            // cluster -> status written
 }
 
-// startRayFloor starts the floor on namespace ns; stop ends it and returns
-// its writes. It watches through informers (a list, then a watch that is
+// startRayFloor starts the floor on namespace ns; stop ends it. It watches through informers (a list, then a watch that is
 // resumed when the API server ends it), as an operator does.
-func startRayFloor(ctx context.Context, c *framework.Cluster, ns string) (f *rayFloor, stop func() (int, error), err error) {
+func startRayFloor(ctx context.Context, c *framework.Cluster, ns string) (f *rayFloor, err error) {
 	f = &rayFloor{slots: make(chan struct{}, 32), pods: map[string]int{}, ready: map[string]map[string]bool{}, written: map[string]bool{}}
 	if f.cs, err = kubernetes.NewForConfig(floorConfig(c, true)); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	// RayClusters are JSON (a CRD).
 	if f.rc, err = client.New(floorConfig(c, false), client.Options{Scheme: c.Client.Scheme(), Mapper: c.Client.RESTMapper()}); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	dyn, err := dynamic.NewForConfig(floorConfig(c, false))
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	pods := informers.NewSharedInformerFactoryWithOptions(f.cs, 0, informers.WithNamespace(ns),
@@ -78,19 +79,25 @@ func startRayFloor(ctx context.Context, c *framework.Cluster, ns string) (f *ray
 		cache.ResourceEventHandlerFuncs{AddFunc: func(obj any) { f.onCluster(ctx, obj) }})
 	if err := errors.Join(err1, err2); err != nil {
 		cancel()
-		return nil, nil, err
+		return nil, err
 	}
 	pods.Start(ctx.Done())
 	clusters.Start(ctx.Done())
 	pods.WaitForCacheSync(ctx.Done())
 	clusters.WaitForCacheSync(ctx.Done())
-	return f, func() (int, error) {
-		cancel()
-		pods.Shutdown()
-		clusters.Shutdown()
-		f.wg.Wait()
-		return int(f.writes.Load()), f.failed()
-	}, nil
+	f.cancel, f.shut = cancel, []func(){pods.Shutdown, clusters.Shutdown}
+	return f, nil
+}
+
+// stop ends the floor (again: a no-op) and returns its writes and its
+// first error.
+func (f *rayFloor) stop() (int, error) {
+	f.cancel()
+	for _, shut := range f.shut {
+		shut()
+	}
+	f.wg.Wait()
+	return int(f.writes.Load()), f.failed()
 }
 
 // onCluster builds a new cluster's head Service and pods and creates them.
