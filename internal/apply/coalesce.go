@@ -7,6 +7,12 @@ package apply
 // write instead of two. Writes that change a verdict (a failure, a state
 // reached, a condition's status or reason that is not progress) are never
 // held back.
+//
+// Progress also shares a budget across the writer's objects: when many
+// converge at once (a fleet of new RayClusters), each object's progress is
+// reported less often, so that the writer sends at most ProgressBudget
+// progress writes per CoalesceInterval however many objects converge;
+// verdicts are still written at once.
 
 import (
 	"sync"
@@ -21,6 +27,16 @@ import (
 // object.
 const CoalesceInterval = 2 * time.Second
 
+// ProgressBudget is how many objects one writer reports progress of per
+// CoalesceInterval: with more converging at once, each object's progress
+// interval grows in proportion (100 new objects: one progress write each
+// per 6.25 s at most; 1,000: per minute).
+const ProgressBudget = 32
+
+// staleProgress is how long an object that stopped asking for progress
+// writes, without a verdict or a forget, still counts as converging.
+const staleProgress = 10 * time.Minute
+
 // coalesceWrites remembers when each object's status was last written.
 // The zero value is ready to use; it is safe for concurrent use.
 type coalesceWrites struct {
@@ -29,6 +45,11 @@ type coalesceWrites struct {
 	// held is when a progress write of an object whose status was never
 	// written was first held back.
 	held map[types.NamespacedName]time.Time
+	// converging is when each object converging (its last status write
+	// asked was progress) last asked; pruned is when stale ones were last
+	// dropped.
+	converging map[types.NamespacedName]time.Time
+	pruned     time.Time
 }
 
 // wait is how long a count-only write of key must still wait (0: now).
@@ -42,11 +63,14 @@ func (w *coalesceWrites) wait(key types.NamespacedName) time.Duration {
 }
 
 // waitProgress is how long a progress write of key must still wait (0:
-// now): CoalesceInterval after the last write, or, when none was written,
-// after the first progress write held back.
+// now): the progress interval after the last write, or, when none was
+// written, after the first progress write held back. The interval is
+// CoalesceInterval, longer when more than ProgressBudget objects converge
+// at once.
 func (w *coalesceWrites) waitProgress(key types.NamespacedName, now time.Time) time.Duration {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	interval := w.progressInterval(key, now)
 	since, ok := w.last[key]
 	if !ok {
 		if since, ok = w.held[key]; !ok {
@@ -57,10 +81,43 @@ func (w *coalesceWrites) waitProgress(key types.NamespacedName, now time.Time) t
 			since = now
 		}
 	}
-	if d := now.Sub(since); d < CoalesceInterval {
-		return CoalesceInterval - d
+	if d := now.Sub(since); d < interval {
+		return interval - d
 	}
 	return 0
+}
+
+// progressInterval counts key as converging and returns the least time
+// between two progress writes of one object: CoalesceInterval, times the
+// objects converging over ProgressBudget when there are more. w.mu is
+// held.
+func (w *coalesceWrites) progressInterval(key types.NamespacedName, now time.Time) time.Duration {
+	if w.converging == nil {
+		w.converging = map[types.NamespacedName]time.Time{}
+	}
+	w.converging[key] = now
+	if now.Sub(w.pruned) > time.Minute {
+		w.pruned = now
+		for k, t := range w.converging {
+			if now.Sub(t) > staleProgress {
+				delete(w.converging, k)
+			}
+		}
+	}
+	n := len(w.converging)
+	if n <= ProgressBudget {
+		return CoalesceInterval
+	}
+	return CoalesceInterval * time.Duration(n) / ProgressBudget
+}
+
+// settled records that key's status asked for a write that is not
+// progress (a verdict, or nothing to change): it no longer counts as
+// converging.
+func (w *coalesceWrites) settled(key types.NamespacedName) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.converging, key)
 }
 
 // wrote records a status write of key.
@@ -80,6 +137,7 @@ func (w *coalesceWrites) forget(key types.NamespacedName) {
 	defer w.mu.Unlock()
 	delete(w.last, key)
 	delete(w.held, key)
+	delete(w.converging, key)
 }
 
 // SameConditions reports whether two condition lists have the same types,

@@ -1,6 +1,7 @@
 package apply
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -47,6 +48,53 @@ func TestCoalesceProgress(t *testing.T) {
 	w.forget(k)
 	if _, ok := w.held[k]; ok {
 		t.Fatal("forget kept the hold")
+	}
+}
+
+// Many objects converging at once share the progress budget: each one's
+// interval grows with their number; one that settles, or is forgotten, no
+// longer counts, and one long silent stops counting.
+func TestCoalesceProgressBudget(t *testing.T) {
+	var w coalesceWrites
+	t0 := time.Now()
+	key := func(i int) types.NamespacedName { return types.NamespacedName{Namespace: "ns", Name: fmt.Sprint(i)} }
+	for i := range ProgressBudget {
+		if d := w.waitProgress(key(i), t0); d != CoalesceInterval {
+			t.Fatalf("object %d of %d converging: wait %s, want %s", i+1, ProgressBudget, d, CoalesceInterval)
+		}
+	}
+	n := 4 * ProgressBudget
+	for i := ProgressBudget; i < n; i++ {
+		w.waitProgress(key(i), t0)
+	}
+	if d := w.waitProgress(key(0), t0); d != 4*CoalesceInterval {
+		t.Fatalf("%d converging, held since now: wait %s, want %s", n, d, 4*CoalesceInterval)
+	}
+	if d := w.waitProgress(key(0), t0.Add(CoalesceInterval)); d != 3*CoalesceInterval {
+		t.Fatalf("%d converging, held an interval ago: wait %s, want %s", n, d, 3*CoalesceInterval)
+	}
+	w.wrote(key(0))
+	if d := w.waitProgress(key(0), time.Now()); d <= 3*CoalesceInterval || d > 4*CoalesceInterval {
+		t.Fatalf("%d converging, just written: wait %s, want about %s", n, d, 4*CoalesceInterval)
+	}
+	for i := range 2 * ProgressBudget {
+		if i%2 == 0 {
+			w.settled(key(i))
+		} else {
+			w.forget(key(i))
+		}
+	}
+	if d := w.waitProgress(key(n-1), t0); d != 2*CoalesceInterval {
+		t.Fatalf("half settled or forgotten: wait %s, want %s", d, 2*CoalesceInterval)
+	}
+	// Those that stopped asking long ago are dropped, and the budget is
+	// the one object's again.
+	late := t0.Add(staleProgress + 2*time.Minute)
+	if d := w.waitProgress(key(n-1), late); d != 0 {
+		t.Fatalf("alone after the others went silent, held long ago: wait %s, want 0", d)
+	}
+	if got := len(w.converging); got != 1 {
+		t.Fatalf("%d objects still counted converging, want 1", got)
 	}
 }
 

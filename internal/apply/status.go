@@ -34,7 +34,9 @@ func CountsOnly(yes bool) StatusOption { return func(s *statusWrite) { s.countsO
 // until CoalesceInterval has passed since the object's last status write,
 // or, for an object whose status this writer has not written, since the
 // first such write was held back. A new object whose pods come up within
-// the interval then gets one status write, not two.
+// the interval then gets one status write, not two. When more than
+// ProgressBudget objects of the writer converge at once, the interval
+// grows with their number.
 func Progress(yes bool) StatusOption { return func(s *statusWrite) { s.progress = yes } }
 
 // Guarded sends obj's resourceVersion with the write, so that it fails
@@ -60,6 +62,9 @@ func (w *Writer) Status(ctx context.Context, obj client.Object, old, want any, o
 		return 0, err
 	}
 	key := client.ObjectKeyFromObject(obj)
+	if !s.progress {
+		w.statuses.settled(key)
+	}
 	if equality.Semantic.DeepEqual(old, want) {
 		count(gvk.Kind, w.fieldOwner, "status", "skipped")
 		return 0, nil
