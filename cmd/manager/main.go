@@ -17,7 +17,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/debug"
+	"strings"
 
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -95,6 +97,17 @@ func setGCPercent(getenv func(string) string) {
 	}
 }
 
+// setMemProfileRate turns the heap profiler's sampling off when nothing
+// can read its profile: with --pprof-bind-address off (the default) the
+// samples' hash table and stack buckets (1.5-2 MiB resident at 100
+// RayClusters) are memory no one uses. GODEBUG=memprofilerate, when set,
+// is kept.
+func setMemProfileRate(pprofAddr string, getenv func(string) string) {
+	if (pprofAddr == "" || pprofAddr == "0") && !strings.Contains(getenv("GODEBUG"), "memprofilerate=") {
+		runtime.MemProfileRate = 0
+	}
+}
+
 func runManager(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("loom manager", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -119,6 +132,7 @@ func runManager(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	log := ctrl.Log.WithName("setup")
 	log.Info("loom manager", "version", manager.Version())
 	setGCPercent(os.Getenv)
+	setMemProfileRate(opts.PprofAddr, os.Getenv)
 
 	cfg, err := common.RestConfig()
 	if err != nil {

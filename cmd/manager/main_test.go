@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os/exec"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -55,6 +56,32 @@ func TestManagerGCPercent(t *testing.T) {
 	setGCPercent(func(k string) string { return map[string]string{"GOGC": "150"}[k] })
 	if got := debug.SetGCPercent(100); got != 150 {
 		t.Errorf("GOGC=150: GC percent %d, want 150 kept", got)
+	}
+}
+
+// Heap-profile sampling is off unless the pprof endpoint is on or GODEBUG
+// sets a rate.
+func TestManagerMemProfileRate(t *testing.T) {
+	defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
+	none := func(string) string { return "" }
+	for _, tt := range []struct {
+		addr, godebug string
+		want          int
+	}{
+		{"", "", 0},
+		{"0", "", 0},
+		{"127.0.0.1:6060", "", 512 * 1024},
+		{"", "memprofilerate=1", 512 * 1024},
+	} {
+		runtime.MemProfileRate = 512 * 1024
+		getenv := none
+		if tt.godebug != "" {
+			getenv = func(k string) string { return map[string]string{"GODEBUG": tt.godebug}[k] }
+		}
+		setMemProfileRate(tt.addr, getenv)
+		if runtime.MemProfileRate != tt.want {
+			t.Errorf("pprof %q, GODEBUG %q: MemProfileRate %d, want %d", tt.addr, tt.godebug, runtime.MemProfileRate, tt.want)
+		}
 	}
 }
 
