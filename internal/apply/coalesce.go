@@ -11,8 +11,9 @@ package apply
 // Progress also shares a budget across the writer's objects: when many
 // converge at once (a fleet of new RayClusters), each object's progress is
 // reported less often, so that the writer sends at most ProgressBudget
-// progress writes per CoalesceInterval however many objects converge;
-// verdicts are still written at once.
+// progress writes per CoalesceInterval, until no object's progress would
+// be more than maxProgressInterval old; verdicts are still written at
+// once.
 
 import (
 	"sync"
@@ -30,8 +31,12 @@ const CoalesceInterval = 2 * time.Second
 // ProgressBudget is how many objects one writer reports progress of per
 // CoalesceInterval: with more converging at once, each object's progress
 // interval grows in proportion (100 new objects: one progress write each
-// per 6.25 s at most; 1,000: per minute).
+// per 6.25 s at most), up to maxProgressInterval (from 960 objects on).
 const ProgressBudget = 32
+
+// maxProgressInterval bounds the progress interval however many objects
+// converge: a converging object's status is at most this old.
+const maxProgressInterval = time.Minute
 
 // staleProgress is how long an object that stopped asking for progress
 // writes, without a verdict or a forget, still counts as converging.
@@ -89,8 +94,8 @@ func (w *coalesceWrites) waitProgress(key types.NamespacedName, now time.Time) t
 
 // progressInterval counts key as converging and returns the least time
 // between two progress writes of one object: CoalesceInterval, times the
-// objects converging over ProgressBudget when there are more. w.mu is
-// held.
+// objects converging over ProgressBudget when there are more, up to
+// maxProgressInterval. w.mu is held.
 func (w *coalesceWrites) progressInterval(key types.NamespacedName, now time.Time) time.Duration {
 	if w.converging == nil {
 		w.converging = map[types.NamespacedName]time.Time{}
@@ -108,7 +113,7 @@ func (w *coalesceWrites) progressInterval(key types.NamespacedName, now time.Tim
 	if n <= ProgressBudget {
 		return CoalesceInterval
 	}
-	return CoalesceInterval * time.Duration(n) / ProgressBudget
+	return min(CoalesceInterval*time.Duration(n)/ProgressBudget, maxProgressInterval)
 }
 
 // settled records that key's status asked for a write that is not
