@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	"github.com/loom-dev/loom/internal/apply"
@@ -134,7 +135,11 @@ func setCond(st *rayv1.RayClusterStatus, t string, s metav1.ConditionStatus, rea
 // pass is one decision in the making: the cluster (normalized), what was
 // observed, its live pods by group and the decision so far.
 type pass struct {
-	ctx context.Context // KubeRay's builders log through it
+	// ctx is what KubeRay's builders log through. They log each pod they
+	// build at info (three lines a pod, the whole ray start command), which
+	// is debug detail here: it goes one verbosity down, seen with
+	// --log-level=debug. Their errors still log.
+	ctx context.Context
 	rc  *rayv1.RayCluster
 	obs observed
 	// sched is the cluster's gang scheduler.
@@ -187,7 +192,7 @@ var phases = []func(*pass) bool{
 // decide computes the cluster's next pods and status from what was observed.
 // rc is normalized (defaults filled in).
 func decide(ctx context.Context, rc *rayv1.RayCluster, obs observed, sched string) decision {
-	p := &pass{ctx: ctx, rc: rc, obs: obs, sched: sched, d: decision{status: *rc.Status.DeepCopy()}}
+	p := &pass{ctx: log.IntoContext(ctx, log.FromContext(ctx).V(1)), rc: rc, obs: obs, sched: sched, d: decision{status: *rc.Status.DeepCopy()}}
 	for _, phase := range phases {
 		if phase(p) {
 			break

@@ -6,10 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // A steady cluster: decide creates and removes nothing.
@@ -160,4 +162,26 @@ func TestNoRayStartParams(t *testing.T) {
 	n := normalized(rc)
 	_ = buildHeadPod(ctx, n, "")
 	_ = buildWorkerPod(ctx, n, &n.Spec.WorkerGroupSpecs[0], "")
+}
+
+// KubeRay's builders log every pod they build at info; a pass that builds
+// pods logs them one verbosity down, so the manager's info log stays a
+// log of what happened, not of every ray start command.
+func TestDecideBuildersLogAtDebug(t *testing.T) {
+	var lines []string
+	sink := funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{Verbosity: 0})
+	ctx := log.IntoContext(context.Background(), sink)
+	rc := normalized(sample(t, "ray-cluster.sample.yaml", "unit"))
+	rc.UID = "u1"
+	if d := decide(ctx, rc, observed{now: time.Now()}, "none"); len(d.create) != 2 {
+		t.Fatalf("first pass creates %d", len(d.create))
+	}
+	if len(lines) != 0 {
+		t.Fatalf("building 2 pods logged %d lines at info, first %s", len(lines), lines[0])
+	}
+	sink = funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{Verbosity: 1})
+	decide(log.IntoContext(context.Background(), sink), rc, observed{now: time.Now()}, "none")
+	if len(lines) == 0 {
+		t.Fatal("at debug verbosity the builders' lines are gone too")
+	}
 }

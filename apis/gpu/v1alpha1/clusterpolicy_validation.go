@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -57,10 +58,13 @@ var KernelModuleTypes = []string{"auto", "open", "proprietary"}
 // CEL rule).
 const MaxSelectorLength = 1024
 
+// The patterns compile on first use: the selector grammar alone is about
+// 600 KB of compiled program, and a manager that never validates a
+// ClusterPolicy (a Ray-only one) should not carry it.
 var (
-	labelSelectorRE = regexp.MustCompile(LabelSelectorPattern)
-	driverVersionRE = regexp.MustCompile(DriverVersionPattern)
-	percentRE       = regexp.MustCompile(`^(100|[1-9][0-9]?)%$`)
+	labelSelectorRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(LabelSelectorPattern) })
+	driverVersionRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(DriverVersionPattern) })
+	percentRE       = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^(100|[1-9][0-9]?)%$`) })
 )
 
 // ParseSelector parses a label selector as the policy's pod selectors are
@@ -74,7 +78,7 @@ func ParseSelector(s string) (labels.Selector, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !labelSelectorRE.MatchString(s) {
+	if !labelSelectorRE().MatchString(s) {
 		// labels.Parse ends its input at a NUL byte; the API server's rule
 		// does not.
 		return nil, fmt.Errorf("not a label selector (e.g. app=training,tier in (gpu))")
@@ -87,7 +91,7 @@ func ParseSelector(s string) (labels.Selector, error) {
 func (s *ClusterPolicySpec) Validate() field.ErrorList {
 	spec := field.NewPath("spec")
 	errs := s.Driver.UpgradePolicy.Validate(spec.Child("driver", "upgradePolicy"))
-	if v := s.Driver.Image.Version; v != "" && !driverVersionRE.MatchString(v) {
+	if v := s.Driver.Image.Version; v != "" && !driverVersionRE().MatchString(v) {
 		errs = append(errs, field.Invalid(spec.Child("driver", "image", "version"), v,
 			"must be a driver version such as 570.172.08 or 550.54.15, optionally with a suffix such as -ubuntu22.04"))
 	}
@@ -161,7 +165,7 @@ func maxUnavailableError(u intstr.IntOrString) string {
 			return why
 		}
 	case intstr.String:
-		if !percentRE.MatchString(u.StrVal) {
+		if !percentRE().MatchString(u.StrVal) {
 			return why
 		}
 	default:

@@ -1,0 +1,20 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	_ "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	_ "sigs.k8s.io/controller-runtime"
+	_ "sigs.k8s.io/controller-runtime/pkg/manager"
+)
+
+func main() {
+	b, _ := os.ReadFile("/proc/self/status")
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "Rss") {
+			fmt.Println(l)
+		}
+	}
+}
