@@ -14,8 +14,8 @@ import (
 // CompareConfig sizes the comparison (`make bench`): Loom side by side with
 // the upstream operators it replaces, each contender on a fresh simulated
 // cluster of the same nodes with the same objects.
-//   - raycluster: Clusters RayClusters of 1 head + 3 workers on as many
-//     nodes, KubeRay's operator against Loom's manager with only its
+//   - raycluster: Clusters RayClusters of 1 head + 3 workers on Nodes
+//     nodes (as many as clusters by default), KubeRay's operator against Loom's manager with only its
 //     raycluster controller;
 //   - gang: a job of 1 master + GangPods-1 workers (1 GPU each) on
 //     GangPods/8 8-GPU nodes, Kubeflow's Training Operator (a PyTorchJob)
@@ -29,6 +29,8 @@ import (
 // warm machine.
 type CompareConfig struct {
 	Clusters, GangPods, Reps int
+	// Nodes is the raycluster scenario's node count; 0: Clusters.
+	Nodes int
 	// Jobs is the jobs scenario's number of jobs; 0: no jobs scenario.
 	Jobs int
 	// Idle is the raycluster scenario's idle window after all are ready.
@@ -62,6 +64,8 @@ func (cfg CompareConfig) Check() error {
 	switch {
 	case cfg.Clusters < 1 || cfg.Reps < 1:
 		return fmt.Errorf("need clusters >= 1 and reps >= 1")
+	case cfg.Nodes < 0:
+		return fmt.Errorf("need nodes >= 0 (0: as many as clusters)")
 	case cfg.GangPods < 2:
 		return fmt.Errorf("need gang-pods >= 2")
 	case cfg.Jobs < 0 || (cfg.Only == "jobs" && cfg.Jobs < 1):
@@ -70,6 +74,14 @@ func (cfg CompareConfig) Check() error {
 		return fmt.Errorf("--only: want raycluster, gang or jobs, got %q", cfg.Only)
 	}
 	return nil
+}
+
+// rayNodes is the raycluster scenario's node count.
+func (cfg CompareConfig) rayNodes() int {
+	if cfg.Nodes > 0 {
+		return cfg.Nodes
+	}
+	return cfg.Clusters
 }
 
 // runs says whether the configuration runs scenario.

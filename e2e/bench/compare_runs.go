@@ -22,7 +22,7 @@ import (
 func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (CompareRun, error) {
 	c, n, ns := env.Cluster, r.Config.Clusters, "bench"
 	var run CompareRun
-	if _, err := c.CreateNodes(ctx, framework.NodeSpec{Prefix: "node", Count: n}); err != nil {
+	if _, err := c.CreateNodes(ctx, framework.NodeSpec{Prefix: "node", Count: r.Config.rayNodes()}); err != nil {
 		return run, err
 	}
 	if err := createNamespace(ctx, c, ns); err != nil {

@@ -187,7 +187,8 @@ func pending(fs *flag.FlagSet) job {
 
 func compare(fs *flag.FlagSet) job {
 	cfg := bench.CompareConfig{}
-	fs.IntVar(&cfg.Clusters, "clusters", 100, "raycluster: RayClusters of 1 head + 3 workers (and as many nodes)")
+	fs.IntVar(&cfg.Clusters, "clusters", 100, "raycluster: RayClusters of 1 head + 3 workers")
+	fs.IntVar(&cfg.Nodes, "nodes", 0, "raycluster: nodes they run on; 0: as many as RayClusters")
 	fs.IntVar(&cfg.GangPods, "gang-pods", 512, "gang: pods of the job (1 master + gang-pods-1 workers, 1 GPU each)")
 	fs.IntVar(&cfg.Jobs, "jobs", 20, "jobs: concurrent jobs of 1 master + 7 workers (1 GPU each, on as many 8-GPU nodes); 0: no jobs scenario")
 	fs.IntVar(&cfg.Reps, "reps", 3, "repetitions (the contenders' order rotates)")
