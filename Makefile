@@ -32,8 +32,8 @@ demo: build ## Run Loom on a local simulated GPU cluster until Ctrl-C.
 	exec $(BIN)/loom-demo --loom $(BIN)/loom
 
 .PHONY: bench
-bench: tools ## Loom vs KubeRay v1.5.0 (CLUSTERS RayClusters, default 100) and vs Training Operator v1.8.1 and the floor (a PODS-pod gang, default 512; JOBS concurrent 1+7 jobs, default 20), REPS repetitions (default 3); one table of ratios; then 500 waiting TrainingJobs while GPUs churn.
-	go run ./e2e/cmd/bench compare --clusters $(or $(CLUSTERS),100) --gang-pods $(or $(PODS),512) --jobs $(or $(JOBS),20) --reps $(or $(REPS),3)
+bench: tools ## Loom vs KubeRay v1.5.0 (CLUSTERS RayClusters, default 100, on NODES nodes, default as many) and vs Training Operator v1.8.1 and the floor (a PODS-pod gang, default 512; JOBS concurrent 1+7 jobs, default 20), REPS repetitions (default 3); one table of ratios; then 500 waiting TrainingJobs while GPUs churn.
+	go run ./e2e/cmd/bench compare --clusters $(or $(CLUSTERS),100) --nodes $(or $(NODES),0) --gang-pods $(or $(PODS),512) --jobs $(or $(JOBS),20) --reps $(or $(REPS),3)
 	go run ./e2e/cmd/bench pending
 
 .PHONY: bench-pending

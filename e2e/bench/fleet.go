@@ -142,6 +142,11 @@ func (r *Report) measureAgents(agents []agentProc) {
 // every RayCluster is ready.
 func (r *Report) runWorkloads(ctx context.Context, env *Env, m *Manager) error {
 	cfg, c, ns := r.Config, env.Cluster, r.Config.Prefix
+	obs, err := env.observe(ctx, ns)
+	if err != nil {
+		return err
+	}
+	defer obs.close()
 	// Whole-node jobs first: 1-GPU gang pods spread over every node would
 	// leave no node with 8 GPUs free (Loom says so on the job).
 	for i := range cfg.SmallJobs {
@@ -150,12 +155,12 @@ func (r *Report) runWorkloads(ctx context.Context, env *Env, m *Manager) error {
 		}
 	}
 	if err := poll(ctx, c, 250*time.Millisecond, 10*time.Minute, func() (bool, string, error) {
-		n, err := countPods(ctx, c, client.InNamespace(ns))
+		n, _, err := obs.pods(ctx)
 		return n >= 2*cfg.SmallJobs, fmt.Sprintf("%d of %d small-job pods created", n, 2*cfg.SmallJobs), err
 	}); err != nil {
 		return err
 	}
-	if err := r.runGang(ctx, env, m); err != nil {
+	if err := r.runGang(ctx, env, m, obs); err != nil {
 		return err
 	}
 	rayStart := time.Now()
@@ -163,7 +168,7 @@ func (r *Report) runWorkloads(ctx context.Context, env *Env, m *Manager) error {
 		return err
 	}
 	if err := poll(ctx, c, 250*time.Millisecond, 10*time.Minute, func() (bool, string, error) {
-		ready, err := readyRayClusters(ctx, c, ns)
+		ready, err := obs.readyRayClusters(ctx)
 		return ready == cfg.RayClusters, fmt.Sprintf("%d of %d RayClusters ready", ready, cfg.RayClusters), err
 	}); err != nil {
 		return err
@@ -187,7 +192,7 @@ func (r *Report) runWorkloads(ctx context.Context, env *Env, m *Manager) error {
 
 // runGang creates the gang and times its pods' creation, and how long the
 // manager's requests waited for its client rate limiter meanwhile.
-func (r *Report) runGang(ctx context.Context, env *Env, m *Manager) error {
+func (r *Report) runGang(ctx context.Context, env *Env, m *Manager, obs *observer) error {
 	cfg, c, ns := r.Config, env.Cluster, r.Config.Prefix
 	// The client's rate limiter records every request's wait.
 	limiter := func() (wait, n float64) {
@@ -202,7 +207,7 @@ func (r *Report) runGang(ctx context.Context, env *Env, m *Manager) error {
 		return err
 	}
 	if err := poll(ctx, c, 250*time.Millisecond, 10*time.Minute, func() (bool, string, error) {
-		n, err := countPods(ctx, c, client.InNamespace(ns), client.MatchingLabels{trainingv1alpha1.LabelJobName: "gang"})
+		n, _, err := obs.pods(ctx, client.MatchingLabels{trainingv1alpha1.LabelJobName: "gang"})
 		return n >= cfg.GangPods, fmt.Sprintf("%d of %d gang pods created", n, cfg.GangPods), err
 	}); err != nil {
 		return err

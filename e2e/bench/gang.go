@@ -6,7 +6,6 @@ import (
 	"io"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -93,13 +92,21 @@ func measureGang(ctx context.Context, env *Env, rel *framework.Release, name, jo
 	}
 	defer m.Stop(20 * time.Second)
 	tj := trainingJob(ns, job, int32(pods-1), "1")
+	obs, err := env.observe(ctx, ns)
+	if err != nil {
+		return r, err
+	}
+	defer obs.close()
+	sel := client.MatchingLabels{trainingv1alpha1.LabelJobName: job}
+	if _, _, err := obs.pods(ctx, sel); err != nil { // its informer starts before the clock
+		return r, err
+	}
 	start := time.Now()
 	if err := c.Client.Create(ctx, tj); err != nil {
 		return r, err
 	}
-	sel := client.MatchingLabels{trainingv1alpha1.LabelJobName: job}
 	if err := poll(ctx, c, 50*time.Millisecond, 10*time.Minute, func() (bool, string, error) {
-		n, err := countPods(ctx, c, client.InNamespace(ns), sel)
+		n, _, err := obs.pods(ctx, sel)
 		return n >= pods, fmt.Sprintf("%s: %d of %d pods created", name, n, pods), err
 	}); err != nil {
 		return r, err
@@ -107,7 +114,7 @@ func measureGang(ctx context.Context, env *Env, rel *framework.Release, name, jo
 	r.Created = time.Since(start)
 	env.Logf("%s: %d pods created after %s", name, pods, round(r.Created))
 	if err := poll(ctx, c, 250*time.Millisecond, 10*time.Minute, func() (bool, string, error) {
-		n, err := runningPods(ctx, c, client.InNamespace(ns), sel)
+		_, n, err := obs.pods(ctx, sel)
 		return n == pods, fmt.Sprintf("%s: %d of %d pods running", name, n, pods), err
 	}); err != nil {
 		return r, err
@@ -121,20 +128,6 @@ func measureGang(ctx context.Context, env *Env, rel *framework.Release, name, jo
 	}
 	r.Requests = after.Since(m.Ready)
 	return r, deleteGang(ctx, c, tj, sel)
-}
-
-func runningPods(ctx context.Context, c *framework.Cluster, opts ...client.ListOption) (int, error) {
-	var list corev1.PodList
-	if err := c.Client.List(ctx, &list, opts...); err != nil {
-		return 0, err
-	}
-	running := 0
-	for _, p := range list.Items {
-		if p.Status.Phase == corev1.PodRunning {
-			running++
-		}
-	}
-	return running, nil
 }
 
 // deleteGang deletes the gang and waits until its pods are gone, freeing

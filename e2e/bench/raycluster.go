@@ -6,8 +6,6 @@ import (
 	"io"
 	"time"
 
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
 	"github.com/loom-dev/loom/e2e/framework"
 )
 
@@ -67,14 +65,25 @@ func RunRayClusters(ctx context.Context, env *Env, cfg RayConfig) (*RayReport, e
 // to all ready.
 func (r *RayReport) waitReady(ctx context.Context, env *Env, ns string) error {
 	c, n := env.Cluster, r.Config.Clusters
+	obs, err := env.observe(ctx, ns)
+	if err != nil {
+		return err
+	}
+	defer obs.close()
+	if _, err := obs.readyRayClusters(ctx); err != nil { // its informer starts before the clock
+		return err
+	}
+	if _, _, err := obs.pods(ctx); err != nil {
+		return err
+	}
 	start := time.Now()
 	if err := createRayClusters(ctx, c, ns, n); err != nil {
 		return err
 	}
 	env.Logf("%d RayClusters created (by this program) after %s", n, round(time.Since(start)))
-	err := poll(ctx, c, 250*time.Millisecond, 15*time.Minute, func() (bool, string, error) {
+	err = poll(ctx, c, 250*time.Millisecond, 15*time.Minute, func() (bool, string, error) {
 		if r.PodsCreated == 0 {
-			pods, err := countPods(ctx, c, client.InNamespace(ns))
+			pods, _, err := obs.pods(ctx)
 			if err != nil {
 				return false, "", err
 			}
@@ -83,7 +92,7 @@ func (r *RayReport) waitReady(ctx context.Context, env *Env, ns string) error {
 				env.Logf("all %d pods created after %s", 4*n, round(r.PodsCreated))
 			}
 		}
-		ready, err := readyRayClusters(ctx, c, ns)
+		ready, err := obs.readyRayClusters(ctx)
 		return ready == n, fmt.Sprintf("%d of %d ready", ready, n), err
 	})
 	r.Ready = time.Since(start)

@@ -65,21 +65,6 @@ func createRayClusters(ctx context.Context, c *framework.Cluster, ns string, n i
 	return parallel(n, func(i int) error { return c.Client.Create(ctx, RayCluster(ns, fmt.Sprintf("rc-%d", i))) })
 }
 
-// readyRayClusters counts the RayClusters of ns whose state is ready.
-func readyRayClusters(ctx context.Context, c *framework.Cluster, ns string) (int, error) {
-	var list rayv1.RayClusterList
-	if err := c.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
-		return 0, err
-	}
-	ready := 0
-	for _, rc := range list.Items {
-		if rc.Status.State == rayv1.Ready {
-			ready++
-		}
-	}
-	return ready, nil
-}
-
 // applyPolicy creates cp and waits until it is Ready on at least gpuNodes
 // GPU nodes, returning how long that took.
 func applyPolicy(ctx context.Context, c *framework.Cluster, cp *gpuv1alpha1.ClusterPolicy, gpuNodes int, timeout time.Duration) (time.Duration, error) {
