@@ -6,6 +6,7 @@ import (
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -26,7 +27,11 @@ type observer struct {
 
 // observe starts an observer of namespace ns; close it when the run ends.
 func (e *Env) observe(ctx context.Context, ns string) (*observer, error) {
-	c, err := cache.New(e.Cluster.Config, cache.Options{
+	// Uncompressed: a watch the API server streams gzipped costs it a
+	// compression of every event, which is no part of what is measured.
+	cfg := rest.CopyConfig(e.Cluster.Config)
+	cfg.DisableCompression = true
+	c, err := cache.New(cfg, cache.Options{
 		Scheme:            e.Cluster.Client.Scheme(),
 		DefaultNamespaces: map[string]cache.Config{ns: {}},
 		DefaultTransform:  cache.TransformStripManagedFields(),
