@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,6 +38,9 @@ type CompareConfig struct {
 	Idle time.Duration
 	// Only runs one scenario ("raycluster", "gang" or "jobs"); empty: all.
 	Only string
+	// Skip leaves these contenders out (their columns and ratios show
+	// "–"): a shorter run while working on one contender.
+	Skip []string
 	// Loom is a loom binary; empty: build ./cmd/manager once.
 	Loom string
 	Logf func(format string, args ...any)
@@ -73,8 +77,16 @@ func (cfg CompareConfig) Check() error {
 	case cfg.Only != "" && cfg.Only != "raycluster" && cfg.Only != "gang" && cfg.Only != "jobs":
 		return fmt.Errorf("--only: want raycluster, gang or jobs, got %q", cfg.Only)
 	}
+	for _, c := range cfg.Skip {
+		if !slices.Contains(allContenders, c) {
+			return fmt.Errorf("--skip: unknown contender %q (want one of %s)", c, strings.Join(allContenders, ", "))
+		}
+	}
 	return nil
 }
+
+// allContenders are every scenario's contenders, as --skip names them.
+var allContenders = []string{contLoom, contLoomAll, contKubeRay, contTO, contFloor}
 
 // rayNodes is the raycluster scenario's node count.
 func (cfg CompareConfig) rayNodes() int {
@@ -196,6 +208,9 @@ func (r *CompareReport) repeat(ctx context.Context, rep int, scenario string, co
 	runs map[string][]CompareRun, measure func(context.Context, *Env, string) (CompareRun, error)) error {
 	for i := range contenders {
 		name := contenders[(i+rep)%len(contenders)]
+		if slices.Contains(r.Config.Skip, name) {
+			continue
+		}
 		run, err := r.onFreshCluster(ctx, name, fmt.Sprintf("%s rep %d/%d %s", scenario, rep+1, r.Config.Reps, name),
 			func(env *Env) (CompareRun, error) { return measure(ctx, env, name) })
 		if err != nil {

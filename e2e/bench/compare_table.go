@@ -264,7 +264,10 @@ func (r *CompareReport) section(t *Table, runs map[string][]CompareRun, contende
 		var gs []string
 		for _, g := range m.goals {
 			verdict := "not met"
-			if g.met(medians[g.ratio]) {
+			switch pair := ratios[g.ratio]; {
+			case len(runs[pair[0]]) == 0 || len(runs[pair[1]]) == 0:
+				verdict = "not run"
+			case g.met(medians[g.ratio]):
 				verdict = "met"
 			}
 			gs = append(gs, fmt.Sprintf("%s/%s %s: %s", shortName(ratios[g.ratio][0]), shortName(ratios[g.ratio][1]), g, verdict))

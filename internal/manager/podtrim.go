@@ -24,10 +24,11 @@ var workloadOwners = []schema.GroupKind{
 // because the inventory counts the GPUs held on every node, but only the
 // pods a TrainingJob or RayCluster controls are read as pods:
 //
-//   - those keep their metadata, node, containers' names, resources and
-//     ports, and their status without images; commands, env, probes,
-//     volumes and security settings are most of a pod's size and nobody
-//     reads them;
+//   - those keep their metadata, node, containers' names, GPU resources
+//     and ports, and their status without images; commands, env, probes,
+//     volumes, security settings and CPU and memory requests are most of a
+//     pod's size and nobody reads them (a status's desired CPU and memory
+//     come from the workload's spec, not its pods);
 //   - every other pod (the operands' DaemonSet pods, the cluster's other
 //     workloads: nearly all of a big cluster's pods) keeps only its name,
 //     node, phase and the GPU resources its containers ask for. The driver upgrade,
@@ -110,7 +111,9 @@ func gpuContainers(cs []corev1.Container) []corev1.Container {
 
 func trimContainers(cs []corev1.Container) []corev1.Container {
 	for i, c := range cs {
-		cs[i] = corev1.Container{Name: c.Name, Resources: c.Resources, RestartPolicy: c.RestartPolicy, Ports: c.Ports}
+		cs[i] = corev1.Container{Name: c.Name, RestartPolicy: c.RestartPolicy, Ports: c.Ports}
+		cs[i].Resources.Requests = inventory.GPUResources(c.Resources.Requests)
+		cs[i].Resources.Limits = inventory.GPUResources(c.Resources.Limits)
 	}
 	return cs
 }

@@ -65,6 +65,9 @@ func TestTrimPodKeepsWhatWorkloadReconcilersRead(t *testing.T) {
 			t.Errorf("%s: container status %+v", owner.Kind, cs)
 		}
 		c := got.Spec.Containers[0]
+		if _, ok := c.Resources.Limits["cpu"]; ok || c.Resources.Limits.Name("nvidia.com/gpu", resource.DecimalSI).Value() != 2 {
+			t.Errorf("%s: resources %v, want only the GPUs", owner.Kind, c.Resources)
+		}
 		if c.Image != "" || c.Command != nil || c.Env != nil || c.LivenessProbe != nil || got.Spec.Affinity != nil ||
 			got.Spec.Volumes != nil || got.Spec.Tolerations != nil ||
 			got.ManagedFields != nil || got.Annotations[lastApplied] != "" || got.Spec.InitContainers[0].Env != nil {

@@ -194,6 +194,10 @@ func compare(fs *flag.FlagSet) job {
 	fs.IntVar(&cfg.Reps, "reps", 3, "repetitions (the contenders' order rotates)")
 	fs.DurationVar(&cfg.Idle, "idle", 30*time.Second, "raycluster: idle window after all are ready")
 	fs.StringVar(&cfg.Only, "only", "", "run one scenario only: raycluster, gang or jobs")
+	fs.Func("skip", `leave a contender out, its columns "–" (repeatable): Loom, "Loom, all controllers", KubeRay, "Training Operator", floor`, func(v string) error {
+		cfg.Skip = append(cfg.Skip, v)
+		return nil
+	})
 	return job{
 		check: func() error { return cfg.Check() },
 		standalone: func(ctx context.Context, up bench.UpOptions) (printer, error) {
