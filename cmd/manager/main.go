@@ -169,6 +169,6 @@ func applyCRDs(ctx context.Context, cfg *rest.Config) error {
 	if err != nil {
 		return err
 	}
-	_, err = manager.EnsureCRDs(ctx, c, manager.Version(), ctrl.Log.WithName("crds"))
+	_, err = manager.EnsureCRDs(ctx, cfg, c, manager.Version(), ctrl.Log.WithName("crds"))
 	return err
 }

@@ -37,7 +37,7 @@ func TestKubeRaysOwnCRDIsLeftAlone(t *testing.T) {
 	if crdinstall.AppliedBy(before, CRDFieldOwner) {
 		t.Fatalf("the test environment's CRD is already applied by %s", CRDFieldOwner)
 	}
-	present, err := crdinstall.Ensure(ctx, env.Client, env.Client, crd, true)
+	present, err := crdinstall.Ensure(ctx, env.Config, env.Client, env.Client, crd, true)
 	if err != nil || !present {
 		t.Fatalf("Ensure: present %v, err %v; want present", present, err)
 	}

@@ -88,7 +88,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	// The manager cannot start a watch on a kind that is not served: make
 	// sure KubeRay's CRD is there first (the manager is not started yet, so
 	// this reads and writes directly).
-	present, err := crdinstall.Ensure(ctx, mgr.GetClient(), mgr.GetAPIReader(), crd, opts.InstallRayCRD)
+	present, err := crdinstall.Ensure(ctx, mgr.GetConfig(), mgr.GetClient(), mgr.GetAPIReader(), crd, opts.InstallRayCRD)
 	if err != nil {
 		return err
 	}

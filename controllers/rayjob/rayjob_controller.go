@@ -92,7 +92,7 @@ type dashFailures struct {
 // Setup registers the RayJob reconciler with the manager.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	log := ctrl.Log.WithName("rayjob")
-	present, err := crdinstall.Ensure(ctx, mgr.GetClient(), mgr.GetAPIReader(), crd, opts.InstallRayCRD)
+	present, err := crdinstall.Ensure(ctx, mgr.GetConfig(), mgr.GetClient(), mgr.GetAPIReader(), crd, opts.InstallRayCRD)
 	if err != nil {
 		return err
 	}

@@ -7,8 +7,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
+	"net/http"
+	"net/url"
+	"path"
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -16,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -54,7 +60,7 @@ type CRD struct {
 // to apply it: these CRDs are about 1 MB of YAML each, which a full read
 // and a parse at every start would turn into some 20 MB of garbage and a
 // megabyte of API traffic for a CRD that is already up to date.
-func Ensure(ctx context.Context, c client.Client, reader client.Reader, crd CRD, install bool) (bool, error) {
+func Ensure(ctx context.Context, cfg *rest.Config, c client.Client, reader client.Reader, crd CRD, install bool) (bool, error) {
 	have, err := ReadMetadata(ctx, reader, crd.Name)
 	switch {
 	case err != nil:
@@ -75,7 +81,7 @@ func Ensure(ctx context.Context, c client.Client, reader client.Reader, crd CRD,
 	if err := apply.NewWriter(c, crd.FieldOwner, apply.Options{}).ApplyFields(ctx, u, true, crd.why()); err != nil {
 		return false, err
 	}
-	if err := WaitEstablished(ctx, reader, crd.Name); err != nil {
+	if err := WaitEstablished(ctx, cfg, crd.Name); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -131,26 +137,77 @@ func Desired(manifest []byte, name string, ann map[string]string) (*unstructured
 }
 
 // WaitEstablished waits, 30 s at most, until every named CRD is
-// Established, so that informers find their kinds served.
-func WaitEstablished(ctx context.Context, reader client.Reader, names ...string) error {
+// Established, so that informers find their kinds served. It reads only
+// each CRD's status conditions: the response's schema (KubeRay's
+// RayCluster CRD carries about 900 KB of it) is scanned past, not decoded,
+// where a typed read decoded some 40 MB of schema objects per poll at a
+// manager's first start.
+func WaitEstablished(ctx context.Context, cfg *rest.Config, names ...string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return err
+	}
+	base, _, err := rest.DefaultServerUrlFor(cfg)
+	if err != nil {
+		return err
+	}
 	for _, name := range names {
-		crd := &apiextensionsv1.CustomResourceDefinition{}
 		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			if err := reader.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
-				return false, client.IgnoreNotFound(err)
-			}
-			for _, cond := range crd.Status.Conditions {
-				if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-					return true, nil
-				}
-			}
-			return false, nil
+			return established(ctx, hc, base.JoinPath("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", name), cfg.UserAgent)
 		})
 		if err != nil {
 			return fmt.Errorf("CRD %s not established: %w", name, err)
 		}
 	}
 	return nil
+}
+
+// crdConditions is the one part of a CRD WaitEstablished decodes.
+type crdConditions struct {
+	Status struct {
+		Conditions []struct {
+			Type   apiextensionsv1.CustomResourceDefinitionConditionType `json:"type"`
+			Status apiextensionsv1.ConditionStatus                       `json:"status"`
+		} `json:"conditions"`
+	} `json:"status"`
+}
+
+// established reads the CRD at u and says whether it is Established (not
+// when it does not exist yet).
+func established(ctx context.Context, hc *http.Client, u *url.URL, userAgent string) (bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return false, err
+	}
+	req.Header.Set("Accept", "application/json")
+	if userAgent != "" {
+		req.Header.Set("User-Agent", userAgent)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		return false, nil
+	case resp.StatusCode != http.StatusOK:
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return false, fmt.Errorf("reading CRD %s: %s: %s", path.Base(u.Path), resp.Status, msg)
+	}
+	var crd crdConditions
+	if err := json.NewDecoder(resp.Body).Decode(&crd); err != nil {
+		return false, fmt.Errorf("reading CRD %s: %w", path.Base(u.Path), err)
+	}
+	for _, c := range crd.Status.Conditions {
+		if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 func (crd CRD) why() string {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -61,7 +62,7 @@ func crdOf(plural string, fields ...string) crdinstall.CRD {
 
 func ensure(t *testing.T, crd crdinstall.CRD, install bool) bool {
 	t.Helper()
-	present, err := crdinstall.Ensure(context.Background(), env.Client, env.Client, crd, install)
+	present, err := crdinstall.Ensure(context.Background(), env.Config, env.Client, env.Client, crd, install)
 	if err != nil {
 		t.Fatalf("Ensure(%s, install=%v): %v", crd.Name, install, err)
 	}
@@ -175,7 +176,7 @@ func TestSomeoneElsesCRDIsLeftAlone(t *testing.T) {
 func TestManifestOfAnotherCRDIsRefused(t *testing.T) {
 	crd := crdOf("mismatches", "a")
 	crd.Manifest = manifest("others", "a")
-	if _, err := crdinstall.Ensure(context.Background(), env.Client, env.Client, crd, true); err == nil {
+	if _, err := crdinstall.Ensure(context.Background(), env.Config, env.Client, env.Client, crd, true); err == nil {
 		t.Fatal("Ensure applied a manifest of another CRD")
 	}
 	for _, name := range []string{crd.Name, "others." + group} {
@@ -231,4 +232,20 @@ func TestLoomsCurrentCopyIsNotRewritten(t *testing.T) {
 func applied(t *testing.T) float64 {
 	t.Helper()
 	return testenv.WritesCounted(t, "CustomResourceDefinition", owner, "apply", "written")
+}
+
+// WaitEstablished reads a CRD's conditions only: one that exists and is
+// served passes, one that does not exist yet is waited for until the
+// context ends, with the CRD named in the error.
+func TestWaitEstablishedReadsConditions(t *testing.T) {
+	ctx := context.Background()
+	if err := crdinstall.WaitEstablished(ctx, env.Config, "trainingjobs.training.loom.dev"); err != nil {
+		t.Fatalf("an installed CRD: %v", err)
+	}
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	err := crdinstall.WaitEstablished(short, env.Config, "absents.example.com")
+	if err == nil || !strings.Contains(err.Error(), "absents.example.com not established") {
+		t.Fatalf("an absent CRD: got %v", err)
+	}
 }

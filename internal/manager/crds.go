@@ -6,6 +6,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	chart "github.com/loom-dev/loom/charts/loom"
@@ -37,7 +38,7 @@ var CRDNames = []string{"clusterpolicies.gpu.loom.dev", "gpunodes.gpu.loom.dev",
 // computed when the manifests were generated; an embedded manifest is read
 // and parsed only to be applied: a start against up-to-date CRDs reads a
 // few kilobytes and touches none of the embedded YAML.
-func EnsureCRDs(ctx context.Context, c client.Client, build string, log logr.Logger) ([]string, error) {
+func EnsureCRDs(ctx context.Context, cfg *rest.Config, c client.Client, build string, log logr.Logger) ([]string, error) {
 	crds, err := chart.CRDs()
 	if err != nil {
 		return nil, fmt.Errorf("embedded CRDs: %w", err)
@@ -73,7 +74,7 @@ func EnsureCRDs(ctx context.Context, c client.Client, build string, log logr.Log
 		log.Info("applied CRD", "crd", crd.Name, "version", build, "previous", previous)
 		applied = append(applied, crd.Name)
 	}
-	return applied, crdinstall.WaitEstablished(ctx, c, applied...)
+	return applied, crdinstall.WaitEstablished(ctx, cfg, applied...)
 }
 
 // crdNeedsApply decides from the installed CRD's annotations and the

@@ -15,11 +15,11 @@ import (
 //	KUBEBUILDER_ASSETS=$(hack/tools/build.sh kube) go test -run '^$' -bench EnsureCRDsCurrent -benchmem ./internal/manager/
 func BenchmarkEnsureCRDsCurrent(b *testing.B) {
 	ctx := context.Background()
-	if _, err := manager.EnsureCRDs(ctx, env.Client, "v0.9.0", logr.Discard()); err != nil {
+	if _, err := manager.EnsureCRDs(ctx, env.Config, env.Client, "v0.9.0", logr.Discard()); err != nil {
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		applied, err := manager.EnsureCRDs(ctx, env.Client, "v0.9.0", logr.Discard())
+		applied, err := manager.EnsureCRDs(ctx, env.Config, env.Client, "v0.9.0", logr.Discard())
 		if err != nil || len(applied) != 0 {
 			b.Fatalf("applied %v: %v", applied, err)
 		}

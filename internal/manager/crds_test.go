@@ -48,7 +48,7 @@ func TestEnsureCRDsUpgradesOlderCRDs(t *testing.T) {
 		t.Fatal("setup: failurePolicy still in the CRD")
 	}
 
-	applied, err := manager.EnsureCRDs(ctx, env.Client, "v0.2.0", logr.Discard())
+	applied, err := manager.EnsureCRDs(ctx, env.Config, env.Client, "v0.2.0", logr.Discard())
 	must(t, err)
 	if !contains(applied, tjCRD) {
 		t.Fatalf("applied %v, want %s among them", applied, tjCRD)
@@ -61,7 +61,7 @@ func TestEnsureCRDsUpgradesOlderCRDs(t *testing.T) {
 		t.Errorf("annotations %v", crd.GetAnnotations())
 	}
 
-	applied, err = manager.EnsureCRDs(ctx, env.Client, "v0.2.0", logr.Discard())
+	applied, err = manager.EnsureCRDs(ctx, env.Config, env.Client, "v0.2.0", logr.Discard())
 	must(t, err)
 	if len(applied) != 0 {
 		t.Errorf("second start applied %v, want nothing", applied)
@@ -70,13 +70,13 @@ func TestEnsureCRDsUpgradesOlderCRDs(t *testing.T) {
 	// A newer release's CRDs (another hash, a higher version) stay.
 	crd.SetAnnotations(map[string]string{manager.AnnotationCRDVersion: "v0.3.0", manager.AnnotationCRDHash: "other"})
 	must(t, env.Client.Update(ctx, crd))
-	applied, err = manager.EnsureCRDs(ctx, env.Client, "v0.2.0", logr.Discard())
+	applied, err = manager.EnsureCRDs(ctx, env.Config, env.Client, "v0.2.0", logr.Discard())
 	must(t, err)
 	if contains(applied, tjCRD) {
 		t.Error("an older build re-applied a newer release's CRD")
 	}
 	// A development build ("dev", no version to compare) applies its own.
-	applied, err = manager.EnsureCRDs(ctx, env.Client, "dev", logr.Discard())
+	applied, err = manager.EnsureCRDs(ctx, env.Config, env.Client, "dev", logr.Discard())
 	must(t, err)
 	if !contains(applied, tjCRD) {
 		t.Errorf("dev build applied %v, want %s", applied, tjCRD)
