@@ -475,7 +475,7 @@ func TestGPUNodeAdmissionPolicyOnAPIServer(t *testing.T) {
 	if len(keep) != 2 {
 		t.Fatalf("chart rendered %d admission objects, want the policy and its binding", len(keep))
 	}
-	if err := testenv.Apply(ctx, env.Client, append(keep, gpuNodeWriterRBAC()...)); err != nil {
+	if err := testenv.Apply(ctx, env.Config, env.Client, append(keep, gpuNodeWriterRBAC()...)); err != nil {
 		t.Fatal(err)
 	}
 	agentA, agentB := impersonate(t, env.Config, agentUser, "node-a"), impersonate(t, env.Config, agentUser, "node-b")

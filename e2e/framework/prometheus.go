@@ -90,7 +90,7 @@ func (c *Cluster) replaceCRDs(ctx context.Context, crds []*unstructured.Unstruct
 		}
 		names = append(names, crd.GetName())
 	}
-	return testenv.WaitForCRDs(ctx, c.Client, names...)
+	return testenv.WaitForCRDs(ctx, c.Config, names...)
 }
 
 // PrometheusConfig returns the Prometheus configuration (YAML) that the

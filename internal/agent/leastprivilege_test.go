@@ -46,7 +46,7 @@ func installAgentPolicy(t *testing.T) {
 	if len(keep) != 5 {
 		t.Fatalf("chart rendered %d node-agent objects besides the DaemonSet, want 5", len(keep))
 	}
-	if err := testenv.Apply(ctx, env.Client, keep); err != nil {
+	if err := testenv.Apply(ctx, env.Config, env.Client, keep); err != nil {
 		t.Fatal(err)
 	}
 }

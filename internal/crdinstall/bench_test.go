@@ -20,11 +20,7 @@ import (
 //
 //	KUBEBUILDER_ASSETS=$(hack/tools/build.sh kube) go test -run '^$' -bench EnsureCurrent -benchmem ./internal/crdinstall/
 func BenchmarkEnsureCurrent(b *testing.B) {
-	manifest, err := os.ReadFile("../../controllers/raycluster/crd/ray.io_rayclusters.yaml")
-	if err != nil {
-		b.Fatal(err)
-	}
-	crd := crdinstall.CRD{Name: "rayclusters.ray.io", Manifest: manifest, FieldOwner: owner}
+	crd := rayClusterCRD(b)
 	ctx := context.Background()
 	if _, err := crdinstall.Ensure(ctx, env.Config, env.Client, env.Client, crd, true); err != nil {
 		b.Fatal(err)
@@ -42,11 +38,7 @@ func BenchmarkEnsureCurrent(b *testing.B) {
 //
 //	KUBEBUILDER_ASSETS=$(hack/tools/build.sh kube) go test -run '^$' -bench EnsureInstall -benchmem ./internal/crdinstall/
 func BenchmarkEnsureInstall(b *testing.B) {
-	manifest, err := os.ReadFile("../../controllers/raycluster/crd/ray.io_rayclusters.yaml")
-	if err != nil {
-		b.Fatal(err)
-	}
-	crd := crdinstall.CRD{Name: "rayclusters.ray.io", Manifest: manifest, FieldOwner: owner}
+	crd := rayClusterCRD(b)
 	ctx := context.Background()
 	for b.Loop() {
 		b.StopTimer()
@@ -71,4 +63,13 @@ func deleteCRD(ctx context.Context, b *testing.B, name string) {
 	if err != nil {
 		b.Fatal(err)
 	}
+}
+
+// rayClusterCRD is KubeRay's RayCluster CRD as Loom carries it.
+func rayClusterCRD(b *testing.B) crdinstall.CRD {
+	manifest, err := os.ReadFile("../../controllers/raycluster/crd/ray.io_rayclusters.yaml")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return crdinstall.CRD{Name: "rayclusters.ray.io", Manifest: manifest, FieldOwner: owner}
 }

@@ -156,7 +156,7 @@ func TestSomeoneElsesCRDIsLeftAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The API server's own status writes (Established) come first.
-	if err := testenv.WaitForCRDs(context.Background(), env.Client, theirs.Name); err != nil {
+	if err := testenv.WaitForCRDs(context.Background(), env.Config, theirs.Name); err != nil {
 		t.Fatal(err)
 	}
 	before := get(t, theirs.Name).ResourceVersion
@@ -219,7 +219,7 @@ func TestLoomsCurrentCopyIsNotRewritten(t *testing.T) {
 	if err := env.Client.Apply(context.Background(), client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(owner), client.ForceOwnership); err != nil {
 		t.Fatal(err)
 	}
-	if err := testenv.WaitForCRDs(context.Background(), env.Client, legacy.Name); err != nil {
+	if err := testenv.WaitForCRDs(context.Background(), env.Config, legacy.Name); err != nil {
 		t.Fatal(err)
 	}
 	ensure(t, legacy, true)

@@ -61,7 +61,7 @@ func StartWithout(ctx context.Context, groups ...string) (*Env, error) {
 	}
 	objs, err := ReadManifests(CRDPaths(root)...)
 	if err == nil {
-		err = Apply(ctx, e.Client, crdsWhere(objs, func(g string) bool { return !slices.Contains(groups, g) }))
+		err = Apply(ctx, e.Config, e.Client, crdsWhere(objs, func(g string) bool { return !slices.Contains(groups, g) }))
 	}
 	if err != nil {
 		_ = te.Stop()
@@ -78,14 +78,14 @@ func (e *Env) InstallCRDs(ctx context.Context, groups ...string) error {
 		return err
 	}
 	objs = crdsWhere(objs, func(g string) bool { return slices.Contains(groups, g) })
-	if err := Apply(ctx, e.Client, objs); err != nil {
+	if err := Apply(ctx, e.Config, e.Client, objs); err != nil {
 		return err
 	}
 	names := make([]string, 0, len(objs))
 	for _, o := range objs {
 		names = append(names, o.GetName())
 	}
-	return WaitForCRDs(ctx, e.Client, names...)
+	return WaitForCRDs(ctx, e.Config, names...)
 }
 
 func crdsWhere(objs []*unstructured.Unstructured, keep func(group string) bool) []*unstructured.Unstructured {

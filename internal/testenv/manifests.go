@@ -11,13 +11,13 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"time"
 
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/loom-dev/loom/internal/crdinstall"
 )
 
 // FieldOwner is the server-side-apply field manager of objects the harness
@@ -80,7 +80,7 @@ func ReadManifests(paths ...string) ([]*unstructured.Unstructured, error) {
 // Apply server-side applies the objects (CRDs of ~1 MB included, which a
 // client-side apply cannot store) and, for CRDs, waits until they are
 // established.
-func Apply(ctx context.Context, c client.Client, objs []*unstructured.Unstructured) error {
+func Apply(ctx context.Context, cfg *rest.Config, c client.Client, objs []*unstructured.Unstructured) error {
 	var crds []string
 	for _, u := range objs {
 		if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
@@ -90,30 +90,12 @@ func Apply(ctx context.Context, c client.Client, objs []*unstructured.Unstructur
 			crds = append(crds, u.GetName())
 		}
 	}
-	return WaitForCRDs(ctx, c, crds...)
+	return WaitForCRDs(ctx, cfg, crds...)
 }
 
-// WaitForCRDs waits, 30 s at most, until each named CRD is Established
-// (a typed read: the manager's lean wait is crdinstall.WaitEstablished).
-func WaitForCRDs(ctx context.Context, c client.Client, names ...string) error {
-	for _, name := range names {
-		crd := &apiextensionsv1.CustomResourceDefinition{}
-		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			if err := c.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
-				return false, client.IgnoreNotFound(err)
-			}
-			for _, cond := range crd.Status.Conditions {
-				if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-					return true, nil
-				}
-			}
-			return false, nil
-		})
-		if err != nil {
-			return fmt.Errorf("CRD %s not established: %w", name, err)
-		}
-	}
-	return nil
+// WaitForCRDs waits, 30 s at most, until each named CRD is Established.
+func WaitForCRDs(ctx context.Context, cfg *rest.Config, names ...string) error {
+	return crdinstall.WaitEstablished(ctx, cfg, names...)
 }
 
 // CRDPaths are the directories holding every CRD the reconcilers need: Loom's
