@@ -92,11 +92,10 @@ manifests: ## Generate CRDs and RBAC into the chart, and the third-party CRDs te
 	cp "$$(go list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)/config/crd/bases/ray.io_rayclusters.yaml" $(EXTERNAL_CRDS)/
 	cp "$$(go list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)/config/crd/bases/ray.io_rayjobs.yaml" $(EXTERNAL_CRDS)/
 	chmod 644 $(EXTERNAL_CRDS)/*.yaml
-	cp $(EXTERNAL_CRDS)/ray.io_rayclusters.yaml controllers/raycluster/crd/ray.io_rayclusters.yaml
-	mkdir -p controllers/rayjob/crd && cp $(EXTERNAL_CRDS)/ray.io_rayjobs.yaml controllers/rayjob/crd/ray.io_rayjobs.yaml
-	go run ./hack/crdhash -pkg chart -out charts/loom/crdhash_generated.go charts/loom/crds/*.yaml
-	go run ./hack/crdhash -pkg raycluster -out controllers/raycluster/crdhash_generated.go controllers/raycluster/crd/*.yaml
-	go run ./hack/crdhash -pkg rayjob -out controllers/rayjob/crdhash_generated.go controllers/rayjob/crd/*.yaml
+	rm -rf internal/manager/crds controllers/raycluster/crd controllers/rayjob/crd
+	go run ./hack/crdpack -pkg manager -out internal/manager/crdhash_generated.go -dir internal/manager/crds charts/loom/crds/*.yaml
+	go run ./hack/crdpack -pkg raycluster -out controllers/raycluster/crdhash_generated.go -dir controllers/raycluster/crd $(EXTERNAL_CRDS)/ray.io_rayclusters.yaml
+	go run ./hack/crdpack -pkg rayjob -out controllers/rayjob/crdhash_generated.go -dir controllers/rayjob/crd $(EXTERNAL_CRDS)/ray.io_rayjobs.yaml
 
 .PHONY: verify
 verify: generate manifests ## Fail when generated files or go.mod are stale.

@@ -13,13 +13,13 @@ const CRDName = "rayclusters.ray.io"
 const CRDFieldOwner = "loom-ray-crd"
 
 // rayClusterCRD is KubeRay's RayCluster CRD from the ray-operator module
-// Loom builds against (copied by make manifests).
+// Loom builds against, packed by make manifests (crdinstall.Pack).
 //
-//go:embed crd/ray.io_rayclusters.yaml
+//go:embed crd/ray.io_rayclusters.json.gz
 var rayClusterCRD []byte
 
 // crd is the RayCluster CRD as Loom installs it (crdinstall.Ensure): when
 // absent, re-applied when Loom applied it before, left alone when it is a
 // KubeRay install's.
-var crd = crdinstall.CRD{Name: CRDName, Manifest: rayClusterCRD, ManifestHash: crdHashes["ray.io_rayclusters.yaml"], FieldOwner: CRDFieldOwner,
+var crd = crdinstall.CRD{Name: CRDName, Packed: rayClusterCRD, ManifestHash: crdHashes["ray.io_rayclusters"], FieldOwner: CRDFieldOwner,
 	Why: "install or upgrade KubeRay's CRD"}

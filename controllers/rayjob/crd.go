@@ -10,11 +10,11 @@ import (
 const CRDName = "rayjobs.ray.io"
 
 // rayJobCRD is KubeRay's RayJob CRD from the ray-operator module Loom
-// builds against (copied by make manifests).
+// builds against, packed by make manifests (crdinstall.Pack).
 //
-//go:embed crd/ray.io_rayjobs.yaml
+//go:embed crd/ray.io_rayjobs.json.gz
 var rayJobCRD []byte
 
 // crd is the RayJob CRD as Loom installs it: under the field owner of the
 // RayCluster CRD, so both are Loom's in the same way.
-var crd = crdinstall.CRD{Name: CRDName, Manifest: rayJobCRD, ManifestHash: crdHashes["ray.io_rayjobs.yaml"], FieldOwner: "loom-ray-crd"}
+var crd = crdinstall.CRD{Name: CRDName, Packed: rayJobCRD, ManifestHash: crdHashes["ray.io_rayjobs"], FieldOwner: "loom-ray-crd"}

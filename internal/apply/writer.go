@@ -231,6 +231,25 @@ func (w *Writer) ApplyFields(ctx context.Context, obj *unstructured.Unstructured
 	return nil
 }
 
+// ApplyRaw applies body, the whole manifest of obj's kind and name as JSON,
+// server-side and forced, as the writer's field owner; obj receives the
+// response (a PartialObjectMetadata reads back only metadata). For
+// manifests too large to hold as objects: third-party CRDs.
+func (w *Writer) ApplyRaw(ctx context.Context, obj client.Object, body []byte, why string) error {
+	gvk, err := apiutil.GVKForObject(obj, w.c.Scheme())
+	if err != nil {
+		return err
+	}
+	key := client.ObjectKeyFromObject(obj)
+	log.FromContext(ctx).V(1).Info("apply", "kind", gvk.Kind, "object", key, "fieldOwner", w.fieldOwner, "why", why)
+	if err := w.c.Patch(ctx, obj, client.RawPatch(types.ApplyPatchType, body), client.FieldOwner(w.fieldOwner), client.ForceOwnership); err != nil {
+		count(gvk.Kind, w.fieldOwner, "apply", "error")
+		return fmt.Errorf("applying %s %s: %w", gvk.Kind, key, err)
+	}
+	count(gvk.Kind, w.fieldOwner, "apply", "written")
+	return nil
+}
+
 // Patch sends patch for obj, an object Loom does not own (a Node it
 // cordons and marks with its upgrade state), counted and logged like every
 // other write. A merge patch leaves the fields it does not name to their

@@ -4,13 +4,15 @@
 package crdinstall
 
 import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
 	"net/url"
 	"path"
@@ -19,8 +21,8 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -36,11 +38,13 @@ const AnnotationHash = "loom.dev/crd-hash"
 type CRD struct {
 	// Name is the CRD's name (plural.group).
 	Name string
-	// Manifest is its YAML, as copied from the module Loom builds against.
-	Manifest []byte
-	// ManifestHash is Hash(Manifest), computed when the manifest was
-	// copied (hack/crdhash), so that a start that finds the CRD current
-	// never reads the manifest; empty: computed from Manifest.
+	// Packed is its manifest as Loom embeds it (Pack): the JSON of the
+	// YAML copied from the module Loom builds against, compacted and
+	// gzipped, about a fiftieth of the YAML's size.
+	Packed []byte
+	// ManifestHash is the manifest's Hash, computed when it was packed
+	// (hack/crdpack), so that a start that finds the CRD current never
+	// unpacks it; empty: computed from Packed.
 	ManifestHash string
 	// FieldOwner is the field manager Loom applies it as.
 	FieldOwner string
@@ -56,10 +60,8 @@ type CRD struct {
 // upgrade upgrades it; present and someone else's, it is left alone. It
 // returns whether the CRD exists (and is established) afterwards.
 //
-// The check reads the CRD's metadata only, and the manifest is parsed only
-// to apply it: these CRDs are about 1 MB of YAML each, which a full read
-// and a parse at every start would turn into some 20 MB of garbage and a
-// megabyte of API traffic for a CRD that is already up to date.
+// The check reads the CRD's metadata only, and the manifest is unpacked
+// only to apply it (Apply).
 func Ensure(ctx context.Context, cfg *rest.Config, c client.Client, reader client.Reader, crd CRD, install bool) (bool, error) {
 	have, err := ReadMetadata(ctx, reader, crd.Name)
 	switch {
@@ -74,11 +76,7 @@ func Ensure(ctx context.Context, cfg *rest.Config, c client.Client, reader clien
 	case have.GetAnnotations()[AnnotationHash] == crd.Hash():
 		return true, nil // this very manifest, applied before
 	}
-	u, err := Desired(crd.Manifest, crd.Name, map[string]string{AnnotationHash: crd.Hash()})
-	if err != nil {
-		return false, err
-	}
-	if err := apply.NewWriter(c, crd.FieldOwner, apply.Options{}).ApplyFields(ctx, u, true, crd.why()); err != nil {
+	if err := Apply(ctx, c, crd, map[string]string{AnnotationHash: crd.Hash()}); err != nil {
 		return false, err
 	}
 	if err := WaitEstablished(ctx, cfg, crd.Name); err != nil {
@@ -88,12 +86,16 @@ func Ensure(ctx context.Context, cfg *rest.Config, c client.Client, reader clien
 }
 
 // Hash is the manifest's content hash, as the loom.dev/crd-hash annotation
-// carries it.
+// carries it; empty when Packed does not unpack (Apply says why).
 func (crd CRD) Hash() string {
 	if crd.ManifestHash != "" {
 		return crd.ManifestHash
 	}
-	return Hash(crd.Manifest)
+	manifest, err := Unpack(crd.Packed)
+	if err != nil {
+		return ""
+	}
+	return Hash(manifest)
 }
 
 // Hash is a manifest's content hash: the first 8 bytes of its SHA-256, in
@@ -107,7 +109,7 @@ func Hash(manifest []byte) string {
 // field managers, not its schema); nil when there is no such CRD.
 func ReadMetadata(ctx context.Context, reader client.Reader, name string) (*metav1.PartialObjectMetadata, error) {
 	have := &metav1.PartialObjectMetadata{}
-	have.SetGroupVersionKind(apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefinition"))
+	have.SetGroupVersionKind(crdGVK)
 	if err := reader.Get(ctx, client.ObjectKey{Name: name}, have); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, nil
@@ -117,23 +119,115 @@ func ReadMetadata(ctx context.Context, reader client.Reader, name string) (*meta
 	return have, nil
 }
 
-// Desired is the embedded manifest as it is applied: parsed, checked to be
-// the CRD name, with ann added to its annotations.
-func Desired(manifest []byte, name string, ann map[string]string) (*unstructured.Unstructured, error) {
-	u := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal(manifest, &u.Object); err != nil {
-		return nil, fmt.Errorf("embedded CRD %s: %w", name, err)
+var crdGVK = apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefinition")
+
+// manifest is a CRD manifest as Pack keeps it: the spec is carried as
+// bytes, never decoded, so that applying KubeRay's RayCluster CRD (about
+// 900 KB of YAML, 280 KB of JSON) costs a few copies of its JSON instead
+// of the 30 MB of maps and strings a parse into an object made.
+type manifest struct {
+	APIVersion string          `json:"apiVersion"`
+	Kind       string          `json:"kind"`
+	Metadata   map[string]any  `json:"metadata"`
+	Spec       json.RawMessage `json:"spec"`
+}
+
+// Pack is a CRD manifest (YAML or JSON) as Loom embeds it, and its Hash: its
+// apiVersion, kind, metadata and spec as compact JSON, gzipped. A manifest
+// that is not a CustomResourceDefinition, or has other top-level fields
+// (a status), is refused.
+func Pack(yamlManifest []byte) (packed []byte, hash string, err error) {
+	docs := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(yamlManifest)))
+	for n := 0; ; {
+		doc, err := docs.Read()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, "", err
+		}
+		if len(bytes.TrimSpace(doc)) > 0 {
+			if n++; n > 1 {
+				return nil, "", fmt.Errorf("more than one YAML document: one CRD a manifest")
+			}
+		}
 	}
-	if u.GetName() != name {
-		return nil, fmt.Errorf("embedded CRD is %q, want %q", u.GetName(), name)
+	raw, err := yaml.YAMLToJSON(yamlManifest)
+	if err != nil {
+		return nil, "", err
 	}
-	all := u.GetAnnotations()
+	var m manifest
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return nil, "", fmt.Errorf("not a CRD manifest: %w", err)
+	}
+	if m.APIVersion != crdGVK.GroupVersion().String() || m.Kind != crdGVK.Kind {
+		return nil, "", fmt.Errorf("manifest is a %s %s, want %s", m.APIVersion, m.Kind, crdGVK)
+	}
+	compact, err := json.Marshal(m)
+	if err != nil {
+		return nil, "", err
+	}
+	var buf bytes.Buffer
+	zw, err := gzip.NewWriterLevel(&buf, gzip.BestCompression)
+	if err != nil {
+		return nil, "", err
+	}
+	if _, err := zw.Write(compact); err != nil {
+		return nil, "", err
+	}
+	if err := zw.Close(); err != nil {
+		return nil, "", err
+	}
+	return buf.Bytes(), Hash(compact), nil
+}
+
+// Unpack is a packed manifest's JSON.
+func Unpack(packed []byte) ([]byte, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(packed))
+	if err != nil {
+		return nil, fmt.Errorf("unpacking CRD manifest: %w", err)
+	}
+	out, err := io.ReadAll(zr)
+	if err != nil {
+		return nil, fmt.Errorf("unpacking CRD manifest: %w", err)
+	}
+	return out, nil
+}
+
+// Apply applies the CRD's manifest, with ann added to its annotations,
+// server-side as FieldOwner (taking over fields others set), and reads back
+// the CRD's metadata only. A manifest of another CRD is refused before
+// anything is sent.
+func Apply(ctx context.Context, c client.Client, crd CRD, ann map[string]string) error {
+	raw, err := Unpack(crd.Packed)
+	if err != nil {
+		return fmt.Errorf("embedded CRD %s: %w", crd.Name, err)
+	}
+	var m manifest
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return fmt.Errorf("embedded CRD %s: %w", crd.Name, err)
+	}
+	if name, _ := m.Metadata["name"].(string); name != crd.Name || m.Kind != crdGVK.Kind {
+		return fmt.Errorf("embedded CRD is %s %q, want %q", m.Kind, name, crd.Name)
+	}
+	all, _ := m.Metadata["annotations"].(map[string]any)
 	if all == nil {
-		all = map[string]string{}
+		all = map[string]any{}
 	}
-	maps.Copy(all, ann)
-	u.SetAnnotations(all)
-	return u, nil
+	for k, v := range ann {
+		all[k] = v
+	}
+	m.Metadata["annotations"] = all
+	body, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("embedded CRD %s: %w", crd.Name, err)
+	}
+	obj := &metav1.PartialObjectMetadata{}
+	obj.SetGroupVersionKind(crdGVK)
+	obj.SetName(crd.Name)
+	return apply.NewWriter(c, crd.FieldOwner, apply.Options{}).ApplyRaw(ctx, obj, body, crd.why())
 }
 
 // WaitEstablished waits, 30 s at most, until every named CRD is
@@ -225,4 +319,33 @@ func AppliedBy(crd metav1.Object, owner string) bool {
 		}
 	}
 	return false
+}
+
+// Verify says what is wrong with crd as embedded, if anything, against the
+// YAML it was packed from: its pack must be that manifest's (Pack), a CRD
+// of crd's Name, and its precomputed hash the pack's. Packages' tests call
+// it, so that a stale pack or hash fails them.
+func Verify(crd CRD, source []byte) error {
+	got, err := Unpack(crd.Packed)
+	if err != nil {
+		return err
+	}
+	var m manifest
+	if err := json.Unmarshal(got, &m); err != nil {
+		return err
+	}
+	if name, _ := m.Metadata["name"].(string); name != crd.Name || m.Kind != crdGVK.Kind {
+		return fmt.Errorf("the pack holds a %s named %q, want %s", m.Kind, name, crd.Name)
+	}
+	if crd.ManifestHash != "" && crd.ManifestHash != Hash(got) {
+		return fmt.Errorf("precomputed hash %s, the pack's %s: run make manifests", crd.ManifestHash, Hash(got))
+	}
+	fresh, _, err := Pack(source)
+	if err != nil {
+		return err
+	}
+	if want, err := Unpack(fresh); err != nil || !bytes.Equal(got, want) {
+		return fmt.Errorf("the pack is not its source manifest's: run make manifests")
+	}
+	return nil
 }

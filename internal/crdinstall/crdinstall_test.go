@@ -57,7 +57,16 @@ spec:
 }
 
 func crdOf(plural string, fields ...string) crdinstall.CRD {
-	return crdinstall.CRD{Name: plural + "." + group, Manifest: manifest(plural, fields...), FieldOwner: owner}
+	return crdinstall.CRD{Name: plural + "." + group, Packed: pack(manifest(plural, fields...)), FieldOwner: owner}
+}
+
+// pack is crdinstall.Pack's pack of a manifest that must pack.
+func pack(m []byte) []byte {
+	packed, _, err := crdinstall.Pack(m)
+	if err != nil {
+		panic(err)
+	}
+	return packed
 }
 
 func ensure(t *testing.T, crd crdinstall.CRD, install bool) bool {
@@ -149,7 +158,7 @@ func TestLoomsOlderCopyIsUpgraded(t *testing.T) {
 func TestSomeoneElsesCRDIsLeftAlone(t *testing.T) {
 	theirs := crdOf("foreigns", "a")
 	u := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal(theirs.Manifest, &u.Object); err != nil {
+	if err := yaml.Unmarshal(manifest("foreigns", "a"), &u.Object); err != nil {
 		t.Fatal(err)
 	}
 	if err := env.Client.Create(context.Background(), u, client.FieldOwner("helm")); err != nil {
@@ -175,7 +184,7 @@ func TestSomeoneElsesCRDIsLeftAlone(t *testing.T) {
 // written.
 func TestManifestOfAnotherCRDIsRefused(t *testing.T) {
 	crd := crdOf("mismatches", "a")
-	crd.Manifest = manifest("others", "a")
+	crd.Packed = pack(manifest("others", "a"))
 	if _, err := crdinstall.Ensure(context.Background(), env.Config, env.Client, env.Client, crd, true); err == nil {
 		t.Fatal("Ensure applied a manifest of another CRD")
 	}
@@ -213,7 +222,7 @@ func TestLoomsCurrentCopyIsNotRewritten(t *testing.T) {
 	// An earlier Loom's copy: applied as FieldOwner, no hash.
 	legacy := crdOf("legacies", "a")
 	u := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal(legacy.Manifest, &u.Object); err != nil {
+	if err := yaml.Unmarshal(manifest("legacies", "a"), &u.Object); err != nil {
 		t.Fatal(err)
 	}
 	if err := env.Client.Apply(context.Background(), client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(owner), client.ForceOwnership); err != nil {

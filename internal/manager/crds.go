@@ -2,14 +2,18 @@ package manager
 
 import (
 	"context"
+	"embed"
 	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strings"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	chart "github.com/loom-dev/loom/charts/loom"
 	"github.com/loom-dev/loom/internal/crdinstall"
 )
 
@@ -35,17 +39,17 @@ var CRDNames = []string{"clusterpolicies.gpu.loom.dev", "gpunodes.gpu.loom.dev",
 // leaves the newer CRDs alone). It returns the names it applied.
 //
 // Only the installed CRDs' metadata is read, and compared with hashes
-// computed when the manifests were generated; an embedded manifest is read
-// and parsed only to be applied: a start against up-to-date CRDs reads a
-// few kilobytes and touches none of the embedded YAML.
+// computed when the manifests were packed; an embedded manifest is
+// unpacked only to be applied (crdinstall.Apply): a start against
+// up-to-date CRDs reads a few kilobytes and touches none of the packs.
 func EnsureCRDs(ctx context.Context, cfg *rest.Config, c client.Client, build string, log logr.Logger) ([]string, error) {
-	crds, err := chart.CRDs()
+	crds, err := embeddedCRDs()
 	if err != nil {
 		return nil, fmt.Errorf("embedded CRDs: %w", err)
 	}
 	var applied []string
 	for _, crd := range crds {
-		ann := map[string]string{AnnotationCRDVersion: build, AnnotationCRDHash: crd.Hash}
+		ann := map[string]string{AnnotationCRDVersion: build, AnnotationCRDHash: crd.ManifestHash}
 		have, err := crdinstall.ReadMetadata(ctx, c, crd.Name)
 		if err != nil {
 			return applied, err
@@ -56,16 +60,11 @@ func EnsureCRDs(ctx context.Context, cfg *rest.Config, c client.Client, build st
 				continue
 			}
 		}
-		manifest, err := crd.Manifest()
-		if err != nil {
+		if crd.Packed, err = packedCRDs.ReadFile(path.Join("crds", crd.file)); err != nil {
 			return applied, fmt.Errorf("embedded CRD %s: %w", crd.Name, err)
 		}
-		want, err := crdinstall.Desired(manifest, crd.Name, ann)
-		if err != nil {
+		if err := crdinstall.Apply(ctx, c, crd.CRD, ann); err != nil {
 			return applied, err
-		}
-		if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(want), client.FieldOwner(CRDFieldOwner), client.ForceOwnership); err != nil {
-			return applied, fmt.Errorf("applying CRD %s: %w", crd.Name, err)
 		}
 		var previous string
 		if have != nil {
@@ -75,6 +74,46 @@ func EnsureCRDs(ctx context.Context, cfg *rest.Config, c client.Client, build st
 		applied = append(applied, crd.Name)
 	}
 	return applied, crdinstall.WaitEstablished(ctx, cfg, applied...)
+}
+
+// packedCRDs are the chart's CRDs (crds/) as make manifests packs them
+// (hack/crdpack), one <group>_<plural>.json.gz each.
+//
+//go:embed crds/*.json.gz
+var packedCRDs embed.FS
+
+// embeddedCRD is one of packedCRDs, its pack not yet read.
+type embeddedCRD struct {
+	crdinstall.CRD
+	file string
+}
+
+// embeddedCRDs are Loom's CRDs, sorted by file name, each named from its
+// file name (controller-gen writes <group>_<plural>.yaml) and with its
+// precomputed hash, so that neither reads the pack.
+func embeddedCRDs() ([]embeddedCRD, error) {
+	files, err := fs.Glob(packedCRDs, "crds/*.json.gz")
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(files)
+	out := make([]embeddedCRD, 0, len(files))
+	for _, f := range files {
+		base := strings.TrimSuffix(path.Base(f), ".json.gz")
+		group, plural, ok := strings.Cut(base, "_")
+		if !ok {
+			return nil, fmt.Errorf("%s: not named <group>_<plural>.json.gz", f)
+		}
+		hash, ok := crdHashes[base]
+		if !ok {
+			return nil, fmt.Errorf("%s has no precomputed hash: run make manifests", f)
+		}
+		out = append(out, embeddedCRD{
+			CRD:  crdinstall.CRD{Name: plural + "." + group, ManifestHash: hash, FieldOwner: CRDFieldOwner},
+			file: path.Base(f),
+		})
+	}
+	return out, nil
 }
 
 // crdNeedsApply decides from the installed CRD's annotations and the
