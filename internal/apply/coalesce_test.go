@@ -77,16 +77,17 @@ func TestCoalesceProgressBudget(t *testing.T) {
 	if d := w.waitProgress(key(0), time.Now()); d <= 3*CoalesceInterval || d > 4*CoalesceInterval {
 		t.Fatalf("%d converging, just written: wait %s, want about %s", n, d, 4*CoalesceInterval)
 	}
-	// However many converge, an object's progress is at most a minute old.
-	crowd := types.NamespacedName{Namespace: "crowd"}
-	for i := range 100 * ProgressBudget {
+	// However many converge, an object's progress is at most
+	// maxProgressInterval old.
+	crowd, crowdSize := types.NamespacedName{Namespace: "crowd"}, 2*ProgressBudget*int(maxProgressInterval/CoalesceInterval)
+	for i := range crowdSize {
 		crowd.Name = fmt.Sprint(i)
 		w.waitProgress(crowd, t0)
 	}
 	if d := w.waitProgress(key(n-1), t0); d != maxProgressInterval {
 		t.Fatalf("%d converging: wait %s, want the cap %s", len(w.converging), d, maxProgressInterval)
 	}
-	for i := range 100 * ProgressBudget {
+	for i := range crowdSize {
 		crowd.Name = fmt.Sprint(i)
 		w.forget(crowd)
 	}
