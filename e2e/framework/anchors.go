@@ -178,14 +178,22 @@ func (c *Cluster) waitAnchorReady(ctx context.Context, a *Anchor, readyz string)
 		if exited, err := a.Exited(); exited {
 			return false, fmt.Errorf("%s exited: %v", a.Name, err)
 		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, readyz, nil)
-		resp, err := hc.Do(req)
-		if err != nil {
-			return false, nil
+		// Ready, and serving metrics: controller-runtime starts its
+		// metrics server apart from the probes, and a run that scraped
+		// too early failed on a refused connection.
+		for _, u := range []string{readyz, a.MetricsURL} {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+			resp, err := hc.Do(req)
+			if err != nil {
+				return false, nil
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return false, nil
+			}
 		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	}, a.Name+" ready")
+		return true, nil
+	}, a.Name+" ready and serving metrics")
 	if err != nil {
 		a.Stop(10 * time.Second)
 		return fmt.Errorf("%w\n%s", err, a.Tail(4000))
