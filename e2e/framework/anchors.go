@@ -181,22 +181,25 @@ func (c *Cluster) waitAnchorReady(ctx context.Context, a *Anchor, readyz string)
 		// Ready, and serving metrics: controller-runtime starts its
 		// metrics server apart from the probes, and a run that scraped
 		// too early failed on a refused connection.
-		for _, u := range []string{readyz, a.MetricsURL} {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-			resp, err := hc.Do(req)
-			if err != nil {
-				return false, nil
-			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return false, nil
-			}
-		}
-		return true, nil
+		return answersOK(ctx, hc, readyz) && answersOK(ctx, hc, a.MetricsURL), nil
 	}, a.Name+" ready and serving metrics")
 	if err != nil {
 		a.Stop(10 * time.Second)
 		return fmt.Errorf("%w\n%s", err, a.Tail(4000))
 	}
 	return nil
+}
+
+// answersOK says whether a GET of url answers 200 OK.
+func answersOK(ctx context.Context, hc *http.Client, url string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }

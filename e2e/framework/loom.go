@@ -163,13 +163,7 @@ func (c *Cluster) WaitReady(ctx context.Context, m *Manager, namespace, lease st
 		if exited, err := m.Exited(); exited {
 			return false, fmt.Errorf("manager exited (%v):\n%s", err, m.Tail(4000))
 		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, m.ProbeURL+"/readyz", nil)
-		resp, err := hc.Do(req)
-		if err != nil {
-			return false, nil
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
+		if !answersOK(ctx, hc, m.ProbeURL+"/readyz") {
 			return false, nil
 		}
 		l := &coordinationv1.Lease{}

@@ -201,16 +201,9 @@ func Unpack(packed []byte) ([]byte, error) {
 // the CRD's metadata only. A manifest of another CRD is refused before
 // anything is sent.
 func Apply(ctx context.Context, c client.Client, crd CRD, ann map[string]string) error {
-	raw, err := Unpack(crd.Packed)
+	m, _, err := crd.unpack()
 	if err != nil {
-		return fmt.Errorf("embedded CRD %s: %w", crd.Name, err)
-	}
-	var m manifest
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return fmt.Errorf("embedded CRD %s: %w", crd.Name, err)
-	}
-	if name, _ := m.Metadata["name"].(string); name != crd.Name || m.Kind != crdGVK.Kind {
-		return fmt.Errorf("embedded CRD is %s %q, want %q", m.Kind, name, crd.Name)
+		return err
 	}
 	all, _ := m.Metadata["annotations"].(map[string]any)
 	if all == nil {
@@ -321,30 +314,41 @@ func AppliedBy(crd metav1.Object, owner string) bool {
 	return false
 }
 
+// unpack is the CRD's manifest, and its JSON, checked to be a CRD of
+// crd's Name.
+func (crd CRD) unpack() (manifest, []byte, error) {
+	var m manifest
+	raw, err := Unpack(crd.Packed)
+	if err == nil {
+		err = json.Unmarshal(raw, &m)
+	}
+	if err != nil {
+		return m, nil, fmt.Errorf("embedded CRD %s: %w", crd.Name, err)
+	}
+	if name, _ := m.Metadata["name"].(string); name != crd.Name || m.Kind != crdGVK.Kind {
+		return m, nil, fmt.Errorf("embedded CRD is %s %q, want %q", m.Kind, name, crd.Name)
+	}
+	return m, raw, nil
+}
+
 // Verify says what is wrong with crd as embedded, if anything, against the
 // YAML it was packed from: its pack must be that manifest's (Pack), a CRD
 // of crd's Name, and its precomputed hash the pack's. Packages' tests call
 // it, so that a stale pack or hash fails them.
 func Verify(crd CRD, source []byte) error {
-	got, err := Unpack(crd.Packed)
+	_, raw, err := crd.unpack()
 	if err != nil {
 		return err
 	}
-	var m manifest
-	if err := json.Unmarshal(got, &m); err != nil {
-		return err
+	got := Hash(raw)
+	if crd.ManifestHash != "" && crd.ManifestHash != got {
+		return fmt.Errorf("precomputed hash %s, the pack's %s: run make manifests", crd.ManifestHash, got)
 	}
-	if name, _ := m.Metadata["name"].(string); name != crd.Name || m.Kind != crdGVK.Kind {
-		return fmt.Errorf("the pack holds a %s named %q, want %s", m.Kind, name, crd.Name)
-	}
-	if crd.ManifestHash != "" && crd.ManifestHash != Hash(got) {
-		return fmt.Errorf("precomputed hash %s, the pack's %s: run make manifests", crd.ManifestHash, Hash(got))
-	}
-	fresh, _, err := Pack(source)
+	_, want, err := Pack(source)
 	if err != nil {
 		return err
 	}
-	if want, err := Unpack(fresh); err != nil || !bytes.Equal(got, want) {
+	if got != want {
 		return fmt.Errorf("the pack is not its source manifest's: run make manifests")
 	}
 	return nil

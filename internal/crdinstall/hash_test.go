@@ -93,3 +93,34 @@ func mustJSON(t *testing.T, v any) string {
 	}
 	return string(b)
 }
+
+// Verify passes a pack of its source with its hash, and fails a pack of
+// another source, of another CRD's name, or with a stale hash.
+func TestVerify(t *testing.T) {
+	packed, hash, err := Pack([]byte(smallCRD))
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := CRD{Name: "things.example.com", Packed: packed, ManifestHash: hash}
+	if err := Verify(good, []byte(smallCRD)); err != nil {
+		t.Fatalf("a current pack: %v", err)
+	}
+	changed := strings.Replace(smallCRD, "team: ml", "team: infra", 1)
+	stale := good
+	stale.ManifestHash = "0123456789abcdef"
+	renamed := good
+	renamed.Name = "others.example.com"
+	for name, tc := range map[string]struct {
+		crd    CRD
+		source string
+	}{
+		"a changed source": {good, changed},
+		"a stale hash":     {stale, smallCRD},
+		"another name":     {renamed, smallCRD},
+		"not a pack":       {CRD{Name: good.Name, Packed: []byte("{}")}, smallCRD},
+	} {
+		if err := Verify(tc.crd, []byte(tc.source)); err == nil {
+			t.Errorf("%s: verified", name)
+		}
+	}
+}
