@@ -34,7 +34,8 @@ type CompareConfig struct {
 	Nodes int
 	// Jobs is the jobs scenario's number of jobs; 0: no jobs scenario.
 	Jobs int
-	// Idle is the raycluster scenario's idle window after all are ready.
+	// Idle is the idle window after all RayClusters are ready, and after
+	// all of a gang's or the jobs' pods run (the floor does not idle).
 	Idle time.Duration
 	// Only runs one scenario ("raycluster", "gang" or "jobs"); empty: all.
 	Only string

@@ -111,7 +111,8 @@ func (r *CompareReport) gangRun(ctx context.Context, env *Env, name string) (Com
 
 // podsRun is a gang-like scenario for one contender on a fresh env: the
 // nodes, the operator (none for the floor), then the jobs (or the floor's
-// pods) timed to all pods created and to all running.
+// pods) timed to all pods created and to all running, a settle, and for an
+// operator the idle window while its jobs run.
 func (r *CompareReport) podsRun(ctx context.Context, env *Env, name string, shape gangShape) (CompareRun, error) {
 	c, pods, ns := env.Cluster, shape.total(), "bench"
 	var run CompareRun
@@ -138,16 +139,16 @@ func (r *CompareReport) podsRun(ctx context.Context, env *Env, name string, shap
 	if err := timeGang(ctx, env, &run, pods, ns, submit); err != nil {
 		return run, err
 	}
-	settle()
-	run.ControlPlaneCPU = controlPlaneCPU(c) - cp0
 	if op == nil {
+		settle()
+		run.ControlPlaneCPU = controlPlaneCPU(c) - cp0
 		run.Writes = float64(pods) // the floor's client sent one create a pod, nothing else
 		run.from, run.to = from, time.Now()
 		return run, nil
 	}
-	s1, err := takeSample(op)
-	run.converged(s0, s1)
-	return run, err
+	// An operator's jobs then run on: whatever it writes about a running
+	// job is its idle writes.
+	return run, r.settleAndIdle(env, op, &run, s0, cp0)
 }
 
 // timeGang runs submit in the background and times the namespace's pods

@@ -101,15 +101,15 @@ func (r *CompareReport) sections(t *Table) {
 	}
 	if len(r.Gang) > 0 {
 		t.Blank()
-		t.Row("gang", "1 master + %d workers (1 GPU each) on %d 8-GPU nodes; Loom's TrainingJob (--controllers=trainingjob) vs %s's PyTorchJob vs the floor (a plain client creating the same pods, 32 in flight, no rate limit)",
-			cfg.GangPods-1, (cfg.GangPods+7)/8, r.anchorName(contTO))
+		t.Row("gang", "1 master + %d workers (1 GPU each) on %d 8-GPU nodes; Loom's TrainingJob (--controllers=trainingjob) vs %s's PyTorchJob vs the floor (a plain client creating the same pods, 32 in flight, no rate limit); idle window %s while the job runs",
+			cfg.GangPods-1, (cfg.GangPods+7)/8, r.anchorName(contTO), cfg.Idle)
 		r.section(t, r.Gang, gangContenders, gangRatios, gangMetrics(cfg.GangPods, true, auditMetrics(r.Gang, gangContenders, "(to all running + settle)")))
 	}
 	if len(r.Jobs) > 0 {
 		pods := cfg.Jobs * jobsPerJob
 		t.Blank()
-		t.Row("jobs", "%d jobs of 1 master + %d workers (1 GPU each, %d pods) submitted at once on %d 8-GPU nodes; Loom's TrainingJobs (--controllers=trainingjob) vs %s's PyTorchJobs vs the floor (a plain client creating the same pods, 32 in flight, no rate limit); no goals set",
-			cfg.Jobs, jobsPerJob-1, pods, (pods+7)/8, r.anchorName(contTO))
+		t.Row("jobs", "%d jobs of 1 master + %d workers (1 GPU each, %d pods) submitted at once on %d 8-GPU nodes; Loom's TrainingJobs (--controllers=trainingjob) vs %s's PyTorchJobs vs the floor (a plain client creating the same pods, 32 in flight, no rate limit); idle window %s while the jobs run; no goals set",
+			cfg.Jobs, jobsPerJob-1, pods, (pods+7)/8, r.anchorName(contTO), cfg.Idle)
 		r.section(t, r.Jobs, gangContenders, gangRatios, gangMetrics(pods, false, auditMetrics(r.Jobs, gangContenders, "(to all running + settle)")))
 	}
 }
@@ -169,8 +169,12 @@ func gangMetrics(pods int, goals bool, audit []metric) []metric {
 	ms = append(ms, audit...)
 	ms = append(ms,
 		metric{label: "peak RSS (VmHWM)", get: func(r CompareRun) float64 { return float64(r.PeakRSS) }, unit: mibF, process: true},
-		metric{label: "RSS after (VmRSS)", get: func(r CompareRun) float64 { return float64(r.RSS) }, unit: mibF, process: true},
-		metric{label: "CPU", get: func(r CompareRun) float64 { return r.CPU }, unit: cpuSecs, process: true})
+		metric{label: "settled RSS (VmRSS, after the idle window)", get: func(r CompareRun) float64 { return float64(r.RSS) }, unit: mibF, process: true},
+		metric{label: "  of it RssAnon", get: func(r CompareRun) float64 { return float64(r.AnonRSS) }, unit: mibF, process: true},
+		metric{label: "  of it RssFile (binary's pages)", get: func(r CompareRun) float64 { return float64(r.FileRSS) }, unit: mibF, process: true},
+		metric{label: "CPU (to all running + settle)", get: func(r CompareRun) float64 { return r.CPU }, unit: cpuSecs, process: true},
+		metric{label: "CPU per idle minute (the jobs running)", get: func(r CompareRun) float64 { return r.IdleCPU }, unit: cpuSecs, process: true},
+		metric{label: "writes per idle minute (the jobs running)", get: func(r CompareRun) float64 { return r.IdleWrites }, unit: count, process: true})
 	if !goals {
 		for i := range ms {
 			ms[i].goals = nil
@@ -332,11 +336,12 @@ func median(vs []float64) float64 {
 }
 
 // LoomIdleWrites are Loom's idle writes apart from its lease, over every
-// raycluster run, the whole platform's included: the comparison's
+// run of Loom's (the whole platform's included): the comparison's
 // structural check.
 func (r *CompareReport) LoomIdleWrites() map[framework.APIRequest]float64 {
 	out := map[framework.APIRequest]float64{}
-	for _, run := range append(slices.Clone(r.Ray[contLoom]), r.Ray[contLoomAll]...) {
+	runs := slices.Concat(r.Ray[contLoom], r.Ray[contLoomAll], r.Gang[contLoom], r.Jobs[contLoom])
+	for _, run := range runs {
 		for k, v := range run.LoomIdle {
 			out[k] += v
 		}
