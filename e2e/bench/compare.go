@@ -47,6 +47,11 @@ type CompareConfig struct {
 	Logf func(format string, args ...any)
 	// ManagerArgs and ManagerEnv are added to Loom's manager.
 	ManagerArgs, ManagerEnv []string
+	// WarmUp runs the floor once, unmeasured, on a simulated cluster of its
+	// own before the first repetition, so that the first contender measured
+	// (Loom, in the first repetition's rotation) does not alone start the
+	// control plane's binaries and the benchmark's own process cold.
+	WarmUp bool
 }
 
 // Contenders, as the tables name them.
@@ -190,6 +195,11 @@ func RunCompare(ctx context.Context, cfg CompareConfig) (*CompareReport, error) 
 		{"gang", []string{contLoom, contTO, contFloor}, r.Gang, r.gangRun},
 		{"jobs", []string{contLoom, contTO, contFloor}, r.Jobs, r.jobsRun},
 	}
+	if cfg.WarmUp {
+		if err := r.warmUp(ctx); err != nil {
+			return nil, err
+		}
+	}
 	for rep := range cfg.Reps {
 		for _, sc := range scenarios {
 			if !cfg.runs(sc.name) {
@@ -201,6 +211,21 @@ func RunCompare(ctx context.Context, cfg CompareConfig) (*CompareReport, error) 
 		}
 	}
 	return r, nil
+}
+
+// warmUp runs the raycluster floor once at a tenth of the configured size
+// (5 RayClusters at least) and discards its figures.
+func (r *CompareReport) warmUp(ctx context.Context) error {
+	w := &CompareReport{Config: r.Config}
+	w.Config.Clusters = max(5, r.Config.Clusters/10)
+	w.Config.Nodes = 0
+	_, err := w.onFreshCluster(ctx, contFloor, "warm-up (not measured) floor", func(env *Env) (CompareRun, error) {
+		return w.rayRun(ctx, env, contFloor)
+	})
+	if err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	return nil
 }
 
 // repeat runs each contender once on a fresh cluster, the order rotated by

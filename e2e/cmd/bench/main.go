@@ -192,7 +192,8 @@ func compare(fs *flag.FlagSet) job {
 	fs.IntVar(&cfg.GangPods, "gang-pods", 512, "gang: pods of the job (1 master + gang-pods-1 workers, 1 GPU each)")
 	fs.IntVar(&cfg.Jobs, "jobs", 20, "jobs: concurrent jobs of 1 master + 7 workers (1 GPU each, on as many 8-GPU nodes); 0: no jobs scenario")
 	fs.IntVar(&cfg.Reps, "reps", 3, "repetitions (the contenders' order rotates)")
-	fs.DurationVar(&cfg.Idle, "idle", 30*time.Second, "raycluster: idle window after all are ready")
+	fs.DurationVar(&cfg.Idle, "idle", 30*time.Second, "idle window after all RayClusters are ready, and while the gang's and the jobs' pods run")
+	fs.BoolVar(&cfg.WarmUp, "warm-up", true, "run the raycluster floor once, unmeasured, before the first repetition")
 	fs.StringVar(&cfg.Only, "only", "", "run one scenario only: raycluster, gang or jobs")
 	fs.Func("skip", `leave a contender out, its columns "–" (repeatable): Loom, "Loom, all controllers", KubeRay, "Training Operator", floor`, func(v string) error {
 		cfg.Skip = append(cfg.Skip, v)
