@@ -212,16 +212,12 @@ func TestChaosRayClusterScaleUpSIGKILL(t *testing.T) {
 		_, running := livePods(t, rc)
 		return running >= 2, fmt.Sprintf("%d pods running", running)
 	})
-	got := &rayv1.RayCluster{}
-	if err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(rc), got); err != nil {
-		t.Fatal(err)
-	}
 	const workers = 50
-	got.Spec.WorkerGroupSpecs[0].MaxReplicas = ptr.To[int32](workers)
-	got.Spec.WorkerGroupSpecs[0].Replicas = ptr.To[int32](workers)
-	if err := cluster.Client.Update(ctx, got); err != nil {
-		t.Fatal(err)
-	}
+	got := rc.DeepCopy()
+	updateSpec(t, got, func(got *rayv1.RayCluster) {
+		got.Spec.WorkerGroupSpecs[0].MaxReplicas = ptr.To[int32](workers)
+		got.Spec.WorkerGroupSpecs[0].Replicas = ptr.To[int32](workers)
+	})
 	for round := range 2 {
 		// Mid scale-up: a random moment soon after pods start to appear.
 		time.Sleep(time.Duration(rand.IntN(300)) * time.Millisecond)

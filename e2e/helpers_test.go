@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
@@ -49,6 +50,23 @@ func testNodes(t *testing.T, spec framework.NodeSpec) []string {
 	}
 	t.Cleanup(func() { deleteNodes(names) })
 	return names
+}
+
+// updateSpec changes obj's live copy as a user's edit does: read it,
+// change it, write it, and again on a conflict (its controller writes the
+// status in between). obj is left as written.
+func updateSpec[T client.Object](t *testing.T, obj T, change func(T)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := cluster.Client.Get(context.Background(), client.ObjectKeyFromObject(obj), obj); err != nil {
+			return err
+		}
+		change(obj)
+		return cluster.Client.Update(context.Background(), obj)
+	})
+	if err != nil {
+		t.Fatalf("updating %s: %v", client.ObjectKeyFromObject(obj), err)
+	}
 }
 
 // testNode is testNodes for one named node.

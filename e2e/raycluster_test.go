@@ -96,15 +96,11 @@ func TestRayClustersOnTheSimulatedCluster(t *testing.T) {
 
 	// Scale the first sample to 12 workers and kill the manager mid-way.
 	rc := rcs[0]
-	got := &rayv1.RayCluster{}
-	if err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(rc), got); err != nil {
-		t.Fatal(err)
-	}
-	got.Spec.WorkerGroupSpecs[0].MaxReplicas = ptr.To[int32](20)
-	got.Spec.WorkerGroupSpecs[0].Replicas = ptr.To[int32](12)
-	if err := cluster.Client.Update(ctx, got); err != nil {
-		t.Fatal(err)
-	}
+	got := rc.DeepCopy()
+	updateSpec(t, got, func(got *rayv1.RayCluster) {
+		got.Spec.WorkerGroupSpecs[0].MaxReplicas = ptr.To[int32](20)
+		got.Spec.WorkerGroupSpecs[0].Replicas = ptr.To[int32](12)
+	})
 	eventually(t, 30*time.Second, func() (bool, string) {
 		pods, _ := livePods(t, rc)
 		return len(pods) > 2, fmt.Sprintf("%d pods", len(pods))

@@ -95,7 +95,13 @@ func TestAgentPublishesAndRestartWritesNothing(t *testing.T) {
 	if c := meta.FindStatusCondition(gn.Status.Conditions, gpuv1alpha1.ConditionNVMLUnavailable); c == nil || c.Status != "False" {
 		t.Fatalf("NVMLUnavailable = %+v", c)
 	}
-	// Creating the object and its first status: two writes.
+	// Creating the object and its first status: two writes. The agent
+	// counts a write once its response is back, which may be after the
+	// status is readable here.
+	deadline := time.Now().Add(5 * time.Second)
+	for testutil.ToFloat64(r.agent.Metrics.writes) < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if w := testutil.ToFloat64(r.agent.Metrics.writes); w != 2 {
 		t.Errorf("first run wrote %v times, want 2", w)
 	}
