@@ -20,8 +20,8 @@ import (
 // size, so it fails only on hard errors (an anchor that does not start, a
 // contender that does not converge) and on a write of Loom's manager (Ray
 // controller alone, the whole platform, or the TrainingJob controller while
-// its jobs run) in the idle window other than its lease. Each run's writes and reads by kind, from the API server's
-// audit log, are logged too.
+// its jobs run) in the idle window other than its lease. Each run's writes
+// and reads by kind, from the API server's audit log, are logged too.
 func TestCompareWithKubeRayAndTrainingOperator(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()

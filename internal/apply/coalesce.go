@@ -37,8 +37,8 @@ const CoalesceInterval = 2 * time.Second
 // written at once, and the workloads' metrics carry the live counts), so
 // a burst of objects does not turn into a burst of writes that grows with
 // it: 1,000 RayClusters created at once waited up to two minutes for the
-// scheduler on a 2-core simulated cluster, and with a budget of 32 (and a
-// one-minute cap) sent 700 progress writes more than with 4 reconciles.
+// scheduler on a 2-core simulated cluster, and got 1,354 status writes with
+// a budget of 32 and a one-minute cap, 1,146 with this budget.
 const ProgressBudget = 8
 
 // maxProgressInterval bounds the progress interval however many objects
