@@ -115,6 +115,10 @@ type CompareRun struct {
 	// Done is the time to all RayClusters ready, or to all of the gang's
 	// pods created; Running to all the gang's pods running.
 	Done, Running time.Duration
+	// Quiet is the time to the contender's last write while converging
+	// (within a second; its converging ends quiet later): an operator may
+	// still be writing when its pods are all there.
+	Quiet time.Duration
 	// Half is the time to half the RayClusters ready: with Done, whether
 	// the last ones waited on something the first ones did not.
 	Half time.Duration

@@ -16,8 +16,9 @@ import (
 )
 
 // rayRun is the raycluster scenario for one contender on a fresh env: the
-// nodes, the operator, then the RayClusters timed to all ready, a settle,
-// and the idle window.
+// nodes, the operator, then the RayClusters timed to all ready, the wait
+// for the operator's writes to stop (the floor: a settle), and the idle
+// window.
 func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (CompareRun, error) {
 	c, n, ns := env.Cluster, r.Config.Clusters, "bench"
 	var run CompareRun
@@ -81,18 +82,28 @@ func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (Comp
 		run.Writes, run.from, run.to = float64(w), start, time.Now()
 		return run, err
 	}
-	return run, r.settleAndIdle(env, op, &run, s0, cp0)
+	return run, r.settleAndIdle(env, op, &run, start, s0, cp0)
 }
 
-// settleAndIdle ends the converging phase after a settle, then idles.
-func (r *CompareReport) settleAndIdle(env *Env, op contender, run *CompareRun, s0 sample, cp0 float64) error {
-	settle()
-	run.ControlPlaneCPU = controlPlaneCPU(env.Cluster) - cp0
-	s1, err := takeSample(op)
+// Converging ends once the contender has sent no write for quiet (at
+// least a settle's length after its work is done), or after quietLimit for
+// one that never stops: then the idle window counts the rest.
+const (
+	quiet      = 3 * time.Second
+	quietLimit = 3 * time.Minute
+)
+
+// settleAndIdle ends the converging phase once op's writes stop (see
+// converge), then idles. start is when the workload was submitted.
+func (r *CompareReport) settleAndIdle(env *Env, op contender, run *CompareRun, start time.Time, s0 sample, cp0 float64) error {
+	s1, last, err := converge(env, op)
 	if err != nil {
 		return err
 	}
+	run.ControlPlaneCPU = controlPlaneCPU(env.Cluster) - cp0
 	run.converged(s0, s1)
+	run.Quiet = last.Sub(start)
+	env.Logf("writes stopped %s after the start", round(run.Quiet))
 	env.Logf("idle for %s", r.Config.Idle)
 	time.Sleep(r.Config.Idle)
 	s2, err := takeSample(op)
@@ -103,6 +114,35 @@ func (r *CompareReport) settleAndIdle(env *Env, op contender, run *CompareRun, s
 	return nil
 }
 
+// converge waits until op has sent no write for quiet, scraping its
+// writes every second, and returns the sample that ends its converging
+// window and when its last write was seen (within a second of it). An
+// operator whose pods are all there may still be writing: the Training
+// Operator creates a Service for each pod, at its own client's rate, long
+// after the pods; those writes are its converging, not its idle.
+func converge(env *Env, op contender) (s sample, last time.Time, err error) {
+	if s, err = takeSample(op); err != nil {
+		return s, last, err
+	}
+	last = s.at
+	for limit := s.at.Add(quietLimit); time.Since(last) < quiet; {
+		if time.Now().After(limit) {
+			env.Logf("still writing after %s: the idle window counts the rest", quietLimit)
+			return s, last, nil
+		}
+		time.Sleep(time.Second)
+		n, err := takeSample(op)
+		if err != nil {
+			return s, last, err
+		}
+		if n.writes != s.writes {
+			last = n.at
+		}
+		s = n
+	}
+	return s, last, nil
+}
+
 // gangRun is the gang scenario for one contender on a fresh env: one job
 // of GangPods pods.
 func (r *CompareReport) gangRun(ctx context.Context, env *Env, name string) (CompareRun, error) {
@@ -111,8 +151,9 @@ func (r *CompareReport) gangRun(ctx context.Context, env *Env, name string) (Com
 
 // podsRun is a gang-like scenario for one contender on a fresh env: the
 // nodes, the operator (none for the floor), then the jobs (or the floor's
-// pods) timed to all pods created and to all running, a settle, and for an
-// operator the idle window while its jobs run.
+// pods) timed to all pods created and to all running, then for the floor a
+// settle, for an operator the wait for its writes to stop and the idle
+// window while its jobs run.
 func (r *CompareReport) podsRun(ctx context.Context, env *Env, name string, shape gangShape) (CompareRun, error) {
 	c, pods, ns := env.Cluster, shape.total(), "bench"
 	var run CompareRun
@@ -148,7 +189,7 @@ func (r *CompareReport) podsRun(ctx context.Context, env *Env, name string, shap
 	}
 	// An operator's jobs then run on: whatever it writes about a running
 	// job is its idle writes.
-	return run, r.settleAndIdle(env, op, &run, s0, cp0)
+	return run, r.settleAndIdle(env, op, &run, from, s0, cp0)
 }
 
 // timeGang runs submit in the background and times the namespace's pods
