@@ -85,18 +85,19 @@ func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (Comp
 	return run, r.settleAndIdle(env, op, &run, start, s0, cp0)
 }
 
-// Converging ends once the contender has sent no write for quiet (at
-// least a settle's length after its work is done), or after quietLimit for
-// one that never stops: then the idle window counts the rest.
-const (
-	quiet      = 3 * time.Second
-	quietLimit = 3 * time.Minute
-)
+// quietRule ends converging once the contender has sent no write for 3 s
+// (at least a settle's length after its work is done), or after 3 minutes
+// for one that never stops: then the idle window counts the rest.
+var quietRule = quietness{quiet: 3 * time.Second, limit: 3 * time.Minute, every: time.Second}
+
+// quietness is when converging ends: no write for quiet, scraped every
+// every, or limit after it began.
+type quietness struct{ quiet, limit, every time.Duration }
 
 // settleAndIdle ends the converging phase once op's writes stop (see
 // converge), then idles. start is when the workload was submitted.
 func (r *CompareReport) settleAndIdle(env *Env, op contender, run *CompareRun, start time.Time, s0 sample, cp0 float64) error {
-	s1, last, err := converge(env, op)
+	s1, last, err := quietRule.converge(env.Logf, op)
 	if err != nil {
 		return err
 	}
@@ -114,23 +115,23 @@ func (r *CompareReport) settleAndIdle(env *Env, op contender, run *CompareRun, s
 	return nil
 }
 
-// converge waits until op has sent no write for quiet, scraping its
-// writes every second, and returns the sample that ends its converging
-// window and when its last write was seen (within a second of it). An
+// converge waits until op has sent no write for q.quiet, scraping its
+// writes every q.every, and returns the sample that ends its converging
+// window and when its last write was seen (within q.every of it). An
 // operator whose pods are all there may still be writing: the Training
-// Operator creates a Service for each pod, at its own client's rate, long
-// after the pods; those writes are its converging, not its idle.
-func converge(env *Env, op contender) (s sample, last time.Time, err error) {
+// Operator creates a Service for each pod, at its own client's rate, after
+// the pods; those writes are its converging, not its idle.
+func (q quietness) converge(logf func(string, ...any), op contender) (s sample, last time.Time, err error) {
 	if s, err = takeSample(op); err != nil {
 		return s, last, err
 	}
 	last = s.at
-	for limit := s.at.Add(quietLimit); time.Since(last) < quiet; {
+	for limit := s.at.Add(q.limit); time.Since(last) < q.quiet; {
 		if time.Now().After(limit) {
-			env.Logf("still writing after %s: the idle window counts the rest", quietLimit)
+			logf("still writing after %s: the idle window counts the rest", q.limit)
 			return s, last, nil
 		}
-		time.Sleep(time.Second)
+		time.Sleep(q.every)
 		n, err := takeSample(op)
 		if err != nil {
 			return s, last, err
