@@ -54,6 +54,7 @@ func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (Comp
 	if _, err := obs.readyRayClusters(ctx); err != nil { // its informer starts before the clock
 		return run, err
 	}
+	defer env.profileAPIServer(ctx)()
 	start, cp0, m0, pc0 := time.Now(), controlPlaneCPU(c), machineCPU(), clusterCPU(c)
 	if err := createRayClusters(ctx, c, ns, n); err != nil {
 		return run, err
@@ -205,6 +206,7 @@ func timeGang(ctx context.Context, env *Env, run *CompareRun, pods int, ns strin
 	if _, _, err := obs.pods(ctx); err != nil { // its informer starts before the clock
 		return err
 	}
+	defer env.profileAPIServer(ctx)()
 	start := time.Now()
 	errc := make(chan error, 1)
 	go func() { errc <- submit(ctx) }()

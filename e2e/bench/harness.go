@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -50,7 +51,8 @@ func Up(ctx context.Context, opts UpOptions) (*Env, error) {
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
 	}
-	c, err := framework.Start(ctx, framework.Options{Dir: opts.Dir, Logf: opts.Logf, KeepDir: os.Getenv("LOOM_E2E_KEEP") != "", Audit: opts.Audit})
+	c, err := framework.Start(ctx, framework.Options{Dir: opts.Dir, Logf: opts.Logf, KeepDir: os.Getenv("LOOM_E2E_KEEP") != "", Audit: opts.Audit,
+		Profiling: os.Getenv("LOOM_E2E_PROFILE") != ""})
 	if err != nil {
 		return nil, err
 	}
@@ -268,4 +270,30 @@ func pick(m map[framework.APIRequest]float64, keep func(framework.APIRequest) bo
 		}
 	}
 	return out
+}
+
+// profileAPIServer, with LOOM_E2E_PROFILE=SECONDS in the environment,
+// takes kube-apiserver's CPU profile over that many seconds from now into
+// the cluster's directory (kept with LOOM_E2E_KEEP=1); the returned func
+// waits for it.
+func (e *Env) profileAPIServer(ctx context.Context) (wait func()) {
+	secs, _ := strconv.Atoi(os.Getenv("LOOM_E2E_PROFILE"))
+	if secs <= 0 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		b, err := e.Cluster.CPUProfile(ctx, time.Duration(secs)*time.Second)
+		path := filepath.Join(e.Cluster.Dir, "apiserver-cpu.pprof")
+		if err == nil {
+			err = os.WriteFile(path, b, 0o644)
+		}
+		if err != nil {
+			e.Logf("kube-apiserver's CPU profile: %v", err)
+			return
+		}
+		e.Logf("kube-apiserver's CPU profile over %ds: %s", secs, path)
+	}()
+	return func() { <-done }
 }

@@ -47,6 +47,8 @@ type Options struct {
 	// Audit has kube-apiserver log every write, get and list (not watches)
 	// to Cluster.AuditLog, for Cluster.Audit: who sent what, by resource.
 	Audit bool
+	// Profiling serves kube-apiserver's /debug/pprof, for Cluster.CPUProfile.
+	Profiling bool
 }
 
 // Cluster is a running simulated cluster.
@@ -162,7 +164,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		"--service-account-signing-key-file", filepath.Join(pki, "sa.key"),
 		"--service-cluster-ip-range", "10.96.0.0/16",
 		"--enable-priority-and-fairness=true",
-		"--profiling=false")...); err != nil {
+		"--profiling="+strconv.FormatBool(opts.Profiling))...); err != nil {
 		return nil, err
 	}
 	c.CAFile = filepath.Join(pki, "apiserver.crt")
@@ -447,4 +449,12 @@ func freePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// CPUProfile is kube-apiserver's CPU profile over the next d (pprof's
+// format; the cluster must run with Options.Profiling).
+func (c *Cluster) CPUProfile(ctx context.Context, d time.Duration) ([]byte, error) {
+	secs := max(int(d.Seconds()), 1)
+	return c.Clientset.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").
+		Param("seconds", strconv.Itoa(secs)).Timeout(d + time.Minute).DoRaw(ctx)
 }
