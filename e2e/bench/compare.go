@@ -116,7 +116,7 @@ type CompareRun struct {
 	// pods created; Running to all the gang's pods running.
 	Done, Running time.Duration
 	// Quiet is the time to the contender's last write while converging
-	// (within a second; its converging ends quiet later): an operator may
+	// (the audit log's; its converging ends 3 s later): an operator may
 	// still be writing when its pods are all there.
 	Quiet time.Duration
 	// Half is the time to half the RayClusters ready: with Done, whether
