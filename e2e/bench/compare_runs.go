@@ -84,7 +84,7 @@ func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (Comp
 		run.Writes, run.from, run.to = float64(w), start, time.Now()
 		return run, err
 	}
-	return run, r.settleAndIdle(env, name, op, &run, start, s0, cp0)
+	return run, r.convergeAndIdle(env, name, op, &run, start, s0, cp0)
 }
 
 // quietRule ends converging once the contender has sent no write for 3 s
@@ -96,9 +96,9 @@ var quietRule = quietness{quiet: 3 * time.Second, limit: 3 * time.Minute, every:
 // every, or limit after it began.
 type quietness struct{ quiet, limit, every time.Duration }
 
-// settleAndIdle ends the converging phase once op's writes stop (see
+// convergeAndIdle ends the converging phase once op's writes stop (see
 // converge), then idles. start is when the workload was submitted.
-func (r *CompareReport) settleAndIdle(env *Env, name string, op contender, run *CompareRun, start time.Time, s0 sample, cp0 float64) error {
+func (r *CompareReport) convergeAndIdle(env *Env, name string, op contender, run *CompareRun, start time.Time, s0 sample, cp0 float64) error {
 	s1, last, err := quietRule.converge(env.Logf, op)
 	if err != nil {
 		return err
@@ -200,7 +200,7 @@ func (r *CompareReport) podsRun(ctx context.Context, env *Env, name string, shap
 	}
 	// An operator's jobs then run on: whatever it writes about a running
 	// job is its idle writes.
-	return run, r.settleAndIdle(env, name, op, &run, from, s0, cp0)
+	return run, r.convergeAndIdle(env, name, op, &run, from, s0, cp0)
 }
 
 // timeGang runs submit in the background and times the namespace's pods

@@ -136,25 +136,13 @@ func (r *PendingReport) waitSettled(ctx context.Context, env *Env, m *Manager, n
 	}); err != nil {
 		return err
 	}
-	last, quiet := -1.0, 0
-	err := poll(ctx, c, 2*time.Second, 5*time.Minute, func() (bool, string, error) {
-		s, err := m.Snapshot()
-		if err != nil {
-			return false, "", err
-		}
-		w := writes(s.Requests)
-		if w == last {
-			quiet++
-		} else {
-			quiet = 0
-		}
-		last = w
-		return quiet >= 3, fmt.Sprintf("the manager still writes (%.0f so far)", w), nil
-	})
-	if err != nil {
+	// Then no write for 6 s (after 5 minutes of writes the churn starts
+	// anyway, and its window shows them).
+	if _, _, err := (quietness{quiet: 6 * time.Second, limit: 5 * time.Minute, every: 2 * time.Second}).converge(env.Logf, loomContender{m}); err != nil {
 		return err
 	}
-	r.Before, err = countJobs(ctx, c, ns)
+	n, err := countJobs(ctx, c, ns)
+	r.Before = n
 	return err
 }
 
