@@ -89,8 +89,11 @@ type Report struct {
 	ManagerCPU, ManagerIdleCPU time.Duration
 	AgentRSS                   int64
 	AgentFileRSS               int64
-	AgentCPUPerRun             time.Duration
-	AgentRuns                  float64
+	// AgentCPUPerRun is an agent's CPU per collection once its GPUNode was
+	// published; AgentStartCPU its CPU up to then (start-up and its first
+	// AgentStartRuns collections); AgentRuns its collections in all.
+	AgentCPUPerRun, AgentStartCPU time.Duration
+	AgentRuns, AgentStartRuns     float64
 
 	// Requests by phase: the rollout (apply → Ready), the workloads
 	// (submitted → all running/ready), and the idle window.
@@ -177,10 +180,11 @@ func Run(ctx context.Context, c *framework.Cluster, loomBin string, rel *framewo
 		return nil, err
 	}
 	logf("inventory of %d nodes published (%d by agent processes)", len(nodes), len(agents))
+	started := sampleAgents(agents)
 	if err := r.measure(ctx, env, m, rel.Namespace); err != nil {
 		return nil, err
 	}
-	r.measureAgents(agents)
+	r.measureAgents(agents, started)
 	if n, err := countPods(ctx, c); err == nil {
 		r.Pods = n
 	}
@@ -257,8 +261,9 @@ func (r *Report) Print(w io.Writer) error {
 	t.Row("manager CPU: whole run / per idle minute", "%s / %s", r.ManagerCPU.Round(100*time.Millisecond),
 		time.Duration(float64(r.ManagerIdleCPU)/cfg.Idle.Minutes()).Round(10*time.Millisecond))
 	if r.AgentRuns > 0 {
-		t.Row("node agent RSS / CPU per collection", "%s (%s file pages) / %s (%d agents, %.0f collections each)",
-			mib(r.AgentRSS), mib(r.AgentFileRSS), r.AgentCPUPerRun.Round(100*time.Microsecond), cfg.Agents, r.AgentRuns)
+		t.Row("node agent RSS / CPU per collection", "%s (%s file pages) / %s (%d agents, %.0f collections each; start-up and first %.0f: %s)",
+			mib(r.AgentRSS), mib(r.AgentFileRSS), r.AgentCPUPerRun.Round(100*time.Microsecond), cfg.Agents, r.AgentRuns,
+			r.AgentStartRuns, r.AgentStartCPU.Round(time.Millisecond))
 	}
 	t.Row("KubeRay (published)", "%s", `"500 MB for 500 Ray pods"`)
 	t.Requests(Column{Name: "rollout", Counts: r.Rollout}, Column{Name: "workloads", Counts: r.Workloads},

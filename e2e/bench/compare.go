@@ -113,8 +113,9 @@ func (cfg CompareConfig) runs(scenario string) bool {
 // CompareRun is one contender's measurement in one repetition.
 type CompareRun struct {
 	// Done is the time to all RayClusters ready, or to all of the gang's
-	// pods created; Running to all the gang's pods running.
-	Done, Running time.Duration
+	// pods created; Running to all the pods running; Created (RayClusters)
+	// to all their pods created.
+	Done, Running, Created time.Duration
 	// Quiet is the time to the contender's last write while converging
 	// (the audit log's; its converging ends 3 s later): an operator may
 	// still be writing when its pods are all there.

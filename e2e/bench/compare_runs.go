@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -77,6 +78,9 @@ func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (Comp
 	run.Done = time.Since(start)
 	run.Busy, run.Cluster = machineCPU().share(m0), diff(clusterCPU(c), pc0)
 	env.Logf("%d RayClusters ready after %s", n, round(run.Done))
+	if err := podsTimeline(c, &run, ns, start); err != nil {
+		return run, err
+	}
 	if floor != nil {
 		settle()
 		run.ControlPlaneCPU = controlPlaneCPU(c) - cp0
@@ -106,11 +110,7 @@ func (r *CompareReport) convergeAndIdle(env *Env, name string, op contender, run
 	run.ControlPlaneCPU = controlPlaneCPU(env.Cluster) - cp0
 	run.converged(s0, s1)
 	// The scrapes bound the last write; the audit log has its time.
-	programs := r.programs(name)
-	if t, err := env.Cluster.LastAudit(start, func(ev framework.AuditEvent) bool {
-		k := ev.Request
-		return slices.Contains(programs, framework.Program(ev.UserAgent)) && isWrite(k) && k.Verb != framework.InformerList && notArtefact(k)
-	}); err == nil && t.After(start) && t.Before(last) {
+	if t, err := lastWrite(env.Cluster, r.programs(name), start); err == nil && t.After(start) && t.Before(last) {
 		last = t
 	}
 	run.Quiet = last.Sub(start)
@@ -123,6 +123,16 @@ func (r *CompareReport) convergeAndIdle(env *Env, name string, op contender, run
 	}
 	run.idled(s1, s2, r.Config.Idle)
 	return nil
+}
+
+// lastWrite is the time of the last write from start on that the audit log
+// has from programs (user agents' programs), leases and the metrics
+// endpoint's reviews left out; the zero time: none.
+func lastWrite(c *framework.Cluster, programs []string, start time.Time) (time.Time, error) {
+	return c.LastAudit(start, func(ev framework.AuditEvent) bool {
+		k := ev.Request
+		return slices.Contains(programs, framework.Program(ev.UserAgent)) && isWrite(k) && k.Verb != framework.InformerList && notArtefact(k)
+	})
 }
 
 // converge waits until op has sent no write for q.quiet, scraping its
@@ -250,6 +260,29 @@ func timeGang(ctx context.Context, env *Env, run *CompareRun, pods int, ns strin
 	run.Running = time.Since(start)
 	env.Logf("%d pods running after %s", pods, round(run.Running))
 	return nil
+}
+
+// podsTimeline sets run's Created and Running from the audit log: when the
+// last of the namespace's pods was created, and when kwok last patched one's
+// status (kwok plays a pod's start in one patch: Running and Ready). With
+// Done they tell where a contender's time went: into creating the pods, the
+// simulated cluster's scheduling and starting them, or its own status
+// write after they ran.
+func podsTimeline(c *framework.Cluster, run *CompareRun, ns string, start time.Time) error {
+	last := func(verb, resource, program string) (time.Duration, error) {
+		t, err := c.LastAudit(start, func(ev framework.AuditEvent) bool {
+			return ev.Namespace == ns && ev.Request == framework.APIRequest{Verb: verb, Resource: resource} && ev.Code/100 == 2 &&
+				(program == "" || framework.Program(ev.UserAgent) == program)
+		})
+		if err != nil || t.IsZero() {
+			return 0, err
+		}
+		return t.Sub(start), nil
+	}
+	var err1, err2 error
+	run.Created, err1 = last("create", "pods", "")
+	run.Running, err2 = last("patch", "pods/status", "kwok")
+	return errors.Join(err1, err2)
 }
 
 // floorAgent is the floor's client's user agent: the audit log tells its

@@ -136,6 +136,8 @@ func rayMetrics(audit []metric) []metric {
 	ms := []metric{
 		{label: "all RayClusters ready", get: func(r CompareRun) float64 { return r.Done.Seconds() }, unit: secs, goals: []goal{{max: 0.6}}},
 		{label: "  half of them ready", get: func(r CompareRun) float64 { return r.Half.Seconds() }, unit: secs},
+		{label: "  all pods created", get: func(r CompareRun) float64 { return r.Created.Seconds() }, unit: secs},
+		{label: "  all pods running (kwok's last start)", get: func(r CompareRun) float64 { return r.Running.Seconds() }, unit: secs},
 		{label: "  operator's last write", get: func(r CompareRun) float64 { return r.Quiet.Seconds() }, unit: secs, process: true},
 		{label: "  machine's CPUs busy to all ready", get: func(r CompareRun) float64 { return r.Busy }, unit: percent, noRatio: true},
 		{label: "  kube-apiserver CPU to all ready", get: func(r CompareRun) float64 { return r.Cluster["kube-apiserver"] }, unit: cpuSecs},

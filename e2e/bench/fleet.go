@@ -113,11 +113,18 @@ func stopAgents(agents []agentProc) {
 	}
 }
 
-// measureAgents averages the agents' RSS and their CPU time per
-// collection (all CPU the process used, over the collections it made).
-func (r *Report) measureAgents(agents []agentProc) {
-	var rss, file int64
-	var cpu, runs float64
+// agentUse is the measured agents' CPU seconds and collections, summed,
+// and their RSS, averaged, at one moment.
+type agentUse struct {
+	cpu, runs float64
+	rss, file int64
+	n         int
+}
+
+// sampleAgents reads every agent's collections (its metrics) and its
+// process's CPU and RSS; an agent whose metrics do not answer is left out.
+func sampleAgents(agents []agentProc) agentUse {
+	var u agentUse
 	for _, a := range agents {
 		text, err := framework.HTTPMetrics(a.metricsURL)
 		if err != nil {
@@ -127,14 +134,29 @@ func (r *Report) measureAgents(agents []agentProc) {
 		s, _ := framework.CPUSeconds(a.proc.PID())
 		m, _ := framework.RSS(a.proc.PID())
 		f, _ := framework.FileRSS(a.proc.PID())
-		rss, file, cpu, runs = rss+m, file+f, cpu+s, runs+n
+		u.cpu, u.runs, u.rss, u.file, u.n = u.cpu+s, u.runs+n, u.rss+m, u.file+f, u.n+1
 	}
-	if len(agents) == 0 || runs == 0 {
+	return u
+}
+
+// measureAgents sets the agents' figures from a sample taken once their
+// GPUNodes were published (start) and one now: their RSS, their CPU to
+// start (the process's start-up and first collections) and their CPU per
+// collection after that, which is what a node pays while it runs.
+func (r *Report) measureAgents(agents []agentProc, start agentUse) {
+	end := sampleAgents(agents)
+	if end.n == 0 || end.runs == 0 {
 		return
 	}
-	r.AgentRSS, r.AgentFileRSS = rss/int64(len(agents)), file/int64(len(agents))
-	r.AgentRuns = runs / float64(len(agents))
-	r.AgentCPUPerRun = seconds(cpu / runs)
+	n := float64(end.n)
+	r.AgentRSS, r.AgentFileRSS = end.rss/int64(end.n), end.file/int64(end.n)
+	r.AgentRuns = end.runs / n
+	if start.n > 0 {
+		r.AgentStartCPU, r.AgentStartRuns = seconds(start.cpu/float64(start.n)), start.runs/float64(start.n)
+	}
+	if runs := end.runs - start.runs; start.n == end.n && runs > 0 {
+		r.AgentCPUPerRun = seconds((end.cpu - start.cpu) / runs)
+	}
 }
 
 // runWorkloads submits the small jobs, then the gang, timing its pod
