@@ -270,3 +270,44 @@ func TestCheckHealth(t *testing.T) {
 		t.Errorf("GPU 2 %+v", h)
 	}
 }
+
+// A MIG device's handle is made once: asking again (every collection asks
+// for every one) gives the same device, gated like the GPUs' when the
+// driver goes.
+func TestSimulatedMIGHandles(t *testing.T) {
+	root := t.TempDir()
+	lib := BareLibrary(root)
+	if err := os.MkdirAll(filepath.Dir(lib), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(lib, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := simulate(t, SimOptions{System: "dgx-h100", GPUs: ptrInt(1), Seed: "n", MIG: "1g.10gb:7", Bare: true, DriverRoot: root})
+	if ret := s.Init(); ret != nvml.SUCCESS {
+		t.Fatal(nvml.ErrorString(ret))
+	}
+	dev, _ := s.DeviceGetHandleByIndex(0)
+	a, ret := dev.GetMigDeviceHandleByIndex(6)
+	if ret != nvml.SUCCESS {
+		t.Fatal(nvml.ErrorString(ret))
+	}
+	b, _ := dev.GetMigDeviceHandleByIndex(6)
+	other, _ := dev.GetMigDeviceHandleByIndex(5)
+	if a != b || a == other {
+		t.Error("the same MIG device's handle differs between calls, or two devices share one")
+	}
+	if _, ret := dev.GetMigDeviceHandleByIndex(7); ret != nvml.ERROR_NOT_FOUND {
+		t.Errorf("an eighth MIG device of seven = %v", nvml.ErrorString(ret))
+	}
+	uuid, ret := a.GetUUID()
+	if ret != nvml.SUCCESS || !strings.HasPrefix(uuid, "MIG-") {
+		t.Fatalf("MIG UUID %q, %v", uuid, nvml.ErrorString(ret))
+	}
+	if err := os.Remove(lib); err != nil {
+		t.Fatal(err)
+	}
+	if _, ret := a.GetUUID(); ret != nvml.ERROR_DRIVER_NOT_LOADED {
+		t.Errorf("a MIG device call after the driver went = %v", nvml.ErrorString(ret))
+	}
+}

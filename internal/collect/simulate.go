@@ -1,10 +1,12 @@
 package collect
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"fmt"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -92,6 +94,7 @@ type Simulator struct {
 	registered   map[*server.Device]uint64
 	remapPending map[int]bool
 	dbe          map[int]uint64
+	migs         map[migKey]nvml.Device // the MIG devices handed out
 }
 
 // Simulate builds a simulated NVML library.
@@ -112,7 +115,7 @@ func Simulate(o SimOptions) (*Simulator, error) {
 	}
 	srv := sys.new(gpus.Multiple(n, sys.gpu)...)
 	s := &Simulator{Interface: srv, events: make(chan nvml.EventData, 64), registered: map[*server.Device]uint64{},
-		remapPending: map[int]bool{}, dbe: map[int]uint64{}, migFile: o.MIGFile}
+		remapPending: map[int]bool{}, dbe: map[int]uint64{}, migs: map[migKey]nvml.Device{}, migFile: o.MIGFile}
 	if o.Bare {
 		s.bareLib = BareLibrary(o.DriverRoot)
 	}
@@ -252,62 +255,83 @@ func (s *Simulator) completeDevice(dev *server.Device, seed string) {
 	}
 	dev.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 7, nvml.SUCCESS }
 	dev.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
-		migs := migDevices(dev, seed)
-		if i < 0 || i >= len(migs) {
+		keys := migKeys(dev)
+		if i < 0 || i >= len(keys) {
 			return nil, nvml.ERROR_NOT_FOUND
 		}
-		if s.bareLib != "" {
-			s.gateFuncs(reflect.ValueOf(migs[i]).Elem())
-		}
-		return migs[i], nvml.SUCCESS
+		return s.migDevice(keys[i], seed), nvml.SUCCESS
 	}
 }
 
-// migDevices lists the MIG devices of a mock GPU: one per compute instance,
+// migKey is one MIG device of a mock GPU: its GPU and compute instance IDs
+// and their profiles, from which everything its handle answers follows.
+type migKey struct {
+	dev                  *server.Device
+	gi, ci               uint32
+	giProfile, ciProfile int
+}
+
+// migKeys lists the MIG devices of a mock GPU: one per compute instance,
 // ordered by GPU instance and compute instance ID.
-func migDevices(dev *server.Device, seed string) []nvml.Device {
+func migKeys(dev *server.Device) []migKey {
 	dev.RLock()
 	defer dev.RUnlock()
-	type entry struct {
-		gi, ci uint32
-		info   nvml.GpuInstanceProfileInfo
-		ciInfo nvml.ComputeInstanceProfileInfo
-	}
-	var entries []entry
+	var keys []migKey
 	for gi := range dev.GpuInstances {
-		giProfile := dev.Config.MIGProfiles.GpuInstanceProfiles[int(gi.Info.ProfileId)]
 		for ci := range gi.ComputeInstances {
-			ciProfile := dev.Config.MIGProfiles.ComputeInstanceProfiles[int(gi.Info.ProfileId)][int(ci.Info.ProfileId)]
-			entries = append(entries, entry{gi: gi.Info.Id, ci: ci.Info.Id, info: giProfile, ciInfo: ciProfile})
+			keys = append(keys, migKey{dev: dev, gi: gi.Info.Id, ci: ci.Info.Id,
+				giProfile: int(gi.Info.ProfileId), ciProfile: int(ci.Info.ProfileId)})
 		}
 	}
-	sort.Slice(entries, func(i, j int) bool {
-		if entries[i].gi != entries[j].gi {
-			return entries[i].gi < entries[j].gi
+	slices.SortFunc(keys, func(a, b migKey) int {
+		if c := cmp.Compare(a.gi, b.gi); c != 0 {
+			return c
 		}
-		return entries[i].ci < entries[j].ci
+		return cmp.Compare(a.ci, b.ci)
 	})
-	out := make([]nvml.Device, 0, len(entries))
-	for _, e := range entries {
-		uuid := stableUUID("MIG", seed, dev.UUID, strconv.Itoa(int(e.gi)), strconv.Itoa(int(e.ci)))
-		out = append(out, &mock.Device{
-			GetUUIDFunc:              func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
-			GetGpuInstanceIdFunc:     func() (int, nvml.Return) { return int(e.gi), nvml.SUCCESS },
-			GetComputeInstanceIdFunc: func() (int, nvml.Return) { return int(e.ci), nvml.SUCCESS },
-			GetMemoryInfoFunc: func() (nvml.Memory, nvml.Return) {
-				return nvml.Memory{Total: e.info.MemorySizeMB << 20}, nvml.SUCCESS
-			},
-			GetAttributesFunc: func() (nvml.DeviceAttributes, nvml.Return) {
-				return nvml.DeviceAttributes{
-					GpuInstanceSliceCount:     e.info.SliceCount,
-					ComputeInstanceSliceCount: e.ciInfo.SliceCount,
-					MemorySizeMB:              e.info.MemorySizeMB,
-					MultiprocessorCount:       e.ciInfo.MultiprocessorCount,
-				}, nvml.SUCCESS
-			},
-		})
+	return keys
+}
+
+// migDevice is the handle of MIG device k, made once and then handed out
+// again: a collection asks for every MIG device's handle, and a mock device
+// is a large struct (building each GPU's list for each handle cost a
+// collection of 8 GPUs × 7 devices 6.8 MB and 2.8 ms).
+func (s *Simulator) migDevice(k migKey, seed string) nvml.Device {
+	s.mu.Lock()
+	d, ok := s.migs[k]
+	s.mu.Unlock()
+	if ok {
+		return d
 	}
-	return out
+	info := k.dev.Config.MIGProfiles.GpuInstanceProfiles[k.giProfile]
+	ciInfo := k.dev.Config.MIGProfiles.ComputeInstanceProfiles[k.giProfile][k.ciProfile]
+	uuid := stableUUID("MIG", seed, k.dev.UUID, strconv.Itoa(int(k.gi)), strconv.Itoa(int(k.ci)))
+	m := &mock.Device{
+		GetUUIDFunc:              func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
+		GetGpuInstanceIdFunc:     func() (int, nvml.Return) { return int(k.gi), nvml.SUCCESS },
+		GetComputeInstanceIdFunc: func() (int, nvml.Return) { return int(k.ci), nvml.SUCCESS },
+		GetMemoryInfoFunc: func() (nvml.Memory, nvml.Return) {
+			return nvml.Memory{Total: info.MemorySizeMB << 20}, nvml.SUCCESS
+		},
+		GetAttributesFunc: func() (nvml.DeviceAttributes, nvml.Return) {
+			return nvml.DeviceAttributes{
+				GpuInstanceSliceCount:     info.SliceCount,
+				ComputeInstanceSliceCount: ciInfo.SliceCount,
+				MemorySizeMB:              info.MemorySizeMB,
+				MultiprocessorCount:       ciInfo.MultiprocessorCount,
+			}, nvml.SUCCESS
+		},
+	}
+	if s.bareLib != "" {
+		s.gateFuncs(reflect.ValueOf(m).Elem())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d, ok := s.migs[k]; ok {
+		return d // another caller's, made meanwhile
+	}
+	s.migs[k] = m
+	return m
 }
 
 type migRequest struct {
