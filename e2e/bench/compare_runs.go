@@ -79,7 +79,7 @@ func (r *CompareReport) rayRun(ctx context.Context, env *Env, name string) (Comp
 	run.Busy, run.Cluster = machineCPU().share(m0), diff(clusterCPU(c), pc0)
 	env.Logf("%d RayClusters ready after %s", n, round(run.Done))
 	if err := podsTimeline(c, &run, ns, start); err != nil {
-		return run, err
+		env.Logf("no pods' timeline (its rows stay 0): %v", err) // a diagnostic, not the measurement
 	}
 	if floor != nil {
 		settle()
