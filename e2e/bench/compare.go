@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -141,6 +142,13 @@ type CompareRun struct {
 	// same converging window: where the simulated control plane is the
 	// bound, this says so.
 	ControlPlaneCPU float64
+	// LimiterWait is the seconds the contender's requests waited for its
+	// own client rate limiter while converging, summed over its requests
+	// (client-go's rest_client_rate_limiter_duration_seconds): where the
+	// contender throttled itself, this says so. NaN for a contender whose
+	// metrics do not have it (the anchors' controller-runtime leaves it
+	// off).
+	LimiterWait float64
 	// Writes while converging and per idle minute: client-go's POST, PUT,
 	// PATCH and DELETE requests, without Loom's lease renewals and the
 	// metrics endpoint's reviews of the benchmark's own scrapes.
@@ -405,6 +413,9 @@ type sample struct {
 	loom                  map[framework.APIRequest]float64
 	rss, peak, anon, file int64
 	cpu                   float64
+	// limiter is rest_client_rate_limiter_duration_seconds_sum, NaN
+	// without it.
+	limiter float64
 }
 
 // takeSample scrapes the contender's metrics, then reads its /proc status.
@@ -419,6 +430,11 @@ func takeSample(c contender) (sample, error) {
 	}
 	s := sample{at: at, loom: framework.ParseAPIRequests(text)}
 	s.writes = framework.RESTClientWrites(text) - benchArtefacts(s.loom)
+	if v, ok := framework.MetricSum(text, "rest_client_rate_limiter_duration_seconds_sum"); ok {
+		s.limiter = v
+	} else {
+		s.limiter = math.NaN()
+	}
 	pid := c.PID()
 	s.rss, _ = framework.RSS(pid)
 	s.peak, _ = framework.PeakRSS(pid)
@@ -452,6 +468,7 @@ func (run *CompareRun) converged(s0, s1 sample) {
 	run.RSS, run.AnonRSS, run.FileRSS = s1.rss, s1.anon, s1.file
 	run.CPU = s1.cpu - s0.cpu
 	run.Writes = s1.writes - s0.writes
+	run.LimiterWait = s1.limiter - s0.limiter
 	run.from, run.to = s0.at, s1.at
 }
 

@@ -139,6 +139,7 @@ func rayMetrics(audit []metric) []metric {
 		{label: "  all pods created", get: func(r CompareRun) float64 { return r.Created.Seconds() }, unit: secs},
 		{label: "  all pods running (kwok's last start)", get: func(r CompareRun) float64 { return r.Running.Seconds() }, unit: secs},
 		{label: "  operator's last write", get: func(r CompareRun) float64 { return r.Quiet.Seconds() }, unit: secs, process: true},
+		limiterRow("  "),
 		{label: "  machine's CPUs busy to all ready", get: func(r CompareRun) float64 { return r.Busy }, unit: percent, noRatio: true},
 		{label: "  kube-apiserver CPU to all ready", get: func(r CompareRun) float64 { return r.Cluster["kube-apiserver"] }, unit: cpuSecs},
 		{label: "  etcd CPU to all ready", get: func(r CompareRun) float64 { return r.Cluster["etcd"] }, unit: cpuSecs},
@@ -158,6 +159,18 @@ func rayMetrics(audit []metric) []metric {
 	return append(ms, metric{label: "writes per idle minute", get: func(r CompareRun) float64 { return r.IdleWrites }, unit: count, process: true})
 }
 
+// limiterRow is the row of the time the operator's requests waited for its own
+// client rate limiter, summed over them ("–" where its metrics do not say):
+// near 0, the operator did not throttle itself, and its time is its work's
+// and the cluster's.
+func limiterRow(indent string) metric {
+	return metric{label: indent + "operator's requests' wait for its client rate limiter (sum)",
+		get: func(r CompareRun) float64 { return r.LimiterWait }, unit: waitSecs, process: true, noRatio: true}
+}
+
+// waitSecs is a rate limiter's summed wait: milliseconds show.
+func waitSecs(v float64) string { return fmt.Sprintf("%.3f s", v) }
+
 // gangMetrics are a gang-like section's rows for pods pods, audit's after
 // the client-go writes; the goals are the gang scenario's.
 func gangMetrics(pods int, goals bool, audit []metric) []metric {
@@ -167,6 +180,7 @@ func gangMetrics(pods int, goals bool, audit []metric) []metric {
 		{label: "pods/s created", get: func(r CompareRun) float64 { return n / r.Done.Seconds() }, unit: count, goals: []goal{{min: 10}}},
 		{label: "all pods running", get: func(r CompareRun) float64 { return r.Running.Seconds() }, unit: secs},
 		{label: "operator's last write", get: func(r CompareRun) float64 { return r.Quiet.Seconds() }, unit: secs, process: true},
+		limiterRow(""),
 		{label: "API server + etcd CPU", get: func(r CompareRun) float64 { return r.ControlPlaneCPU }, unit: cpuSecs},
 		{label: "writes (to the operator's last write + 3 s)", get: func(r CompareRun) float64 { return r.Writes }, unit: count, goals: []goal{{max: 0.55}}},
 	}
