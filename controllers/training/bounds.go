@@ -2,7 +2,6 @@ package training
 
 import (
 	"math"
-	"sort"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -11,15 +10,6 @@ import (
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/manager"
 )
-
-func sortedPods(m map[string]*corev1.Pod) []*corev1.Pod {
-	out := make([]*corev1.Pod, 0, len(m))
-	for _, p := range m {
-		out = append(out, p)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
-}
 
 // ownPods keeps the pods that are the job's: in its namespace, labelled
 // with its name and controlled by it. The executor lists only those; decide
@@ -37,7 +27,7 @@ func ownPods(job *trainingv1alpha1.TrainingJob, pods []*corev1.Pod) []*corev1.Po
 
 // wanted: the gang has a pod of this role and index, and this is its name.
 func wanted(job *trainingv1alpha1.TrainingJob, role trainingv1alpha1.Role, index int32, name string) bool {
-	return index >= 0 && index < replicas(job, role) && name == PodName(job.Name, role, index)
+	return index >= 0 && index < replicas(job, role) && isPodName(name, job.Name, role, index)
 }
 
 // totalPods is the job's Σ replicas, in 64 bits: a hostile replica count

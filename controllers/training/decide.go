@@ -393,7 +393,8 @@ func children(p *pass) bool {
 // pods this pass can create are built (podset.PerPass, less the deletes);
 // the others are counted as deferred, for the passes that follow.
 func scale(p *pass) bool {
-	if p.hold {
+	// current holds only wanted pods, one a name: all there, none missing.
+	if p.hold || int64(len(p.pods.current)) == totalPods(p.job) {
 		return false
 	}
 	st := &p.d.status
@@ -437,7 +438,7 @@ type podView struct {
 }
 
 func viewPods(job *trainingv1alpha1.TrainingJob, pods []*corev1.Pod, attempt int32) podView {
-	v := podView{current: map[string]*corev1.Pod{}, occupied: map[string]bool{}}
+	v := podView{current: make(map[string]*corev1.Pod, len(pods)), occupied: map[string]bool{}}
 	for _, p := range pods {
 		role, index, a, ok := podIdentity(p)
 		switch {
@@ -465,9 +466,8 @@ func condTrue(st *trainingv1alpha1.TrainingJobStatus, t string) bool {
 func countPods(st *trainingv1alpha1.TrainingJobStatus, v podView) {
 	st.ReplicaStatuses = trainingv1alpha1.ReplicaStatuses{}
 	for _, p := range v.current {
-		role, _, _, _ := podIdentity(p)
 		rs := &st.ReplicaStatuses.Master
-		if role == trainingv1alpha1.RoleWorker {
+		if podRole(p) == trainingv1alpha1.RoleWorker {
 			rs = &st.ReplicaStatuses.Worker
 		}
 		switch p.Status.Phase {

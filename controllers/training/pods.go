@@ -1,7 +1,6 @@
 package training
 
 import (
-	"fmt"
 	"maps"
 	"math"
 	"strconv"
@@ -34,7 +33,32 @@ var roles = []trainingv1alpha1.Role{trainingv1alpha1.RoleMaster, trainingv1alpha
 
 // PodName is <job>-<role>-<index>, also the pod's hostname.
 func PodName(job string, role trainingv1alpha1.Role, index int32) string {
-	return fmt.Sprintf("%s-%s-%d", job, role, index)
+	return job + "-" + string(role) + "-" + strconv.FormatInt(int64(index), 10)
+}
+
+// isPodName: name is PodName(job, role, index), told without building it
+// (a pass over a gang of 512 pods asks it of every pod).
+func isPodName(name, job string, role trainingv1alpha1.Role, index int32) bool {
+	rest, ok := strings.CutPrefix(name, job)
+	if !ok {
+		return false
+	}
+	if rest, ok = strings.CutPrefix(rest, "-"); !ok {
+		return false
+	}
+	if rest, ok = strings.CutPrefix(rest, string(role)); !ok {
+		return false
+	}
+	if rest, ok = strings.CutPrefix(rest, "-"); !ok {
+		return false
+	}
+	var buf [12]byte
+	return rest == string(strconv.AppendInt(buf[:0], int64(index), 10))
+}
+
+// podRole is the role label of a pod podIdentity has accepted.
+func podRole(p *corev1.Pod) trainingv1alpha1.Role {
+	return trainingv1alpha1.Role(p.Labels[LabelReplicaType])
 }
 
 func replicaSpec(job *trainingv1alpha1.TrainingJob, role trainingv1alpha1.Role) *trainingv1alpha1.ReplicaSpec {

@@ -55,19 +55,28 @@ func schedule(p *pass) bool {
 	return false
 }
 
-// placed counts the current pods bound to a node, and quotes the first
-// unbound pod's scheduler message.
+// placed counts the current pods bound to a node, and quotes the scheduler's
+// message on the first unbound pod, by name, that has one.
 func placed(v podView) (bound int, podMsg string) {
-	for _, p := range sortedPods(v.current) {
+	var first *corev1.Pod
+	var msg string
+	for _, p := range v.current {
 		if p.Spec.NodeName != "" {
 			bound++
 			continue
 		}
+		if first != nil && first.Name < p.Name {
+			continue
+		}
 		for _, c := range p.Status.Conditions {
-			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Message != "" && podMsg == "" {
-				podMsg = fmt.Sprintf("pod %s: %s", p.Name, c.Message)
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Message != "" {
+				first, msg = p, c.Message
+				break
 			}
 		}
+	}
+	if first != nil {
+		podMsg = fmt.Sprintf("pod %s: %s", first.Name, msg)
 	}
 	return bound, podMsg
 }
@@ -155,7 +164,7 @@ func status(p *pass) bool {
 // worker that finished first still does), and whether the master runs.
 func runningPods(v podView) (running int32, masterRunning bool) {
 	for _, p := range v.current {
-		role, _, _, _ := podIdentity(p)
+		role := podRole(p)
 		switch {
 		case p.Status.Phase == corev1.PodRunning:
 			running++
