@@ -114,6 +114,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		MetadataOnly: []schema.GroupKind{{Group: rbacv1.GroupName, Kind: "Role"}, {Group: rbacv1.GroupName, Kind: "RoleBinding"}},
 		SpecOnly:     []schema.GroupKind{gang.PodGroupKind}})
 	r.pods = podset.New(r.Client, r.APIReader, r.Recorder, nil)
+	if err := r.pods.IndexCache(ctx, mgr.GetCache()); err != nil {
+		return err
+	}
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named("raycluster").
 		For(&rayv1.RayCluster{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).

@@ -78,6 +78,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	}
 	r := newReconciler(mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder("loom-training"), opts)
 	r.Index = idx
+	if err := r.pods.IndexCache(ctx, mgr.GetCache()); err != nil {
+		return err
+	}
 	inventoryChanged := make(chan ctrlevent.GenericEvent, 64)
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named("trainingjob").
