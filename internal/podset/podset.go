@@ -134,8 +134,9 @@ func (e *Executor) Observe(owner client.Object, cached []*corev1.Pod, now time.T
 }
 
 // List lists the pods in owner's namespace that carry the labels match and
-// that owner controls, from Client (the cache), and returns them as Observe
-// does. The pods are the cache's own objects, not copies (a pass over a
+// that owner controls, from the pod cache's controller index when
+// IndexCache set it up, else through Client (the cache), and returns them as
+// Observe does. The pods are the cache's own objects, not copies (a pass over a
 // gang of 512 pods otherwise spends most of its time copying them): read
 // them, never change them; copy one before changing it.
 func (e *Executor) List(ctx context.Context, owner client.Object, match client.MatchingLabels, now time.Time) ([]*corev1.Pod, error) {
