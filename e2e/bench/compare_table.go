@@ -96,7 +96,9 @@ func (r *CompareReport) sections(t *Table) {
 		t.Blank()
 		t.Row("raycluster", "%d RayClusters (1 head + 3 workers, %d pods) on %d nodes; Loom's manager with --controllers=raycluster, and with all its controllers (the whole platform, as the chart runs it), vs %s (all its controllers), vs the floor (a plain client, no rate limit, 32 writes in flight, that watches the RayClusters and their pods and sends only what any operator must: each cluster's head Service and pods as KubeRay's builders make them, and one status patch to ready); idle window %s",
 			cfg.Clusters, 4*cfg.Clusters, cfg.rayNodes(), r.anchorName(contKubeRay), cfg.Idle)
-		ratios := [][2]string{{contLoom, contKubeRay}, {contLoomAll, contKubeRay}, {contLoom, contFloor}}
+		// floor/KubeRay is how far below KubeRay this machine lets any
+		// operator get: the bound of the Loom/KubeRay goals on time.
+		ratios := [][2]string{{contLoom, contKubeRay}, {contLoomAll, contKubeRay}, {contLoom, contFloor}, {contFloor, contKubeRay}}
 		r.section(t, r.Ray, rayContenders, ratios, rayMetrics(auditMetrics(r.Ray, rayContenders, "while converging")))
 	}
 	if len(r.Gang) > 0 {
