@@ -21,11 +21,14 @@ func cell(t *testing.T, table, label, head string) string {
 			break
 		}
 	}
+	if row == "" {
+		t.Fatalf("no column %q on row %q in\n%s", head, label, table)
+	}
 	// Columns are aligned in runes ("–" and "×" are several bytes).
 	at := len([]rune(header[:strings.Index(header, " "+head+" ")+1]))
 	runes := []rune(row)
-	if header == "" || row == "" || at > len(runes) {
-		t.Fatalf("no column %q on row %q in\n%s", head, label, table)
+	if at > len(runes) {
+		t.Fatalf("row %q ends before column %q", row, head)
 	}
 	rest := string(runes[at:])
 	if end := strings.Index(rest, "  "); end >= 0 {
