@@ -123,9 +123,12 @@ type event struct {
 type group struct {
 	name    string
 	desired int64
-	hash    string
-	spec    *rayv1.WorkerGroupSpec // nil for the head
-	pods    []*corev1.Pod          // live (not terminating, not finished)
+	// pod is the group's pod as built now (without a name, when the name
+	// is generated); its template stamp is stamp.
+	pod   *corev1.Pod
+	stamp stamp
+	spec  *rayv1.WorkerGroupSpec // nil for the head
+	pods  []*corev1.Pod          // live (not terminating, not finished)
 }
 
 func setCond(st *rayv1.RayClusterStatus, t string, s metav1.ConditionStatus, reason, msg string, gen int64, now time.Time) {
@@ -159,9 +162,8 @@ type pass struct {
 
 // shortfall is how many pods a group lacks.
 type shortfall struct {
-	g  *group
-	pg string // the PodGroup its pods join ("" for none)
-	n  int64
+	g *group
+	n int64
 }
 
 // set sets a condition of the pass's status.
@@ -363,10 +365,12 @@ func scale(p *pass) bool {
 	if p.d.podGroup != nil {
 		pg = p.d.podGroup.Name
 	}
-	groups := []*group{{name: headGroup, desired: 1, hash: headHash(rc), pods: p.byGroup[headGroup]}}
+	head := buildHeadPod(p.ctx, rc, pg)
+	groups := []*group{{name: headGroup, desired: 1, pod: head, stamp: parseStamp(head.Annotations[AnnotationTemplateHash]), pods: p.byGroup[headGroup]}}
 	for i := range rc.Spec.WorkerGroupSpecs {
 		g := &rc.Spec.WorkerGroupSpecs[i]
-		groups = append(groups, &group{name: g.GroupName, desired: groupPods(g), hash: groupHash(rc, g), spec: g, pods: p.byGroup[g.GroupName]})
+		w := buildWorkerPod(p.ctx, rc, g, pg)
+		groups = append(groups, &group{name: g.GroupName, desired: groupPods(g), pod: w, stamp: parseStamp(w.Annotations[AnnotationTemplateHash]), spec: g, pods: p.byGroup[g.GroupName]})
 	}
 	known := map[string]bool{}
 	for _, g := range groups {
@@ -379,7 +383,7 @@ func scale(p *pass) bool {
 	}
 	rolling := false
 	for _, g := range groups {
-		scaleGroup(p, g, pg, rolling)
+		scaleGroup(p, g, rolling)
 		if !groupSettled(g) {
 			rolling = true
 		}
@@ -396,7 +400,7 @@ func groupOf(p *corev1.Pod) string {
 
 // scaleGroup makes one group's pods match its desired count and template:
 // what it lacks is left to build.
-func scaleGroup(p *pass, g *group, pg string, holdRollout bool) {
+func scaleGroup(p *pass, g *group, holdRollout bool) {
 	rc, d := p.rc, &p.d
 	live := g.pods
 	// workersToDelete: the autoscaler's (or a user's) choice of pods to go.
@@ -417,7 +421,7 @@ func scaleGroup(p *pass, g *group, pg string, holdRollout bool) {
 	}
 	var current, outdated []*corev1.Pod
 	for _, pod := range live {
-		if pod.Annotations[AnnotationTemplateHash] == g.hash {
+		if builtFrom(pod.Annotations[AnnotationTemplateHash], g.stamp) {
 			current = append(current, pod)
 		} else {
 			outdated = append(outdated, pod)
@@ -431,7 +435,7 @@ func scaleGroup(p *pass, g *group, pg string, holdRollout bool) {
 	n := int64(len(current) + len(outdated))
 	switch {
 	case n < g.desired:
-		p.missing = append(p.missing, shortfall{g: g, pg: pg, n: g.desired - n})
+		p.missing = append(p.missing, shortfall{g: g, n: g.desired - n})
 	case n > g.desired && (g.spec == nil || !utils.IsAutoscalingEnabled(&rc.Spec)):
 		// Without the autoscaler, scale down by the least useful pods:
 		// outdated first, then not ready, then the newest. With it, only
@@ -451,11 +455,7 @@ func build(p *pass) bool {
 	for _, s := range p.missing {
 		n := min(s.n, room)
 		for range n {
-			if s.g.spec == nil {
-				p.d.create = append(p.d.create, buildHeadPod(p.ctx, p.rc, s.pg))
-			} else {
-				p.d.create = append(p.d.create, buildWorkerPod(p.ctx, p.rc, s.g.spec, s.pg))
-			}
+			p.d.create = append(p.d.create, s.g.pod.DeepCopy())
 		}
 		room -= n
 		p.d.deferred = add(p.d.deferred, s.n-n)

@@ -3,10 +3,15 @@ package raycluster
 import (
 	"context"
 	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr/funcr"
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -58,7 +63,7 @@ func TestDecideCountsExpectedPods(t *testing.T) {
 		for _, p := range d.create {
 			t.Logf("create %s %v", p.GenerateName, p.Labels["ray.io/group"])
 		}
-		t.Logf("group hash %s", groupHash(rc2, &rc2.Spec.WorkerGroupSpecs[0]))
+		t.Logf("group hash %s", buildWorkerPod(ctx, rc2, &rc2.Spec.WorkerGroupSpecs[0], "").Annotations[AnnotationTemplateHash])
 		t.Fatalf("second pass: create %d remove %d", len(d.create), len(d.remove))
 	}
 }
@@ -183,5 +188,190 @@ func TestDecideBuildersLogAtDebug(t *testing.T) {
 	decide(log.IntoContext(context.Background(), sink), rc, observed{now: time.Now()}, "none")
 	if len(lines) == 0 {
 		t.Fatal("at debug verbosity the builders' lines are gone too")
+	}
+}
+
+// The template hash is taken from the pod as KubeRay's builders make it, so
+// every input they read rolls the pods it shapes, and nothing else does:
+// the head's port and Service name reach the workers' ray start command,
+// gcsFaultToleranceOptions and the cluster's annotations reach the head.
+func TestTemplateHashCoversWhatBuildersRead(t *testing.T) {
+	ctx := context.Background()
+	hashes := func(rc *rayv1.RayCluster, pg string) (string, string) {
+		rc = normalized(rc)
+		return buildHeadPod(ctx, rc, pg).Annotations[AnnotationTemplateHash],
+			buildWorkerPod(ctx, rc, &rc.Spec.WorkerGroupSpecs[0], pg).Annotations[AnnotationTemplateHash]
+	}
+	for _, tc := range []struct {
+		name         string
+		edit         func(*rayv1.RayCluster)
+		pg           string
+		head, worker bool // whose pods roll
+	}{
+		{name: "head port", edit: func(rc *rayv1.RayCluster) { rc.Spec.HeadGroupSpec.RayStartParams["port"] = "6380" }, head: true, worker: true},
+		{name: "head Service name", edit: func(rc *rayv1.RayCluster) {
+			rc.Spec.HeadGroupSpec.HeadService = &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "custom-head"}}
+		}, head: false, worker: true},
+		{name: "GCS fault tolerance", edit: func(rc *rayv1.RayCluster) {
+			rc.Spec.GcsFaultToleranceOptions = &rayv1.GcsFaultToleranceOptions{RedisAddress: "redis:6379"}
+		}, head: true, worker: true},
+		{name: "annotation overwrite-container-cmd", edit: func(rc *rayv1.RayCluster) {
+			rc.Annotations = map[string]string{utils.RayOverwriteContainerCmdAnnotationKey: "true"}
+		}, head: true, worker: true},
+		{name: "worker image", edit: func(rc *rayv1.RayCluster) {
+			rc.Spec.WorkerGroupSpecs[0].Template.Spec.Containers[0].Image = "rayproject/ray:2.99.0"
+		}, head: false, worker: true},
+		{name: "head image", edit: func(rc *rayv1.RayCluster) {
+			rc.Spec.HeadGroupSpec.Template.Spec.Containers[0].Image = "rayproject/ray:2.99.0"
+		}, head: true, worker: false},
+		// The autoscaler runs beside the head; KubeRay builds the workers alike.
+		{name: "autoscaler", edit: func(rc *rayv1.RayCluster) { rc.Spec.EnableInTreeAutoscaling = ptr.To(true) }, head: true, worker: false},
+		{name: "worker replicas", edit: func(rc *rayv1.RayCluster) { rc.Spec.WorkerGroupSpecs[0].Replicas = ptr.To[int32](7) }},
+		{name: "PodGroup", edit: func(*rayv1.RayCluster) {}, pg: "ray-sample-pg"},
+		{name: "status", edit: func(rc *rayv1.RayCluster) { rc.Status.State = rayv1.Ready }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := sample(t, "ray-cluster.sample.yaml", "unit")
+			rc.UID = "u1"
+			h0, w0 := hashes(rc, "")
+			if h, w := hashes(rc, ""); h != h0 || w != w0 {
+				t.Fatalf("building twice gave different hashes: head %s/%s, worker %s/%s", h0, h, w0, w)
+			}
+			tc.edit(rc)
+			h1, w1 := hashes(rc, tc.pg)
+			if got := !builtFrom(h0, parseStamp(h1)); got != tc.head {
+				t.Errorf("head rolls: %v, want %v", got, tc.head)
+			}
+			if got := !builtFrom(w0, parseStamp(w1)); got != tc.worker {
+				t.Errorf("workers roll: %v, want %v", got, tc.worker)
+			}
+		})
+	}
+}
+
+// A pod built by other KubeRay builders (Loom upgraded) is rolled only
+// when what it was built from changed, so that an upgrade restarts no Ray
+// cluster; with the same builders, only the pod as built counts.
+func TestBuiltFrom(t *testing.T) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", "github.com/ray-project/kuberay/ray-operator").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := strings.TrimSpace(string(out)); builders() != v {
+		t.Errorf("builders() is %q; go.mod builds against KubeRay %s", builders(), v)
+	}
+	want := stamp{pod: "p2", spec: "s1", builders: "v1.6.0"}
+	for _, tc := range []struct {
+		have string
+		want bool
+	}{
+		{"p2/s1/v1.6.0", true},
+		{"p1/s1/v1.6.0", false},     // same builders, another pod: the spec changed in a way the spec hash does not see
+		{"p2/s0/v1.6.0", true},      // same pod from another spec (a field the builders ignore)
+		{"p1/s1/v1.5.0", true},      // Loom upgraded, the spec as it was
+		{"p1/s0/v1.5.0", false},     // Loom upgraded and the spec changed
+		{"0123456789abcdef", false}, // an earlier Loom's hash of the spec
+		{"", false},                 // not built by Loom
+		{"p1//v1.5.0", false},       // no spec recorded
+	} {
+		if got := builtFrom(tc.have, want); got != tc.want {
+			t.Errorf("builtFrom(%q, %v) = %v, want %v", tc.have, want, got, tc.want)
+		}
+	}
+}
+
+// A new head port: the head rolls first; once the new head is ready, the
+// workers built to dial the old port roll too.
+func TestHeadPortRollsWorkersAfterHead(t *testing.T) {
+	ctx := context.Background()
+	rc := normalized(sample(t, "ray-cluster.sample.yaml", "unit"))
+	rc.UID = "u1"
+	running := func(p *corev1.Pod, name string) *corev1.Pod {
+		p.Name, p.UID = name, types.UID("uid-"+name)
+		p.Status.Phase = corev1.PodRunning
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		p.CreationTimestamp = metav1.Now()
+		return p
+	}
+	oldHead := running(buildHeadPod(ctx, rc, ""), "h-old")
+	oldWorker := running(buildWorkerPod(ctx, rc, &rc.Spec.WorkerGroupSpecs[0], ""), "w-old")
+	rc.Spec.HeadGroupSpec.RayStartParams["port"] = "6380"
+
+	d := decide(ctx, rc, observed{pods: []*corev1.Pod{oldHead, oldWorker}, now: time.Now()}, "none")
+	if names := podNames(d.remove); !slices.Equal(names, []string{"h-old"}) {
+		t.Fatalf("first the head alone rolls; removed %v", names)
+	}
+	newHead := running(buildHeadPod(ctx, rc, ""), "h-new")
+	d = decide(ctx, rc, observed{pods: []*corev1.Pod{newHead, oldWorker}, now: time.Now()}, "none")
+	if names := podNames(d.remove); !slices.Equal(names, []string{"w-old"}) {
+		t.Fatalf("with the new head ready, the worker dialing port 6379 rolls; removed %v", names)
+	}
+}
+
+func podNames(pods []*corev1.Pod) []string {
+	var out []string
+	for _, p := range pods {
+		out = append(out, p.Name)
+	}
+	return out
+}
+
+// Ready is counted group by group: with the autoscaler a group keeps its
+// surplus pods, which must not stand in for another group's missing ones;
+// pods named in workersToDelete are about to go and do not count.
+func TestReadyIsCountedPerGroup(t *testing.T) {
+	ctx := context.Background()
+	pod := func(rc *rayv1.RayCluster, group int, name string, ready bool) *corev1.Pod {
+		var p *corev1.Pod
+		if group < 0 {
+			p = buildHeadPod(ctx, rc, "")
+		} else {
+			p = buildWorkerPod(ctx, rc, &rc.Spec.WorkerGroupSpecs[group], "")
+		}
+		p.Name, p.UID, p.CreationTimestamp = name, types.UID("uid-"+name), metav1.Now()
+		p.Status.Phase = corev1.PodPending
+		if ready {
+			p.Status.Phase = corev1.PodRunning
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name     string
+		pods     func(rc *rayv1.RayCluster) []*corev1.Pod
+		toDelete []string // group a's workersToDelete
+		want     bool
+	}{
+		{"every group has its pod", func(rc *rayv1.RayCluster) []*corev1.Pod {
+			return []*corev1.Pod{pod(rc, 0, "a1", true), pod(rc, 1, "b1", true)}
+		}, nil, true},
+		{"a's surplus beside b's pending pod", func(rc *rayv1.RayCluster) []*corev1.Pod {
+			return []*corev1.Pod{pod(rc, 0, "a1", true), pod(rc, 0, "a2", true), pod(rc, 1, "b1", false)}
+		}, nil, false},
+		{"a's surplus with b's pod ready", func(rc *rayv1.RayCluster) []*corev1.Pod {
+			return []*corev1.Pod{pod(rc, 0, "a1", true), pod(rc, 0, "a2", true), pod(rc, 1, "b1", true)}
+		}, nil, true},
+		{"a's only ready pod about to be deleted", func(rc *rayv1.RayCluster) []*corev1.Pod {
+			return []*corev1.Pod{pod(rc, 0, "a1", true), pod(rc, 0, "a2", false), pod(rc, 1, "b1", true)}
+		}, []string{"a1"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := normalized(sample(t, "ray-cluster.sample.yaml", "unit"))
+			rc.UID = "u1"
+			rc.Spec.EnableInTreeAutoscaling = ptr.To(true)
+			b := *rc.Spec.WorkerGroupSpecs[0].DeepCopy()
+			b.GroupName = "b"
+			rc.Spec.WorkerGroupSpecs = append(rc.Spec.WorkerGroupSpecs, b)
+			rc.Spec.WorkerGroupSpecs[0].GroupName = "a"
+			for i := range rc.Spec.WorkerGroupSpecs {
+				rc.Spec.WorkerGroupSpecs[i].Replicas = ptr.To[int32](1)
+			}
+			rc.Spec.WorkerGroupSpecs[0].ScaleStrategy.WorkersToDelete = tc.toDelete
+			pods := append(tc.pods(rc), pod(rc, -1, "h", true))
+			d := decide(ctx, rc, observed{pods: pods, now: time.Now()}, "none")
+			if got := d.status.State == rayv1.Ready; got != tc.want {
+				t.Fatalf("ready %v, want %v (readyWorkerReplicas %d of %d desired)", got, tc.want, d.status.ReadyWorkerReplicas, d.status.DesiredWorkerReplicas)
+			}
+		})
 	}
 }

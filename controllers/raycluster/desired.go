@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/common"
@@ -22,8 +23,8 @@ import (
 
 // Labels and annotations Loom adds to what KubeRay's builders produce.
 const (
-	// AnnotationTemplateHash is the hash of the group's spec a pod was built
-	// from; a pod whose hash differs from the group's is rolled.
+	// AnnotationTemplateHash is the template stamp of the pod (see stamp);
+	// a pod that is not current with what the builders make now is rolled.
 	AnnotationTemplateHash = "loom.dev/ray-template-hash"
 	// LabelScheduler and the two below are KubeRay's gang-scheduling labels
 	// on the RayCluster.
@@ -63,22 +64,11 @@ func normalized(rc *rayv1.RayCluster) *rayv1.RayCluster {
 	return rc
 }
 
-// headHash covers what shapes the head pod.
-func headHash(rc *rayv1.RayCluster) string {
-	return apply.Hash([]any{rc.Spec.HeadGroupSpec, rc.Spec.RayVersion, rc.Spec.EnableInTreeAutoscaling, rc.Spec.AutoscalerOptions})
-}
-
-// groupHash covers what shapes one worker group's pods (not its replica
-// counts).
-func groupHash(rc *rayv1.RayCluster, g *rayv1.WorkerGroupSpec) string {
-	return apply.Hash([]any{g.Template, g.RayStartParams, g.NumOfHosts, rc.Spec.RayVersion, rc.Spec.EnableInTreeAutoscaling})
-}
-
 // buildHeadPod is KubeRay's head pod (its builders: template, ray start
 // command, env, ports, probes, autoscaler sidecar) plus Loom's ownership,
 // template hash and gang membership.
 func buildHeadPod(ctx context.Context, rc *rayv1.RayCluster, pg string) *corev1.Pod {
-	hash := headHash(rc)
+	spec := specHash(rc, nil)
 	rc = rc.DeepCopy() // KubeRay's builders write into rayStartParams
 	// With KubeRay's ENABLE_DETERMINISTIC_HEAD_POD_NAME the head pod has a
 	// fixed name (a pod of the name that is not the cluster's is a
@@ -89,12 +79,12 @@ func buildHeadPod(ctx context.Context, rc *rayv1.RayCluster, pg string) *corev1.
 	tmpl := common.DefaultHeadPodTemplate(ctx, *rc, rc.Spec.HeadGroupSpec, podName, headPort)
 	pod := common.BuildPod(ctx, tmpl, rayv1.HeadNode, rc.Spec.HeadGroupSpec.RayStartParams, headPort,
 		utils.IsAutoscalingEnabled(&rc.Spec), utils.RayClusterCRD, fqdn, nil)
-	return ownPod(rc, &pod, hash, pg, headGroup)
+	return ownPod(rc, &pod, pg, headGroup, spec)
 }
 
 // buildWorkerPod is KubeRay's worker pod of group g, as above.
 func buildWorkerPod(ctx context.Context, rc *rayv1.RayCluster, g *rayv1.WorkerGroupSpec, pg string) *corev1.Pod {
-	hash := groupHash(rc, g)
+	spec := specHash(rc, g)
 	rc, g = rc.DeepCopy(), g.DeepCopy() // KubeRay's builders write into rayStartParams
 	podName := utils.PodName(fmt.Sprintf("%s-%s", rc.Name, g.GroupName), rayv1.WorkerNode, true)
 	fqdn := utils.GenerateFQDNServiceName(ctx, *rc, rc.Namespace)
@@ -104,13 +94,63 @@ func buildWorkerPod(ctx context.Context, rc *rayv1.RayCluster, g *rayv1.WorkerGr
 	tmpl := common.DefaultWorkerPodTemplate(ctx, *rc, *g, podName, fqdn, headPort, "", 0, 0)
 	pod := common.BuildPod(ctx, tmpl, rayv1.WorkerNode, g.RayStartParams, headPort,
 		utils.IsAutoscalingEnabled(&rc.Spec), utils.RayClusterCRD, fqdn, nil)
-	return ownPod(rc, &pod, hash, pg, g.GroupName)
+	return ownPod(rc, &pod, pg, g.GroupName, spec)
+}
+
+// The template stamp a pod carries (AnnotationTemplateHash) is three
+// fields, "<pod>/<spec>/<builders>":
+//   - pod: the hash of the pod as KubeRay's builders made it (before Loom's
+//     part): its name or name prefix, labels, annotations and spec. So every
+//     input the builders read rolls the pods when it changes: a field of the
+//     group, the head's port and Service that workers dial, the cluster's
+//     annotations (ray.io/ft-enabled), gcsFaultToleranceOptions, the Ray
+//     version, the autoscaler. Its gang (the PodGroup) is not part of it.
+//   - spec: the hash of what the builders were given for the pod: the
+//     cluster's name, labels, annotations and spec, of the worker groups
+//     only the pod's own, without replica counts and suspension.
+//   - builders: the version of KubeRay's builders.
+//
+// A pod built by other builders (Loom upgraded to a newer KubeRay) makes a
+// different pod from the same spec; it is rolled only when its spec
+// changed, so that an upgrade of Loom restarts no Ray cluster.
+type stamp struct{ pod, spec, builders string }
+
+func (s stamp) String() string { return s.pod + "/" + s.spec + "/" + s.builders }
+
+func parseStamp(v string) stamp {
+	f := strings.SplitN(v, "/", 3)
+	f = append(f, "", "", "")
+	return stamp{f[0], f[1], f[2]}
+}
+
+// builtFrom: a pod stamped have is current with the template want stamps.
+func builtFrom(have string, want stamp) bool {
+	h := parseStamp(have)
+	return h.pod == want.pod || h.builders != want.builders && h.spec == want.spec && h.spec != ""
+}
+
+// builders is the version of KubeRay's ray-operator module (go.mod's) whose
+// builders make the pods; a test holds it to go.mod.
+func builders() string { return "v1.5.0" }
+
+// specHash is the spec field of a stamp for the head (g nil) or group g.
+func specHash(rc *rayv1.RayCluster, g *rayv1.WorkerGroupSpec) string {
+	spec := rc.Spec.DeepCopy()
+	spec.Suspend, spec.WorkerGroupSpecs = nil, nil
+	if g != nil {
+		g = g.DeepCopy()
+		g.Replicas, g.MinReplicas, g.MaxReplicas, g.Suspend = nil, nil, nil, nil
+		g.ScaleStrategy = rayv1.ScaleStrategy{}
+		spec.WorkerGroupSpecs = []rayv1.WorkerGroupSpec{*g}
+	}
+	return apply.Hash([]any{rc.Name, rc.Labels, rc.Annotations, spec})
 }
 
 // ownPod adds Loom's part to a pod KubeRay's builders made: the cluster's
-// ownership, the managed-by label, the template hash and the gang
-// membership (pg: the PodGroup, "" for none).
-func ownPod(rc *rayv1.RayCluster, pod *corev1.Pod, hash, pg, task string) *corev1.Pod {
+// ownership, the managed-by label, the template stamp (spec: its spec
+// field) and the gang membership (pg: the PodGroup, "" for none).
+func ownPod(rc *rayv1.RayCluster, pod *corev1.Pod, pg, task, spec string) *corev1.Pod {
+	hash := stamp{apply.Hash([]any{pod.Name, pod.GenerateName, pod.Labels, pod.Annotations, pod.Spec}), spec, builders()}.String()
 	pod.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}
 	pod.Namespace = rc.Namespace
 	if pod.Annotations == nil {

@@ -106,6 +106,11 @@ func fuzzCluster(base *rayv1.RayCluster, in fuzzInput) *rayv1.RayCluster {
 // workersToDelete; the second the age.
 func fuzzPods(rc *rayv1.RayCluster, raw []byte, now time.Time) []*corev1.Pod {
 	var out []*corev1.Pod
+	ctx := context.Background()
+	hashes := []string{buildHeadPod(ctx, rc, "").Annotations[AnnotationTemplateHash]}
+	for i := range rc.Spec.WorkerGroupSpecs {
+		hashes = append(hashes, buildWorkerPod(ctx, rc, &rc.Spec.WorkerGroupSpecs[i], "").Annotations[AnnotationTemplateHash])
+	}
 	for i := 0; i+1 < len(raw) && len(out) < 256; i += 2 {
 		b := raw[i]
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
@@ -119,11 +124,11 @@ func fuzzPods(rc *rayv1.RayCluster, raw []byte, now time.Time) []*corev1.Pod {
 		case 0:
 			p.Labels[utils.RayNodeTypeLabelKey] = string(rayv1.HeadNode)
 			p.Labels[utils.RayNodeGroupLabelKey] = headGroup
-			p.Annotations[AnnotationTemplateHash] = headHash(rc)
+			p.Annotations[AnnotationTemplateHash] = hashes[0]
 		case 1, 2:
 			g := &rc.Spec.WorkerGroupSpecs[b&3-1]
 			p.Labels[utils.RayNodeGroupLabelKey] = g.GroupName
-			p.Annotations[AnnotationTemplateHash] = groupHash(rc, g)
+			p.Annotations[AnnotationTemplateHash] = hashes[b&3]
 		default:
 			p.Labels[utils.RayNodeGroupLabelKey] = "gone"
 		}

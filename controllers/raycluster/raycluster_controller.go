@@ -119,7 +119,10 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	}
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named("raycluster").
-		For(&rayv1.RayCluster{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
+		// Labels name the gang's queue; annotations reach KubeRay's validator
+		// and builders (ray.io/ft-enabled): an edit of either, which
+		// leaves the generation as it was, is seen.
+		For(&rayv1.RayCluster{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
 		Owns(&corev1.Pod{}).
 		Owns(&corev1.Service{}).
 		Owns(&corev1.ServiceAccount{}).

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -378,6 +379,41 @@ func TestGPUInventoryGap(t *testing.T) {
 		c := meta.FindStatusCondition(get(t, rc).Status.Conditions, ConditionGPUs)
 		if c == nil || c.Reason != "NeverFits" || !strings.Contains(c.Message, "group workergroup: needs 1 pod × 16 nvidia.com/gpu") {
 			return fmt.Errorf("GPU condition %+v", c)
+		}
+		return nil
+	})
+}
+
+// A cluster held because of an annotation (KubeRay's validator refuses
+// ray.io/ft-enabled beside gcsFaultToleranceOptions) is fixed by removing
+// the annotation: an edit that leaves the generation as it was, and that
+// the controller must still see.
+func TestAnnotationFixIsSeen(t *testing.T) {
+	ctx := context.Background()
+	startManager(t, "none")
+	rc := sample(t, "ray-cluster.sample.yaml", "annotation-fix")
+	rc.Annotations = map[string]string{utils.RayFTEnabledAnnotationKey: "true"}
+	rc.Spec.GcsFaultToleranceOptions = &rayv1.GcsFaultToleranceOptions{RedisAddress: "redis:6379"}
+	if err := env.Client.Create(ctx, rc); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if c := meta.FindStatusCondition(get(t, rc).Status.Conditions, ConditionValid); c == nil || c.Status != metav1.ConditionFalse {
+			return fmt.Errorf("SpecValid %+v, want False", c)
+		}
+		return nil
+	})
+	gen := get(t, rc).Generation
+	update(t, rc, func(r *rayv1.RayCluster) { delete(r.Annotations, utils.RayFTEnabledAnnotationKey) })
+	if g := get(t, rc).Generation; g != gen {
+		t.Fatalf("test premise: removing the annotation moved the generation %d -> %d", gen, g)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if c := meta.FindStatusCondition(get(t, rc).Status.Conditions, ConditionValid); c != nil && c.Status == metav1.ConditionFalse {
+			return fmt.Errorf("annotation removed, still held: %s", c.Message)
+		}
+		if n := len(rayPods(t, rc)[headGroup]); n != 1 {
+			return fmt.Errorf("%d head pods", n)
 		}
 		return nil
 	})

@@ -29,7 +29,7 @@ func status(p *pass) bool {
 	desired(p.rc, st)
 	ready := workers(p.byGroup, st)
 	headReady := head(p, st)
-	allReady := headReady && ready == st.DesiredWorkerReplicas
+	allReady := headReady && groupsReady(p)
 	for _, pods := range p.byGroup {
 		for _, pod := range pods {
 			allReady = allReady && pod.Annotations[AnnotationTemplateHash] != "" // not mid-rollout of a foreign pod
@@ -81,6 +81,26 @@ func workers(byGroup map[string][]*corev1.Pod, st *rayv1.RayClusterStatus) int32
 	}
 	st.ReadyWorkerReplicas, st.AvailableWorkerReplicas = ready, available
 	return ready
+}
+
+// groupsReady: every worker group has its desired pods running and ready,
+// counted group by group, so that one group's surplus (pods the autoscaler
+// has not yet chosen to remove) never stands in for another's missing
+// pods, and pods named in workersToDelete, about to go, do not count.
+func groupsReady(p *pass) bool {
+	for i := range p.rc.Spec.WorkerGroupSpecs {
+		g := &p.rc.Spec.WorkerGroupSpecs[i]
+		var ready int64
+		for _, pod := range p.byGroup[g.GroupName] {
+			if utils.IsRunningAndReady(pod) && !slices.Contains(g.ScaleStrategy.WorkersToDelete, pod.Name) {
+				ready++
+			}
+		}
+		if ready < groupPods(g) {
+			return false
+		}
+	}
+	return true
 }
 
 // head fills in the head's pod, Service and endpoints and the HeadPodReady
