@@ -23,6 +23,20 @@ func failedPod(job *trainingv1alpha1.TrainingJob, role trainingv1alpha1.Role, i 
 	return p
 }
 
+// initFailed is a failed pod whose init container name (restart: its
+// restart policy, nil unless a sidecar) exited with code; its container
+// exited with main[0], else never started.
+func initFailed(job *trainingv1alpha1.TrainingJob, name string, code int32, restart *corev1.ContainerRestartPolicy, main ...int32) *corev1.Pod {
+	p := failedPod(job, "worker", 0, 0, "")
+	p.Spec.InitContainers = append(p.Spec.InitContainers, corev1.Container{Name: name, Image: "busybox", RestartPolicy: restart})
+	p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: name, State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: code, Reason: "Error"}}}}
+	p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "pytorch", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "PodInitializing"}}}}
+	if len(main) > 0 {
+		p.Status.ContainerStatuses[0].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: main[0], Reason: "Error"}}
+	}
+	return p
+}
+
 func TestClassify(t *testing.T) {
 	job := newJob("ns", "j", 2, 0, trainingv1alpha1.GangNone)
 	custom := newJob("ns", "j", 2, 0, trainingv1alpha1.GangNone)
@@ -42,6 +56,10 @@ func TestClassify(t *testing.T) {
 		{"custom: 1 retryable", custom, failedPod(custom, "worker", 0, 1, ""), true, "retryable"},
 		{"custom: 137 now permanent", custom, failedPod(custom, "worker", 0, 137, ""), false, "permanent"},
 		{"custom: inside a range", custom, failedPod(custom, "worker", 0, 205, ""), true, "retryable"},
+		{"init container script error", job, initFailed(job, "fetch-data", 1, nil), false, "container fetch-data exited with code 1 (Error, permanent)"},
+		{"init container OOM killed", job, initFailed(job, "fetch-data", 137, nil), true, "container fetch-data exited with code 137"},
+		{"a sidecar stopped after the container failed", job, initFailed(job, "proxy", 143, ptr(corev1.ContainerRestartPolicyAlways), 1), false, "container pytorch exited with code 1"},
+		{"only a sidecar's exit code", job, initFailed(job, "proxy", 1, ptr(corev1.ContainerRestartPolicyAlways)), true, "no container exit code"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

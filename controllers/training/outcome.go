@@ -2,6 +2,7 @@ package training
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -53,7 +54,17 @@ func classify(job *trainingv1alpha1.TrainingJob, p *corev1.Pod) (bool, string) {
 	if disruptionReasons[p.Status.Reason] {
 		return true, fmt.Sprintf("pod %s failed: %s: %s", p.Name, p.Status.Reason, p.Status.Message)
 	}
-	for _, cs := range p.Status.ContainerStatuses {
+	// The containers first, then the init containers (a pod that failed
+	// in its init never started its containers). Sidecars (init containers
+	// that restart always) are left out: they are stopped when the pod
+	// ends, and their exit code says nothing about the job.
+	statuses := slices.Clone(p.Status.ContainerStatuses)
+	for _, cs := range p.Status.InitContainerStatuses {
+		if !sidecar(p, cs.Name) {
+			statuses = append(statuses, cs)
+		}
+	}
+	for _, cs := range statuses {
 		t := cs.State.Terminated
 		if t == nil || t.ExitCode == 0 {
 			continue
@@ -74,6 +85,16 @@ func classify(job *trainingv1alpha1.TrainingJob, p *corev1.Pod) (bool, string) {
 		msg = "no container exit code"
 	}
 	return true, fmt.Sprintf("pod %s failed: %s", p.Name, msg)
+}
+
+// sidecar: the pod's init container name restarts always (a sidecar).
+func sidecar(p *corev1.Pod, name string) bool {
+	for _, c := range p.Spec.InitContainers {
+		if c.Name == name {
+			return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+		}
+	}
+	return false
 }
 
 // retry restarts the gang after a retryable failure, or fails the job once
