@@ -84,6 +84,41 @@ func envOf(p *corev1.Pod) map[string]string {
 	return m
 }
 
+// WORLD_SIZE is the same in every pod, whatever each role requests.
+func TestWorldSizeAgreesAcrossTheGang(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		workers            int32
+		masterGPUs, worker int64
+		nproc              string
+		want               string
+	}{
+		{"alike", 2, 8, 8, "", "24"},
+		{"a 1-GPU master beside 8-GPU workers", 2, 1, 8, "", "17"},
+		{"a master without GPUs: auto", 2, 0, 8, "", "3"},
+		{"nprocPerNode set for all", 2, 1, 8, "4", "12"},
+		{"nprocPerNode auto", 3, 8, 8, "auto", "4"},
+		{"the master alone", 0, 4, 0, "", "4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			job := newJob("ns", "j", tc.workers, tc.worker, trainingv1alpha1.GangNone)
+			job.Spec.ReplicaSpecs.Master.Template = gpuTemplate(tc.masterGPUs)
+			if tc.nproc != "" {
+				job.Spec.PyTorch = &trainingv1alpha1.PyTorchSpec{NprocPerNode: tc.nproc}
+			}
+			d := decide(job, observed{now: time.Now(), fit: inventory.FitResult{Verdict: inventory.FitsNow}}, trainingv1alpha1.GangNone)
+			if len(d.create) != int(tc.workers)+1 {
+				t.Fatalf("created %d pods", len(d.create))
+			}
+			for _, p := range d.create {
+				if got := envOf(p)["WORLD_SIZE"]; got != tc.want {
+					t.Errorf("pod %s: WORLD_SIZE %s, want %s", p.Name, got, tc.want)
+				}
+			}
+		})
+	}
+}
+
 func TestPyTorchEnv(t *testing.T) {
 	job := newJob("ns", "gpt", 3, 4, trainingv1alpha1.GangNone)
 	w := buildPod(job, pytorch{}, trainingv1alpha1.RoleWorker, 2, 0, trainingv1alpha1.GangNone)

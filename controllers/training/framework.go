@@ -48,10 +48,7 @@ func (pytorch) Env(job *trainingv1alpha1.TrainingJob, role trainingv1alpha1.Role
 		rank = index + 1
 	}
 	nproc := nprocPerNode(job, role)
-	world := strconv.Itoa(int(nodes))
-	if n, err := strconv.Atoi(nproc); err == nil {
-		world = strconv.Itoa(int(nodes) * n)
-	}
+	world := worldSize(job)
 	addr := MasterAddr(job)
 	port := strconv.Itoa(int(job.Spec.MasterPort()))
 	return []corev1.EnvVar{
@@ -66,6 +63,27 @@ func (pytorch) Env(job *trainingv1alpha1.TrainingJob, role trainingv1alpha1.Role
 		{Name: "PET_NODE_RANK", Value: strconv.Itoa(int(rank))},
 		{Name: "PET_NPROC_PER_NODE", Value: nproc},
 	}
+}
+
+// worldSize is WORLD_SIZE, the same in every pod of the gang, as ranks
+// must agree on it: the processes of all pods (each role's nprocPerNode
+// times its pods, so a 1-GPU master beside 8-GPU workers counts 1 + 8 per
+// worker), or the number of pods when a role's nprocPerNode is not a
+// number ("auto": torchrun decides, and sets its own WORLD_SIZE).
+func worldSize(job *trainingv1alpha1.TrainingJob) string {
+	var procs int64
+	for _, role := range []trainingv1alpha1.Role{trainingv1alpha1.RoleMaster, trainingv1alpha1.RoleWorker} {
+		pods := int64(replicas(job, role))
+		if pods == 0 {
+			continue
+		}
+		n, err := strconv.ParseInt(nprocPerNode(job, role), 10, 64)
+		if err != nil {
+			return strconv.Itoa(int(job.Spec.Pods()))
+		}
+		procs += pods * n
+	}
+	return strconv.FormatInt(procs, 10)
 }
 
 // MasterAddr is the master's DNS name within the namespace:
