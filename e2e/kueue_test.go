@@ -9,6 +9,7 @@ import (
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -218,7 +219,67 @@ func TestKueueAdmitsTrainingJobsAndRayClusters(t *testing.T) {
 		t.Fatal(err)
 	}
 	queuedRayJob(t)
-	preemption(t, jobs[2])
+	relabel(t, preemption(t, jobs[2])...)
+}
+
+// relabel: with the quota freed, a job waiting in a LocalQueue that does
+// not exist is moved to the team's by changing its queue label (Kueue
+// queues its Workload there and admits it), and another one stops waiting
+// for Kueue when its label is removed: it runs outside the quota, and its
+// Workload goes. Label edits leave the generation as it was.
+func relabel(t *testing.T, running ...*trainingv1alpha1.TrainingJob) {
+	ctx := context.Background()
+	for _, j := range running {
+		if err := cluster.Client.Delete(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	parked := map[string]string{kueue.QueueLabel: "parked"}
+	moved, unqueued := queuedJob("kq-moved", parked), queuedJob("kq-unqueued", parked)
+	for _, j := range []*trainingv1alpha1.TrainingJob{moved, unqueued} {
+		if err := cluster.Client.Create(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	workload := func(j *trainingv1alpha1.TrainingJob) (*unstructured.Unstructured, error) {
+		got := getTJ(t, j.Name)
+		wl := &unstructured.Unstructured{}
+		wl.SetGroupVersionKind(kueue.WorkloadGVK)
+		key := client.ObjectKey{Namespace: kueueNS, Name: kueue.WorkloadName(got.Name, got.UID, trainingv1alpha1.GroupVersion.WithKind("TrainingJob"))}
+		return wl, cluster.Client.Get(ctx, key, wl)
+	}
+	for _, j := range []*trainingv1alpha1.TrainingJob{moved, unqueued} {
+		waitJob(t, j, trainingv1alpha1.StateSuspended, 30*time.Second)
+		eventually(t, 30*time.Second, func() (bool, string) {
+			_, err := workload(j)
+			return err == nil, fmt.Sprintf("%s's Workload: %v", j.Name, err)
+		})
+	}
+	label := func(j *trainingv1alpha1.TrainingJob, value any) {
+		got := getTJ(t, j.Name)
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, kueue.QueueLabel, value)
+		if err := cluster.Client.Patch(ctx, got, client.RawPatch("application/merge-patch+json", []byte(patch))); err != nil {
+			t.Fatal(err)
+		}
+		if g := getTJ(t, j.Name).Generation; g != got.Generation {
+			t.Fatalf("test premise: the label edit moved %s's generation %d -> %d", j.Name, got.Generation, g)
+		}
+	}
+	label(moved, `"`+kueueLQ+`"`)
+	waitJob(t, moved, trainingv1alpha1.StateRunning, 60*time.Second)
+	checkPlacement(t, moved)
+	if wl, err := workload(moved); err != nil {
+		t.Fatal(err)
+	} else if q, _, _ := unstructured.NestedString(wl.Object, "spec", "queueName"); q != kueueLQ {
+		t.Errorf("kq-moved runs, its Workload in queue %q", q)
+	}
+	label(unqueued, "null")
+	waitJob(t, unqueued, trainingv1alpha1.StateRunning, 60*time.Second)
+	eventually(t, 30*time.Second, func() (bool, string) {
+		_, err := workload(unqueued)
+		return apierrors.IsNotFound(err), fmt.Sprintf("kq-unqueued's Workload after its label was removed: %v", err)
+	})
+	t.Logf("kq-moved admitted from its new LocalQueue; kq-unqueued runs outside Kueue, its Workload deleted")
 }
 
 // queuedRayJob: Kueue's own ray.io/rayjob integration queues a RayJob (it
@@ -275,8 +336,9 @@ func queuedRayJob(t *testing.T) {
 
 // preemption: with kq-c and kq-d holding the 16 GPUs, an urgent job
 // preempts one of them; the preempted gang loses all its pods, says so, and
-// runs again as a new attempt once the urgent job is gone.
-func preemption(t *testing.T, c *trainingv1alpha1.TrainingJob) {
+// runs again as a new attempt once the urgent job is gone. It returns the
+// two jobs, running.
+func preemption(t *testing.T, c *trainingv1alpha1.TrainingJob) (running []*trainingv1alpha1.TrainingJob) {
 	ctx := context.Background()
 	d := queuedJob("kq-d", nil)
 	if err := cluster.Client.Create(ctx, d); err != nil {
@@ -320,6 +382,7 @@ func preemption(t *testing.T, c *trainingv1alpha1.TrainingJob) {
 		pods := livePodsOf(t, victim)
 		return len(pods) == 2, fmt.Sprintf("%s has %d pods", victim.Name, len(pods))
 	})
+	return []*trainingv1alpha1.TrainingJob{c, d}
 }
 
 // checkPlacement: the job's pods carry the admitted flavour's node selector

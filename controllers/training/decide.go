@@ -274,7 +274,30 @@ func sortPods(p *pass) bool {
 	p.pods = viewPods(p.job, p.obs.pods, p.d.status.Attempt)
 	p.d.remove = append(p.d.remove, p.pods.stale...)
 	countPods(&p.d.status, p.pods)
+	pinScheduler(p)
 	return false
+}
+
+// pinScheduler keeps the scheduler the attempt's pods were built for while
+// any of them exists, so that a gang is never split between two
+// schedulers: Volcano installed under a job that --gang-scheduler=auto
+// started pod by pod, or spec.gang.scheduler edited, takes effect with the
+// next attempt (a restart, or a suspend and resume).
+func pinScheduler(p *pass) {
+	if len(p.pods.current) == 0 {
+		return
+	}
+	built := trainingv1alpha1.GangNone
+	for _, pod := range p.pods.current {
+		if pod.Annotations[gang.GroupNameAnnotation] != "" {
+			built = trainingv1alpha1.GangVolcano
+			break
+		}
+	}
+	if st := &p.d.status; st.Scheduler != built {
+		st.Scheduler = built
+		p.autoScheduler = false
+	}
 }
 
 // deadline fails a job past runPolicy.activeDeadlineSeconds, and otherwise
@@ -373,6 +396,9 @@ func children(p *pass) bool {
 	p.d.children = append(p.d.children, buildService(p.job, frameworks[p.job.Spec.Framework]))
 	st := &p.d.status
 	if st.Scheduler != trainingv1alpha1.GangVolcano {
+		// One left from when the job was for Volcano (spec.gang.scheduler
+		// edited while it waited) would keep its quota in Volcano's queue.
+		p.d.removePodGroup = p.obs.podGroup != nil
 		return false
 	}
 	pg := p.obs.podGroup

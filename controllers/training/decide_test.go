@@ -7,10 +7,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/manager"
 )
 
 func failedPod(job *trainingv1alpha1.TrainingJob, role trainingv1alpha1.Role, i int32, code int32, reason string) *corev1.Pod {
@@ -202,5 +204,51 @@ func TestDecideIgnoresAnEarlierAttemptsPodGroup(t *testing.T) {
 	}
 	if c := cond(&trainingv1alpha1.TrainingJob{Status: d.status}, trainingv1alpha1.ConditionScheduled); c.Status == metav1.ConditionTrue {
 		t.Fatalf("the new gang counted as scheduled by the old PodGroup: %+v", c)
+	}
+}
+
+// An attempt's pods were built for one scheduler, and it stays the job's
+// while they exist: Volcano installed under a job --gang-scheduler=auto
+// started pod by pod does not split the gang between two schedulers; it
+// takes effect with the next attempt. A job edited away from Volcano while
+// it waited loses its PodGroup.
+func TestSchedulerStaysForTheAttemptsPods(t *testing.T) {
+	now := time.Now()
+	fits := inventory.FitResult{Verdict: inventory.FitsNow}
+	job := newJob("ns", "j", 1, 8, "")
+	job.UID = "uid"
+	d := decide(job, observed{now: now, fit: fits}, manager.GangAuto)
+	if d.status.Scheduler != trainingv1alpha1.GangNone || len(d.create) != 2 {
+		t.Fatalf("setup: scheduler %s, %d pods", d.status.Scheduler, len(d.create))
+	}
+	pods := d.create
+	for _, p := range pods {
+		p.UID = types.UID(p.Name)
+	}
+	job.Status = d.status
+	d = decide(job, observed{volcano: true, pods: pods, now: now.Add(time.Second), fit: fits}, manager.GangAuto)
+	if d.status.Scheduler != trainingv1alpha1.GangNone || d.podGroup != nil || len(d.remove) != 0 || len(d.create) != 0 {
+		t.Fatalf("Volcano installed under the attempt's pods: scheduler %s, PodGroup %v, remove %d, create %d; want scheduler none and nothing done",
+			d.status.Scheduler, d.podGroup != nil, len(d.remove), len(d.create))
+	}
+	// With its pods gone (the next attempt), the job is Volcano's.
+	job.Status = d.status
+	d = decide(job, observed{volcano: true, now: now.Add(2 * time.Second), fit: fits}, manager.GangAuto)
+	if d.status.Scheduler != trainingv1alpha1.GangVolcano || d.podGroup == nil {
+		t.Fatalf("no pods left: scheduler %s, PodGroup %v; want Volcano's", d.status.Scheduler, d.podGroup != nil)
+	}
+
+	// Waiting for Volcano (PodGroup, no pods), then edited to scheduler none.
+	vj := newJob("ns", "v", 1, 8, trainingv1alpha1.GangVolcano)
+	vj.UID = "uid-v"
+	d = decide(vj, observed{volcano: true, now: now, fit: fits}, manager.GangAuto)
+	if d.podGroup == nil || len(d.create) != 0 {
+		t.Fatalf("setup: PodGroup %v, %d pods", d.podGroup != nil, len(d.create))
+	}
+	vj.Status = d.status
+	vj.Spec.Gang.Scheduler = trainingv1alpha1.GangNone
+	d = decide(vj, observed{volcano: true, podGroup: d.podGroup, now: now.Add(time.Second), fit: fits}, manager.GangAuto)
+	if d.status.Scheduler != trainingv1alpha1.GangNone || !d.removePodGroup || len(d.create) != 2 {
+		t.Fatalf("edited to none: scheduler %s, remove PodGroup %v, %d pods", d.status.Scheduler, d.removePodGroup, len(d.create))
 	}
 }

@@ -95,7 +95,14 @@ func (k *kueueJobs) observe(ctx context.Context, job *trainingv1alpha1.TrainingJ
 	}
 	obs.kueue.queued = job.Labels[kueue.QueueLabel] != ""
 	if !obs.kueue.queued {
-		return nil
+		// The label removed: a Workload left from when the job was queued
+		// is found, so that it goes (it queues, or holds quota, for a job
+		// that no longer asks Kueue).
+		if !k.kind.Watching() {
+			return nil
+		}
+		obs.kueue.served = true
+		return k.workload(ctx, job, obs)
 	}
 	served, err := k.kind.Served(ctx, k.client)
 	if err != nil || !served {
@@ -107,6 +114,15 @@ func (k *kueueJobs) observe(ctx context.Context, job *trainingv1alpha1.TrainingJ
 			return err
 		}
 	}
+	if err := k.workload(ctx, job, obs); err != nil || !obs.kueue.wl.Admitted() {
+		return err
+	}
+	return k.placements(ctx, obs.kueue.wl, obs)
+}
+
+// workload reads the job's Workload from the cache into obs, if there is
+// one.
+func (k *kueueJobs) workload(ctx context.Context, job *trainingv1alpha1.TrainingJob, obs *observed) error {
 	u := &unstructured.Unstructured{}
 	u.SetGroupVersionKind(kueue.WorkloadGVK)
 	key := types.NamespacedName{Namespace: job.Namespace, Name: kueue.WorkloadName(job.Name, job.UID, trainingJobGVK)}
@@ -118,10 +134,7 @@ func (k *kueueJobs) observe(ctx context.Context, job *trainingv1alpha1.TrainingJ
 		return fmt.Errorf("reading Workload %s: %w", key, err)
 	}
 	obs.kueue.wl = wl
-	if !wl.Admitted() {
-		return nil
-	}
-	return k.placements(ctx, wl, obs)
+	return nil
 }
 
 func (k *kueueJobs) priorityValue(ctx context.Context, name string) (*int32, error) {
@@ -239,16 +252,30 @@ const kueueCRDRetry = 10 * time.Second
 
 // syncWorkload is the write side of the Kueue contract, after the pods: the
 // job's Workload is created (and replaced while it holds no quota if the
-// job's pod sets changed), an evicted Workload's quota is released once the
-// gang is gone, and the Workload of an ended job is marked Finished.
+// job's pod sets or its LocalQueue changed), an evicted Workload's quota is
+// released once the gang is gone, the Workload of an ended job is marked
+// Finished, and that of a job whose queue label was removed is deleted.
 func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.TrainingJob, obs observed, d *decision) error {
 	k := obs.kueue
-	if !k.queued || !k.served {
+	if !k.served {
 		return nil
 	}
 	wl := k.wl
 	now := obs.now
+	replace := func(why string) error {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(kueue.WorkloadGVK)
+		u.SetNamespace(wl.Namespace)
+		u.SetName(wl.Name)
+		u.SetUID(wl.UID)
+		return r.writer.Delete(ctx, u, why)
+	}
 	switch {
+	case !k.queued:
+		if wl == nil || wl.GetDeletionTimestamp() != nil {
+			return nil
+		}
+		return replace("the job's " + kueue.QueueLabel + " label was removed: it no longer waits for Kueue")
 	case wl == nil && !d.status.Finished():
 		return r.writer.Ensure(ctx, job, desiredWorkload(job, k.priority))
 	case wl == nil || wl.Finished():
@@ -259,12 +286,9 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 	case wl.Evicted() != nil && wl.QuotaReserved() && len(ownPods(job, obs.pods)) == 0:
 		return r.patchWorkloadStatus(ctx, wl, kueue.ReleaseStatus(wl, now), "evicted and the gang is gone: release the quota")
 	case !wl.QuotaReserved() && !wl.SamePodSets(podSets(job)):
-		u := &unstructured.Unstructured{}
-		u.SetGroupVersionKind(kueue.WorkloadGVK)
-		u.SetNamespace(wl.Namespace)
-		u.SetName(wl.Name)
-		u.SetUID(wl.UID)
-		return r.writer.Delete(ctx, u, "the job's pod sets changed")
+		return replace("the job's pod sets changed")
+	case !wl.QuotaReserved() && wl.Spec.QueueName != job.Labels[kueue.QueueLabel]:
+		return replace("the job moved to LocalQueue " + job.Labels[kueue.QueueLabel])
 	}
 	return nil
 }

@@ -84,7 +84,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	inventoryChanged := make(chan ctrlevent.GenericEvent, 64)
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named("trainingjob").
-		For(&trainingv1alpha1.TrainingJob{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// Labels name the Kueue LocalQueue and priority class; an edit of
+		// them leaves the generation as it was and is still seen.
+		For(&trainingv1alpha1.TrainingJob{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
 		Owns(&corev1.Pod{}).
 		Owns(&corev1.Service{}).
 		WatchesMetadata(&apiextensionsv1.CustomResourceDefinition{},
