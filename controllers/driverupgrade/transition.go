@@ -226,14 +226,15 @@ func (s transition) waitForJobs() (string, []action) {
 	return s.stay()
 }
 
-// deletePods evicts the node's GPU pods; past podDeletion's timeout with
+// deletePods evicts the node's GPU pods (whole GPUs, MIG devices or
+// shared replicas: all go away with the driver); past podDeletion's timeout with
 // pods left, the node fails.
 func (s transition) deletePods() (string, []action) {
 	force, emptyDir, timeout := false, false, defaultPodDeletionTimeout
 	if d := s.t.policy.PodDeletion; d != nil {
 		force, emptyDir, timeout = d.Force, d.DeleteEmptyDir, time.Duration(d.TimeoutSeconds)*time.Second
 	}
-	left, acts, blocked := s.evict(func(p *corev1.Pod) bool { return inventory.PodGPUs(&p.Spec) > 0 }, force, emptyDir)
+	left, acts, blocked := s.evict(func(p *corev1.Pod) bool { return inventory.UsesGPUs(&p.Spec) }, force, emptyDir)
 	if left == 0 {
 		return s.to(gpuv1alpha1.DrainRequired, nil)
 	}

@@ -87,6 +87,13 @@ func pod(name string, opts ...func(*corev1.Pod)) corev1.Pod {
 func gpus(p *corev1.Pod) {
 	p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{inventory.GPUResource: resource.MustParse("8")}
 }
+// asks gives the pod's container a limit of one of resource name: a MIG
+// device or shared replicas use the driver as much as whole GPUs do.
+func asks(name corev1.ResourceName) func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{name: resource.MustParse("1")}
+	}
+}
 func bare(p *corev1.Pod) { p.OwnerReferences = nil }
 func emptyDir(p *corev1.Pod) {
 	p.Spec.Volumes = []corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
@@ -252,6 +259,10 @@ func TestNext(t *testing.T) {
 			actions: []string{"state drain-required"}},
 		{name: "delete: evicts GPU pods", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: none,
 			pods: []corev1.Pod{pod("a", gpus), pod("cpu"), pod("b", gpus)}, want: gpuv1alpha1.PodDeletionRequired, actions: []string{"evict default/a,default/b"}},
+		{name: "delete: evicts MIG and shared GPU pods", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: none,
+			pods: []corev1.Pod{pod("mig", asks("nvidia.com/mig-1g.10gb")), pod("shared", asks("nvidia.com/gpu.shared")),
+				pod("mig-shared", asks("nvidia.com/mig-3g.40gb.shared")), pod("other", asks("example.com/fpga"))},
+			want: gpuv1alpha1.PodDeletionRequired, actions: []string{"evict default/mig,default/shared,default/mig-shared"}},
 		{name: "delete: no controller without force", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: deletion(false, false, 300),
 			pods: []corev1.Pod{pod("bare", gpus, bare)}, want: gpuv1alpha1.PodDeletionRequired},
 		{name: "delete: no controller with force", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: deletion(true, false, 300),

@@ -325,6 +325,28 @@ func (x *Index) Subscribe() <-chan struct{} {
 	return c
 }
 
+// UsesGPUs: a container of the pod (init containers and sidecars too) asks
+// for a GPU resource: whole GPUs, MIG devices or shared replicas
+// (IsGPUResource).
+func UsesGPUs(spec *corev1.PodSpec) bool {
+	asks := func(l corev1.ResourceList) bool {
+		for name, q := range l {
+			if IsGPUResource(name) && !q.IsZero() {
+				return true
+			}
+		}
+		return false
+	}
+	for _, cs := range [][]corev1.Container{spec.Containers, spec.InitContainers} {
+		for i := range cs {
+			if asks(cs[i].Resources.Requests) || asks(cs[i].Resources.Limits) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // PodGPUs is what a pod takes of nvidia.com/gpu: the larger of its
 // containers' total and its largest init container (as the scheduler
 // counts), using limits where requests are unset.

@@ -357,6 +357,27 @@ func TestPodGPUs(t *testing.T) {
 	}
 }
 
+func TestUsesGPUs(t *testing.T) {
+	one := resource.MustParse("1")
+	for _, tc := range []struct {
+		name string
+		spec corev1.PodSpec
+		want bool
+	}{
+		{"no resources", corev1.PodSpec{Containers: []corev1.Container{{}}}, false},
+		{"whole GPUs", corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{GPUResource: one}}}}}, true},
+		{"a MIG device", corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{"nvidia.com/mig-1g.10gb": one}}}}}, true},
+		{"shared replicas", corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu.shared": one}}}}}, true},
+		{"an init container's", corev1.PodSpec{Containers: []corev1.Container{{}}, InitContainers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{GPUResource: one}}}}}, true},
+		{"zero GPUs", corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{GPUResource: resource.MustParse("0")}}}}}, false},
+		{"another vendor's device", corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"example.com/fpga": one}}}}}, false},
+	} {
+		if got := UsesGPUs(&tc.spec); got != tc.want {
+			t.Errorf("%s: UsesGPUs = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
 // buildFleet indexes nodes GPU nodes of two products and pods bound pods.
 func buildFleet(nodes, pods int) *Index {
 	x := NewIndex()
