@@ -222,6 +222,13 @@ func buildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string,
 	if v.restrict != nil {
 		restrictNodes(&template.Spec, v.restrict)
 	}
+	// Loom's own taint on a node with an unhealthy GPU
+	// (health.taintUnhealthyNodes) is tolerated: an operand deleted there
+	// (a driver upgrade, a config roll) must come back, and a reinstalled
+	// driver is what may heal the node. Placement, like the nodes above:
+	// outside the hash, so that adding it upgraded no driver.
+	template.Spec.Tolerations = append(template.Spec.Tolerations,
+		corev1.Toleration{Key: gpuv1alpha1.TaintUnhealthy, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
 	return &appsv1.DaemonSet{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: labels},
