@@ -1,7 +1,9 @@
 package driverupgrade
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -91,12 +93,17 @@ func classify(n *corev1.Node, claim string) (kind, string) {
 // policy carries the resume annotation: every node Loom claimed and is
 // upgrading, every failed one whose wanted driver runs ready after all,
 // and as many outdated nodes (idle, or failed on another template) as
-// UpgradeBudget allows, unless maxFailures paused the rollout. Ignored
+// UpgradeBudget allows, unless maxFailures paused the rollout; a node
+// already unavailable (a failed one still cordoned) is not held back by
+// maxUnavailable, which it does not move. Ignored
 // nodes are neither advanced nor started. A policy Validate rejects
 // starts nothing (invalid says why).
 func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, resume bool) planned {
 	var out planned
 	var candidates, failures []string
+	// down: candidates already unavailable (a failed node still cordoned):
+	// starting one makes no further node unavailable.
+	down := map[string]bool{}
 	inProgress, unavailable := 0, 0
 	for _, v := range nodes {
 		k, why := classify(v.node, claim)
@@ -109,6 +116,7 @@ func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, res
 		}
 		tmpl := v.template()
 		outdated := v.driver != nil && v.target != "" && v.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] != v.target
+		down[v.node.Name] = !available(v.node)
 		switch k {
 		case idle:
 			if outdated && p.AutoUpgradeEnabled() {
@@ -134,23 +142,49 @@ func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, res
 	}
 	out.resumed = resume
 	out.summary.paused = paused(p, len(failures))
-	start := min(UpgradeBudget(p, len(nodes), inProgress, unavailable), len(candidates))
+	// Both budgets bind a node that is available now; one already down
+	// takes only a parallel slot, and goes first: it costs no availability,
+	// and its upgrade may bring it back.
+	slices.SortStableFunc(candidates, func(a, b string) int { return cmp.Compare(btoi(!down[a]), btoi(!down[b])) })
+	both := UpgradeBudget(p, len(nodes), inProgress, unavailable)
+	parallelOnly := p
+	parallelOnly.MaxUnavailable = nil
+	parallel := UpgradeBudget(parallelOnly, len(nodes), inProgress, unavailable)
 	switch {
 	case out.summary.paused:
-		start = 0
+		parallel = 0
 	case len(candidates) > 0:
 		if err := validPolicy(p); err != nil {
 			// Starting would cordon node after node only to fail each one.
 			out.invalid = fmt.Errorf("not starting driver upgrades: %w", err)
-			start = 0
+			parallel = 0
 		}
 	}
-	for _, name := range candidates[:start] {
+	start := 0
+	for _, name := range candidates {
+		if parallel == 0 {
+			break
+		}
+		if !down[name] {
+			if both == 0 {
+				continue
+			}
+			both--
+		}
+		parallel--
+		start++
 		out.todo = append(out.todo, work{node: name, start: true})
 	}
 	out.summary.waiting, out.summary.inProgress = len(candidates)-start, out.summary.inProgress+start
 	out.more = len(out.todo) > 0 || len(candidates) > start
 	return out
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // paused reports whether failures (nodes failed on the template they are

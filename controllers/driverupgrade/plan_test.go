@@ -144,6 +144,15 @@ func TestPlan(t *testing.T) {
 		{name: "failed on this template waits, and pauses", nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted)), gpuNode("b", "", old)}, policy: two,
 			paused: true, more: true},
 		{name: "failed on an older template is retried", nodes: []nodeView{gpuNode("a", failed, old, failedOn("older"))}, policy: two, want: "start a", more: true},
+		// Retrying a node still cordoned from its failure makes no further
+		// node unavailable: its own cordon does not hold it back, the others'
+		// budget stays.
+		{name: "failed and cordoned on an older template is retried within maxUnavailable", want: "start a", more: true,
+			policy: gpuv1alpha1.DriverUpgradePolicy{MaxUnavailable: ptr.To(intstr.FromString("25%"))},
+			nodes:  []nodeView{gpuNode("a", failed, old, failedOn("older"), cordoned), gpuNode("b", "", old), gpuNode("c", "", old), gpuNode("d", "", old)}},
+		{name: "the retried node takes the parallel slot", want: "start b", more: true,
+			policy: gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](1), MaxUnavailable: ptr.To(intstr.FromInt32(2))},
+			nodes:  []nodeView{gpuNode("a", "", old), gpuNode("b", failed, old, failedOn("older"), cordoned), gpuNode("c", "", old)}},
 		{name: "failed, wanted driver ready: finishes", nodes: []nodeView{gpuNode("a", failed, wanted, failedOn(wanted))}, policy: two, want: "a", more: true, paused: true},
 		{name: "maxFailures 2: one failure goes on", nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted)), gpuNode("b", "", old)}, policy: failures(2),
 			want: "start b", more: true},
