@@ -51,7 +51,7 @@ func LabelsFor(st gpuv1alpha1.GPUNodeStatus, strategy string) map[string]string 
 	switch {
 	case len(mig) == 0 || strategy == string(gpuv1alpha1.MIGStrategyNone):
 	case strategy == string(gpuv1alpha1.MIGStrategySingle):
-		singleMIGLabels(l, mig)
+		singleMIGLabels(l, mig, allInMIGMode(st.GPUs))
 	default:
 		mixedMIGLabels(l, mig)
 	}
@@ -114,9 +114,23 @@ func migDevices(gpus []gpuv1alpha1.GPU) (bool, map[string]migProfile) {
 	return capable, mig
 }
 
-// singleMIGLabels makes the MIG devices stand in for the GPUs.
-func singleMIGLabels(l map[string]string, mig map[string]migProfile) {
-	if len(mig) != 1 {
+// allInMIGMode: every GPU of the node is in MIG mode.
+func allInMIGMode(gpus []gpuv1alpha1.GPU) bool {
+	for _, g := range gpus {
+		if g.MIG == nil || g.MIG.CurrentMode != gpuv1alpha1.MIGEnabled {
+			return false
+		}
+	}
+	return true
+}
+
+// singleMIGLabels makes the MIG devices stand in for the GPUs. As NVIDIA's
+// device plugin and GPU feature discovery have it, the single strategy
+// needs one profile on every GPU: a node with two profiles, or with MIG on
+// only some of its GPUs (uniform false), is <product>-MIG-INVALID with no
+// GPUs.
+func singleMIGLabels(l map[string]string, mig map[string]migProfile, uniform bool) {
+	if len(mig) != 1 || !uniform {
 		l[gpuv1alpha1.LabelProduct] = LabelValue(l[gpuv1alpha1.LabelProduct] + "-MIG-INVALID")
 		l[gpuv1alpha1.LabelCount] = "0"
 		return

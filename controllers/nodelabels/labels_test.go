@@ -113,6 +113,9 @@ func intPtr(i int) *int { return &i }
 func TestLabelsForMIGStrategy(t *testing.T) {
 	uniform := collected(t, collect.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "1g.5gb:7"})
 	mixed := collected(t, collect.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "3g.20gb:1,1g.5gb:4"})
+	// MIG on the first GPU only (a layout half applied, or applied to one).
+	partial := collected(t, collect.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "1g.5gb:7"})
+	partial.GPUs[1].MIG = &gpuv1alpha1.MIGStatus{Capable: true, CurrentMode: gpuv1alpha1.MIGDisabled}
 	tests := []struct {
 		name     string
 		st       gpuv1alpha1.GPUNodeStatus
@@ -126,6 +129,9 @@ func TestLabelsForMIGStrategy(t *testing.T) {
 		{"single, mixed profiles: invalid, nothing schedulable", mixed, "single",
 			map[string]string{gpuv1alpha1.LabelMIGStrategy: "single", gpuv1alpha1.LabelProduct: "NVIDIA-A100-SXM4-40GB-MIG-INVALID", gpuv1alpha1.LabelCount: "0"},
 			[]string{"nvidia.com/mig-1g.5gb.count"}},
+		{"single, MIG on some GPUs only: invalid, nothing schedulable", partial, "single",
+			map[string]string{gpuv1alpha1.LabelMIGStrategy: "single", gpuv1alpha1.LabelProduct: "NVIDIA-A100-SXM4-40GB-MIG-INVALID", gpuv1alpha1.LabelCount: "0"},
+			nil},
 		{"mixed", mixed, "mixed",
 			map[string]string{gpuv1alpha1.LabelMIGStrategy: "mixed", gpuv1alpha1.LabelCount: "2", "nvidia.com/mig-3g.20gb.count": "2", "nvidia.com/mig-1g.5gb.count": "8"}, nil},
 		{"none: MIG devices not advertised", mixed, "none",
