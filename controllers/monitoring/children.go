@@ -36,6 +36,7 @@ const (
 	ReasonNoMetricsPort    = "NoMetricsPort"
 	ReasonExporterDisabled = "ExporterDisabled"
 	ReasonConflict         = "NameConflict"
+	ReasonApplyFailed      = "ApplyFailed"
 )
 
 // operatorCRDs are the Prometheus Operator's CRDs a controller needs, with
@@ -106,6 +107,7 @@ type conditionStatus struct {
 // old transition time while its status stays. They are equal when nothing
 // changed, and the writer then writes nothing.
 func conditionChange(conds []metav1.Condition, cond metav1.Condition, generation int64, now time.Time) (old, want *conditionStatus) {
+	cond.Message = apply.TruncateMessage(cond.Message) // selectors can be long
 	cond.ObservedGeneration = generation
 	cond.LastTransitionTime = metav1.NewTime(now.Truncate(time.Second))
 	old = &conditionStatus{}
@@ -125,6 +127,14 @@ func writeCondition(ctx context.Context, w *apply.Writer, obj client.Object, con
 	old, want := conditionChange(conds, cond, obj.GetGeneration(), time.Now())
 	_, err := w.Status(ctx, obj, old, want)
 	return client.IgnoreNotFound(err)
+}
+
+// applyFailedCondition reports a write of the children the API server
+// refused (a quota on monitors, an admission policy): the condition says
+// so while the write is retried.
+func applyFailedCondition(conditionType string, err error) metav1.Condition {
+	return metav1.Condition{Type: conditionType, Status: metav1.ConditionFalse, Reason: ReasonApplyFailed,
+		Message: "writing the monitoring objects failed, retrying: " + err.Error()}
 }
 
 // conflictCondition reports a child's name taken by an object Loom does not

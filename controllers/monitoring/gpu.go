@@ -73,6 +73,9 @@ func (r *GPUReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Res
 	// errors are retried after the condition is written.
 	conflict, err := writeChildren(ctx, r.writer, o.policy, d.ensure, d.remove)
 	cond := gpuCondition(o, d, conflict)
+	if err != nil && conflict == nil {
+		cond = applyFailedCondition(ConditionMonitoring, err)
+	}
 	return ctrl.Result{}, errors.Join(err, writeCondition(ctx, r.writer, o.policy, o.policy.Status.Conditions, cond))
 }
 

@@ -14,6 +14,7 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -22,6 +23,7 @@ import (
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/controllers/monitoring/assets"
+	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/manager"
 	"github.com/loom-dev/loom/internal/testenv"
 )
@@ -513,4 +515,85 @@ func TestNamespaceLabelsAreWatched(t *testing.T) {
 		t.Fatal(err)
 	}
 	condition(t, job, ConditionMonitoring, ReasonSelected, conds)
+}
+
+// monitoringCondition waits for the job's Monitoring condition to satisfy
+// ok, and returns it.
+func monitoringCondition(t *testing.T, job *trainingv1alpha1.TrainingJob, ok func(*metav1.Condition) error) *metav1.Condition {
+	t.Helper()
+	var c *metav1.Condition
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if err := env.Client.Get(ctx(), client.ObjectKeyFromObject(job), job); err != nil {
+			return err
+		}
+		if c = meta.FindStatusCondition(job.Status.Conditions, ConditionMonitoring); c == nil {
+			return fmt.Errorf("no %s condition: %+v", ConditionMonitoring, job.Status.Conditions)
+		}
+		return ok(c)
+	})
+	return c
+}
+
+// A PodMonitor the API server refuses (here a quota of none in the
+// namespace) is retried, and the job's condition says why meanwhile.
+func TestRefusedPodMonitorIsInTheCondition(t *testing.T) {
+	withOperatorCRDs(t)
+	startManager(t)
+	createProm(t, "monitoring", "kps", kpsSpec("kps"))
+	if err := env.CreateNamespace(ctx(), "quota"); err != nil {
+		t.Fatal(err)
+	}
+	const podMonitors = "count/podmonitors.monitoring.coreos.com"
+	q := &corev1.ResourceQuota{ObjectMeta: key("quota", "no-monitors"), Spec: corev1.ResourceQuotaSpec{
+		Hard: corev1.ResourceList{podMonitors: resource.MustParse("0")}}}
+	if err := env.Client.Create(ctx(), q); err != nil {
+		t.Fatal(err)
+	}
+	// No kube-controller-manager here: the quota's usage is set by hand.
+	q.Status = corev1.ResourceQuotaStatus{Hard: q.Spec.Hard, Used: corev1.ResourceList{podMonitors: resource.MustParse("0")}}
+	if err := env.Client.Status().Update(ctx(), q); err != nil {
+		t.Fatal(err)
+	}
+	job := trainingJob("quota", "bert", true)
+	if err := env.Client.Create(ctx(), job); err != nil {
+		t.Fatal(err)
+	}
+	// Gone before the manager stops: no later test's manager retries it.
+	t.Cleanup(func() { _ = env.Client.Delete(ctx(), job); _ = env.Client.Delete(ctx(), q) })
+	c := monitoringCondition(t, job, func(c *metav1.Condition) error {
+		if c.Status != metav1.ConditionFalse || c.Reason != ReasonApplyFailed {
+			return fmt.Errorf("condition %s %s: %s", c.Status, c.Reason, c.Message)
+		}
+		return nil
+	})
+	t.Logf("%s: %s", c.Reason, c.Message)
+}
+
+// Prometheus selectors can be long, and the condition message names them:
+// it is cut to what the API takes, and the condition is still written.
+func TestLongConditionMessageIsCut(t *testing.T) {
+	withOperatorCRDs(t)
+	startManager(t)
+	if err := env.CreateNamespace(ctx(), "longmsg"); err != nil {
+		t.Fatal(err)
+	}
+	var teams []string
+	for i := range 1700 {
+		teams = append(teams, fmt.Sprintf("team-%04d", i))
+	}
+	spec := kpsSpec("kps")
+	spec.PodMonitorSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: "team", Operator: metav1.LabelSelectorOpIn, Values: teams}}}
+	createProm(t, "monitoring", "teams", spec)
+	job := trainingJob("longmsg", "bert", true)
+	if err := env.Client.Create(ctx(), job); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(ctx(), job) })
+	monitoringCondition(t, job, func(c *metav1.Condition) error {
+		if len(c.Message) > apply.MaxConditionMessage {
+			return fmt.Errorf("message of %d bytes", len(c.Message))
+		}
+		return nil
+	})
 }

@@ -180,12 +180,27 @@ func NodeAgentPodMonitor(namespace string, selection map[string]string) *monitor
 	return pm
 }
 
+// declaresMetricsPort: a container of the template, or a native sidecar
+// (an init container that restarts always, running beside them), has a
+// port named metrics. Prometheus's pod discovery lists both.
 func declaresMetricsPort(t *corev1.PodTemplateSpec) bool {
-	for _, c := range t.Spec.Containers {
+	has := func(c *corev1.Container) bool {
 		for _, p := range c.Ports {
 			if p.Name == MetricsPortName {
 				return true
 			}
+		}
+		return false
+	}
+	for i := range t.Spec.Containers {
+		if has(&t.Spec.Containers[i]) {
+			return true
+		}
+	}
+	for i := range t.Spec.InitContainers {
+		c := &t.Spec.InitContainers[i]
+		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways && has(c) {
+			return true
 		}
 	}
 	return false

@@ -2,6 +2,7 @@ package monitoring
 
 import (
 	"context"
+	"errors"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
@@ -98,14 +99,16 @@ func (r *WorkloadReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 		return observeResult(err)
 	}
 	d := r.desired(o)
+	// A name conflict needs a person; another failed write is retried, and
+	// both are in the condition first.
 	conflict, err := writeChildren(ctx, r.writer, o.obj, d.ensure, d.remove)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if conflict != nil {
+	switch {
+	case conflict != nil:
 		d.cond = conflictCondition(r.kind.conditionType, conflict)
+	case err != nil:
+		d.cond = applyFailedCondition(r.kind.conditionType, err)
 	}
-	return ctrl.Result{}, writeCondition(ctx, r.writer, o.obj, r.kind.conditions(o.obj), d.cond)
+	return ctrl.Result{}, errors.Join(err, writeCondition(ctx, r.writer, o.obj, r.kind.conditions(o.obj), d.cond))
 }
 
 func (r *WorkloadReconciler) observe(ctx context.Context, req ctrl.Request) (workloadObserved, error) {
