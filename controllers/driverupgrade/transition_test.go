@@ -87,6 +87,7 @@ func pod(name string, opts ...func(*corev1.Pod)) corev1.Pod {
 func gpus(p *corev1.Pod) {
 	p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{inventory.GPUResource: resource.MustParse("8")}
 }
+
 // asks gives the pod's container a limit of one of resource name: a MIG
 // device or shared replicas use the driver as much as whole GPUs do.
 func asks(name corev1.ResourceName) func(*corev1.Pod) {
