@@ -3,10 +3,10 @@ package clusterpolicy
 import (
 	"testing"
 
+	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/klog/v2"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 )
@@ -33,7 +33,7 @@ func TestOperandsTolerateTheUnhealthyTaint(t *testing.T) {
 		n++
 		tolerated := false
 		for _, tol := range d.Spec.Template.Spec.Tolerations {
-			if tol.ToleratesTaint(klog.Background(), &taint, false) {
+			if tol.ToleratesTaint(logr.Discard(), &taint, false) {
 				tolerated = true
 			}
 		}
