@@ -101,8 +101,9 @@ func classify(n *corev1.Node, claim string) (kind, string) {
 func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, resume bool) planned {
 	var out planned
 	var candidates, failures []string
-	// down: candidates already unavailable (a failed node still cordoned):
-	// starting one makes no further node unavailable.
+	// down: failed nodes still cordoned: retrying one makes no further node
+	// unavailable. (A node NotReady or cordoned by someone else is not
+	// started before the budget allows: it would likely fail.)
 	down := map[string]bool{}
 	inProgress, unavailable := 0, 0
 	for _, v := range nodes {
@@ -116,7 +117,7 @@ func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, res
 		}
 		tmpl := v.template()
 		outdated := v.driver != nil && v.target != "" && v.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] != v.target
-		down[v.node.Name] = !available(v.node)
+		down[v.node.Name] = k == failed && v.node.Spec.Unschedulable
 		switch k {
 		case idle:
 			if outdated && p.AutoUpgradeEnabled() {

@@ -239,10 +239,10 @@ func TestTemplateHashCoversWhatBuildersRead(t *testing.T) {
 			}
 			tc.edit(rc)
 			h1, w1 := hashes(rc, tc.pg)
-			if got := !builtFrom(h0, parseStamp(h1)); got != tc.head {
+			if got := !builtFrom(h0, parseStamp(h1), ""); got != tc.head {
 				t.Errorf("head rolls: %v, want %v", got, tc.head)
 			}
-			if got := !builtFrom(w0, parseStamp(w1)); got != tc.worker {
+			if got := !builtFrom(w0, parseStamp(w1), ""); got != tc.worker {
 				t.Errorf("workers roll: %v, want %v", got, tc.worker)
 			}
 		})
@@ -270,12 +270,74 @@ func TestBuiltFrom(t *testing.T) {
 		{"p2/s0/v1.6.0", true},      // same pod from another spec (a field the builders ignore)
 		{"p1/s1/v1.5.0", true},      // Loom upgraded, the spec as it was
 		{"p1/s0/v1.5.0", false},     // Loom upgraded and the spec changed
-		{"0123456789abcdef", false}, // an earlier Loom's hash of the spec
+		{"0123456789abcdef", true},  // an earlier Loom's hash of the group's spec, the same now
+		{"fedcba9876543210", false}, // an earlier Loom's, of a spec since changed
 		{"", false},                 // not built by Loom
 		{"p1//v1.5.0", false},       // no spec recorded
 	} {
-		if got := builtFrom(tc.have, want); got != tc.want {
+		if got := builtFrom(tc.have, want, "0123456789abcdef"); got != tc.want {
 			t.Errorf("builtFrom(%q, %v) = %v, want %v", tc.have, want, got, tc.want)
+		}
+	}
+}
+
+// After an upgrade of Loom, pods made by other builders (a stamp of another
+// KubeRay version) or by a Loom from before the stamp (a hash of the
+// group's spec) are rolled only by an edit of what shapes them: not by a
+// replica count, kubectl's last-applied annotation or a label.
+func TestUpgradeRollsOnlyWhatChanged(t *testing.T) {
+	ctx := context.Background()
+	rc := normalized(sample(t, "ray-cluster.sample.yaml", "unit"))
+	rc.UID = "u1"
+	olderBuilders := func(p *corev1.Pod) {
+		st := parseStamp(p.Annotations[AnnotationTemplateHash])
+		st.pod, st.builders = "0000000000000000", "v1.4.0"
+		p.Annotations[AnnotationTemplateHash] = st.String()
+	}
+	beforeStamps := func(p *corev1.Pod) {
+		if p.Labels[utils.RayNodeTypeLabelKey] == string(rayv1.HeadNode) {
+			p.Annotations[AnnotationTemplateHash] = legacyHash(rc, nil)
+		} else {
+			p.Annotations[AnnotationTemplateHash] = legacyHash(rc, &rc.Spec.WorkerGroupSpecs[0])
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		edit  func(*rayv1.RayCluster)
+		rolls bool
+	}{
+		{"nothing", func(*rayv1.RayCluster) {}, false},
+		{"worker replicas", func(rc *rayv1.RayCluster) { rc.Spec.WorkerGroupSpecs[0].Replicas = ptr.To[int32](1) }, false},
+		{"kubectl's last-applied annotation", func(rc *rayv1.RayCluster) {
+			rc.Annotations = map[string]string{"kubectl.kubernetes.io/last-applied-configuration": `{"spec":{}}`}
+		}, false},
+		{"a label", func(rc *rayv1.RayCluster) { rc.Labels = map[string]string{"volcano.sh/queue-name": "team"} }, false},
+		{"the head's image", func(rc *rayv1.RayCluster) {
+			rc.Spec.HeadGroupSpec.Template.Spec.Containers[0].Image = "rayproject/ray:2.99.0"
+		}, true},
+	} {
+		for _, made := range []struct {
+			name  string
+			stamp func(*corev1.Pod)
+		}{{"other builders", olderBuilders}, {"before the stamp", beforeStamps}} {
+			t.Run(made.name+", "+tc.name, func(t *testing.T) {
+				head := buildHeadPod(ctx, rc, "")
+				head.Name, head.UID = "h", "uh"
+				w := buildWorkerPod(ctx, rc, &rc.Spec.WorkerGroupSpecs[0], "")
+				w.Name, w.UID = "w", "uw"
+				for _, p := range []*corev1.Pod{head, w} {
+					made.stamp(p)
+					p.Status.Phase = corev1.PodRunning
+					p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+					p.CreationTimestamp = metav1.Now()
+				}
+				edited := rc.DeepCopy()
+				tc.edit(edited)
+				d := decide(ctx, edited, observed{pods: []*corev1.Pod{head, w}, now: time.Now()}, "none")
+				if rolled := slices.Contains(podNames(d.remove), "h"); rolled != tc.rolls {
+					t.Fatalf("head rolled %v, want %v (removed %v)", rolled, tc.rolls, podNames(d.remove))
+				}
+			})
 		}
 	}
 }

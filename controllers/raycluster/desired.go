@@ -105,14 +105,14 @@ func buildWorkerPod(ctx context.Context, rc *rayv1.RayCluster, g *rayv1.WorkerGr
 //     group, the head's port and Service that workers dial, the cluster's
 //     annotations (ray.io/ft-enabled), gcsFaultToleranceOptions, the Ray
 //     version, the autoscaler. Its gang (the PodGroup) is not part of it.
-//   - spec: the hash of what the builders were given for the pod: the
-//     cluster's name, labels, annotations and spec, of the worker groups
-//     only the pod's own, without replica counts and suspension.
+//   - spec: the hash of what the builders were given for the pod (specHash).
 //   - builders: the version of KubeRay's builders.
 //
 // A pod built by other builders (Loom upgraded to a newer KubeRay) makes a
 // different pod from the same spec; it is rolled only when its spec
-// changed, so that an upgrade of Loom restarts no Ray cluster.
+// changed, so that an upgrade of Loom restarts no Ray cluster. A pod of a
+// Loom from before the stamp carries a hash of its group's spec alone
+// (legacyHash): it is current while that hash is the same.
 type stamp struct{ pod, spec, builders string }
 
 func (s stamp) String() string { return s.pod + "/" + s.spec + "/" + s.builders }
@@ -123,8 +123,12 @@ func parseStamp(v string) stamp {
 	return stamp{f[0], f[1], f[2]}
 }
 
-// builtFrom: a pod stamped have is current with the template want stamps.
-func builtFrom(have string, want stamp) bool {
+// builtFrom: a pod stamped have is current with the template want stamps;
+// legacy is the group's legacyHash.
+func builtFrom(have string, want stamp, legacy string) bool {
+	if !strings.Contains(have, "/") {
+		return have != "" && have == legacy
+	}
 	h := parseStamp(have)
 	return h.pod == want.pod || h.builders != want.builders && h.spec == want.spec && h.spec != ""
 }
@@ -133,7 +137,13 @@ func builtFrom(have string, want stamp) bool {
 // builders make the pods; a test holds it to go.mod.
 func builders() string { return "v1.5.0" }
 
-// specHash is the spec field of a stamp for the head (g nil) or group g.
+// specHash is the spec field of a stamp for the head (g nil) or group g:
+// what the builders read of the cluster, less what shapes no pod. That is
+// its name, its ray.io/ annotations (the only ones they read: not
+// kubectl's last-applied configuration, nor labels), its spec without
+// replica counts, suspension and the other groups; of the head, a worker
+// reads only what reaches its ray start command (the head's
+// rayStartParams and Service).
 func specHash(rc *rayv1.RayCluster, g *rayv1.WorkerGroupSpec) string {
 	spec := rc.Spec.DeepCopy()
 	spec.Suspend, spec.WorkerGroupSpecs = nil, nil
@@ -142,8 +152,24 @@ func specHash(rc *rayv1.RayCluster, g *rayv1.WorkerGroupSpec) string {
 		g.Replicas, g.MinReplicas, g.MaxReplicas, g.Suspend = nil, nil, nil, nil
 		g.ScaleStrategy = rayv1.ScaleStrategy{}
 		spec.WorkerGroupSpecs = []rayv1.WorkerGroupSpec{*g}
+		spec.HeadGroupSpec = rayv1.HeadGroupSpec{RayStartParams: spec.HeadGroupSpec.RayStartParams, HeadService: spec.HeadGroupSpec.HeadService}
 	}
-	return apply.Hash([]any{rc.Name, rc.Labels, rc.Annotations, spec})
+	ann := map[string]string{}
+	for k, v := range rc.Annotations {
+		if strings.HasPrefix(k, "ray.io/") {
+			ann[k] = v
+		}
+	}
+	return apply.Hash([]any{rc.Name, ann, spec})
+}
+
+// legacyHash is the template hash of a Loom from before the stamp: of the
+// head's (g nil) or group g's spec.
+func legacyHash(rc *rayv1.RayCluster, g *rayv1.WorkerGroupSpec) string {
+	if g == nil {
+		return apply.Hash([]any{rc.Spec.HeadGroupSpec, rc.Spec.RayVersion, rc.Spec.EnableInTreeAutoscaling, rc.Spec.AutoscalerOptions})
+	}
+	return apply.Hash([]any{g.Template, g.RayStartParams, g.NumOfHosts, rc.Spec.RayVersion, rc.Spec.EnableInTreeAutoscaling})
 }
 
 // ownPod adds Loom's part to a pod KubeRay's builders made: the cluster's

@@ -289,7 +289,8 @@ func pinScheduler(p *pass) {
 	}
 	built := trainingv1alpha1.GangNone
 	for _, pod := range p.pods.current {
-		if pod.Annotations[gang.GroupNameAnnotation] != "" {
+		// What gang.Join wrote, not a user's own annotation in the template.
+		if pod.Spec.SchedulerName == gang.SchedulerName && pod.Annotations[gang.GroupNameAnnotation] == p.job.Name {
 			built = trainingv1alpha1.GangVolcano
 			break
 		}

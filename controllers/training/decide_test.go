@@ -11,6 +11,7 @@ import (
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/manager"
 )
@@ -236,6 +237,25 @@ func TestSchedulerStaysForTheAttemptsPods(t *testing.T) {
 	d = decide(job, observed{volcano: true, now: now.Add(2 * time.Second), fit: fits}, manager.GangAuto)
 	if d.status.Scheduler != trainingv1alpha1.GangVolcano || d.podGroup == nil {
 		t.Fatalf("no pods left: scheduler %s, PodGroup %v; want Volcano's", d.status.Scheduler, d.podGroup != nil)
+	}
+
+	// A job for no gang scheduler whose template names the user's own
+	// PodGroup: its pods are not Loom's gang, and stay the job's own.
+	own := newJob("ns", "own", 1, 8, trainingv1alpha1.GangNone)
+	own.UID = "uid-own"
+	for _, rs := range []*trainingv1alpha1.ReplicaSpec{&own.Spec.ReplicaSpecs.Master, own.Spec.ReplicaSpecs.Worker} {
+		rs.Template.Annotations = map[string]string{gang.GroupNameAnnotation: "theirs"}
+		rs.Template.Spec.SchedulerName = gang.SchedulerName
+	}
+	d = decide(own, observed{volcano: true, now: now, fit: fits}, manager.GangAuto)
+	ownPods := d.create
+	for _, p := range ownPods {
+		p.UID = types.UID(p.Name)
+	}
+	own.Status = d.status
+	d = decide(own, observed{volcano: true, pods: ownPods, now: now.Add(time.Second), fit: fits}, manager.GangAuto)
+	if d.status.Scheduler != trainingv1alpha1.GangNone || d.podGroup != nil {
+		t.Fatalf("the user's own PodGroup in the template: scheduler %s, Loom's PodGroup %v; want none", d.status.Scheduler, d.podGroup != nil)
 	}
 
 	// Waiting for Volcano (PodGroup, no pods), then edited to scheduler none.

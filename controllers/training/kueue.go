@@ -272,7 +272,8 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 	}
 	switch {
 	case !k.queued:
-		if wl == nil || wl.GetDeletionTimestamp() != nil {
+		// A finished Workload is Kueue's record of the job: it stays.
+		if wl == nil || wl.GetDeletionTimestamp() != nil || wl.Finished() {
 			return nil
 		}
 		return replace("the job's " + kueue.QueueLabel + " label was removed: it no longer waits for Kueue")
