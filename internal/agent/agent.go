@@ -163,6 +163,9 @@ func (a *Agent) collect() (*gpuv1alpha1.GPUNodeStatus, string) {
 	st, err := collect.Collect(a.Lib, nil)
 	a.Metrics.duration.Observe(time.Since(start).Seconds())
 	if err == nil {
+		if a.kept != nil {
+			knownAs(st.GPUs, a.kept.GPUs)
+		}
 		a.updateHealth(st.GPUs)
 		return &st, ""
 	}
@@ -173,6 +176,26 @@ func (a *Agent) collect() (*gpuv1alpha1.GPUNodeStatus, string) {
 	}
 	a.Log.Error(err, "collecting the GPU inventory failed")
 	return nil, err.Error()
+}
+
+// knownAs gives a GPU NVML could not read (its UUID unknown: fallen off the
+// bus) what the last inventory knew of the GPU at its index, so that it
+// keeps its name, product and labels while it is listed unhealthy.
+func knownAs(gpus, last []gpuv1alpha1.GPU) {
+	for i := range gpus {
+		g := &gpus[i]
+		if g.UUID != "" {
+			continue
+		}
+		for _, k := range last {
+			if k.Index == g.Index {
+				health := g.Health
+				*g = *k.DeepCopy()
+				g.Health = health
+				break
+			}
+		}
+	}
 }
 
 // writer is the agent's one writer: its GPUNode and that GPUNode's status,

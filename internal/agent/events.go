@@ -82,6 +82,10 @@ func (a *Agent) handleEvent(e nvml.EventData) {
 	}
 	uuid, ret := e.Device.GetUUID()
 	if ret != nvml.SUCCESS {
+		// A GPU that cannot be named (fallen off the bus, Xid 79): the
+		// collection lists it unhealthy (GPULost), so collect now.
+		a.Log.Info("GPU event from a GPU NVML cannot name; collecting", "event", e.EventType, "xid", e.EventData, "error", nvml.ErrorString(ret))
+		a.collectNow()
 		return
 	}
 	var h gpuv1alpha1.GPUHealth

@@ -24,6 +24,8 @@ import (
 var clearsWhenClean = map[string]bool{
 	gpuv1alpha1.HealthRowRemapPending: true,
 	gpuv1alpha1.HealthRowRemapFailure: true,
+	gpuv1alpha1.HealthGPULost:         true,
+	gpuv1alpha1.HealthUnreadable:      true,
 }
 
 // records copies the health records.

@@ -97,12 +97,7 @@ func nvmlGone(err error) bool {
 	if !errors.As(err, &ne) {
 		return false
 	}
-	switch ne.Ret {
-	case nvml.ERROR_DRIVER_NOT_LOADED, nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_UNINITIALIZED,
-		nvml.ERROR_LIB_RM_VERSION_MISMATCH, nvml.ERROR_FUNCTION_NOT_FOUND:
-		return true
-	}
-	return false
+	return collect.DriverGone(ne.Ret)
 }
 
 // DefaultDriverRoots are where a driver's files are looked for, in order: a

@@ -51,8 +51,12 @@ func conditions(in statusInput, st gpuv1alpha1.GPUNodeStatus) []metav1.Condition
 	case in.down != nil:
 		return withKstatus(unavailable(*in.down, st, in.inventory != nil))
 	case in.collectErr != "":
+		shown := "; showing the last inventory"
+		if in.inventory == nil {
+			shown = "; no inventory read through NVML yet"
+		}
 		return withKstatus([]metav1.Condition{{Type: gpuv1alpha1.ConditionReady, Status: metav1.ConditionFalse,
-			Reason: gpuv1alpha1.ReasonCollectionFailed, Message: in.collectErr + "; showing the last inventory"}})
+			Reason: gpuv1alpha1.ReasonCollectionFailed, Message: in.collectErr + shown}})
 	case in.inventory == nil:
 		return nil // before the first attempt
 	}

@@ -5,6 +5,7 @@
 package collect
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -56,21 +57,50 @@ func Collect(lib nvml.Interface, health map[string]gpuv1alpha1.GPUHealth) (gpuv1
 		return st, check("nvmlDeviceGetCount", ret)
 	}
 	for i := range count {
+		gpu := gpuv1alpha1.GPU{Index: int32(i)}
 		dev, ret := lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			return st, check(fmt.Sprintf("nvmlDeviceGetHandleByIndex(%d)", i), ret)
+		err := check(fmt.Sprintf("nvmlDeviceGetHandleByIndex(%d)", i), ret)
+		if err == nil {
+			gpu, err = collectGPU(dev, i)
 		}
-		gpu, err := collectGPU(dev, i)
 		if err != nil {
-			return st, err
+			var ne *NVMLError
+			if errors.As(err, &ne) && DriverGone(ne.Ret) {
+				return st, err
+			}
+			// One GPU NVML cannot read (fallen off the bus: Xid 79) does not
+			// hide the others: it is listed, unhealthy, with what was read.
+			gpu.Health = unreadable(err)
 		}
-		if h, ok := health[gpu.UUID]; ok {
+		if h, ok := health[gpu.UUID]; ok && gpu.UUID != "" {
 			gpu.Health = h
 		}
 		st.GPUs = append(st.GPUs, gpu)
 	}
 	inventory.Summarize(&st)
 	return st, nil
+}
+
+// DriverGone: NVML answers ret when the library or the driver is gone (not
+// loaded, unloaded for an upgrade, a version mismatch), for every GPU.
+func DriverGone(ret nvml.Return) bool {
+	switch ret {
+	case nvml.ERROR_DRIVER_NOT_LOADED, nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_UNINITIALIZED,
+		nvml.ERROR_LIB_RM_VERSION_MISMATCH, nvml.ERROR_FUNCTION_NOT_FOUND:
+		return true
+	}
+	return false
+}
+
+// unreadable is the health of a GPU whose reading failed with err.
+func unreadable(err error) gpuv1alpha1.GPUHealth {
+	var ne *NVMLError
+	if errors.As(err, &ne) && ne.Ret == nvml.ERROR_GPU_IS_LOST {
+		return gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUUnhealthy, Reason: gpuv1alpha1.HealthGPULost,
+			Message: "the GPU has fallen off the bus (" + err.Error() + "); it needs a reset or a reboot"}
+	}
+	return gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUUnhealthy, Reason: gpuv1alpha1.HealthUnreadable,
+		Message: "NVML cannot read the GPU: " + err.Error()}
 }
 
 func collectGPU(dev nvml.Device, index int) (gpuv1alpha1.GPU, error) {
@@ -82,11 +112,14 @@ func collectGPU(dev nvml.Device, index int) (gpuv1alpha1.GPU, error) {
 	if g.Product, ret = dev.GetName(); ret != nvml.SUCCESS {
 		return g, check(fmt.Sprintf("nvmlDeviceGetName(%d)", index), ret)
 	}
-	mem, ret := dev.GetMemoryInfo()
-	if ret != nvml.SUCCESS {
+	// Memory a GPU does not report (unified memory) stays 0.
+	switch mem, ret := dev.GetMemoryInfo(); ret {
+	case nvml.SUCCESS:
+		g.MemoryMiB = int64(mem.Total / (1 << 20))
+	case nvml.ERROR_NOT_SUPPORTED:
+	default:
 		return g, check(fmt.Sprintf("nvmlDeviceGetMemoryInfo(%d)", index), ret)
 	}
-	g.MemoryMiB = int64(mem.Total / (1 << 20))
 	if arch, ret := dev.GetArchitecture(); ret == nvml.SUCCESS {
 		g.Architecture = ArchitectureName(arch)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 )
@@ -309,5 +310,63 @@ func TestSimulatedMIGHandles(t *testing.T) {
 	}
 	if _, ret := a.GetUUID(); ret != nvml.ERROR_DRIVER_NOT_LOADED {
 		t.Errorf("a MIG device call after the driver went = %v", nvml.ErrorString(ret))
+	}
+}
+
+// One GPU NVML cannot read does not hide the others: it is listed
+// unhealthy, with what could be read of it; a field a GPU does not support
+// stays empty; only the driver gone ends the collection.
+func TestCollectKeepsTheOtherGPUs(t *testing.T) {
+	lostAll := func(d *server.Device) {
+		d.GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
+		d.GetNameFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
+	}
+	for _, tc := range []struct {
+		name      string
+		break3    func(*server.Device)
+		err       bool
+		reason    string // GPU 3's health reason; "" healthy
+		uuidKnown bool
+	}{
+		{"fallen off the bus", lostAll, false, gpuv1alpha1.HealthGPULost, false},
+		{"memory read fails", func(d *server.Device) {
+			d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, nvml.ERROR_UNKNOWN }
+		}, false, gpuv1alpha1.HealthUnreadable, true},
+		{"memory not supported", func(d *server.Device) {
+			d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, nvml.ERROR_NOT_SUPPORTED }
+		}, false, "", true},
+		{"the driver unloaded", func(d *server.Device) {
+			d.GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_UNINITIALIZED }
+		}, true, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := simulate(t, SimOptions{System: "dgx-h100", Seed: "n"})
+			tc.break3(srv.devs[3])
+			st, err := Collect(srv, nil)
+			if tc.err {
+				if err == nil {
+					t.Fatal("no error: the collection should end")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("one GPU failed the node's collection: %v", err)
+			}
+			if st.GPUCount != 8 || len(st.GPUs) != 8 {
+				t.Fatalf("%d GPUs", len(st.GPUs))
+			}
+			for _, g := range st.GPUs {
+				want := ""
+				if g.Index == 3 {
+					want = tc.reason
+				}
+				if g.Health.Reason != want || (want == "") != (g.Health.State == gpuv1alpha1.GPUHealthy) {
+					t.Errorf("GPU %d health %+v, want reason %q", g.Index, g.Health, want)
+				}
+			}
+			if g := st.GPUs[3]; (g.UUID != "") != tc.uuidKnown {
+				t.Errorf("GPU 3 UUID %q, known %v", g.UUID, tc.uuidKnown)
+			}
+		})
 	}
 }

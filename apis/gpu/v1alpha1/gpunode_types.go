@@ -47,6 +47,12 @@ const (
 	// HealthRowRemapFailure: row remapping failed (no spare rows left); the
 	// GPU needs replacing.
 	HealthRowRemapFailure = "RowRemapFailure"
+	// HealthGPULost: NVML answers that the GPU has fallen off the bus; it
+	// clears when the GPU is read again.
+	HealthGPULost = "GPULost"
+	// HealthUnreadable: another NVML error on one GPU's calls; it clears
+	// when the GPU is read again.
+	HealthUnreadable = "GPUUnreadable"
 )
 
 // AnnotationResetGPUHealth on a GPUNode asks its agent to forget what it
