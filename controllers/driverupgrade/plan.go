@@ -1,7 +1,6 @@
 package driverupgrade
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 
@@ -143,10 +142,6 @@ func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, res
 	}
 	out.resumed = resume
 	out.summary.paused = paused(p, len(failures))
-	// Both budgets bind a node that is available now; one already down
-	// takes only a parallel slot, and goes first: it costs no availability,
-	// and its upgrade may bring it back.
-	slices.SortStableFunc(candidates, func(a, b string) int { return cmp.Compare(btoi(!down[a]), btoi(!down[b])) })
 	both := UpgradeBudget(p, len(nodes), inProgress, unavailable)
 	parallelOnly := p
 	parallelOnly.MaxUnavailable = nil
@@ -161,9 +156,35 @@ func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, res
 			parallel = 0
 		}
 	}
-	start := 0
-	for _, name := range candidates {
-		if parallel == 0 {
+	started := starting(candidates, down, parallel, both)
+	for _, name := range started {
+		out.todo = append(out.todo, work{node: name, start: true})
+	}
+	start := len(started)
+	out.summary.waiting, out.summary.inProgress = len(candidates)-start, out.summary.inProgress+start
+	out.more = len(out.todo) > 0 || len(candidates) > start
+	return out
+}
+
+// starting picks the candidates to start within parallel slots and both
+// budgets (parallel and maxUnavailable). A node that is available now takes
+// from both; one already down (a failed node still cordoned) only a
+// parallel slot, and goes first: it costs no availability, and its upgrade
+// may bring it back.
+func starting(candidates []string, down map[string]bool, parallel, both int) []string {
+	order := slices.Clone(candidates)
+	slices.SortStableFunc(order, func(a, b string) int {
+		switch {
+		case down[a] == down[b]:
+			return 0
+		case down[a]:
+			return -1
+		}
+		return 1
+	})
+	var out []string
+	for _, name := range order {
+		if len(out) == parallel {
 			break
 		}
 		if !down[name] {
@@ -172,20 +193,9 @@ func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, res
 			}
 			both--
 		}
-		parallel--
-		start++
-		out.todo = append(out.todo, work{node: name, start: true})
+		out = append(out, name)
 	}
-	out.summary.waiting, out.summary.inProgress = len(candidates)-start, out.summary.inProgress+start
-	out.more = len(out.todo) > 0 || len(candidates) > start
 	return out
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // paused reports whether failures (nodes failed on the template they are

@@ -15,6 +15,7 @@ import (
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/controllers/monitoring/assets"
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/inventory"
 )
 
 // Names and annotations of the objects the monitoring reconcilers write.
@@ -199,7 +200,7 @@ func declaresMetricsPort(t *corev1.PodTemplateSpec) bool {
 	}
 	for i := range t.Spec.InitContainers {
 		c := &t.Spec.InitContainers[i]
-		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways && has(c) {
+		if inventory.Sidecar(c) && has(c) {
 			return true
 		}
 	}

@@ -125,11 +125,10 @@ type group struct {
 	desired int64
 	// pod is the group's pod as built now (without a name, when the name
 	// is generated); its template stamp is stamp.
-	pod    *corev1.Pod
-	stamp  stamp
-	legacy string                 // legacyHash
-	spec   *rayv1.WorkerGroupSpec // nil for the head
-	pods   []*corev1.Pod          // live (not terminating, not finished)
+	pod   *corev1.Pod
+	stamp stamp
+	spec  *rayv1.WorkerGroupSpec // nil for the head
+	pods  []*corev1.Pod          // live (not terminating, not finished)
 }
 
 func setCond(st *rayv1.RayClusterStatus, t string, s metav1.ConditionStatus, reason, msg string, gen int64, now time.Time) {
@@ -367,11 +366,11 @@ func scale(p *pass) bool {
 		pg = p.d.podGroup.Name
 	}
 	head := buildHeadPod(p.ctx, rc, pg)
-	groups := []*group{{name: headGroup, desired: 1, pod: head, stamp: parseStamp(head.Annotations[AnnotationTemplateHash]), legacy: legacyHash(rc, nil), pods: p.byGroup[headGroup]}}
+	groups := []*group{{name: headGroup, desired: 1, pod: head, stamp: parseStamp(head.Annotations[AnnotationTemplateHash]), pods: p.byGroup[headGroup]}}
 	for i := range rc.Spec.WorkerGroupSpecs {
 		g := &rc.Spec.WorkerGroupSpecs[i]
 		w := buildWorkerPod(p.ctx, rc, g, pg)
-		groups = append(groups, &group{name: g.GroupName, desired: groupPods(g), pod: w, stamp: parseStamp(w.Annotations[AnnotationTemplateHash]), legacy: legacyHash(rc, g), spec: g, pods: p.byGroup[g.GroupName]})
+		groups = append(groups, &group{name: g.GroupName, desired: groupPods(g), pod: w, stamp: parseStamp(w.Annotations[AnnotationTemplateHash]), spec: g, pods: p.byGroup[g.GroupName]})
 	}
 	known := map[string]bool{}
 	for _, g := range groups {
@@ -421,8 +420,12 @@ func scaleGroup(p *pass, g *group, holdRollout bool) {
 		live = keep
 	}
 	var current, outdated []*corev1.Pod
+	legacy := "" // legacyHash, only for pods of a Loom from before the stamp
 	for _, pod := range live {
-		if builtFrom(pod.Annotations[AnnotationTemplateHash], g.stamp, g.legacy) {
+		if v := pod.Annotations[AnnotationTemplateHash]; legacy == "" && v != "" && !strings.Contains(v, "/") {
+			legacy = legacyHash(rc, g.spec)
+		}
+		if builtFrom(pod.Annotations[AnnotationTemplateHash], g.stamp, legacy) {
 			current = append(current, pod)
 		} else {
 			outdated = append(outdated, pod)

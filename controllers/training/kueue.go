@@ -262,7 +262,7 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 	}
 	wl := k.wl
 	now := obs.now
-	replace := func(why string) error {
+	remove := func(why string) error {
 		u := &unstructured.Unstructured{}
 		u.SetGroupVersionKind(kueue.WorkloadGVK)
 		u.SetNamespace(wl.Namespace)
@@ -276,7 +276,7 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 		if wl == nil || wl.GetDeletionTimestamp() != nil || wl.Finished() {
 			return nil
 		}
-		return replace("the job's " + kueue.QueueLabel + " label was removed: it no longer waits for Kueue")
+		return remove("the job's " + kueue.QueueLabel + " label was removed: it no longer waits for Kueue")
 	case wl == nil && !d.status.Finished():
 		return r.writer.Ensure(ctx, job, desiredWorkload(job, k.priority))
 	case wl == nil || wl.Finished():
@@ -287,9 +287,9 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 	case wl.Evicted() != nil && wl.QuotaReserved() && len(ownPods(job, obs.pods)) == 0:
 		return r.patchWorkloadStatus(ctx, wl, kueue.ReleaseStatus(wl, now), "evicted and the gang is gone: release the quota")
 	case !wl.QuotaReserved() && !wl.SamePodSets(podSets(job)):
-		return replace("the job's pod sets changed")
+		return remove("the job's pod sets changed")
 	case !wl.QuotaReserved() && wl.Spec.QueueName != job.Labels[kueue.QueueLabel]:
-		return replace("the job moved to LocalQueue " + job.Labels[kueue.QueueLabel])
+		return remove("the job moved to LocalQueue " + job.Labels[kueue.QueueLabel])
 	}
 	return nil
 }

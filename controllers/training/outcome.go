@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/inventory"
 )
 
 // failures looks at the current attempt's failed pods: whether any failed,
@@ -89,9 +90,9 @@ func classify(job *trainingv1alpha1.TrainingJob, p *corev1.Pod) (bool, string) {
 
 // sidecar: the pod's init container name restarts always (a sidecar).
 func sidecar(p *corev1.Pod, name string) bool {
-	for _, c := range p.Spec.InitContainers {
-		if c.Name == name {
-			return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+	for i := range p.Spec.InitContainers {
+		if p.Spec.InitContainers[i].Name == name {
+			return inventory.Sidecar(&p.Spec.InitContainers[i])
 		}
 	}
 	return false

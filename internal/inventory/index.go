@@ -325,6 +325,12 @@ func (x *Index) Subscribe() <-chan struct{} {
 	return c
 }
 
+// Sidecar: an init container that restarts always (a native sidecar): it
+// runs beside the pod's containers, not before them.
+func Sidecar(c *corev1.Container) bool {
+	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+}
+
 // UsesGPUs: a container of the pod (init containers and sidecars too) asks
 // for a GPU resource: whole GPUs, MIG devices or shared replicas
 // (IsGPUResource).
@@ -368,7 +374,7 @@ func podResource(spec *corev1.PodSpec, name corev1.ResourceName) int64 {
 	}
 	for i := range spec.InitContainers {
 		c := &spec.InitContainers[i]
-		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+		if Sidecar(c) {
 			sum += get(c.Resources) // sidecars run alongside
 			continue
 		}
