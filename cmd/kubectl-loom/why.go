@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -131,11 +132,27 @@ func (o *options) why(ctx context.Context, kind, name string) (why.Answer, error
 		return why.Answer{}, err
 	}
 	evs, err := o.warnings(ctx, c, kind, obj)
-	if err != nil {
+	switch {
+	case apierrors.IsForbidden(err):
+		// The answer stands without them: say what is left out and why.
+		a.Also = append(a.Also, "Warning events: not shown: "+forbiddenWhat(err))
+	case err != nil:
 		return why.Answer{}, fmt.Errorf("listing the events of %s: %w", a.Object, err)
+	default:
+		a.Events = evs
 	}
-	a.Events = evs
 	return a, nil
+}
+
+// forbiddenWhat is a Forbidden error's message, for a line saying what the
+// answer leaves out (a user whose rights end at their namespace reads
+// their own objects, not the cluster's nodes and pods).
+func forbiddenWhat(err error) string {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) && status.Status().Message != "" {
+		return status.Status().Message
+	}
+	return err.Error()
 }
 
 // gpusNow adds to a waiting job's answer the live GPU picture its status
@@ -145,6 +162,17 @@ func gpusNow(ctx context.Context, c client.Client, tj *trainingv1alpha1.Training
 	if !why.WaitsToBeScheduled(tj) {
 		return nil
 	}
+	err := addGPUsNow(ctx, c, tj, a)
+	if apierrors.IsForbidden(err) {
+		// The picture needs every node and pod: a user whose rights end at
+		// their namespace still gets the job's own answer.
+		a.Also = append(a.Also, "GPUs now: not shown: "+forbiddenWhat(err))
+		return nil
+	}
+	return err
+}
+
+func addGPUsNow(ctx context.Context, c client.Client, tj *trainingv1alpha1.TrainingJob, a *why.Answer) error {
 	nodes, err := listNodes(ctx, c)
 	if err != nil {
 		return err
