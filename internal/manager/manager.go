@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -85,7 +86,7 @@ func ctrlOptions(opts Options) ctrl.Options {
 	var cacheNamespaces map[string]cache.Config
 	if len(opts.WatchNamespaces) > 0 {
 		cacheNamespaces = map[string]cache.Config{}
-		for _, ns := range opts.WatchNamespaces {
+		for _, ns := range ownNamespaces(opts) {
 			cacheNamespaces[ns] = cache.Config{}
 		}
 	}
@@ -170,11 +171,27 @@ func configMapCache(opts Options) cache.ByObject {
 	if len(opts.WatchNamespaces) == 0 {
 		namespaces[cache.AllNamespaces] = cache.Config{LabelSelector: ownedByLoom}
 	}
-	for _, ns := range opts.WatchNamespaces {
-		namespaces[ns] = cache.Config{LabelSelector: ownedByLoom}
+	if len(opts.WatchNamespaces) > 0 {
+		for _, ns := range ownNamespaces(opts) {
+			namespaces[ns] = cache.Config{LabelSelector: ownedByLoom}
+		}
 	}
 	namespaces[opts.Namespace] = cache.Config{LabelSelector: labels.Everything()}
 	return cache.ByObject{Namespaces: namespaces}
+}
+
+// ownNamespaces are the namespaces a --watch-namespaces cache covers: the
+// ones named, plus Loom's own (the ClusterPolicy's operands, their
+// ServiceAccounts and ConfigMaps) and the dashboards' one, which Loom
+// reads and writes whatever the user's workloads' namespaces are.
+func ownNamespaces(opts Options) []string {
+	out := append([]string{}, opts.WatchNamespaces...)
+	for _, ns := range []string{opts.Namespace, opts.DashboardsNamespace} {
+		if ns != "" && !slices.Contains(out, ns) {
+			out = append(out, ns)
+		}
+	}
+	return out
 }
 
 // trimNode is the inventory's trimmed Node (inventory.TrimNode) plus the
