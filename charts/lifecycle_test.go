@@ -164,3 +164,31 @@ func TestUninstallCleanupHook(t *testing.T) {
 		}
 	}
 }
+
+// Values that render a manager that cannot work are refused at install,
+// with a message naming the values: two replicas without leader election
+// would both reconcile (two driver upgrades cordoning nodes, two writers
+// racing on every pod and status), and a metrics port on the probes' port
+// would never bind.
+func TestChartRefusesUnsafeCombinations(t *testing.T) {
+	for _, tc := range []struct {
+		set  []string
+		want string
+	}{
+		{[]string{"manager.leaderElection.enabled=false"}, "manager.leaderElection.enabled=false needs manager.replicas <= 1"},
+		{[]string{"metrics.port=8081"}, "metrics.port 8081 is the manager's health probe port"},
+	} {
+		args := []string{"template", "loom", chartDir(), "--kube-version", "1.37.2"}
+		for _, s := range tc.set {
+			args = append(args, "--set", s)
+		}
+		out, err := helm(t, args...)
+		if err == nil || !strings.Contains(out, tc.want) {
+			t.Errorf("--set %v: err %v, want a failure saying %q:\n%.300s", tc.set, err, tc.want, out)
+		}
+	}
+	// One replica without leader election is fine.
+	if _, ok := find[*appsv1.Deployment](render(t, "manager.leaderElection.enabled=false", "manager.replicas=1"), "loom-manager"); !ok {
+		t.Error("one replica without leader election does not render")
+	}
+}
