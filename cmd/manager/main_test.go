@@ -30,6 +30,12 @@ func TestCommandLine(t *testing.T) {
 		{args: []string{"version"}, wantCode: 0, wantErr: "loom " + manager.Version()},
 		{args: []string{"uninstall-cleanup", "-h"}, wantCode: 0, wantErr: "-manager-deployment"},
 		{args: []string{"manager", "--kubeconfig", "/no/such/kubeconfig", "--controllers=gpu-labels"}, wantCode: 1, wantErr: "/no/such/kubeconfig"},
+		// Go's flag package stops at the first argument that is not a flag:
+		// a boolean given as "--flag value" would turn it on and drop every
+		// flag after it without a word.
+		{args: []string{"manager", "--leader-elect", "false", "--kube-api-qps=50"}, wantCode: 2, wantErr: `unexpected argument "false"`},
+		{args: []string{"manager", "--leader-elect", "false"}, wantCode: 2, wantErr: "(--leader-elect=false)"},
+		{args: []string{"uninstall-cleanup", "stray"}, wantCode: 2, wantErr: `unexpected argument "stray"`},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -98,6 +98,7 @@ func TestAgentVersionAndHelp(t *testing.T) {
 		{[]string{"-h"}, 0, "-simulate-mig-file"},
 		{[]string{"--no-such-flag"}, 2, "flag provided but not defined: -no-such-flag"},
 		{[]string{"--interval=10ms", "--node-name=n"}, 2, "--interval must be at least 1s"},
+		{[]string{"--node-name=n", "--once", "false", "--interval=10ms"}, 2, `unexpected argument "false"`},
 	} {
 		var out bytes.Buffer
 		if code := run(context.Background(), tt.args, &out, &out); code != tt.wantCode || !strings.Contains(out.String(), tt.want) {

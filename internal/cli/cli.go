@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 
 	"go.uber.org/zap/zapcore"
 	"k8s.io/client-go/rest"
@@ -52,7 +53,27 @@ func Parse(fs *flag.FlagSet, common *Common, args []string, stdout io.Writer) (c
 		fmt.Fprintln(stdout, "loom", manager.Version())
 		return 0, true
 	}
+	// Parsing stops at the first argument that is not a flag, and none of
+	// these commands takes one: "--leader-elect false" would leave the
+	// flag on and drop every flag after it without a word.
+	if fs.NArg() > 0 {
+		msg := fmt.Sprintf("%s: unexpected argument %q: every setting is a flag", fs.Name(), fs.Arg(0))
+		if i := len(args) - fs.NArg() - 1; i >= 0 {
+			if name := strings.TrimLeft(args[i], "-"); name != args[i] {
+				if f := fs.Lookup(name); f != nil && isBoolFlag(f) {
+					msg += fmt.Sprintf(", and a boolean takes its value after '=' (--%s=%s)", name, fs.Arg(0))
+				}
+			}
+		}
+		fmt.Fprintln(fs.Output(), msg)
+		return 2, true
+	}
 	return 0, false
+}
+
+func isBoolFlag(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
 }
 
 // SetupLogging sets controller-runtime's logger: JSON or text ("text") at
