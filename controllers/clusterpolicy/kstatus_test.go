@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 
@@ -58,5 +59,25 @@ func TestKstatus(t *testing.T) {
 				t.Fatalf("kstatus of an unobserved generation %s, want InProgress", got)
 			}
 		})
+	}
+}
+
+// A new driver version with autoUpgrade false leaves the nodes on the older
+// driver: the policy is not Ready (as GPU Operator reports an OnDelete
+// driver DaemonSet whose pods are of an older revision notReady), Ready's
+// reason says why, and kstatus reads InProgress, not Current: kubectl wait,
+// Flux and Argo CD do not take the new version for rolled out.
+func TestKstatusAutoUpgradeDisabled(t *testing.T) {
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default", Generation: 3}}
+	cp.Status.Conditions = []metav1.Condition{{Type: gpuv1alpha1.ConditionDriverUpgrade, Status: metav1.ConditionFalse,
+		Reason: gpuv1alpha1.ReasonAutoUpgradeDisabled, Message: "autoUpgrade is false: 2 GPU nodes run an older driver"}}
+	cp.Status = *status(cp, observed{active: "default", gpuNodes: 2, daemonSets: allRolledOut(2)}, nil)
+	ready := meta.FindStatusCondition(cp.Status.Conditions, conditionReady)
+	if cp.Status.State != gpuv1alpha1.PolicyNotReady || ready == nil || ready.Status != metav1.ConditionFalse ||
+		ready.Reason != gpuv1alpha1.ReasonAutoUpgradeDisabled || !strings.Contains(ready.Message, "2 GPU nodes run an older driver") {
+		t.Fatalf("state %s, Ready %+v; want notReady, False %s naming the nodes", cp.Status.State, ready, gpuv1alpha1.ReasonAutoUpgradeDisabled)
+	}
+	if got := kstatusOf(t, cp); got != kstatus.InProgressStatus {
+		t.Fatalf("kstatus %s, want InProgress (conditions %+v)", got, cp.Status.Conditions)
 	}
 }

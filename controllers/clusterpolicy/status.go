@@ -102,9 +102,14 @@ func status(cp *gpuv1alpha1.ClusterPolicy, obs observed, writeErrs []string) *gp
 		st.MIG.Strategy = gpuv1alpha1.MIGStrategySingle
 	}
 	readiness(st, obs.gpuNodes, specErrors(cp), writeErrs, cp.Generation)
-	if u := meta.FindStatusCondition(cp.Status.Conditions, gpuv1alpha1.ConditionDriverUpgrade); u != nil &&
-		u.Reason == gpuv1alpha1.ReasonUpgradePaused && readyReason(st) == ReasonComponentsWait {
-		setReady(st, cp.Generation, metav1.ConditionFalse, gpuv1alpha1.ReasonUpgradePaused, "driver upgrade paused: "+u.Message)
+	if u := meta.FindStatusCondition(cp.Status.Conditions, gpuv1alpha1.ConditionDriverUpgrade); u != nil && readyReason(st) == ReasonComponentsWait {
+		// A driver upgrade that waits for a person names itself in Ready.
+		switch u.Reason {
+		case gpuv1alpha1.ReasonUpgradePaused:
+			setReady(st, cp.Generation, metav1.ConditionFalse, gpuv1alpha1.ReasonUpgradePaused, "driver upgrade paused: "+u.Message)
+		case gpuv1alpha1.ReasonAutoUpgradeDisabled:
+			setReady(st, cp.Generation, metav1.ConditionFalse, gpuv1alpha1.ReasonAutoUpgradeDisabled, "driver not upgraded: "+u.Message)
+		}
 	}
 	settle(st, cp.Generation)
 	return st

@@ -85,9 +85,11 @@ type Reconciler struct {
 	Recorder recorder.EventRecorder
 	w        *apply.Writer
 	// placing are the policies whose last pass counted nodes waiting for
-	// their driver pod: for them, a driver DaemonSet placing pods
-	// is worth a (delayed, coalesced) pass, so that the DriverUpgrade
-	// count converges without polling.
+	// their driver pod, or nodes on an older driver that autoUpgrade: false
+	// leaves to a person: for them, a driver DaemonSet placing pods is
+	// worth a (delayed, coalesced) pass, so that the DriverUpgrade count
+	// converges without polling (a driver pod deleted by hand is replaced
+	// from the new template, and the node counted up to date).
 	placing placingSet
 }
 
@@ -242,7 +244,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		pl.more = len(pl.todo) > 0
 	}
 	retry, errs := r.step(ctx, obs, req.Name, pl.todo)
-	r.placing.set(req.Name, obs.cp != nil && pl.summary.placing > 0)
+	r.placing.set(req.Name, obs.cp != nil && pl.summary.awaitsDriverPods())
 	if obs.cp != nil && obs.cp.DeletionTimestamp == nil {
 		errs = append(errs, r.acknowledge(ctx, obs.cp, pl)...)
 		if err := r.status(ctx, obs, pl); err != nil {

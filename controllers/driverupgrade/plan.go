@@ -119,8 +119,11 @@ func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, res
 		down[v.node.Name] = k == failed && v.node.Spec.Unschedulable
 		switch k {
 		case idle:
-			if outdated && p.AutoUpgradeEnabled() {
+			switch {
+			case outdated && p.AutoUpgradeEnabled():
 				candidates = append(candidates, v.node.Name)
+			case outdated:
+				out.summary.manual = append(out.summary.manual, v.node.Name)
 			}
 		case upgrading:
 			out.todo = append(out.todo, work{node: v.node.Name})

@@ -246,6 +246,24 @@ func TestCondition(t *testing.T) {
 	if want := "2 of 3 GPU nodes run the wanted driver; 1 waiting for the DaemonSet to place their driver pod (no upgrade needed)"; st != metav1.ConditionTrue || reason != gpuv1alpha1.ReasonUpgradeUpToDate || msg != want {
 		t.Errorf("placing: %s %s %q, want True UpToDate %q", st, reason, msg, want)
 	}
+	// autoUpgrade off with a new version: the nodes on the older driver are
+	// not up to date (kubectl wait --for=condition=DriverUpgrade, kstatus
+	// tools), and the pass watches the DaemonSet so that a driver pod a
+	// person deletes is counted when its replacement comes.
+	manual := gpuv1alpha1.DriverUpgradePolicy{AutoUpgrade: ptr.To(false)}
+	pl := plan([]nodeView{gpuNode("a", "", "old"), gpuNode("b", "", wanted), gpuNode("c", "", "old")}, manual, policy, false)
+	st, reason, msg = condition(pl.summary, nil)
+	if want := "autoUpgrade is false: 2 GPU nodes run an older driver until their driver pod is deleted (or autoUpgrade is set): a, c; " +
+		"1 of 3 GPU nodes run the wanted driver"; st != metav1.ConditionFalse || reason != gpuv1alpha1.ReasonAutoUpgradeDisabled || msg != want {
+		t.Errorf("autoUpgrade off: %s %s %q\nwant False %s %q", st, reason, msg, gpuv1alpha1.ReasonAutoUpgradeDisabled, want)
+	}
+	if !pl.summary.awaitsDriverPods() {
+		t.Error("autoUpgrade off with outdated nodes: the pass does not follow the DaemonSet's pods")
+	}
+	st, reason, _ = condition(plan([]nodeView{gpuNode("b", "", wanted)}, manual, policy, false).summary, nil)
+	if st != metav1.ConditionTrue || reason != gpuv1alpha1.ReasonUpgradeUpToDate {
+		t.Errorf("autoUpgrade off, all current: %s %s, want True UpToDate", st, reason)
+	}
 	var many []string
 	for i := range 25 {
 		many = append(many, fmt.Sprint(i))

@@ -20,7 +20,10 @@ type summary struct {
 	nodes, upToDate, inProgress, waiting int
 	// placing counts idle nodes with no driver pod yet: the DaemonSet is
 	// placing it (a first install, a new GPU node), no upgrade is needed.
-	placing                  int
+	placing int
+	// manual are the idle nodes on an older driver that autoUpgrade: false
+	// leaves until a person deletes their driver pod.
+	manual                   []string
 	paused                   bool
 	failed, blocked, ignored []string
 	// firstFailure is the first failed node and why it failed.
@@ -52,6 +55,12 @@ func (s *summary) add(v nodeView, k kind, why string) {
 		s.blocked = append(s.blocked, v.node.Name+" ("+b+")")
 	}
 }
+
+// awaitsDriverPods reports whether the rollout's count changes as the
+// driver DaemonSets place pods: nodes wait for their first driver pod, or
+// for the one that replaces a driver pod a person deleted (autoUpgrade
+// off). Only then is a DaemonSet placing pods worth a pass.
+func (s summary) awaitsDriverPods() bool { return s.placing > 0 || len(s.manual) > 0 }
 
 // names lists at most maxNamed of names, saying how many more there are.
 func names(list []string) string {
@@ -89,6 +98,10 @@ func condition(s summary, invalid error) (metav1.ConditionStatus, string, string
 			len(s.ignored), gpuv1alpha1.LabelUpgradeState, gpuv1alpha1.AnnotationClaim, names(s.ignored)))
 	}
 	msg := strings.Join(parts, "; ")
+	if len(s.manual) > 0 {
+		msg = fmt.Sprintf("autoUpgrade is false: %d GPU nodes run an older driver until their driver pod is deleted (or autoUpgrade is set): %s; %s",
+			len(s.manual), names(s.manual), msg)
+	}
 	switch {
 	case invalid != nil:
 		return metav1.ConditionFalse, gpuv1alpha1.ReasonUpgradeInvalid, invalid.Error() + "; " + msg
@@ -98,6 +111,10 @@ func condition(s summary, invalid error) (metav1.ConditionStatus, string, string
 			gpuv1alpha1.AnnotationResume, msg)
 	case s.inProgress > 0 || s.waiting > 0 || len(s.failed) > 0:
 		return metav1.ConditionFalse, gpuv1alpha1.ReasonUpgradeInProgress, msg
+	case len(s.manual) > 0:
+		// Not UpToDate: the policy's driver version does not run there, and
+		// nothing will change until a person acts.
+		return metav1.ConditionFalse, gpuv1alpha1.ReasonAutoUpgradeDisabled, msg
 	}
 	return metav1.ConditionTrue, gpuv1alpha1.ReasonUpgradeUpToDate, msg
 }

@@ -96,6 +96,9 @@ func policyAdvice(reason string, cp *gpuv1alpha1.ClusterPolicy) string {
 	switch reason {
 	case gpuv1alpha1.ReasonUpgradePaused:
 		return fmt.Sprintf("fix the failed nodes (kubectl loom upgrades), then kubectl annotate clusterpolicy %s %s=true", cp.Name, gpuv1alpha1.AnnotationResume)
+	case gpuv1alpha1.ReasonAutoUpgradeDisabled:
+		return fmt.Sprintf("delete the driver pod of each node the message names when it may restart (kubectl delete pod -n <loom namespace> -l %s=%s --field-selector spec.nodeName=<node>), or let Loom roll it: kubectl patch clusterpolicy %s --type merge -p '{\"spec\":{\"driver\":{\"upgradePolicy\":{\"autoUpgrade\":true}}}}'",
+			gpuv1alpha1.LabelComponent, gpuv1alpha1.OperandDriver, cp.Name)
 	case gpuv1alpha1.ReasonUpgradeInvalid:
 		return fmt.Sprintf("fix spec.driver.upgradePolicy (kubectl edit clusterpolicy %s)", cp.Name)
 	case gpuv1alpha1.ReasonUpgradeInProgress:

@@ -113,15 +113,20 @@ const (
 
 	// ConditionDriverUpgrade is the driver upgrade controller's condition
 	// on the ClusterPolicy: True (reason UpToDate or DriverDisabled) when no
-	// node waits for or is in an upgrade; False with reason
-	// ReasonUpgradeInProgress, ReasonUpgradePaused or ReasonUpgradeInvalid
-	// otherwise. Its message names the failed, blocked and ignored nodes.
+	// node waits for, is in or needs an upgrade; False with reason
+	// ReasonUpgradeInProgress, ReasonUpgradePaused, ReasonUpgradeInvalid
+	// or ReasonAutoUpgradeDisabled otherwise. Its message names the failed,
+	// blocked and ignored nodes.
 	ConditionDriverUpgrade  = "DriverUpgrade"
 	ReasonUpgradeUpToDate   = "UpToDate"
 	ReasonDriverDisabled    = "DriverDisabled"
 	ReasonUpgradeInProgress = "UpgradeInProgress"
 	ReasonUpgradePaused     = "UpgradePaused"
 	ReasonUpgradeInvalid    = "InvalidUpgradePolicy"
+	// ReasonAutoUpgradeDisabled: autoUpgrade is false and GPU nodes run an
+	// older driver than the policy's; each waits for its driver pod to be
+	// deleted (or for autoUpgrade).
+	ReasonAutoUpgradeDisabled = "AutoUpgradeDisabled"
 )
 
 // UpgradeStates are the values of LabelUpgradeState Loom knows, in the
