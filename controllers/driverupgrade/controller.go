@@ -286,6 +286,7 @@ func (r *Reconciler) observe(ctx context.Context, name string) (observed, error)
 		obs.release = cp.DeletionTimestamp != nil || !cp.Spec.OperandEnabled(gpuv1alpha1.OperandDriver)
 	}
 	templates := map[string]string{}
+	var specs []corev1.PodSpec
 	if obs.cp != nil {
 		list := &appsv1.DaemonSetList{}
 		if err := r.List(ctx, list, client.InNamespace(r.Namespace), client.MatchingLabels{gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver}); err != nil {
@@ -294,6 +295,7 @@ func (r *Reconciler) observe(ctx context.Context, name string) (observed, error)
 		for _, ds := range list.Items {
 			if ref := metav1.GetControllerOf(&ds); ref != nil && ref.UID == cp.UID {
 				templates[ds.Name] = ds.Spec.Template.Annotations[gpuv1alpha1.AnnotationTemplateHash]
+				specs = append(specs, ds.Spec.Template.Spec)
 			}
 		}
 		obs.daemonSets = len(templates)
@@ -302,15 +304,17 @@ func (r *Reconciler) observe(ctx context.Context, name string) (observed, error)
 	if err != nil {
 		return obs, err
 	}
-	obs.nodes, err = r.nodeSet(ctx, drivers, templates)
+	obs.nodes, err = r.nodeSet(ctx, drivers, templates, specs)
 	return obs, err
 }
 
 // nodeSet is every node carrying the upgrade's claim or state label, the
 // nodes labelled GPU-present and those running a driver pod, whether or
 // not they are labelled present right now, each with its driver pod and
-// its target (the template of the DaemonSet that owns that pod).
-func (r *Reconciler) nodeSet(ctx context.Context, drivers map[string]*corev1.Pod, templates map[string]string) ([]nodeView, error) {
+// its target (the template of the DaemonSet that owns that pod); a node
+// without one is marked unplaced when none of the driver DaemonSets' pod
+// specs would place one there.
+func (r *Reconciler) nodeSet(ctx context.Context, drivers map[string]*corev1.Pod, templates map[string]string, specs []corev1.PodSpec) ([]nodeView, error) {
 	list := &corev1.NodeList{}
 	if err := r.Reader.List(ctx, list); err != nil {
 		return nil, err
@@ -324,6 +328,9 @@ func (r *Reconciler) nodeSet(ctx context.Context, drivers map[string]*corev1.Pod
 			continue
 		}
 		v := nodeView{node: n, driver: driver}
+		if driver == nil {
+			v.unplaced = !driverPlaces(specs, n)
+		}
 		if driver != nil {
 			if ref := metav1.GetControllerOf(driver); ref != nil && ref.Kind == "DaemonSet" {
 				v.target = templates[ref.Name]

@@ -18,6 +18,9 @@ type nodeView struct {
 	// target is the pod template hash of the driver DaemonSet that owns
 	// the driver pod ("" when there is none, or it is not the policy's).
 	target string
+	// unplaced: the node has no driver pod, and none of the policy's
+	// driver DaemonSets would place one there (driverPlaces).
+	unplaced bool
 }
 
 // template is the driver template the node's upgrade aims at: its

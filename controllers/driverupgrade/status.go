@@ -21,6 +21,10 @@ type summary struct {
 	// placing counts idle nodes with no driver pod yet: the DaemonSet is
 	// placing it (a first install, a new GPU node), no upgrade is needed.
 	placing int
+	// unplaced are the idle GPU nodes no driver DaemonSet of the policy
+	// selects (an opt-out label, a host driver, a node selector, a taint,
+	// an OS without a driver): not counted among the nodes.
+	unplaced []string
 	// manual are the idle nodes on an older driver that autoUpgrade: false
 	// leaves until a person deletes their driver pod.
 	manual                   []string
@@ -32,6 +36,10 @@ type summary struct {
 
 // add counts one node of the set.
 func (s *summary) add(v nodeView, k kind, why string) {
+	if k == idle && v.driver == nil && v.unplaced {
+		s.unplaced = append(s.unplaced, v.node.Name)
+		return
+	}
 	s.nodes++
 	switch k {
 	case ignored:
@@ -83,6 +91,10 @@ func condition(s summary, invalid error) (metav1.ConditionStatus, string, string
 	}
 	if s.placing > 0 {
 		parts = append(parts, fmt.Sprintf("%d waiting for the DaemonSet to place their driver pod (no upgrade needed)", s.placing))
+	}
+	if len(s.unplaced) > 0 {
+		parts = append(parts, fmt.Sprintf("%d GPU nodes run no driver of this policy (no driver DaemonSet selects them: "+
+			"nvidia.com/gpu.deploy.driver=false, a node selector, a taint, or an OS without a driver): %s", len(s.unplaced), names(s.unplaced)))
 	}
 	if len(s.failed) > 0 {
 		parts = append(parts, fmt.Sprintf("failed (%d): %s (see annotation %s)", len(s.failed), names(s.failed), gpuv1alpha1.AnnotationFailure))

@@ -1,0 +1,88 @@
+package driverupgrade
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+)
+
+// driverTemplate is a driver DaemonSet's pod template as the ClusterPolicy
+// builds it: GPU-present nodes that did not opt out, tolerating
+// nvidia.com/gpu.
+func driverTemplate() corev1.PodSpec {
+	return corev1.PodSpec{
+		Tolerations: []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+		Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+				{Key: gpuv1alpha1.LabelPresent, Operator: corev1.NodeSelectorOpIn, Values: []string{"true"}},
+				{Key: "nvidia.com/gpu.deploy.operands", Operator: corev1.NodeSelectorOpNotIn, Values: []string{"false"}},
+				{Key: "nvidia.com/gpu.deploy.driver", Operator: corev1.NodeSelectorOpNotIn, Values: []string{"false"}},
+			}}}}}},
+	}
+}
+
+// A GPU node no driver DaemonSet will ever run on (it opted out of Loom's
+// driver, runs a host driver, carries a taint the driver does not
+// tolerate) waits for no driver pod: the DaemonSets' own rules say so,
+// with the tolerations the DaemonSet controller adds to every daemon pod.
+func TestDriverPlaces(t *testing.T) {
+	gpu := func(labels map[string]string, taints ...corev1.Taint) *corev1.Node {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{gpuv1alpha1.LabelPresent: "true"}}}
+		for k, v := range labels {
+			n.Labels[k] = v
+		}
+		n.Spec.Taints = taints
+		return n
+	}
+	withSelector := driverTemplate()
+	withSelector.NodeSelector = map[string]string{"pool": "gpu"}
+	tests := []struct {
+		name  string
+		node  *corev1.Node
+		specs []corev1.PodSpec
+		want  bool
+	}{
+		{"a GPU node", gpu(nil), []corev1.PodSpec{driverTemplate()}, true},
+		{"no driver DaemonSet", gpu(nil), nil, false},
+		{"opted out of the driver", gpu(map[string]string{"nvidia.com/gpu.deploy.driver": "false"}), []corev1.PodSpec{driverTemplate()}, false},
+		{"opted out of every operand", gpu(map[string]string{"nvidia.com/gpu.deploy.operands": "false"}), []corev1.PodSpec{driverTemplate()}, false},
+		{"outside the driver's node selector", gpu(nil), []corev1.PodSpec{withSelector}, false},
+		{"in the driver's node selector", gpu(map[string]string{"pool": "gpu"}), []corev1.PodSpec{withSelector}, true},
+		{"another tool's NoSchedule taint", gpu(nil, corev1.Taint{Key: "dedicated", Value: "infer", Effect: corev1.TaintEffectNoSchedule}),
+			[]corev1.PodSpec{driverTemplate()}, false},
+		{"a PreferNoSchedule taint", gpu(nil, corev1.Taint{Key: "dedicated", Effect: corev1.TaintEffectPreferNoSchedule}), []corev1.PodSpec{driverTemplate()}, true},
+		{"nvidia.com/gpu tolerated", gpu(nil, corev1.Taint{Key: "nvidia.com/gpu", Effect: corev1.TaintEffectNoSchedule}), []corev1.PodSpec{driverTemplate()}, true},
+		{"cordoned: daemon pods tolerate it", gpu(nil, corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}),
+			[]corev1.PodSpec{driverTemplate()}, true},
+		{"NotReady: daemon pods tolerate it", gpu(nil, corev1.Taint{Key: corev1.TaintNodeNotReady, Effect: corev1.TaintEffectNoExecute}),
+			[]corev1.PodSpec{driverTemplate()}, true},
+		{"one of two DaemonSets", gpu(nil), []corev1.PodSpec{withSelector, driverTemplate()}, true},
+	}
+	for _, tt := range tests {
+		if got := driverPlaces(tt.specs, tt.node); got != tt.want {
+			t.Errorf("%s: driverPlaces = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// Such a node is not "waiting for the DaemonSet to place its driver pod"
+// for ever, and does not count among the nodes that should run the wanted
+// driver; nor does it keep the pass following the DaemonSets' pods.
+func TestConditionNodesWithoutLoomsDriver(t *testing.T) {
+	one := gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](1)}
+	hostDriver := func(v *nodeView) { v.unplaced = true }
+	pl := plan([]nodeView{gpuNode("a", "", wanted), gpuNode("b", "", "", hostDriver)}, one, policy, false)
+	st, reason, msg := condition(pl.summary, nil)
+	want := "1 of 1 GPU nodes run the wanted driver; 1 GPU nodes run no driver of this policy (no driver DaemonSet selects them: " +
+		"nvidia.com/gpu.deploy.driver=false, a node selector, a taint, or an OS without a driver): b"
+	if st != metav1.ConditionTrue || reason != gpuv1alpha1.ReasonUpgradeUpToDate || msg != want {
+		t.Errorf("condition = %s %s %q\nwant True UpToDate %q", st, reason, msg, want)
+	}
+	if pl.summary.awaitsDriverPods() {
+		t.Error("a node no DaemonSet selects keeps the pass following the DaemonSets' pods")
+	}
+}
