@@ -63,8 +63,9 @@ type nodeEntry struct {
 	product string            // label form: the Node's nvidia.com/gpu.product, else its GPUNode's
 	labels  map[string]string // the Node's, with product when it has no product label
 	offers  []resAmount       // per resource, healthy units; sorted by name
-	// pending: the Node advertises no GPU resource yet (no device plugin),
-	// and offers are the GPUNode's healthy whole GPUs.
+	// pending: the Node has no allocatable GPU resource (no device plugin
+	// yet, or one that stopped), and offers are its capacity, else the
+	// GPUNode's healthy whole GPUs.
 	pending bool
 }
 
@@ -266,8 +267,18 @@ func (n *nodeEntry) derive() {
 	if p := n.node.labels[ProductLabel]; p != "" {
 		n.product = p
 	}
+	// A device plugin serves when some GPU resource has allocatable
+	// units. One that stopped (a driver upgrade, a sharing config or MIG
+	// layout change rolls it) leaves its resources in capacity with
+	// allocatable 0, and after kubelet's grace period both at 0: like one
+	// not registered yet, the node is expected back and offers its
+	// capacity (or its GPUNode's healthy whole GPUs) for "never" only.
+	serving := slices.ContainsFunc(n.node.resources, func(r resCapacity) bool { return r.allocatable > 0 })
 	for _, r := range n.node.resources {
 		healthy := r.allocatable
+		if !serving {
+			healthy = r.capacity
+		}
 		if lost := n.gpus.lost(r.name, r.capacity); lost > 0 {
 			healthy = min(healthy, r.capacity-lost)
 		}
@@ -275,8 +286,11 @@ func (n *nodeEntry) derive() {
 			n.offers = append(n.offers, resAmount{r.name, healthy})
 		}
 	}
-	if len(n.node.resources) == 0 && n.gpus != nil && n.gpus.whole > n.gpus.badWhole {
-		n.offers, n.pending = []resAmount{{GPUResource, n.gpus.whole - n.gpus.badWhole}}, true
+	if !serving {
+		if len(n.offers) == 0 && n.gpus != nil && n.gpus.whole > n.gpus.badWhole {
+			n.offers = []resAmount{{GPUResource, n.gpus.whole - n.gpus.badWhole}}
+		}
+		n.pending = len(n.offers) > 0
 	}
 	labels := n.node.labels
 	if _, ok := labels[ProductLabel]; !ok && n.product != "" {

@@ -731,6 +731,25 @@ func TestFitsSchedulerView(t *testing.T) {
 			x.SetNode(kubeNode("p0"))
 			x.SetGPUNode(gpuNode("p0", h100, 8))
 		}, []PodGroup{group(2, 8, gpu, nil)}, NotNow, "8 more on 1 node whose device plugin has not registered its GPUs yet"},
+		// A device plugin that stops (a driver upgrade, a config or MIG
+		// layout change rolls it) leaves its resource in capacity with
+		// allocatable 0, then after kubelet's 5-minute grace period both
+		// at 0: the node is expected back, as one not registered yet.
+		{"device plugin restarting: capacity stays, allocatable 0", func(x *Index) {
+			n := kubeNode("p0", "nvidia.com/gpu", 32)
+			n.Status.Allocatable[gpu] = *resource.NewQuantity(0, resource.DecimalSI)
+			x.SetNode(n)
+			x.SetGPUNode(gpuNode("p0", h100, 8))
+		}, []PodGroup{group(1, 32, gpu, nil)}, NotNow, "32 more on 1 node whose device plugin has not registered its GPUs yet"},
+		{"device plugin gone past kubelet's grace period: capacity 0", func(x *Index) {
+			x.SetNode(kubeNode("p0", "nvidia.com/gpu", 0))
+			x.SetGPUNode(gpuNode("p0", h100, 8))
+		}, []PodGroup{group(1, 8, gpu, nil)}, NotNow, "8 more on 1 node whose device plugin has not registered its GPUs yet"},
+		{"MIG device plugin restarting: its profiles stay counted", func(x *Index) {
+			n := kubeNode("m0", "nvidia.com/mig-1g.10gb", 7)
+			n.Status.Allocatable["nvidia.com/mig-1g.10gb"] = *resource.NewQuantity(0, resource.DecimalSI)
+			x.SetNode(n)
+		}, []PodGroup{group(1, 7, mig1g, nil)}, NotNow, "7 more on 1 node whose device plugin has not registered its GPUs yet"},
 		{"no GPU nodes", func(*Index) {}, []PodGroup{group(1, 1, gpu, nil)}, Never, "the cluster has no GPU nodes"},
 	}
 	for _, tt := range tests {
