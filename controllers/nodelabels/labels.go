@@ -49,10 +49,14 @@ func LabelsFor(st gpuv1alpha1.GPUNodeStatus, strategy string) map[string]string 
 	}
 	l[gpuv1alpha1.LabelMIGStrategy] = strategy
 	switch {
-	case len(mig) == 0 || strategy == string(gpuv1alpha1.MIGStrategyNone):
+	case strategy == string(gpuv1alpha1.MIGStrategyNone):
 	case strategy == string(gpuv1alpha1.MIGStrategySingle):
-		singleMIGLabels(l, mig, allInMIGMode(st.GPUs))
-	default:
+		// A GPU in MIG mode makes the node a MIG node, with or without
+		// MIG devices yet.
+		if anyInMIGMode(st.GPUs) {
+			singleMIGLabels(l, mig, allInMIGMode(st.GPUs))
+		}
+	case len(mig) > 0:
 		mixedMIGLabels(l, mig)
 	}
 	versionLabels(l, st)
@@ -124,11 +128,21 @@ func allInMIGMode(gpus []gpuv1alpha1.GPU) bool {
 	return true
 }
 
+// anyInMIGMode: some GPU of the node is in MIG mode.
+func anyInMIGMode(gpus []gpuv1alpha1.GPU) bool {
+	for _, g := range gpus {
+		if g.MIG != nil && g.MIG.CurrentMode == gpuv1alpha1.MIGEnabled {
+			return true
+		}
+	}
+	return false
+}
+
 // singleMIGLabels makes the MIG devices stand in for the GPUs. As NVIDIA's
 // device plugin and GPU feature discovery have it, the single strategy
-// needs one profile on every GPU: a node with two profiles, or with MIG on
-// only some of its GPUs (uniform false), is <product>-MIG-INVALID with no
-// GPUs.
+// needs one profile on every GPU: a node with two profiles, with no MIG
+// devices at all, or with MIG on only some of its GPUs (uniform false), is
+// <product>-MIG-INVALID with no GPUs.
 func singleMIGLabels(l map[string]string, mig map[string]migProfile, uniform bool) {
 	if len(mig) != 1 || !uniform {
 		l[gpuv1alpha1.LabelProduct] = LabelValue(l[gpuv1alpha1.LabelProduct] + "-MIG-INVALID")

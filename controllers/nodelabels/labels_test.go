@@ -116,6 +116,14 @@ func TestLabelsForMIGStrategy(t *testing.T) {
 	// MIG on the first GPU only (a layout half applied, or applied to one).
 	partial := collected(t, collect.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "1g.5gb:7"})
 	partial.GPUs[1].MIG = &gpuv1alpha1.MIGStatus{Capable: true, CurrentMode: gpuv1alpha1.MIGDisabled}
+	// MIG mode on with no MIG devices yet (all-enabled, or a layout being
+	// applied): on the first GPU only, and on both.
+	emptyPartial := collected(t, collect.SimOptions{System: "dgx-a100", GPUs: intPtr(2)})
+	emptyPartial.GPUs[0].MIG = &gpuv1alpha1.MIGStatus{Capable: true, CurrentMode: gpuv1alpha1.MIGEnabled}
+	emptyAll := collected(t, collect.SimOptions{System: "dgx-a100", GPUs: intPtr(2)})
+	for i := range emptyAll.GPUs {
+		emptyAll.GPUs[i].MIG = &gpuv1alpha1.MIGStatus{Capable: true, CurrentMode: gpuv1alpha1.MIGEnabled}
+	}
 	tests := []struct {
 		name     string
 		st       gpuv1alpha1.GPUNodeStatus
@@ -130,6 +138,12 @@ func TestLabelsForMIGStrategy(t *testing.T) {
 			map[string]string{gpuv1alpha1.LabelMIGStrategy: "single", gpuv1alpha1.LabelProduct: "NVIDIA-A100-SXM4-40GB-MIG-INVALID", gpuv1alpha1.LabelCount: "0"},
 			[]string{"nvidia.com/mig-1g.5gb.count"}},
 		{"single, MIG on some GPUs only: invalid, nothing schedulable", partial, "single",
+			map[string]string{gpuv1alpha1.LabelMIGStrategy: "single", gpuv1alpha1.LabelProduct: "NVIDIA-A100-SXM4-40GB-MIG-INVALID", gpuv1alpha1.LabelCount: "0"},
+			nil},
+		{"single, MIG on one GPU with no devices yet: invalid, nothing schedulable", emptyPartial, "single",
+			map[string]string{gpuv1alpha1.LabelMIGStrategy: "single", gpuv1alpha1.LabelProduct: "NVIDIA-A100-SXM4-40GB-MIG-INVALID", gpuv1alpha1.LabelCount: "0"},
+			nil},
+		{"single, MIG on every GPU, no devices: invalid, nothing schedulable", emptyAll, "single",
 			map[string]string{gpuv1alpha1.LabelMIGStrategy: "single", gpuv1alpha1.LabelProduct: "NVIDIA-A100-SXM4-40GB-MIG-INVALID", gpuv1alpha1.LabelCount: "0"},
 			nil},
 		{"mixed", mixed, "mixed",
