@@ -58,6 +58,9 @@ func TestClusterPolicyValidation(t *testing.T) {
 		{"bad pull policy", `{toolkit: {image: {pullPolicy: Sometimes}}}`, "pullPolicy"},
 		{"one replica is no sharing", `{devicePlugin: {config: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 1}]}}}}`, "replicas"},
 		{"unknown resource", `{devicePlugin: {config: {timeSlicing: {resources: [{name: nvidia.com/tpu, replicas: 4}]}}}}`, "name"},
+		// No resource name holds a '+': the device plugin advertises the
+		// 1g.10gb+me profile as nvidia.com/mig-1g.10gb.me.
+		{"a MIG profile's '+' in a resource name", `{devicePlugin: {config: {timeSlicing: {resources: [{name: nvidia.com/mig-1g.10gb+me, replicas: 2}]}}}}`, "name"},
 		{"both configs", `{devicePlugin: {config: {configMapName: cfg, timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 4}]}}}}`, "set either timeSlicing or configMapName, not both"},
 		{"default without map", `{devicePlugin: {config: {defaultConfig: a100}}}`, "defaultConfig names a key of configMapName, which is not set"},
 		{"bad MIG strategy", `{mig: {strategy: sometimes}}`, "strategy"},
@@ -68,6 +71,7 @@ func TestClusterPolicyValidation(t *testing.T) {
 		`{driver: {image: {repository: "registry.example/nvidia", version: "570.172.08-ubuntu22.04"}}}`,
 		`{driver: {usePrecompiled: true, kernelModuleType: open, image: {version: "570.172.08"}}}`,
 		`{devicePlugin: {config: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 4}, {name: nvidia.com/mig-1g.10gb, replicas: 2}]}}}}`,
+		`{devicePlugin: {config: {timeSlicing: {resources: [{name: nvidia.com/mig-1g.10gb.me, replicas: 2}, {name: nvidia.com/mig-1g.23gb-me, replicas: 2}]}}}}`,
 		`{devicePlugin: {config: {configMapName: sharing, defaultConfig: any}}, mig: {strategy: mixed}, dcgm: {enabled: true}}`,
 	}
 	ctx := context.Background()

@@ -197,8 +197,12 @@ type DriverSpec struct {
 
 // TimeSlicingResource shares each device of a resource between replicas.
 type TimeSlicingResource struct {
-	// Name is the resource, nvidia.com/gpu or a MIG resource.
-	// +kubebuilder:validation:Pattern=`^nvidia\.com/(gpu|mig-[0-9]+g\.[0-9]+gb(\+me)?)$`
+	// Name is the resource, nvidia.com/gpu or a MIG resource as the device
+	// plugin advertises it: nvidia.com/mig-1g.10gb, and for a profile with
+	// an extension (1g.10gb+me) its '+' written '.' (nvidia.com/mig-1g.10gb.me),
+	// since a resource name cannot hold a '+'.
+	// +kubebuilder:validation:MaxLength=74
+	// +kubebuilder:validation:Pattern=`^nvidia\.com/(gpu|mig-[0-9]+g\.[0-9]+gb([.-][a-z]+)*)$`
 	Name string `json:"name"`
 	// Replicas each device is advertised as.
 	// +kubebuilder:validation:Minimum=2
