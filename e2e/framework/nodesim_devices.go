@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/migparted"
 	"github.com/loom-dev/loom/internal/sharing"
 )
@@ -18,7 +19,7 @@ import (
 // DevicePluginResources is what the NVIDIA device plugin advertises on a
 // node: its healthy GPUs under the MIG strategy of its MIG_STRATEGY env
 // (none: whole GPUs only; single: a MIG node's devices as nvidia.com/gpu;
-// mixed: one nvidia.com/mig-<profile> per profile), each device times the
+// mixed: one nvidia.com/mig-<profile> per profile, a '+' in it written '.'), each device times the
 // replicas its sharing config gives that resource, under the renamed name
 // when the config renames it. The config is the one the pod mounts, chosen
 // for the node as the config manager does.
@@ -43,7 +44,7 @@ func DevicePluginResources(ctx context.Context, c client.Client, pod *corev1.Pod
 			}
 		case strategy == string(gpuv1alpha1.MIGStrategyMixed):
 			for p, n := range mig {
-				counts["nvidia.com/mig-"+p] += int64(n)
+				counts["nvidia.com/mig-"+inventory.MIGProfileName(p)] += int64(n)
 			}
 		}
 	}

@@ -26,6 +26,11 @@ const (
 	sharedSuffix = ".shared"
 )
 
+// MIGProfileName is a MIG profile as the device plugin's resource names
+// write it: a resource name cannot hold a '+', so the 1g.10gb+me profile is
+// nvidia.com/mig-1g.10gb.me.
+func MIGProfileName(profile string) string { return strings.ReplaceAll(profile, "+", ".") }
+
 // IsGPUResource says whether name is one of the NVIDIA device plugin's GPU
 // resources: nvidia.com/gpu, each nvidia.com/mig-<profile>, and their
 // renamed time-sliced forms <name>.shared.
@@ -93,7 +98,7 @@ type resAmount struct {
 type gpuHealth struct {
 	product             string
 	whole, badWhole     int64            // GPUs not in MIG mode
-	mig, badMIG         map[string]int64 // MIG devices per profile (1g.10gb)
+	mig, badMIG         map[string]int64 // MIG devices per profile (1g.10gb; MIGProfileName)
 	migTotal, badMIGSum int64
 }
 
@@ -199,8 +204,9 @@ func (x *Index) SetGPUNode(gn *gpuv1alpha1.GPUNode) {
 			h.mig, h.badMIG = map[string]int64{}, map[string]int64{}
 		}
 		for _, d := range g.MIG.Devices {
-			h.mig[d.Profile]++
-			h.badMIG[d.Profile] += bad
+			p := MIGProfileName(d.Profile)
+			h.mig[p]++
+			h.badMIG[p] += bad
 			h.migTotal++
 			h.badMIGSum += bad
 		}

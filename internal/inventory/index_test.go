@@ -664,6 +664,12 @@ func TestFitsSchedulerView(t *testing.T) {
 			"needs 2 more nvidia.com/mig-3g.40gb than the cluster has (10 on 2 nodes)"},
 		{"MIG: unhealthy GPU, the profile's count", migNodes(1), []PodGroup{group(1, 5, mig3g, nil)}, FitsNow, "| nvidia.com/mig-3g.40gb: 10 free on 2 nodes, 10 in the cluster"},
 
+		// The device plugin writes a profile's '+' as '.': the 1g.10gb+me
+		// devices NVML reports are nvidia.com/mig-1g.10gb.me.
+		{"MIG: an unhealthy GPU takes its media-extension devices", func(x *Index) {
+			x.SetNode(kubeNode("e0", "nvidia.com/mig-1g.10gb.me", 2))
+			x.SetGPUNode(migGPUNode("e0", [][]string{{"1g.10gb+me"}, {"1g.10gb+me"}}, 0))
+		}, []PodGroup{group(1, 2, "nvidia.com/mig-1g.10gb.me", nil)}, Never, "none with more than 1"},
 		{".shared rename", func(x *Index) { x.SetNode(kubeNode("r0", "nvidia.com/gpu.shared", 32)) },
 			[]PodGroup{group(4, 8, shared, nil)}, FitsNow, "needs 4 pods × 8 nvidia.com/gpu.shared | nvidia.com/gpu.shared: 32 free on 1 node"},
 		{".shared rename: nvidia.com/gpu is gone", func(x *Index) { x.SetNode(kubeNode("r0", "nvidia.com/gpu.shared", 32)) },
