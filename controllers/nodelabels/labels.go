@@ -159,11 +159,12 @@ func singleMIGLabels(l map[string]string, mig map[string]migProfile, uniform boo
 }
 
 // mixedMIGLabels adds one nvidia.com/mig-<profile>.{count,memory} pair per
-// profile.
+// profile, named as the device plugin's resource (a '+' written '.':
+// nvidia.com/mig-1g.10gb.me.count).
 func mixedMIGLabels(l map[string]string, mig map[string]migProfile) {
 	for profile, m := range mig {
 		// The key's name part (mig-<profile>.memory) must fit 63 characters.
-		p := LabelValue(profile)
+		p := LabelValue(inventory.MIGProfileName(profile))
 		if len(p) > 52 {
 			p = LabelValue(p[:52])
 		}

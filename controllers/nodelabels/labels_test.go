@@ -124,6 +124,11 @@ func TestLabelsForMIGStrategy(t *testing.T) {
 	for i := range emptyAll.GPUs {
 		emptyAll.GPUs[i].MIG = &gpuv1alpha1.MIGStatus{Capable: true, CurrentMode: gpuv1alpha1.MIGEnabled}
 	}
+	// A media-extension profile: the device plugin's resource, and so
+	// GFD's label, is nvidia.com/mig-1g.10gb.me.
+	media := collected(t, collect.SimOptions{System: "dgx-a100", GPUs: intPtr(1)})
+	media.GPUs[0].MIG = &gpuv1alpha1.MIGStatus{Capable: true, CurrentMode: gpuv1alpha1.MIGEnabled,
+		Devices: []gpuv1alpha1.MIGDevice{{Profile: "1g.10gb+me", MemoryMiB: 9856}}}
 	tests := []struct {
 		name     string
 		st       gpuv1alpha1.GPUNodeStatus
@@ -148,6 +153,9 @@ func TestLabelsForMIGStrategy(t *testing.T) {
 			nil},
 		{"mixed", mixed, "mixed",
 			map[string]string{gpuv1alpha1.LabelMIGStrategy: "mixed", gpuv1alpha1.LabelCount: "2", "nvidia.com/mig-3g.20gb.count": "2", "nvidia.com/mig-1g.5gb.count": "8"}, nil},
+		{"mixed, a media-extension profile: named as its resource", media, "mixed",
+			map[string]string{"nvidia.com/mig-1g.10gb.me.count": "1", "nvidia.com/mig-1g.10gb.me.memory": "9856"},
+			[]string{"nvidia.com/mig-1g.10gb-me.count"}},
 		{"none: MIG devices not advertised", mixed, "none",
 			map[string]string{gpuv1alpha1.LabelMIGStrategy: "none", gpuv1alpha1.LabelCount: "2", gpuv1alpha1.LabelProduct: "NVIDIA-A100-SXM4-40GB"},
 			[]string{"nvidia.com/mig-3g.20gb.count", "nvidia.com/mig-1g.5gb.count"}},
