@@ -120,8 +120,10 @@ func sharingLabels(l map[string]string, in Input) {
 	r := in.Sharing.Resource(sharing.GPUResource)
 	l[gpuv1alpha1.LabelReplicas] = strconv.Itoa(r.Replicas)
 	l[gpuv1alpha1.LabelSharingStrategy] = string(r.Strategy)
-	if r.Shared() && !r.Renamed() && !strings.HasSuffix(l[gpuv1alpha1.LabelProduct], "-MIG-INVALID") {
-		l[gpuv1alpha1.LabelProduct] = sharedProduct(l[gpuv1alpha1.LabelProduct])
+	// A product NVML names with nothing a label value keeps has no label
+	// to suffix ("-SHARED" alone is no valid value).
+	if p := l[gpuv1alpha1.LabelProduct]; r.Shared() && !r.Renamed() && p != "" && !strings.HasSuffix(p, "-MIG-INVALID") {
+		l[gpuv1alpha1.LabelProduct] = sharedProduct(p)
 	}
 }
 

@@ -209,3 +209,18 @@ func TestWithTaint(t *testing.T) {
 		})
 	}
 }
+
+// Whatever NVML calls the product, a shared node's labels are valid label
+// values: a product that leaves nothing valid gets no -SHARED label.
+func TestDesiredSharedOddProduct(t *testing.T) {
+	ts := mustSharing(t, "version: v1\nsharing: {timeSlicing: {resources: [{name: gpu, replicas: 4}]}}\n")
+	for _, product := range []string{"???", "  ", "-", strings.Repeat("x", 70) + " H100"} {
+		st := collected(t, collect.SimOptions{System: "dgx-h100", GPUs: intPtr(1)})
+		st.GPUs[0].Product, st.Product = product, product
+		got := Desired(Input{GPUNode: &st, Sharing: ts})
+		assertValid(t, got)
+		if got[gpuv1alpha1.LabelReplicas] != "4" {
+			t.Errorf("product %q: replicas %q", product, got[gpuv1alpha1.LabelReplicas])
+		}
+	}
+}
