@@ -243,6 +243,9 @@ func kueueHold(p *pass) (reason, msg string) {
 		return ReasonQueuedInKueue, "the job names Kueue LocalQueue " + p.job.Labels[kueueQueueLabel] + " but Kueue's Workload CRD is not installed: no pods are created until Kueue admits the job"
 	case k.wl.Evicted() != nil:
 		reason, msg = ReasonEvictedByKueue, "suspended by Kueue: "+k.wl.Waiting()
+	case k.stale && k.wl.QuotaReserved():
+		reason, msg = ReasonQueuedInKueue, "the job's pod sets (replicas or requests) changed since Kueue admitted Workload "+k.wl.Name+
+			": the gang is stopped and the Workload replaced, to be admitted again"
 	default:
 		reason, msg = ReasonQueuedInKueue, "waiting for Kueue: "+k.wl.Waiting()
 	}

@@ -59,11 +59,16 @@ type kueueObs struct {
 	// priority is the WorkloadPriorityClass's value, when the job names one
 	// that exists.
 	priority *int32
+	// stale: the Workload no longer asks for the job's pod sets (their
+	// counts or requests were edited while the job was suspended), so its
+	// admission does not cover the gang the job would run now.
+	stale bool
 }
 
-// holds: the gang may not run now (not admitted, or evicted).
+// holds: the gang may not run now (not admitted, evicted, or admitted for
+// pod sets the job no longer has).
 func (k *kueueObs) holds() bool {
-	return k.queued && (!k.wl.Admitted() || k.wl.Evicted() != nil)
+	return k.queued && (!k.wl.Admitted() || k.wl.Evicted() != nil || k.stale)
 }
 
 // kueueJobs reads Workloads and ResourceFlavors for the reconciler.
@@ -114,8 +119,14 @@ func (k *kueueJobs) observe(ctx context.Context, job *trainingv1alpha1.TrainingJ
 			return err
 		}
 	}
-	if err := k.workload(ctx, job, obs); err != nil || !obs.kueue.wl.Admitted() {
+	if err := k.workload(ctx, job, obs); err != nil {
 		return err
+	}
+	if wl := obs.kueue.wl; wl != nil && !wl.Finished() {
+		obs.kueue.stale = !wl.SamePodSets(podSets(job))
+	}
+	if !obs.kueue.wl.Admitted() {
+		return nil
 	}
 	return k.placements(ctx, obs.kueue.wl, obs)
 }
@@ -286,6 +297,11 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 		return r.patchWorkloadStatus(ctx, wl, kueue.FinishStatus(wl, d.status.State == trainingv1alpha1.StateSucceeded, msg, now), "the job ended")
 	case wl.Evicted() != nil && wl.QuotaReserved() && len(ownPods(job, obs.pods)) == 0:
 		return r.patchWorkloadStatus(ctx, wl, kueue.ReleaseStatus(wl, now), "evicted and the gang is gone: release the quota")
+	case k.stale && wl.QuotaReserved() && len(ownPods(job, obs.pods)) == 0:
+		// As jobframework with a job no longer equivalent to its
+		// Workload: the gang stopped, the admission goes, and the
+		// Workload is replaced (below, once it holds no quota).
+		return r.patchWorkloadStatus(ctx, wl, kueue.ReleaseStatus(wl, now), "the job's pod sets changed since the admission and the gang is gone: release the quota")
 	case !wl.QuotaReserved() && !wl.SamePodSets(podSets(job)):
 		return remove("the job's pod sets changed")
 	case !wl.QuotaReserved() && wl.Spec.QueueName != job.Labels[kueue.QueueLabel]:

@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -112,5 +114,98 @@ func TestKueueLabelEdits(t *testing.T) {
 	})
 	if n := len(jobPods(t, jobs[1])); n != 0 {
 		t.Fatalf("the moved job, still waiting for Kueue, has %d pods", n)
+	}
+}
+
+// A Kueue-admitted job edited while suspended (more workers; bigger
+// requests) must not resume under the admission of its old pod sets: that
+// would run a gang Kueue never counted against the queue's quota. As
+// Kueue's own jobframework does with a job no longer equivalent to its
+// Workload, the gang is held, the old admission released and the Workload
+// replaced by one for the job as it is now, to be admitted afresh.
+func TestKueueAdmissionFollowsTheEditedPodSets(t *testing.T) {
+	installWorkloadCRD(t)
+	ns := namespace(t, "kueue-edit")
+	startManager(t)
+	ctx := context.Background()
+	workload := func(job *trainingv1alpha1.TrainingJob) (*unstructured.Unstructured, error) {
+		wl := &unstructured.Unstructured{}
+		wl.SetGroupVersionKind(kueue.WorkloadGVK)
+		got := getJob(t, job)
+		return wl, env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}, wl)
+	}
+	admit := func(job *trainingv1alpha1.TrainingJob) {
+		wl, err := workload(job)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := metav1.Now().UTC().Format(time.RFC3339)
+		patch := fmt.Sprintf(`{"status":{"admission":{"clusterQueue":"cq","podSetAssignments":[{"name":"master"},{"name":"worker"}]},"conditions":[`+
+			`{"type":"QuotaReserved","status":"True","reason":"QuotaReserved","message":"reserved","lastTransitionTime":%q},`+
+			`{"type":"Admitted","status":"True","reason":"Admitted","message":"admitted","lastTransitionTime":%q}]}}`, now, now)
+		if err := env.Client.Status().Patch(ctx, wl, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cpu := func(q string) corev1.ResourceList {
+		return corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(q)}
+	}
+	edits := map[string]func(*trainingv1alpha1.TrainingJob){
+		"wider": func(j *trainingv1alpha1.TrainingJob) { j.Spec.ReplicaSpecs.Worker.Replicas = ptr(int32(3)) },
+		"bigger": func(j *trainingv1alpha1.TrainingJob) {
+			j.Spec.ReplicaSpecs.Worker.Template.Spec.Containers[0].Resources.Requests = cpu("64")
+		},
+	}
+	var jobs []*trainingv1alpha1.TrainingJob
+	for _, name := range []string{"wider", "bigger"} {
+		job := newJob(ns, name, 1, 0, trainingv1alpha1.GangNone)
+		job.Labels = map[string]string{kueue.QueueLabel: "team-a"}
+		job.Spec.ReplicaSpecs.Worker.Template.Spec.Containers[0].Resources.Requests = cpu("1")
+		create(t, job)
+		testenv.Eventually(t, 20*time.Second, func() error { _, err := workload(job); return err })
+		admit(job)
+		waitPods(t, job, 2, 1)
+		jobs = append(jobs, job)
+	}
+	for _, job := range jobs {
+		got := getJob(t, job)
+		got.Spec.RunPolicy.Suspend = true
+		if err := env.Client.Update(ctx, got); err != nil {
+			t.Fatal(err)
+		}
+		waitState(t, job, trainingv1alpha1.StateSuspended)
+		waitPods(t, job, 0, 0)
+		got = getJob(t, job)
+		edits[job.Name](got)
+		got.Spec.RunPolicy.Suspend = false
+		if err := env.Client.Update(ctx, got); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, job := range jobs {
+		testenv.Eventually(t, 20*time.Second, func() error {
+			wl, err := workload(job)
+			if err != nil {
+				return err
+			}
+			w := &kueue.Workload{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(wl.Object, w); err != nil {
+				return err
+			}
+			if !w.SamePodSets(podSets(getJob(t, job))) || w.QuotaReserved() {
+				var sets []string
+				for _, ps := range w.Spec.PodSets {
+					sets = append(sets, fmt.Sprintf("%s×%d %v", ps.Name, ps.Count, ps.Template.Spec.Containers[0].Resources.Requests))
+				}
+				return fmt.Errorf("%s: the Workload still asks for %v (quota reserved: %v) while the job runs %d pods", job.Name, sets, w.QuotaReserved(), len(jobPods(t, job)))
+			}
+			return nil
+		})
+		if pods := jobPods(t, job); len(pods) != 0 {
+			t.Fatalf("%s runs %d pods under the admission of its old pod sets", job.Name, len(pods))
+		}
+		if c := cond(getJob(t, job), trainingv1alpha1.ConditionSuspended); c.Status != metav1.ConditionTrue || c.Reason != ReasonQueuedInKueue {
+			t.Fatalf("%s: Suspended = %+v, want True, %s", job.Name, c, ReasonQueuedInKueue)
+		}
 	}
 }

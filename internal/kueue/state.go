@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -165,19 +166,53 @@ func (p Placement) Apply(spec *corev1.PodSpec) {
 	}
 }
 
-// SamePodSets reports whether the Workload asks for the pod sets want
-// (names and counts); a Workload that does not must be replaced while it
-// holds no quota.
+// SamePodSets reports whether the Workload asks for the pod sets want:
+// names, counts and what each container and init container requests and
+// limits, which is what Kueue's own jobframework compares (a pod set's
+// quota). A Workload that does not must not keep admitting the job: it is
+// released and replaced.
 func (w *Workload) SamePodSets(want []PodSet) bool {
 	if len(w.Spec.PodSets) != len(want) {
 		return false
 	}
 	for i := range want {
-		if w.Spec.PodSets[i].Name != want[i].Name || w.Spec.PodSets[i].Count != want[i].Count {
+		have, want := &w.Spec.PodSets[i], &want[i]
+		if have.Name != want.Name || have.Count != want.Count ||
+			!sameResources(have.Template.Spec.InitContainers, want.Template.Spec.InitContainers) ||
+			!sameResources(have.Template.Spec.Containers, want.Template.Spec.Containers) {
 			return false
 		}
 	}
 	return true
+}
+
+// sameResources: both lists' containers, pairwise, have the same limits
+// and the same requests, a request left out where a limit is set counting
+// as that limit (as the API server defaults a pod's, and Kueue's webhook a
+// Workload's).
+func sameResources(a, b []corev1.Container) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		ra, rb := &a[i].Resources, &b[i].Resources
+		if !equality.Semantic.DeepEqual(ra.Limits, rb.Limits) || !equality.Semantic.DeepEqual(requests(ra), requests(rb)) {
+			return false
+		}
+	}
+	return true
+}
+
+// requests is r's requests with the limits that have none filled in.
+func requests(r *corev1.ResourceRequirements) corev1.ResourceList {
+	out := corev1.ResourceList{}
+	for k, v := range r.Limits {
+		out[k] = v
+	}
+	for k, v := range r.Requests {
+		out[k] = v
+	}
+	return out
 }
 
 // ReleaseStatus is the status patch that gives back an evicted Workload's
