@@ -154,6 +154,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	d := decide(obs)
 	if err := r.write(ctx, obs, d); err != nil {
+		if apply.IsForeign(err) {
+			return r.nameConflict(ctx, job, err)
+		}
 		return ctrl.Result{}, err
 	}
 	// Guarded: the status carries the names of the cluster and the Ray job
@@ -169,6 +172,29 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	observeStatus(job, &job.Status, &d.status, time.Now())
 	return ctrl.Result{RequeueAfter: d.requeue}, nil
+}
+
+// conflictRecheck is how often a name conflict is looked at again: the
+// object in the way is not the RayJob's, so no watch event says it is gone.
+const conflictRecheck = 30 * time.Second
+
+// nameConflict reports a child's name (the submitter Job's, the
+// cluster's) taken by an object the RayJob does not control, which Loom
+// leaves alone: a Warning event, and the status as it was (no state or
+// name of this pass is recorded, as nothing of it was done) with a message
+// saying what is in the way. It is looked at again later.
+func (r *Reconciler) nameConflict(ctx context.Context, job *rayv1.RayJob, err error) (ctrl.Result, error) {
+	msg := err.Error() + ": rename the RayJob or delete that object"
+	r.event(job, corev1.EventTypeWarning, ReasonNameConflict, "%s", msg)
+	st := job.Status.DeepCopy()
+	st.Message = msg
+	if _, err := r.writer.Status(ctx, job, &job.Status, st, apply.Guarded()); err != nil {
+		if apierrors.IsConflict(err) {
+			return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: conflictRecheck}, nil
 }
 
 // forget drops what the reconciler keeps of a RayJob that is gone or

@@ -589,3 +589,78 @@ func getCluster(t *testing.T, rc *rayv1.RayCluster) *rayv1.RayCluster {
 	}
 	return got
 }
+
+// A Service of the RayJob-level head Service's name (<rayjob>-head-svc)
+// that the RayJob does not control, such as the head Service of a
+// RayCluster named as the RayJob in the same namespace, is left alone and
+// does not stop the job: that Service is a convenience, not part of the
+// run. The RayJob follows its Ray job to Complete, cleans up its cluster,
+// and a Warning event names the Service in the way.
+func TestAServiceNameTakenByAStrangerDoesNotStopTheJob(t *testing.T) {
+	ctx := context.Background()
+	fake := newFake(t, 300*time.Millisecond)
+	startManager(t, fake)
+	rj := sampleJob(t, "ray-job.sample.yaml", "rj-svc-clash")
+	rj.Spec.SubmissionMode = rayv1.HTTPMode
+	rj.Spec.ShutdownAfterJobFinishes = true
+	stranger := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: rj.Name + "-head-svc", Namespace: rj.Namespace}, Spec: corev1.ServiceSpec{
+		Selector: map[string]string{"ray.io/cluster": rj.Name, "ray.io/node-type": "head"},
+		Ports:    []corev1.ServicePort{{Name: utils.DashboardPortName, Port: 8265}},
+	}}
+	create(t, stranger)
+	create(t, rj)
+	rc, _ := waitCluster(t, rj)
+	bringUp(t, rc, true)
+	got := waitJob(t, rj, "Complete", deploymentStatus(rayv1.JobDeploymentStatusComplete))
+	if got.Status.JobStatus != rayv1.JobStatusSucceeded {
+		t.Fatalf("status %+v", got.Status)
+	}
+	clusterGone(t, rc)
+	warned(t, rj, "NameConflict")
+	after := &corev1.Service{}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(stranger), after); err != nil {
+		t.Fatal(err)
+	}
+	if after.ResourceVersion != stranger.ResourceVersion || len(after.OwnerReferences) != 0 {
+		t.Fatalf("the stranger's Service was touched: %+v", after.ObjectMeta)
+	}
+}
+
+// A Job of the submitter's name (the RayJob's) that the RayJob does not
+// control is left alone; the RayJob says so in its status message and a
+// Warning event, instead of failing each pass with nothing on the object,
+// and goes on once that Job is gone.
+func TestASubmitterNameTakenByAStrangerIsReported(t *testing.T) {
+	ctx := context.Background()
+	fake := newFake(t, time.Hour)
+	startManager(t, fake)
+	rj := sampleJob(t, "ray-job.sample.yaml", "rj-job-clash")
+	stranger := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: rj.Name, Namespace: rj.Namespace}, Spec: batchv1.JobSpec{
+		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}},
+	}}
+	create(t, stranger)
+	create(t, rj)
+	rc, _ := waitCluster(t, rj)
+	bringUp(t, rc, true)
+	waitJob(t, rj, "saying what is in the way", func(j *rayv1.RayJob) bool {
+		return strings.Contains(j.Status.Message, "Job "+rj.Namespace+"/"+rj.Name+" exists")
+	})
+	warned(t, rj, "NameConflict")
+	after := &batchv1.Job{}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(stranger), after); err != nil {
+		t.Fatal(err)
+	}
+	if after.ResourceVersion != stranger.ResourceVersion || len(after.OwnerReferences) != 0 {
+		t.Fatalf("the stranger's Job was touched: %+v", after.ObjectMeta)
+	}
+	if err := env.Client.Delete(ctx, after, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if sj := submitters(t, rj.Namespace); len(sj) != 1 {
+			return fmt.Errorf("%d submitter Jobs once the stranger's is gone", len(sj))
+		}
+		return nil
+	})
+	waitJob(t, rj, "Running", deploymentStatus(rayv1.JobDeploymentStatusRunning))
+}

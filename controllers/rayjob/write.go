@@ -14,7 +14,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/loom-dev/loom/internal/apply"
 )
+
+// ReasonNameConflict is the Warning of a child's name taken by an object
+// the RayJob does not control, which Loom leaves alone.
+const ReasonNameConflict = "NameConflict"
 
 // write makes the children what the decision says, then submits.
 func (r *Reconciler) write(ctx context.Context, o observed, d decision) error {
@@ -40,7 +46,14 @@ func (r *Reconciler) write(ctx context.Context, o observed, d decision) error {
 		if err != nil {
 			return err
 		}
-		if err := r.writer.Ensure(ctx, owner, svc); err != nil {
+		// The RayJob-level Service is a convenience, a name that follows
+		// the job from cluster to cluster: one of that name the RayJob
+		// does not control (the head Service of a RayCluster named as the
+		// RayJob) is left alone, said in a Warning, and the job goes on
+		// without it.
+		if err := r.writer.Ensure(ctx, owner, svc); apply.IsForeign(err) {
+			r.event(owner, corev1.EventTypeWarning, ReasonNameConflict, "%s: the RayJob runs without its own head Service; rename the RayJob or that Service to have it", err)
+		} else if err != nil {
 			return err
 		}
 	}
