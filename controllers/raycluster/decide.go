@@ -220,21 +220,25 @@ func begin(p *pass) bool {
 
 // validate holds a cluster whose spec KubeRay's validators or Loom's
 // reject, or that asks for more pods than the manager allows: no pod is
-// created or deleted, and the condition names the fields.
+// created, and the condition names the fields. Its pods are deleted only
+// when it is suspended, which needs nothing of the spec: Kueue suspends a
+// cluster to take its quota back, and the pods must not outlive it.
 func validate(p *pass) bool {
 	st := &p.d.status
+	reason, msg := "", ""
 	if err := validateCluster(p.rc); err != nil {
-		p.set(ConditionValid, metav1.ConditionFalse, ReasonInvalidSpec, err.Error())
-		setState(st, "", p.obs.now)
-		return true
+		reason, msg = ReasonInvalidSpec, err.Error()
+	} else if msg = podLimit(p.rc, p.obs.maxPods); msg != "" {
+		reason = ReasonTooManyPods
 	}
-	if msg := podLimit(p.rc, p.obs.maxPods); msg != "" {
-		p.set(ConditionValid, metav1.ConditionFalse, ReasonTooManyPods, msg)
-		setState(st, "", p.obs.now)
-		return true
+	if reason == "" {
+		meta.RemoveStatusCondition(&st.Conditions, ConditionValid)
+		return false
 	}
-	meta.RemoveStatusCondition(&st.Conditions, ConditionValid)
-	return false
+	p.set(ConditionValid, metav1.ConditionFalse, reason, msg)
+	setState(st, "", p.obs.now)
+	suspend(p)
+	return true
 }
 
 // sortPods sorts the live pods by group. Finished or failed pods are

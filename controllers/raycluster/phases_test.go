@@ -59,6 +59,35 @@ func TestDecideSuspendAndResume(t *testing.T) {
 	}
 }
 
+// A cluster whose spec turned invalid is held, but suspending it (Kueue
+// taking its quota back) still deletes its pods: they must not run on
+// quota that is no longer the cluster's.
+func TestInvalidClusterStillSuspends(t *testing.T) {
+	ctx := context.Background()
+	rc := normalized(sample(t, "ray-cluster.sample.yaml", "unit"))
+	rc.UID = "u1"
+	head := buildHeadPod(ctx, rc, "")
+	head.Name, head.UID = "h", "uh"
+	head.OwnerReferences = []metav1.OwnerReference{{APIVersion: "ray.io/v1", Kind: "RayCluster", Name: rc.Name, UID: rc.UID, Controller: ptr.To(true)}}
+	rc.Spec.WorkerGroupSpecs = append(rc.Spec.WorkerGroupSpecs, *rc.Spec.WorkerGroupSpecs[0].DeepCopy()) // duplicate group: invalid
+	for _, suspended := range []bool{false, true} {
+		rc.Spec.Suspend = ptr.To(suspended)
+		d := decide(ctx, rc, observed{pods: []*corev1.Pod{head}, now: time.Now()}, "none")
+		if c := meta.FindStatusCondition(d.status.Conditions, ConditionValid); c == nil || c.Status != metav1.ConditionFalse {
+			t.Fatalf("suspend %v: Valid condition %+v", suspended, c)
+		}
+		if len(d.create) != 0 {
+			t.Fatalf("suspend %v: an invalid cluster creates %d pods", suspended, len(d.create))
+		}
+		if want := map[bool]int{false: 0, true: 1}[suspended]; len(d.remove) != want {
+			t.Fatalf("suspend %v: %d pods deleted, want %d", suspended, len(d.remove), want)
+		}
+		if suspended && !meta.IsStatusConditionTrue(d.status.Conditions, string(rayv1.RayClusterSuspending)) {
+			t.Fatalf("suspended invalid cluster: conditions %+v", d.status.Conditions)
+		}
+	}
+}
+
 // A cluster that asks for Volcano while it is missing gets no pods and no
 // children; once it is there, a PodGroup that its pods join.
 func TestDecideVolcano(t *testing.T) {
