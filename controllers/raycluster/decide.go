@@ -327,7 +327,15 @@ func volcano(p *pass) bool {
 func children(p *pass) bool {
 	p.d.children, p.d.shared, p.d.err = buildChildren(p.ctx, p.rc)
 	if p.sched != gang.SchedulerName {
-		if !p.gangOff {
+		switch {
+		case p.sched != "" && p.sched != "none":
+			// A typo, or a scheduler KubeRay gangs through and Loom does
+			// not (yunikorn, scheduler-plugins): say so rather than run
+			// pod by pod without a word.
+			p.gangOff = true
+			p.set(ConditionGang, metav1.ConditionFalse, "UnknownScheduler", fmt.Sprintf("gang scheduling off: the cluster's %s label names %q, "+
+				"and Loom gangs only through %q; pods are scheduled one by one (set the label to %q, or to \"none\")", LabelScheduler, p.sched, gang.SchedulerName, gang.SchedulerName))
+		case !p.gangOff:
 			meta.RemoveStatusCondition(&p.d.status.Conditions, ConditionGang)
 		}
 		p.d.removePodGroup = true

@@ -88,6 +88,28 @@ func TestInvalidClusterStillSuspends(t *testing.T) {
 	}
 }
 
+// A scheduler label Loom does not gang through (a typo, another batch
+// scheduler) runs the cluster pod by pod and says so; "none" and no label
+// say nothing.
+func TestUnknownSchedulerIsNamed(t *testing.T) {
+	ctx := context.Background()
+	rc := normalized(sample(t, "ray-cluster.sample.yaml", "unit"))
+	for _, tt := range []struct{ sched, reason string }{{"yunikorn", "UnknownScheduler"}, {"volcnao", "UnknownScheduler"}, {"none", ""}, {"", ""}} {
+		d := decide(ctx, rc, observed{now: time.Now()}, tt.sched)
+		c := meta.FindStatusCondition(d.status.Conditions, ConditionGang)
+		switch {
+		case tt.reason == "" && c != nil:
+			t.Errorf("scheduler %q: condition %+v", tt.sched, c)
+		case tt.reason != "" && (c == nil || c.Reason != tt.reason || !strings.Contains(c.Message, tt.sched)):
+			t.Errorf("scheduler %q: condition %+v", tt.sched, c)
+		case len(d.create) == 0:
+			t.Errorf("scheduler %q: no pods created", tt.sched)
+		case meta.IsStatusConditionTrue(d.status.Conditions, "Stalled"):
+			t.Errorf("scheduler %q: stalled", tt.sched)
+		}
+	}
+}
+
 // A cluster that asks for Volcano while it is missing gets no pods and no
 // children; once it is there, a PodGroup that its pods join.
 func TestDecideVolcano(t *testing.T) {
