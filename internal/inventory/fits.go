@@ -8,6 +8,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 )
 
 // PodGroup is Count pods asking GPUs units each of one GPU resource.
@@ -206,6 +208,10 @@ func (x *Index) fitResource(res corev1.ResourceName, groups []PodGroup, places [
 	switch {
 	case t.eligible == 0:
 		r.Verdict, r.Message = Never, x.nowhere(what, res, product, t)
+		if t.reshaping > 0 {
+			r.Verdict, r.Message = NotNow, r.Message+t.reshapingNote()
+			r.Now = t.live(res)
+		}
 		return r
 	case packBuckets(demands, t.free):
 		r.Verdict, r.Message = FitsNow, "needs "+what
@@ -253,5 +259,20 @@ func (t *tally) tooSmall(what string, res corev1.ResourceName, units, biggest in
 	if biggest > t.largest {
 		msg += fmt.Sprintf(", none with more than %d", t.largest)
 	}
+	if t.reshaping > 0 {
+		return NotNow, msg + notes + ": a pod is bigger than any node it may go to now" + t.reshapingNote()
+	}
 	return Never, msg + notes + ": a pod is bigger than any node it may go to, it can never fit"
+}
+
+// reshapingNote says why a gang that no node can hold now is not "never":
+// some nodes are applying a new MIG layout, and what they will offer is
+// not known yet.
+func (t *tally) reshapingNote() string {
+	verb := "are"
+	if t.reshaping == 1 {
+		verb = "is"
+	}
+	return fmt.Sprintf("; %s %s applying a new MIG layout (%s), so it may fit once the layout is applied",
+		plural(t.reshaping, "node"), verb, gpuv1alpha1.LabelMIGConfigState)
 }

@@ -106,6 +106,25 @@ func (p *place) admits(n *nodeEntry, scratch *corev1.Node) (ok bool, closed stri
 	return true, closed
 }
 
+// tolerates: the placement's pods tolerate every taint of n that does not
+// pass (passingTaint).
+func (p *place) tolerates(n *nodeEntry) bool {
+	for i := range n.node.taints {
+		t := &n.node.taints[i]
+		if !passingTaint(t.Key) && !corev1helpers.TolerationsTolerateTaint(logr.Discard(), p.tolerations, t, true) {
+			return false
+		}
+	}
+	return true
+}
+
+// reshaping: the node's MIG manager is applying a layout
+// (nvidia.com/mig.config.state pending, or rebooting to apply it).
+func reshaping(labels map[string]string) bool {
+	s := labels[gpuv1alpha1.LabelMIGConfigState]
+	return s == gpuv1alpha1.MIGConfigPending || s == gpuv1alpha1.MIGConfigRebooting
+}
+
 // passingTaint: a taint that comes and goes with the node's condition
 // (kubelet's and the node lifecycle controller's node.kubernetes.io/*,
 // Loom's unhealthy-GPU taint), not one that dedicates the node.
@@ -126,12 +145,20 @@ type tally struct {
 	all          int64               // offers on every eligible node
 	largest      int64               // the largest offer of an eligible node
 	closed       map[string][2]int64 // reason → nodes, units
+	// reshaping: nodes applying a new MIG layout that the pods' tolerations
+	// admit, whatever they offer now: what they will offer (which MIG
+	// profiles, whole GPUs, which product label) is not known until the
+	// MIG manager is done, so no "never" is said while there are any.
+	reshaping int64
 }
 
 func (x *Index) tally(res corev1.ResourceName, places []place) *tally {
 	t := &tally{free: map[bucketKey]int64{}, offers: map[bucketKey]int64{}, openOffers: map[bucketKey]int64{}, closed: map[string][2]int64{}}
 	scratch := &corev1.Node{}
 	for _, n := range x.nodes {
+		if n.node != nil && reshaping(n.node.labels) && slices.ContainsFunc(places, func(p place) bool { return p.tolerates(n) }) {
+			t.reshaping++
+		}
 		offer := amount(n.offers, res)
 		if offer == 0 {
 			continue

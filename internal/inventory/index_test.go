@@ -756,6 +756,28 @@ func TestFitsSchedulerView(t *testing.T) {
 			n.Status.Allocatable["nvidia.com/mig-1g.10gb"] = *resource.NewQuantity(0, resource.DecimalSI)
 			x.SetNode(n)
 		}, []PodGroup{group(1, 7, mig1g, nil)}, NotNow, "7 more on 1 node whose device plugin has not registered its GPUs yet"},
+		// A node applying a new MIG layout offers what it will have only
+		// once the MIG manager is done: no "never" meanwhile (a gang that
+		// asks for the profile being made waits for it), and "never"
+		// again once the layout is applied and still lacks it.
+		{"MIG layout being applied: a profile no node has yet", func(x *Index) {
+			migNodes()(x)
+			x.SetNode(labelled(kubeNode("m0", "nvidia.com/mig-1g.10gb", 7, "nvidia.com/mig-3g.40gb", 6), gpuv1alpha1.LabelMIGConfigState, gpuv1alpha1.MIGConfigPending))
+		}, []PodGroup{group(1, 1, "nvidia.com/mig-2g.20gb", nil)}, NotNow,
+			"no node offers nvidia.com/mig-2g.20gb (the cluster has nvidia.com/mig-1g.10gb: 14, nvidia.com/mig-3g.40gb: 12); 1 node is applying a new MIG layout (nvidia.com/mig.config.state), so it may fit once the layout is applied"},
+		{"MIG layout rebooting: a pod bigger than any node now", func(x *Index) {
+			migNodes()(x)
+			x.SetNode(labelled(kubeNode("m1", "nvidia.com/mig-1g.10gb", 7, "nvidia.com/mig-3g.40gb", 6), gpuv1alpha1.LabelMIGConfigState, gpuv1alpha1.MIGConfigRebooting))
+		}, []PodGroup{group(1, 8, mig1g, nil)}, NotNow, "a pod is bigger than any node it may go to now; 1 node is applying a new MIG layout"},
+		{"MIG layout applied: never again", func(x *Index) {
+			migNodes()(x)
+			x.SetNode(labelled(kubeNode("m0", "nvidia.com/mig-1g.10gb", 7, "nvidia.com/mig-3g.40gb", 6), gpuv1alpha1.LabelMIGConfigState, gpuv1alpha1.MIGConfigSuccess))
+		}, []PodGroup{group(1, 1, "nvidia.com/mig-2g.20gb", nil)}, Never, "no node offers nvidia.com/mig-2g.20gb"},
+		{"MIG layout being applied on a node the pods may not use", func(x *Index) {
+			migNodes()(x)
+			n := labelled(kubeNode("m0", "nvidia.com/mig-1g.10gb", 7, "nvidia.com/mig-3g.40gb", 6), gpuv1alpha1.LabelMIGConfigState, gpuv1alpha1.MIGConfigPending)
+			x.SetNode(tainted(n, "dedicated", corev1.TaintEffectNoSchedule))
+		}, []PodGroup{group(1, 1, "nvidia.com/mig-2g.20gb", nil)}, Never, "no node offers nvidia.com/mig-2g.20gb"},
 		{"no GPU nodes", func(*Index) {}, []PodGroup{group(1, 1, gpu, nil)}, Never, "the cluster has no GPU nodes"},
 	}
 	for _, tt := range tests {

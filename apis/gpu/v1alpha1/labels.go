@@ -179,8 +179,10 @@ const (
 // MIG config states the MIG manager reports in LabelMIGConfigState.
 const (
 	MIGConfigPending = "pending"
-	MIGConfigSuccess = "success"
-	MIGConfigFailed  = "failed"
+	// MIGConfigRebooting: the layout needs a reboot, which is under way.
+	MIGConfigRebooting = "rebooting"
+	MIGConfigSuccess   = "success"
+	MIGConfigFailed    = "failed"
 )
 
 // GPU presence, sharing and health labels and taints of the node labeller.
