@@ -188,3 +188,16 @@ func TestDriverComponentFollowsUpgradeCondition(t *testing.T) {
 		t.Errorf("up to date: %+v", c)
 	}
 }
+
+// A node rebooting to apply its MIG layout is still applying it: pending,
+// like one whose MIG manager has not started; the failed one is named.
+func TestCountMIGStates(t *testing.T) {
+	node := func(name, state string) metav1.PartialObjectMetadata {
+		return metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+			gpuv1alpha1.LabelMIGConfigState: state, gpuv1alpha1.LabelMIGConfig: "all-1g.10gb"}}}
+	}
+	m := countMIGStates([]metav1.PartialObjectMetadata{node("a", "pending"), node("b", "rebooting"), node("c", "success"), node("d", "failed"), node("e", "")})
+	if m.pending != 2 || m.success != 1 || m.failed != 1 || len(m.failedNodes) != 1 || !strings.HasPrefix(m.firstFailure, "d: ") {
+		t.Fatalf("%+v", m)
+	}
+}

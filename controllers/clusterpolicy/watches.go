@@ -73,7 +73,7 @@ func countMIGStates(nodes []metav1.PartialObjectMetadata) migStates {
 	why := map[string]string{}
 	for _, n := range nodes {
 		switch n.Labels[gpuv1alpha1.LabelMIGConfigState] {
-		case gpuv1alpha1.MIGConfigPending:
+		case gpuv1alpha1.MIGConfigPending, gpuv1alpha1.MIGConfigRebooting:
 			m.pending++
 		case gpuv1alpha1.MIGConfigSuccess:
 			m.success++

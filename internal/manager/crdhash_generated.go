@@ -5,7 +5,7 @@ package manager
 // crdHashes are the packed CRD manifests' content hashes
 // (crdinstall.Hash of their JSON), by name.
 var crdHashes = map[string]string{
-	"gpu.loom.dev_clusterpolicies":   "0c1829d9ef8964ec",
+	"gpu.loom.dev_clusterpolicies":   "e00ded4e71fa058a",
 	"gpu.loom.dev_gpunodes":          "cdc76af8e86c11ae",
 	"training.loom.dev_trainingjobs": "80fefaeef81b04cf",
 }

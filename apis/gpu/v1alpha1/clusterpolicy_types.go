@@ -411,7 +411,7 @@ type MIGSummary struct {
 	FailedNodes []string `json:"failedNodes,omitempty"`
 	// ConfigPending, ConfigSuccess and ConfigFailed count the GPU nodes by
 	// the nvidia.com/mig.config.state their MIG manager reports (pending,
-	// success, failed).
+	// or rebooting to apply the layout; success; failed).
 	// +optional
 	ConfigPending int32 `json:"configPending,omitempty"`
 	// +optional
