@@ -181,7 +181,7 @@ func (w *Writer) Ensure(ctx context.Context, owner, want client.Object) error {
 		if reason := foreign(cur, owner); reason != "" {
 			return &ForeignError{Kind: gvk.Kind, Key: ck.key.String(), Reason: reason}
 		}
-		if why = w.stale(ck, cur, want, hash); why == "" {
+		if why = w.stale(ck, cur, want, owner, hash); why == "" {
 			count(gvk.Kind, w.fieldOwner, "apply", "skipped")
 			return nil
 		}
@@ -204,6 +204,21 @@ func (w *Writer) remember(ck childKey, gvk schema.GroupVersionKind, owner client
 	rec := record{owner: uidOf(owner), ownerKey: keyOf(owner), hash: hash, generation: u.GetGeneration(), version: u.GetResourceVersion()}
 	if slices.Contains(w.opts.SpecOnly, ck.gk) {
 		rec.spec = w.answeredSpec(gvk, u)
+	}
+	w.mu.Lock()
+	w.applied[ck] = rec
+	w.mu.Unlock()
+}
+
+// adopt records cur, a child that carries this writer's hash though this
+// writer did not apply it, as if the server had answered it to an apply.
+func (w *Writer) adopt(ck childKey, cur, owner client.Object, hash string) {
+	rec := record{owner: uidOf(owner), ownerKey: keyOf(owner), hash: hash, generation: cur.GetGeneration(), version: cur.GetResourceVersion()}
+	if slices.Contains(w.opts.SpecOnly, ck.gk) {
+		if _, partial := cur.(*metav1.PartialObjectMetadata); partial {
+			return // read around the cache for its metadata only: no spec to compare later
+		}
+		rec.spec = specHash(cur)
 	}
 	w.mu.Lock()
 	w.applied[ck] = rec
@@ -271,7 +286,7 @@ func (w *Writer) Patch(ctx context.Context, obj client.Object, patch client.Patc
 
 // stale says why the cached child cur needs a write, or "" when it is
 // exactly what this writer wants.
-func (w *Writer) stale(ck childKey, cur, want client.Object, hash string) string {
+func (w *Writer) stale(ck childKey, cur, want, owner client.Object, hash string) string {
 	if cur.GetAnnotations()[AnnotationHash] != hash {
 		return "desired state changed"
 	}
@@ -288,7 +303,12 @@ func (w *Writer) stale(ck childKey, cur, want client.Object, hash string) string
 	w.mu.Unlock()
 	switch {
 	case !known || rec.hash != hash:
-		return "" // applied before a restart (or by another replica): the hash says it is ours as wanted
+		// Applied before a restart (or by another replica): the hash says
+		// it is ours as wanted. What the cache shows now is the baseline,
+		// so that an edit made from here on is put back, as after an
+		// apply of this writer's.
+		w.adopt(ck, cur, owner, hash)
+		return ""
 	case slices.Contains(w.opts.SpecOnly, ck.gk):
 		if specHash(cur) != rec.spec {
 			return "spec changed by another writer"

@@ -115,6 +115,65 @@ func TestEnsureAfterRestartTrustsTheHash(t *testing.T) {
 	}
 }
 
+// A writer that starts fresh still puts back a child another writer edits
+// after the start: the first look at the child is the baseline (docs:
+// "a deleted or hand-edited operand DaemonSet is restored at once", also
+// after a manager restart or a leader change).
+func TestEnsureAfterRestartRepairsLaterEdits(t *testing.T) {
+	ctx := context.Background()
+	o := owner(t, "restart-edit-owner")
+	if err := apply.NewWriter(env.Client, "test-restart-edit", apply.Options{}).Ensure(ctx, o, child("restart-edit-child", "1")); err != nil {
+		t.Fatal(err)
+	}
+	restarted := apply.NewWriter(env.Client, "test-restart-edit", apply.Options{})
+	if err := restarted.Ensure(ctx, o, child("restart-edit-child", "1")); err != nil {
+		t.Fatal(err)
+	}
+	edited := get(t, "restart-edit-child")
+	edited.Data["k"] = "edited by hand"
+	if err := env.Client.Update(ctx, edited); err != nil {
+		t.Fatal(err)
+	}
+	if err := restarted.Ensure(ctx, o, child("restart-edit-child", "1")); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(t, "restart-edit-child").Data["k"]; got != "1" {
+		t.Fatalf("an edit made after the writer started was not repaired: %q", got)
+	}
+
+	// The same for a kind whose generation moves with its status.
+	pgWant := func() *schedulingv1beta1.PodGroup {
+		return &schedulingv1beta1.PodGroup{TypeMeta: metav1.TypeMeta{APIVersion: "scheduling.volcano.sh/v1beta1", Kind: "PodGroup"},
+			ObjectMeta: metav1.ObjectMeta{Name: "restart-edit-pg", Namespace: ns}, Spec: schedulingv1beta1.PodGroupSpec{MinMember: 4}}
+	}
+	opts := apply.Options{SpecOnly: []schema.GroupKind{gang.PodGroupKind}}
+	if err := apply.NewWriter(env.Client, "test-restart-edit", opts).Ensure(ctx, o, pgWant()); err != nil {
+		t.Fatal(err)
+	}
+	restarted = apply.NewWriter(env.Client, "test-restart-edit", opts)
+	if err := restarted.Ensure(ctx, o, pgWant()); err != nil {
+		t.Fatal(err)
+	}
+	pg := &schedulingv1beta1.PodGroup{}
+	key := client.ObjectKey{Namespace: ns, Name: "restart-edit-pg"}
+	if err := env.Client.Get(ctx, key, pg); err != nil {
+		t.Fatal(err)
+	}
+	pg.Spec.MinMember = 1
+	if err := env.Client.Update(ctx, pg); err != nil {
+		t.Fatal(err)
+	}
+	if err := restarted.Ensure(ctx, o, pgWant()); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Get(ctx, key, pg); err != nil {
+		t.Fatal(err)
+	}
+	if pg.Spec.MinMember != 4 {
+		t.Fatalf("a PodGroup edited after the writer started was not put back: minMember %d", pg.Spec.MinMember)
+	}
+}
+
 // An object of the child's name that Loom does not control is neither
 // overwritten nor deleted.
 func TestForeignObjectsAreLeftAlone(t *testing.T) {
