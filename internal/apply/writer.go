@@ -290,7 +290,7 @@ func (w *Writer) stale(ck childKey, cur, want, owner client.Object, hash string)
 	if cur.GetAnnotations()[AnnotationHash] != hash {
 		return "desired state changed"
 	}
-	if !sameOwners(cur.GetOwnerReferences(), want.GetOwnerReferences()) {
+	if !hasOwners(cur.GetOwnerReferences(), want.GetOwnerReferences()) {
 		return "owner references differ"
 	}
 	for k, v := range want.GetLabels() {
@@ -481,8 +481,17 @@ func controllerRef(c client.Client, owner client.Object) (metav1.OwnerReference,
 	return *metav1.NewControllerRef(owner, gvk), nil
 }
 
-func sameOwners(a, b []metav1.OwnerReference) bool {
-	return reflect.DeepEqual(a, b) || (len(a) == 0 && len(b) == 0)
+// hasOwners: cur carries every reference of want. A reference another
+// party added beside Loom's is not Loom's (the apply keeps it: owner
+// references are a map by UID), and must not read as a difference that a
+// write would fix on every pass.
+func hasOwners(cur, want []metav1.OwnerReference) bool {
+	for _, w := range want {
+		if !slices.ContainsFunc(cur, func(c metav1.OwnerReference) bool { return reflect.DeepEqual(c, w) }) {
+			return false
+		}
+	}
+	return true
 }
 
 func uidOf(o client.Object) types.UID {

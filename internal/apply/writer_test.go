@@ -174,6 +174,34 @@ func TestEnsureAfterRestartRepairsLaterEdits(t *testing.T) {
 	}
 }
 
+// A reference another party adds beside Loom's controller reference (a
+// non-controller owner) is not Loom's to remove, and the apply leaves it
+// there: it must not cost a write on every pass.
+func TestEnsureIgnoresAnotherOwnerReference(t *testing.T) {
+	ctx := context.Background()
+	w := apply.NewWriter(env.Client, "test-extra-owner", apply.Options{})
+	o, extra := owner(t, "extra-owner"), owner(t, "extra-other")
+	if err := w.Ensure(ctx, o, child("extra-child", "1")); err != nil {
+		t.Fatal(err)
+	}
+	cm := get(t, "extra-child")
+	cm.OwnerReferences = append(cm.OwnerReferences, metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: extra.Name, UID: extra.UID})
+	if err := env.Client.Update(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := w.Ensure(ctx, o, child("extra-child", "1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := testenv.WritesCounted(t, "ConfigMap", "test-extra-owner", "apply", "written"); n > 2 {
+		t.Fatalf("an unchanged child with another party's owner reference was applied %v times, want at most 2 (create, one repair)", n)
+	}
+	if refs := get(t, "extra-child").OwnerReferences; len(refs) != 2 {
+		t.Fatalf("owner references %+v, want Loom's and the other party's", refs)
+	}
+}
+
 // An object of the child's name that Loom does not control is neither
 // overwritten nor deleted.
 func TestForeignObjectsAreLeftAlone(t *testing.T) {
