@@ -75,7 +75,9 @@ func (e *Pods) Forget(owner types.NamespacedName) {
 // are added. Expectations the cache has caught up with are dropped. same
 // tells whether a cached pod is the one created under its name (names may be
 // reused, e.g. across a gang's attempts); nil means a name match suffices.
-func (e *Pods) Overlay(owner types.NamespacedName, cached []*corev1.Pod, now time.Time, same func(cached, created *corev1.Pod) bool) []*corev1.Pod {
+// uid is the owner's: a pod created for an earlier owner of the name (one
+// deleted and made again before a pass saw it gone) is no longer expected.
+func (e *Pods) Overlay(owner types.NamespacedName, uid types.UID, cached []*corev1.Pod, now time.Time, same func(cached, created *corev1.Pod) bool) []*corev1.Pod {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	creates, deletes := e.creates[owner], e.deletes[owner]
@@ -104,7 +106,7 @@ func (e *Pods) Overlay(owner types.NamespacedName, cached []*corev1.Pod, now tim
 		}
 	}
 	for name, x := range creates {
-		if now.Sub(x.at) >= TTL {
+		if now.Sub(x.at) >= TTL || !createdFor(x.pod, uid) {
 			delete(creates, name)
 			continue
 		}
@@ -113,4 +115,11 @@ func (e *Pods) Overlay(owner types.NamespacedName, cached []*corev1.Pod, now tim
 		}
 	}
 	return out
+}
+
+// createdFor: pod was created for the owner of uid (or says nothing of
+// its controller, or uid is unknown).
+func createdFor(pod *corev1.Pod, uid types.UID) bool {
+	ref := metav1.GetControllerOfNoCopy(pod)
+	return uid == "" || ref == nil || ref.UID == uid
 }

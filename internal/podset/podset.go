@@ -130,7 +130,7 @@ func New(c client.Client, live client.Reader, rec recorder.EventRecorder, same f
 // pods it deleted are terminating, pods it created that the cache lacks are
 // there.
 func (e *Executor) Observe(owner client.Object, cached []*corev1.Pod, now time.Time) []*corev1.Pod {
-	return e.exp.Overlay(client.ObjectKeyFromObject(owner), cached, now, e.Same)
+	return e.exp.Overlay(client.ObjectKeyFromObject(owner), owner.GetUID(), cached, now, e.Same)
 }
 
 // List lists the pods in owner's namespace that carry the labels match and
