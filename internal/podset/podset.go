@@ -18,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -318,14 +319,37 @@ func (e *Executor) createOne(ctx context.Context, owner client.Object, p *corev1
 	}
 	e.exp.Created(key, pod, time.Now())
 	err := e.Client.Create(ctx, pod.DeepCopy())
+	// A create whose answer was lost may have made the pod: it stays
+	// expected until the cache shows it or expect.TTL passes, so that the
+	// next pass does not make a second one under another generated name.
+	// A refusal made nothing.
+	lost := err != nil && answerLost(err)
 	if apierrors.IsAlreadyExists(err) {
 		err = e.alreadyExists(ctx, owner, pod)
 	}
 	if err != nil {
-		e.exp.CreateFailed(key, pod.Name)
+		if !lost {
+			e.exp.CreateFailed(key, pod.Name)
+		}
 		return fmt.Errorf("creating pod %s: %w", pod.Name, err)
 	}
 	return nil
+}
+
+// answerLost: err does not say whether the server stored the object: the
+// API server answered that it timed out (it may have written to etcd
+// before), or no answer came at all (the connection broke, the API server
+// restarted mid-request). A status the server answered otherwise, or a
+// connection refused before the request was sent, says nothing was made.
+func answerLost(err error) bool {
+	if apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) {
+		return true
+	}
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		return false
+	}
+	return !utilnet.IsConnectionRefused(err)
 }
 
 // ConflictError: a create answered AlreadyExists and the pod of that name

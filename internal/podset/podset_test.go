@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -361,5 +363,64 @@ func TestConflictError(t *testing.T) {
 	earlier := &podset.ConflictError{Pod: "p", Owner: "o", EarlierAttempt: true}
 	if !podset.IsConflict(fmt.Errorf("wrapped: %w", earlier)) || !strings.Contains(earlier.Error(), "of an earlier attempt") {
 		t.Fatalf("earlier attempt: %v", earlier)
+	}
+}
+
+// A create whose answer is lost (the API server timed out, or went away,
+// after it stored the pod) may have made the pod: its expectation stays
+// until the cache shows the pod or the TTL passes, so that the next pass
+// does not create a second one under another generated name (a RayCluster
+// with the autoscaler never removes the surplus). A create the server
+// refused is forgotten at once.
+func TestACreateWithALostAnswerStaysExpected(t *testing.T) {
+	ctx := context.Background()
+	o := owner(t, "lost")
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS, cfg.Burst = 1000, 2000
+	base, err := client.NewWithWatch(cfg, client.Options{Scheme: manager.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := []error{
+		apierrors.NewTimeoutError("request did not complete within requested timeout - context deadline exceeded", 0),
+		apierrors.NewServerTimeout(corev1.Resource("pods"), "create", 0),
+		fmt.Errorf("Post \"https://api/api/v1/namespaces/lost/pods\": %w", io.ErrUnexpectedEOF),
+		fmt.Errorf("Post \"https://api/api/v1/namespaces/lost/pods\": %w", syscall.ECONNRESET),
+	}
+	var next atomic.Int64
+	c := interceptor.NewClient(base, interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+		if err := c.Create(ctx, obj, opts...); err != nil {
+			return err
+		}
+		return lost[next.Add(1)-1] // stored, but the answer never came
+	}})
+	e := podset.New(c, env.Client, &recorded{}, nil)
+	for i, want := range lost {
+		if _, err := e.Sync(ctx, o, nil, pods(o, "gen", 1, true)); err == nil {
+			t.Fatalf("create %d: no error, want %v", i, want)
+		}
+	}
+	made := live(t, o.Namespace, "gen")
+	if len(made) != len(lost) {
+		t.Fatalf("%d pods made, want %d", len(made), len(lost))
+	}
+	seen := map[string]bool{}
+	for _, p := range e.Observe(o, nil, time.Now()) {
+		seen[p.Name] = true
+	}
+	for _, p := range made {
+		if !seen[p.Name] {
+			t.Fatalf("pod %s, created under a lost answer, is not expected: the next pass would create another", p.Name)
+		}
+	}
+	// A refusal is no lost answer: nothing was made, nothing is expected.
+	refused := podset.New(interceptor.NewClient(base, interceptor.Funcs{Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error {
+		return apierrors.NewForbidden(corev1.Resource("pods"), "", errors.New("exceeded quota"))
+	}}), env.Client, &recorded{}, nil)
+	if _, err := refused.Sync(ctx, o, nil, pods(o, "refused", 1, true)); err == nil {
+		t.Fatal("a refused create: no error")
+	}
+	if got := refused.Observe(o, nil, time.Now()); len(got) != 0 {
+		t.Fatalf("a refused create is still expected: %d pods", len(got))
 	}
 }
