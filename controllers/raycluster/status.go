@@ -258,7 +258,7 @@ func sumGPU(res corev1.ResourceList) resource.Quantity {
 // is the cluster's own and goes by itself) or a child (apply.ForeignError).
 func nameConflict(err error) bool {
 	var c *podset.ConflictError
-	return errors.As(err, &c) && !c.EarlierAttempt || apply.IsForeign(err)
+	return errors.As(err, &c) && c.Stranger() || apply.IsForeign(err)
 }
 
 // desiredResources is what the head and the desired (clamped) workers

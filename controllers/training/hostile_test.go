@@ -270,3 +270,96 @@ func podPointers(pods []corev1.Pod) []*corev1.Pod {
 	}
 	return out
 }
+
+// A job deleted and created again under its name (kubectl replace --force,
+// Flux's force apply, a CI pipeline) meets what the garbage collector has
+// not removed yet of the one before: its Service, its pods still
+// terminating. Those go by themselves: the new job waits for them without
+// calling them a NameConflict (Stalled, which kstatus reads as Failed and
+// Helm's --wait and Flux give up on), then makes its own gang.
+func TestARecreatedJobWaitsForTheOldOnesChildren(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "recreate")
+	startManager(t)
+	job := newJob(ns, "again", 1, 0, trainingv1alpha1.GangNone)
+	create(t, job)
+	old := waitPods(t, job, 2, 0)
+	// The kubelet holds the master while it shuts down.
+	master := &old[0]
+	master.Finalizers = []string{"test.loom.dev/kubelet"}
+	if err := env.Client.Update(ctx, master); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Delete(ctx, getJob(t, job), client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
+		t.Fatal(err)
+	}
+	// The garbage collector (none runs here) has deleted the pods and not
+	// yet the Service.
+	for i := range old {
+		if err := env.Client.Delete(ctx, &old[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(job), &trainingv1alpha1.TrainingJob{}); err == nil {
+			return fmt.Errorf("the old job is still there")
+		}
+		return nil
+	})
+	again := newJob(ns, "again", 1, 0, trainingv1alpha1.GangNone)
+	create(t, again)
+	deadline := time.Now().Add(3 * time.Second)
+	seen := false
+	for time.Now().Before(deadline) {
+		got := getJob(t, again)
+		if got.Status.State != "" {
+			seen = true
+		}
+		for _, typ := range []string{trainingv1alpha1.ConditionReady, trainingv1alpha1.ConditionCreated} {
+			if c := cond(got, typ); c.Reason == ReasonNameConflict {
+				t.Fatalf("%s says the old job's children are a NameConflict: %s", typ, c.Message)
+			}
+		}
+		if c := cond(got, trainingv1alpha1.ConditionStalled); c.Status == metav1.ConditionTrue {
+			t.Fatalf("the job is Stalled while the old job's children go: %s: %s", c.Reason, c.Message)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !seen {
+		t.Fatal("the new job got no status while it waited")
+	}
+	// The garbage collector and the kubelet finish.
+	svc := &corev1.Service{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "again"}, svc); err != nil {
+		t.Fatal(err)
+	}
+	if ref := metav1.GetControllerOf(svc); ref == nil || ref.UID != job.UID {
+		t.Fatalf("the old Service was taken over before it went: %+v", svc.OwnerReferences)
+	}
+	if err := env.Client.Delete(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(master), master); err != nil {
+		t.Fatal(err)
+	}
+	master.Finalizers = nil
+	if err := env.Client.Update(ctx, master); err != nil {
+		t.Fatal(err)
+	}
+	fresh := getJob(t, again)
+	for _, p := range waitPods(t, again, 2, 0) {
+		if !metav1.IsControlledBy(&p, fresh) {
+			t.Fatalf("pod %s is not the new job's: %+v", p.Name, p.OwnerReferences)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		svc := &corev1.Service{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "again"}, svc); err != nil {
+			return err
+		}
+		if !metav1.IsControlledBy(svc, fresh) {
+			return fmt.Errorf("Service owners %+v", svc.OwnerReferences)
+		}
+		return nil
+	})
+}

@@ -199,7 +199,7 @@ func applied(st *trainingv1alpha1.TrainingJobStatus, err error, gen int64, now t
 func nameConflict(err error) bool {
 	var c *podset.ConflictError
 	if errors.As(err, &c) {
-		return !c.EarlierAttempt
+		return c.Stranger()
 	}
 	return apply.IsForeign(err)
 }

@@ -178,6 +178,9 @@ func (w *Writer) Ensure(ctx context.Context, owner, want client.Object) error {
 	}
 	why := "create"
 	if cur != nil {
+		if err := predecessors(gvk, ck.key, cur, want); err != nil {
+			return err
+		}
 		if reason := foreign(cur, owner); reason != "" {
 			return &ForeignError{Kind: gvk.Kind, Key: ck.key.String(), Reason: reason}
 		}
@@ -405,10 +408,55 @@ func (w *Writer) created(ctx context.Context, ck childKey, gvk schema.GroupVersi
 	if err := w.opts.Live.Get(ctx, ck.key, m); err != nil {
 		return nil, true, fmt.Errorf("reading %s %s, which a create found taken: %w", gvk.Kind, ck.key, err)
 	}
+	if err := predecessors(gvk, ck.key, m, u); err != nil {
+		return nil, true, err
+	}
 	if reason := foreign(m, owner); reason != "" {
 		return nil, true, &ForeignError{Kind: gvk.Kind, Key: ck.key.String(), Reason: reason}
 	}
 	return m, false, nil
+}
+
+// PredecessorError: a child's name is held by the child of an earlier
+// owner of the same kind and name, deleted since (the owner was deleted and
+// created again): the garbage collector removes it by itself, and the child
+// is made anew then. It is no ForeignError: nothing needs a person.
+type PredecessorError struct {
+	Kind, Key  string
+	OwnerKind  string
+	OwnerName  string
+	Owner, Was types.UID
+}
+
+func (e *PredecessorError) Error() string {
+	return fmt.Sprintf("%s %s still belongs to the %s %s deleted before this one (uid %s): it is made anew once the garbage collector has removed it",
+		e.Kind, e.Key, e.OwnerKind, e.OwnerName, e.Was)
+}
+
+// predecessors is a PredecessorError when cur, the object holding want's
+// name, is controlled by an earlier object of the kind and name of want's
+// controller.
+func predecessors(gvk schema.GroupVersionKind, key types.NamespacedName, cur, want metav1.Object) error {
+	ref := metav1.GetControllerOfNoCopy(want)
+	if ref == nil || !Predecessor(cur, *ref) {
+		return nil
+	}
+	was := metav1.GetControllerOfNoCopy(cur)
+	return &PredecessorError{Kind: gvk.Kind, Key: key.String(), OwnerKind: ref.Kind, OwnerName: ref.Name, Owner: ref.UID, Was: was.UID}
+}
+
+// Predecessor reports whether obj's controller is an earlier object of
+// the kind and name ref controls for (another UID): as names are unique,
+// one deleted since its name was taken again, whose dependents the
+// garbage collector removes by itself.
+func Predecessor(obj metav1.Object, ref metav1.OwnerReference) bool {
+	c := metav1.GetControllerOfNoCopy(obj)
+	if c == nil || c.UID == ref.UID || c.Kind != ref.Kind || c.Name != ref.Name {
+		return false
+	}
+	cg, err1 := schema.ParseGroupVersion(c.APIVersion)
+	rg, err2 := schema.ParseGroupVersion(ref.APIVersion)
+	return err1 == nil && err2 == nil && cg.Group == rg.Group
 }
 
 // upgradeCreated hands the fields of a child this writer created with a

@@ -367,14 +367,26 @@ type ConflictError struct {
 	// the one this create made (an earlier attempt's); false: the owner
 	// does not control it.
 	EarlierAttempt bool
+	// EarlierOwner: the pod is controlled by an earlier object of the
+	// owner's kind and name, deleted since (the owner was deleted and
+	// created again); the garbage collector removes it.
+	EarlierOwner bool
 }
 
 func (e *ConflictError) Error() string {
-	if e.EarlierAttempt {
+	switch {
+	case e.EarlierAttempt:
 		return fmt.Sprintf("pod %s of an earlier attempt still exists", e.Pod)
+	case e.EarlierOwner:
+		return fmt.Sprintf("pod %s of the %s deleted before this one still exists: it is created once the garbage collector has removed it", e.Pod, e.Owner)
 	}
 	return fmt.Sprintf("pod %s exists and is not controlled by %s: rename or delete it", e.Pod, e.Owner)
 }
+
+// Stranger: the pod is neither the owner's (an earlier attempt's) nor an
+// earlier owner's of the same name, which go by themselves: only a person
+// can free the name.
+func (e *ConflictError) Stranger() bool { return !e.EarlierAttempt && !e.EarlierOwner }
 
 // IsConflict reports whether err is (or wraps) a ConflictError: a pod name
 // taken by a pod that is not the owner's. (Not an API 409 Conflict:
@@ -398,6 +410,9 @@ func (e *Executor) alreadyExists(ctx context.Context, owner client.Object, want 
 	}
 	conflict := &ConflictError{Namespace: want.Namespace, Pod: want.Name, Owner: owner.GetName()}
 	if !metav1.IsControlledBy(have, owner) {
+		if ref := metav1.GetControllerOfNoCopy(want); ref != nil && apply.Predecessor(have, *ref) {
+			conflict.EarlierOwner = true
+		}
 		return conflict
 	}
 	if e.Same != nil && !e.Same(have, want) {

@@ -424,3 +424,27 @@ func TestACreateWithALostAnswerStaysExpected(t *testing.T) {
 		t.Fatalf("a refused create is still expected: %d pods", len(got))
 	}
 }
+
+// A pod of an earlier owner of the same kind and name (deleted, then
+// created again) is no stranger's: the garbage collector removes it.
+func TestAnEarlierOwnersPodIsNoStranger(t *testing.T) {
+	ctx := context.Background()
+	o := owner(t, "earlierowner")
+	p := pods(o, "prev", 1, false)[0]
+	prev := p.DeepCopy()
+	prev.OwnerReferences[0].UID = "uid-of-the-deleted-owner"
+	if err := env.Client.Create(ctx, prev); err != nil {
+		t.Fatal(err)
+	}
+	var creates atomic.Int64
+	e := podset.New(fastClient(t, &creates, nil), env.Client, &recorded{}, nil)
+	_, err := e.Sync(ctx, o, nil, []*corev1.Pod{p})
+	var c *podset.ConflictError
+	if !errors.As(err, &c) || !c.EarlierOwner || c.Stranger() || !strings.Contains(err.Error(), "deleted before this one") {
+		t.Fatalf("error %v (%+v), want a ConflictError for an earlier owner's pod", err, c)
+	}
+	stranger := &podset.ConflictError{Pod: "p", Owner: "o"}
+	if !stranger.Stranger() || (&podset.ConflictError{EarlierAttempt: true}).Stranger() {
+		t.Fatal("Stranger")
+	}
+}
