@@ -265,7 +265,8 @@ const kueueCRDRetry = 10 * time.Second
 // job's Workload is created (and replaced while it holds no quota if the
 // job's pod sets or its LocalQueue changed), an evicted Workload's quota is
 // released once the gang is gone, the Workload of an ended job is marked
-// Finished, and that of a job whose queue label was removed is deleted.
+// Finished, that of a job whose queue label was removed is deleted, and
+// the admitted Workload's PodsReady follows the gang.
 func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.TrainingJob, obs observed, d *decision) error {
 	k := obs.kueue
 	if !k.served {
@@ -306,6 +307,13 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 		return remove("the job's pod sets changed")
 	case !wl.QuotaReserved() && wl.Spec.QueueName != job.Labels[kueue.QueueLabel]:
 		return remove("the job moved to LocalQueue " + job.Labels[kueue.QueueLabel])
+	case wl.Evicted() == nil && !k.stale:
+		// Kueue's waitForPodsReady evicts an admitted Workload whose
+		// PodsReady is not True in time: the job controller says when
+		// its gang is ready (every pod runs), as jobframework does.
+		if patch := kueue.PodsReadyStatus(wl, condTrue(&d.status, trainingv1alpha1.ConditionReady), now); patch != nil {
+			return r.patchWorkloadStatus(ctx, wl, patch, "the gang's readiness changed (Kueue's PodsReady)")
+		}
 	}
 	return nil
 }

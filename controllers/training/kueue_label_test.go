@@ -209,3 +209,64 @@ func TestKueueAdmissionFollowsTheEditedPodSets(t *testing.T) {
 		}
 	}
 }
+
+// Kueue's waitForPodsReady evicts an admitted Workload whose PodsReady
+// condition is not True within its timeout; for an external framework the
+// job controller writes that condition (jobframework does for Kueue's own
+// jobs). A gang that runs must say so on its Workload, and a gang that
+// breaks must say it waits for recovery, or every queued TrainingJob is
+// evicted five minutes into its run, whatever its pods do.
+func TestKueuePodsReadyFollowsTheGang(t *testing.T) {
+	installWorkloadCRD(t)
+	ns := namespace(t, "kueue-ready")
+	startManager(t)
+	ctx := context.Background()
+	job := newJob(ns, "ready", 1, 0, trainingv1alpha1.GangNone)
+	job.Labels = map[string]string{kueue.QueueLabel: "team-a"}
+	create(t, job)
+	workload := func() (*kueue.Workload, *unstructured.Unstructured, error) {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(kueue.WorkloadGVK)
+		got := getJob(t, job)
+		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}, u); err != nil {
+			return nil, nil, err
+		}
+		w := &kueue.Workload{}
+		return w, u, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, w)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error { _, _, err := workload(); return err })
+	_, u, err := workload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := metav1.Now().UTC().Format(time.RFC3339)
+	patch := fmt.Sprintf(`{"status":{"admission":{"clusterQueue":"cq","podSetAssignments":[{"name":"master"},{"name":"worker"}]},"conditions":[`+
+		`{"type":"QuotaReserved","status":"True","reason":"QuotaReserved","message":"reserved","lastTransitionTime":%q},`+
+		`{"type":"Admitted","status":"True","reason":"Admitted","message":"admitted","lastTransitionTime":%q}]}}`, now, now)
+	if err := env.Client.Status().Patch(ctx, u, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatal(err)
+	}
+	podsReady := func(status metav1.ConditionStatus, reason string) {
+		t.Helper()
+		testenv.Eventually(t, 20*time.Second, func() error {
+			w, _, err := workload()
+			if err != nil {
+				return err
+			}
+			if c := w.Cond(kueue.CondPodsReady); c == nil || c.Status != status || c.Reason != reason {
+				return fmt.Errorf("Workload PodsReady = %+v, want %s %s (job state %s)", c, status, reason, getJob(t, job).Status.State)
+			}
+			return nil
+		})
+	}
+	pods := waitPods(t, job, 2, 1) // attempt 1: the admission resumed the job
+	setPods(t, pods, corev1.PodRunning, 0)
+	waitState(t, job, trainingv1alpha1.StateRunning)
+	podsReady(metav1.ConditionTrue, "Started")
+
+	setPods(t, pods[:1], corev1.PodFailed, 137) // retryable: the gang restarts
+	podsReady(metav1.ConditionFalse, "WaitForRecovery")
+	pods = waitPods(t, job, 2, 2)
+	setPods(t, pods, corev1.PodRunning, 0)
+	podsReady(metav1.ConditionTrue, "Recovered")
+}

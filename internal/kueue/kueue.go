@@ -46,6 +46,7 @@ const (
 	CondAdmitted      = "Admitted"
 	CondEvicted       = "Evicted"
 	CondFinished      = "Finished"
+	CondPodsReady     = "PodsReady"
 )
 
 // Group is Kueue's API group.

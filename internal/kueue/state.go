@@ -20,6 +20,15 @@ const (
 	reasonNodeFailures = "NodeFailures"
 )
 
+// PodsReady condition reasons (Kueue's v1beta2 WorkloadWaitForStart,
+// WorkloadWaitForRecovery, WorkloadStarted, WorkloadRecovered).
+const (
+	reasonWaitForStart    = "WaitForStart"
+	reasonWaitForRecovery = "WaitForRecovery"
+	reasonStarted         = "Started"
+	reasonRecovered       = "Recovered"
+)
+
 // Cond returns the Workload's condition of type t, or nil.
 func (w *Workload) Cond(t string) *metav1.Condition {
 	if w == nil {
@@ -240,7 +249,54 @@ func ReleaseStatus(w *Workload, now time.Time) map[string]any {
 	set("Requeued", rq, reason, msg)
 	set(CondQuotaReserved, metav1.ConditionFalse, "Pending", msg)
 	set(CondAdmitted, metav1.ConditionFalse, "NoReservation", "The workload has no reservation")
+	if w.Cond(CondPodsReady) != nil {
+		// The next admission's gang has yet to start: Kueue's
+		// waitForPodsReady timeout must count for it, not see the
+		// stopped gang's readiness.
+		set(CondPodsReady, metav1.ConditionFalse, reasonWaitForStart, podsNotReadyMsg)
+	}
 	return map[string]any{"status": map[string]any{"admission": nil, "conditions": conds}}
+}
+
+const (
+	podsNotReadyMsg   = "Not all pods are ready or succeeded"
+	podsRecoveringMsg = "At least one pod has failed, waiting for recovery"
+	podsReadyMsg      = "All pods reached readiness and the workload is running"
+)
+
+// PodsReadyStatus is the status patch that sets the Workload's PodsReady
+// condition as jobframework does for Kueue's own jobs (Kueue reads it under
+// its waitForPodsReady configuration, and evicts an admitted Workload whose
+// PodsReady is not True within the timeout, or, with a recoveryTimeout, one
+// that stays WaitForRecovery too long): True (Started, or Recovered after a
+// recovery) while the admitted gang is ready; False WaitForRecovery once a
+// ready gang is not; False WaitForStart otherwise. It is nil when the
+// condition says so already, and when only WaitForStart would be written
+// where there is no condition yet (Kueue reads a missing one as that):
+// a Workload costs one write when its gang starts, not one per pass.
+func PodsReadyStatus(w *Workload, ready bool, now time.Time) map[string]any {
+	cur := w.Cond(CondPodsReady)
+	status, reason, msg := metav1.ConditionFalse, reasonWaitForStart, podsNotReadyMsg
+	switch {
+	case !w.Admitted():
+	case ready:
+		status, reason, msg = metav1.ConditionTrue, reasonStarted, podsReadyMsg
+		if cur != nil && (cur.Reason == reasonWaitForRecovery || cur.Reason == reasonRecovered) {
+			reason = reasonRecovered
+		}
+	case cur != nil && (cur.Status == metav1.ConditionTrue || cur.Reason == reasonWaitForRecovery):
+		reason, msg = reasonWaitForRecovery, podsRecoveringMsg
+	}
+	if cur == nil && status == metav1.ConditionFalse {
+		return nil
+	}
+	if cur != nil && cur.Status == status && cur.Reason == reason {
+		return nil
+	}
+	conds := slices.Clone(w.Status.Conditions)
+	meta.SetStatusCondition(&conds, metav1.Condition{Type: CondPodsReady, Status: status, Reason: reason, Message: msg,
+		ObservedGeneration: w.Generation, LastTransitionTime: metav1.NewTime(now)})
+	return map[string]any{"status": map[string]any{"conditions": conds}}
 }
 
 // FinishStatus is the status patch that marks the Workload Finished

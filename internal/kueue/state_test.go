@@ -2,9 +2,12 @@ package kueue
 
 import (
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // A Workload asks for the job's pod sets only while the names, counts and
@@ -47,4 +50,86 @@ func TestSamePodSets(t *testing.T) {
 			}
 		})
 	}
+}
+
+// PodsReady follows the admitted gang as jobframework's
+// generatePodsReadyCondition writes it for Kueue's own jobs (Kueue's
+// waitForPodsReady evicts an admitted Workload whose PodsReady is not True
+// in time), with no write where the condition says so already or where
+// only WaitForStart would replace a missing one.
+func TestPodsReadyStatus(t *testing.T) {
+	now := time.Now()
+	cond := func(ty string, s metav1.ConditionStatus, reason string) metav1.Condition {
+		return metav1.Condition{Type: ty, Status: s, Reason: reason, LastTransitionTime: metav1.NewTime(now.Add(-time.Hour))}
+	}
+	admitted := func(extra ...metav1.Condition) *Workload {
+		w := &Workload{Status: WorkloadStatus{Admission: &Admission{ClusterQueue: "cq"},
+			Conditions: []metav1.Condition{cond(CondQuotaReserved, metav1.ConditionTrue, "QuotaReserved"), cond(CondAdmitted, metav1.ConditionTrue, "Admitted")}}}
+		w.Status.Conditions = append(w.Status.Conditions, extra...)
+		return w
+	}
+	queued := func(extra ...metav1.Condition) *Workload {
+		return &Workload{Status: WorkloadStatus{Conditions: append([]metav1.Condition{cond(CondQuotaReserved, metav1.ConditionFalse, "Pending")}, extra...)}}
+	}
+	tests := []struct {
+		name       string
+		wl         *Workload
+		ready      bool
+		want       metav1.ConditionStatus // "" for no patch
+		wantReason string
+	}{
+		{"admitted, gang ready", admitted(), true, metav1.ConditionTrue, reasonStarted},
+		{"admitted, gang ready, said already", admitted(cond(CondPodsReady, metav1.ConditionTrue, reasonStarted)), true, "", ""},
+		{"admitted, gang starting, no condition", admitted(), false, "", ""},
+		{"admitted, ready gang broke", admitted(cond(CondPodsReady, metav1.ConditionTrue, reasonStarted)), false, metav1.ConditionFalse, reasonWaitForRecovery},
+		{"admitted, recovering, said already", admitted(cond(CondPodsReady, metav1.ConditionFalse, reasonWaitForRecovery)), false, "", ""},
+		{"admitted, recovered", admitted(cond(CondPodsReady, metav1.ConditionFalse, reasonWaitForRecovery)), true, metav1.ConditionTrue, reasonRecovered},
+		{"admitted anew, last admission's readiness", admitted(cond(CondPodsReady, metav1.ConditionFalse, reasonWaitForStart)), false, "", ""},
+		{"not admitted, last admission's gang was ready", queued(cond(CondPodsReady, metav1.ConditionTrue, reasonStarted)), false, metav1.ConditionFalse, reasonWaitForStart},
+		{"not admitted, no condition", queued(), false, "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			patch := PodsReadyStatus(tt.wl, tt.ready, now)
+			if tt.want == "" {
+				if patch != nil {
+					t.Fatalf("patch %v, want none", patch)
+				}
+				return
+			}
+			if patch == nil {
+				t.Fatalf("no patch, want PodsReady %s %s", tt.want, tt.wantReason)
+			}
+			conds := patch["status"].(map[string]any)["conditions"].([]metav1.Condition)
+			c := meta.FindStatusCondition(conds, CondPodsReady)
+			if c == nil || c.Status != tt.want || c.Reason != tt.wantReason {
+				t.Fatalf("PodsReady = %+v, want %s %s", c, tt.want, tt.wantReason)
+			}
+			if len(conds) != len(tt.wl.Status.Conditions)+btoi(tt.wl.Cond(CondPodsReady) == nil) {
+				t.Fatalf("the patch drops Kueue's conditions: %+v", conds)
+			}
+		})
+	}
+}
+
+// A released Workload's readiness is reset, so that Kueue's waitForPodsReady
+// times the next admission's gang.
+func TestReleaseStatusResetsPodsReady(t *testing.T) {
+	w := &Workload{Status: WorkloadStatus{Admission: &Admission{ClusterQueue: "cq"}, Conditions: []metav1.Condition{
+		{Type: CondQuotaReserved, Status: metav1.ConditionTrue, Reason: "QuotaReserved"},
+		{Type: CondAdmitted, Status: metav1.ConditionTrue, Reason: "Admitted"},
+		{Type: CondEvicted, Status: metav1.ConditionTrue, Reason: reasonPreempted},
+		{Type: CondPodsReady, Status: metav1.ConditionTrue, Reason: reasonStarted},
+	}}}
+	conds := ReleaseStatus(w, time.Now())["status"].(map[string]any)["conditions"].([]metav1.Condition)
+	if c := meta.FindStatusCondition(conds, CondPodsReady); c == nil || c.Status != metav1.ConditionFalse || c.Reason != reasonWaitForStart {
+		t.Fatalf("PodsReady after the release = %+v, want False %s", c, reasonWaitForStart)
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
