@@ -445,7 +445,7 @@ func scale(p *pass) bool {
 			}
 			pod := buildPod(p.job, frameworks[p.job.Spec.Framework], role, i, st.Attempt, st.Scheduler)
 			if pl, ok := p.obs.kueue.placement[role]; ok {
-				pl.Apply(&pod.Spec)
+				pl.Apply(&pod.ObjectMeta, &pod.Spec)
 			}
 			p.d.create = append(p.d.create, pod)
 		}

@@ -194,7 +194,7 @@ func (k *kueueJobs) releaseGone(ctx context.Context, key client.ObjectKey, w *ap
 }
 
 // placements reads the admitted flavours and turns them into each role's
-// node selector and tolerations.
+// node selector and tolerations, with what the admission checks add.
 func (k *kueueJobs) placements(ctx context.Context, wl *kueue.Workload, obs *observed) error {
 	flavors := map[string]*kueue.ResourceFlavor{}
 	obs.kueue.placement = map[trainingv1alpha1.Role]kueue.Placement{}
@@ -215,7 +215,9 @@ func (k *kueueJobs) placements(ctx context.Context, wl *kueue.Workload, obs *obs
 			}
 			flavors[n] = f
 		}
-		obs.kueue.placement[role] = kueue.PlacementOf(names, flavors)
+		pl := kueue.PlacementOf(names, flavors)
+		pl.AddUpdates(wl, string(role))
+		obs.kueue.placement[role] = pl
 	}
 	return nil
 }

@@ -270,3 +270,39 @@ func TestKueuePodsReadyFollowsTheGang(t *testing.T) {
 	setPods(t, pods, corev1.PodRunning, 0)
 	podsReady(metav1.ConditionTrue, "Recovered")
 }
+
+// An admission check's podSetUpdates (a ProvisioningRequest check's
+// annotations, without which the pods do not land on the capacity it
+// booked) reach the pods of their pod set once the Workload is admitted,
+// as jobframework merges them into the pods of Kueue's own jobs.
+func TestKueueAdmissionCheckUpdatesReachThePods(t *testing.T) {
+	installWorkloadCRD(t)
+	ns := namespace(t, "kueue-checks")
+	startManager(t)
+	ctx := context.Background()
+	job := newJob(ns, "prov", 1, 0, trainingv1alpha1.GangNone)
+	job.Labels = map[string]string{kueue.QueueLabel: "team-a"}
+	create(t, job)
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(kueue.WorkloadGVK)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		got := getJob(t, job)
+		return env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}, u)
+	})
+	now := metav1.Now().UTC().Format(time.RFC3339)
+	patch := fmt.Sprintf(`{"status":{"admission":{"clusterQueue":"cq","podSetAssignments":[{"name":"master"},{"name":"worker"}]},`+
+		`"admissionChecks":[{"name":"prov","state":"Ready","message":"booked","lastTransitionTime":%q,"podSetUpdates":[`+
+		`{"name":"master","annotations":{"autoscaling.x-k8s.io/consume-provisioning-request":"prov-master"}},`+
+		`{"name":"worker","annotations":{"autoscaling.x-k8s.io/consume-provisioning-request":"prov-worker"}}]}],"conditions":[`+
+		`{"type":"QuotaReserved","status":"True","reason":"QuotaReserved","message":"reserved","lastTransitionTime":%q},`+
+		`{"type":"Admitted","status":"True","reason":"Admitted","message":"admitted","lastTransitionTime":%q}]}}`, now, now, now)
+	if err := env.Client.Status().Patch(ctx, u, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range waitPods(t, job, 2, 1) {
+		want := "prov-" + p.Labels[LabelReplicaType]
+		if got := p.Annotations["autoscaling.x-k8s.io/consume-provisioning-request"]; got != want {
+			t.Errorf("pod %s: consume-provisioning-request = %q, want %q (annotations %v)", p.Name, got, want, p.Annotations)
+		}
+	}
+}

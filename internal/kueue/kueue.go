@@ -96,8 +96,29 @@ type PodSet struct {
 
 // WorkloadStatus is the Workload's status.
 type WorkloadStatus struct {
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
-	Admission  *Admission         `json:"admission,omitempty"`
+	Conditions      []metav1.Condition    `json:"conditions,omitempty"`
+	Admission       *Admission            `json:"admission,omitempty"`
+	AdmissionChecks []AdmissionCheckState `json:"admissionChecks,omitempty"`
+}
+
+// AdmissionCheckState is one admission check's word on the Workload.
+type AdmissionCheckState struct {
+	Name    string `json:"name,omitempty"`
+	State   string `json:"state,omitempty"`
+	Message string `json:"message,omitempty"`
+	// PodSetUpdates are what the check asks of each pod set's pods once
+	// the Workload is admitted (a ProvisioningRequest check: the
+	// annotations that let the pods consume the capacity it booked).
+	PodSetUpdates []PodSetUpdate `json:"podSetUpdates,omitempty"`
+}
+
+// PodSetUpdate is what an admission check adds to one pod set's pods.
+type PodSetUpdate struct {
+	Name         string              `json:"name"`
+	Labels       map[string]string   `json:"labels,omitempty"`
+	Annotations  map[string]string   `json:"annotations,omitempty"`
+	NodeSelector map[string]string   `json:"nodeSelector,omitempty"`
+	Tolerations  []corev1.Toleration `json:"tolerations,omitempty"`
 }
 
 // Admission is where Kueue admitted the Workload.

@@ -77,7 +77,17 @@ func (w *Workload) Waiting() string {
 		return fmt.Sprintf("%s; evicted (%s): %s", q, c.Reason, c.Message)
 	}
 	if w.QuotaReserved() {
-		return fmt.Sprintf("%s; quota reserved in ClusterQueue %s, waiting for admission checks", q, w.Status.Admission.ClusterQueue)
+		msg := fmt.Sprintf("%s; quota reserved in ClusterQueue %s, waiting for admission checks", q, w.Status.Admission.ClusterQueue)
+		var pending []string
+		for _, ac := range w.Status.AdmissionChecks {
+			if ac.State != "Ready" {
+				pending = append(pending, fmt.Sprintf("%s (%s): %s", ac.Name, ac.State, ac.Message))
+			}
+		}
+		if len(pending) > 0 {
+			msg += ": " + strings.Join(pending, "; ")
+		}
+		return msg
 	}
 	if c := w.Cond(CondQuotaReserved); c != nil && c.Message != "" {
 		return q + ": " + c.Message
@@ -126,10 +136,52 @@ func (w *Workload) Flavors(podSet string) []string {
 }
 
 // Placement is what an admission adds to a pod set's pods: the flavours'
-// node labels as a node selector and their tolerations.
+// node labels as a node selector and their tolerations, and the admission
+// checks' podSetUpdates (labels, annotations, node selector, tolerations).
 type Placement struct {
+	Labels       map[string]string
+	Annotations  map[string]string
 	NodeSelector map[string]string
 	Tolerations  []corev1.Toleration
+}
+
+// AddUpdates adds the podSetUpdates the Workload's admission checks give
+// the pod set, as jobframework merges them into the pods it starts (a
+// ProvisioningRequest check's annotations, without which the pods do not
+// consume the capacity it booked). A key the placement has already keeps
+// its value.
+func (p *Placement) AddUpdates(w *Workload, podSet string) {
+	if w == nil {
+		return
+	}
+	for _, ac := range w.Status.AdmissionChecks {
+		for _, u := range ac.PodSetUpdates {
+			if u.Name != podSet {
+				continue
+			}
+			p.Labels = addMissing(p.Labels, u.Labels)
+			p.Annotations = addMissing(p.Annotations, u.Annotations)
+			p.NodeSelector = addMissing(p.NodeSelector, u.NodeSelector)
+			for _, t := range u.Tolerations {
+				if !hasToleration(p.Tolerations, &t) {
+					p.Tolerations = append(p.Tolerations, t)
+				}
+			}
+		}
+	}
+}
+
+// addMissing adds to dst the entries of src whose keys dst lacks.
+func addMissing(dst, src map[string]string) map[string]string {
+	for k, v := range src {
+		if dst == nil {
+			dst = map[string]string{}
+		}
+		if _, set := dst[k]; !set {
+			dst[k] = v
+		}
+	}
+	return dst
 }
 
 // PlacementOf merges the given flavours (by name; a missing one is
@@ -156,18 +208,13 @@ func PlacementOf(names []string, flavors map[string]*ResourceFlavor) Placement {
 	return p
 }
 
-// Apply adds the placement to a pod spec: node selector entries (the
-// pod's own win on a conflict, as jobframework's merge refuses to override)
-// and tolerations the pod lacks.
-func (p Placement) Apply(spec *corev1.PodSpec) {
-	for k, v := range p.NodeSelector {
-		if spec.NodeSelector == nil {
-			spec.NodeSelector = map[string]string{}
-		}
-		if _, set := spec.NodeSelector[k]; !set {
-			spec.NodeSelector[k] = v
-		}
-	}
+// Apply adds the placement to a pod: labels, annotations and node
+// selector entries (the pod's own win on a conflict, as jobframework's
+// merge refuses to override) and tolerations the pod lacks.
+func (p Placement) Apply(m *metav1.ObjectMeta, spec *corev1.PodSpec) {
+	m.Labels = addMissing(m.Labels, p.Labels)
+	m.Annotations = addMissing(m.Annotations, p.Annotations)
+	spec.NodeSelector = addMissing(spec.NodeSelector, p.NodeSelector)
 	for _, t := range p.Tolerations {
 		if !hasToleration(spec.Tolerations, &t) {
 			spec.Tolerations = append(spec.Tolerations, t)

@@ -133,3 +133,42 @@ func btoi(b bool) int {
 	}
 	return 0
 }
+
+// An admission check's podSetUpdates reach the pods of their pod set, as
+// jobframework merges them (a ProvisioningRequest check's annotations let
+// the pods consume the capacity it booked); the flavours' and the pod's
+// own values win a conflict, Loom's labels included.
+func TestPlacementAddsAdmissionCheckUpdates(t *testing.T) {
+	w := &Workload{Status: WorkloadStatus{AdmissionChecks: []AdmissionCheckState{{
+		Name: "prov", State: "Ready",
+		PodSetUpdates: []PodSetUpdate{
+			{Name: "worker", Annotations: map[string]string{
+				"autoscaling.x-k8s.io/consume-provisioning-request": "wl-prov-1",
+				"autoscaling.x-k8s.io/provisioning-class-name":      "queued-provisioning.gke.io",
+			}, Labels: map[string]string{"team": "theirs", "pool": "booked"}, NodeSelector: map[string]string{"pool": "booked", "gpu": "b200"},
+				Tolerations: []corev1.Toleration{{Key: "booked", Operator: corev1.TolerationOpExists}}},
+			{Name: "master", Annotations: map[string]string{"only": "master"}},
+		},
+	}}}}
+	flavor := &ResourceFlavor{}
+	flavor.Spec.NodeLabels = map[string]string{"gpu": "h100"}
+	p := PlacementOf([]string{"h100"}, map[string]*ResourceFlavor{"h100": flavor})
+	p.AddUpdates(w, "worker")
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"team": "ours"}}}
+	p.Apply(&pod.ObjectMeta, &pod.Spec)
+	if got := pod.Annotations["autoscaling.x-k8s.io/consume-provisioning-request"]; got != "wl-prov-1" {
+		t.Errorf("consume-provisioning-request = %q, want wl-prov-1 (annotations %v)", got, pod.Annotations)
+	}
+	if _, ok := pod.Annotations["only"]; ok {
+		t.Errorf("the master's update reached a worker: %v", pod.Annotations)
+	}
+	if pod.Labels["team"] != "ours" || pod.Labels["pool"] != "booked" {
+		t.Errorf("labels = %v, want the pod's team and the check's pool", pod.Labels)
+	}
+	if pod.Spec.NodeSelector["gpu"] != "h100" || pod.Spec.NodeSelector["pool"] != "booked" {
+		t.Errorf("node selector = %v, want the flavour's gpu and the check's pool", pod.Spec.NodeSelector)
+	}
+	if len(pod.Spec.Tolerations) != 1 || pod.Spec.Tolerations[0].Key != "booked" {
+		t.Errorf("tolerations = %v, want the check's", pod.Spec.Tolerations)
+	}
+}
