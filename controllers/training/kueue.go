@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -44,6 +45,7 @@ import (
 // +kubebuilder:rbac:groups=kueue.x-k8s.io,resources=workloads,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=kueue.x-k8s.io,resources=workloads/status,verbs=get;patch
 // +kubebuilder:rbac:groups=kueue.x-k8s.io,resources=resourceflavors;workloadpriorityclasses,verbs=get;list;watch
+// +kubebuilder:rbac:groups=scheduling.k8s.io,resources=priorityclasses,verbs=get;list
 
 var trainingJobGVK = trainingv1alpha1.GroupVersion.WithKind("TrainingJob")
 
@@ -56,9 +58,9 @@ type kueueObs struct {
 	wl     *kueue.Workload
 	// placement per role, from the admitted flavours.
 	placement map[trainingv1alpha1.Role]kueue.Placement
-	// priority is the WorkloadPriorityClass's value, when the job names one
-	// that exists.
-	priority *int32
+	// priority is the Workload's priority class and value, read only
+	// when the Workload is to be created (see priority).
+	priority *kueuePriority
 	// stale: the Workload no longer asks for the job's pod sets (their
 	// counts or requests were edited while the job was suspended), so its
 	// admission does not cover the gang the job would run now.
@@ -114,13 +116,13 @@ func (k *kueueJobs) observe(ctx context.Context, job *trainingv1alpha1.TrainingJ
 		return err
 	}
 	obs.kueue.served = true
-	if pc := job.Labels[kueue.PriorityClassLabel]; pc != "" {
-		if obs.kueue.priority, err = k.priorityValue(ctx, pc); err != nil {
-			return err
-		}
-	}
 	if err := k.workload(ctx, job, obs); err != nil {
 		return err
+	}
+	if obs.kueue.wl == nil {
+		if obs.kueue.priority, err = k.priority(ctx, job); err != nil {
+			return err
+		}
 	}
 	if wl := obs.kueue.wl; wl != nil && !wl.Finished() {
 		obs.kueue.stale = !wl.SamePodSets(podSets(job))
@@ -148,18 +150,69 @@ func (k *kueueJobs) workload(ctx context.Context, job *trainingv1alpha1.Training
 	return nil
 }
 
-func (k *kueueJobs) priorityValue(ctx context.Context, name string) (*int32, error) {
-	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(kueue.WorkloadPriorityClassGVK)
-	if err := k.live.Get(ctx, client.ObjectKey{Name: name}, u); err != nil {
-		return nil, client.IgnoreNotFound(err)
+// kueuePriority is a Workload's spec.priorityClassRef and spec.priority.
+type kueuePriority struct {
+	ref   kueue.PriorityClassRef
+	value int32
+}
+
+// priority is the Workload's priority as jobframework's ExtractPriority
+// finds it for Kueue's own jobs: the kueue.x-k8s.io/priority-class
+// label's WorkloadPriorityClass; else the pods' PriorityClass (the first
+// role's template's, else spec.gang.priorityClassName, which Loom gives
+// the pods); else the cluster's globalDefault PriorityClass. Kueue orders
+// its queues and chooses whom to preempt by it. A class that does not
+// exist gives none (the Workload has priority 0).
+func (k *kueueJobs) priority(ctx context.Context, job *trainingv1alpha1.TrainingJob) (*kueuePriority, error) {
+	if name := job.Labels[kueue.PriorityClassLabel]; name != "" {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(kueue.WorkloadPriorityClassGVK)
+		if err := k.live.Get(ctx, client.ObjectKey{Name: name}, u); err != nil {
+			return nil, client.IgnoreNotFound(err)
+		}
+		v, ok, _ := unstructured.NestedInt64(u.Object, "value")
+		if !ok {
+			return nil, nil
+		}
+		return &kueuePriority{ref: kueue.PriorityClassRef{Group: kueue.Group, Kind: "WorkloadPriorityClass", Name: name}, value: int32(v)}, nil
 	}
-	v, ok, _ := unstructured.NestedInt64(u.Object, "value")
-	if !ok {
+	if name := podPriorityClass(job); name != "" {
+		pc := &schedulingv1.PriorityClass{}
+		if err := k.live.Get(ctx, client.ObjectKey{Name: name}, pc); err != nil {
+			return nil, client.IgnoreNotFound(err)
+		}
+		return podPriority(pc), nil
+	}
+	var list schedulingv1.PriorityClassList
+	if err := k.live.List(ctx, &list); err != nil {
+		return nil, err
+	}
+	// As Kueue: of several global defaults, the lowest.
+	var def *schedulingv1.PriorityClass
+	for i := range list.Items {
+		if pc := &list.Items[i]; pc.GlobalDefault && (def == nil || pc.Value < def.Value) {
+			def = pc
+		}
+	}
+	if def == nil {
 		return nil, nil
 	}
-	p := int32(v)
-	return &p, nil
+	return podPriority(def), nil
+}
+
+func podPriority(pc *schedulingv1.PriorityClass) *kueuePriority {
+	return &kueuePriority{ref: kueue.PriorityClassRef{Group: schedulingv1.GroupName, Kind: "PriorityClass", Name: pc.Name}, value: pc.Value}
+}
+
+// podPriorityClass is the PriorityClass the job's pods run with: the
+// first role's template's, else the gang's.
+func podPriorityClass(job *trainingv1alpha1.TrainingJob) string {
+	for _, ps := range podSets(job) {
+		if n := ps.Template.Spec.PriorityClassName; n != "" {
+			return n
+		}
+	}
+	return job.Spec.Gang.PriorityClassName
 }
 
 // releaseGone deletes the Workloads of a job that is gone or going, as
@@ -225,15 +278,15 @@ func (k *kueueJobs) placements(ctx context.Context, wl *kueue.Workload, obs *obs
 // desiredWorkload is the job's Workload: pod sets master and worker (a
 // role without replicas is left out) with their pod templates, the queue
 // and the priority class.
-func desiredWorkload(job *trainingv1alpha1.TrainingJob, priority *int32) *unstructured.Unstructured {
+func desiredWorkload(job *trainingv1alpha1.TrainingJob, priority *kueuePriority) *unstructured.Unstructured {
 	wl := &kueue.Workload{Spec: kueue.WorkloadSpec{QueueName: job.Labels[kueue.QueueLabel], PodSets: podSets(job)}}
 	wl.APIVersion, wl.Kind = kueue.WorkloadGVK.GroupVersion().String(), kueue.WorkloadGVK.Kind
 	wl.Name = kueue.WorkloadName(job.Name, job.UID, trainingJobGVK)
 	wl.Namespace = job.Namespace
 	wl.Labels = map[string]string{kueue.JobUIDLabel: string(job.UID)}
-	if pc := job.Labels[kueue.PriorityClassLabel]; pc != "" && priority != nil {
-		wl.Spec.PriorityClassRef = &kueue.PriorityClassRef{Group: kueue.Group, Kind: "WorkloadPriorityClass", Name: pc}
-		wl.Spec.Priority = priority
+	if priority != nil {
+		wl.Spec.PriorityClassRef = &priority.ref
+		wl.Spec.Priority = &priority.value
 	}
 	obj, _ := runtime.DefaultUnstructuredConverter.ToUnstructured(wl)
 	u := &unstructured.Unstructured{Object: obj}

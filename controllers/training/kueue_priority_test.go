@@ -1,0 +1,82 @@
+package training
+
+import (
+	"context"
+	"testing"
+
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/kueue"
+)
+
+// A queued job's Workload carries the priority Kueue's jobframework gives
+// the Workloads of its own jobs (ExtractPriority): the priority-class
+// label's WorkloadPriorityClass, else the pods' PriorityClass, else the
+// cluster's globalDefault one. Kueue orders its queues and picks whom to
+// preempt by it: a job whose pods run at a high PriorityClass must not
+// enter Kueue at priority 0.
+func TestKueueWorkloadPriority(t *testing.T) {
+	pc := func(name string, value int32, def bool) client.Object {
+		return &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Value: value, GlobalDefault: def}
+	}
+	wpc := &unstructured.Unstructured{}
+	wpc.SetGroupVersionKind(kueue.WorkloadPriorityClassGVK)
+	wpc.SetName("urgent")
+	wpc.Object["value"] = int64(5000)
+	tests := []struct {
+		name    string
+		objs    []client.Object
+		edit    func(*trainingv1alpha1.TrainingJob)
+		want    *kueue.PriorityClassRef
+		wantVal int32
+	}{
+		{"the label's WorkloadPriorityClass first", []client.Object{wpc, pc("high", 1000, false)}, func(j *trainingv1alpha1.TrainingJob) {
+			j.Labels[kueue.PriorityClassLabel] = "urgent"
+			j.Spec.ReplicaSpecs.Master.Template.Spec.PriorityClassName = "high"
+		}, &kueue.PriorityClassRef{Group: "kueue.x-k8s.io", Kind: "WorkloadPriorityClass", Name: "urgent"}, 5000},
+		{"the template's PriorityClass", []client.Object{pc("high", 1000, false), pc("low", 10, true)}, func(j *trainingv1alpha1.TrainingJob) {
+			j.Spec.ReplicaSpecs.Worker.Template.Spec.PriorityClassName = "high"
+		}, &kueue.PriorityClassRef{Group: "scheduling.k8s.io", Kind: "PriorityClass", Name: "high"}, 1000},
+		{"the gang's PriorityClass, which the pods get", []client.Object{pc("high", 1000, false)}, func(j *trainingv1alpha1.TrainingJob) {
+			j.Spec.Gang.PriorityClassName = "high"
+		}, &kueue.PriorityClassRef{Group: "scheduling.k8s.io", Kind: "PriorityClass", Name: "high"}, 1000},
+		{"the cluster's default PriorityClass", []client.Object{pc("high", 1000, false), pc("low", 10, true), pc("lower", 5, true)}, nil,
+			&kueue.PriorityClassRef{Group: "scheduling.k8s.io", Kind: "PriorityClass", Name: "lower"}, 5},
+		{"none", []client.Object{pc("high", 1000, false)}, nil, nil, 0},
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			job := newJob("ns", "job", 1, 0, trainingv1alpha1.GangNone)
+			job.Labels = map[string]string{kueue.QueueLabel: "team"}
+			if tt.edit != nil {
+				tt.edit(job)
+			}
+			k := &kueueJobs{live: fake.NewClientBuilder().WithScheme(scheme).WithObjects(tt.objs...).Build()}
+			p, err := k.priority(context.Background(), job)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wl := &kueue.Workload{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(desiredWorkload(job, p).Object, wl); err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case tt.want == nil && (wl.Spec.PriorityClassRef != nil || wl.Spec.Priority != nil):
+				t.Fatalf("priority %+v %v, want none", wl.Spec.PriorityClassRef, wl.Spec.Priority)
+			case tt.want != nil && (wl.Spec.PriorityClassRef == nil || *wl.Spec.PriorityClassRef != *tt.want || wl.Spec.Priority == nil || *wl.Spec.Priority != tt.wantVal):
+				t.Fatalf("priority %+v %v, want %+v %d", wl.Spec.PriorityClassRef, wl.Spec.Priority, tt.want, tt.wantVal)
+			}
+		})
+	}
+}
