@@ -278,7 +278,12 @@ func suspend(p *pass) bool {
 	if left > 0 {
 		p.set(string(rayv1.RayClusterSuspending), metav1.ConditionTrue, "Suspending", fmt.Sprintf("deleting %d pods", left))
 		p.set(string(rayv1.RayClusterSuspended), metav1.ConditionFalse, "Suspending", fmt.Sprintf("deleting %d pods", left))
-		setState(st, "", p.obs.now)
+		// A ready cluster stays "ready" until its last pod is gone: Kueue
+		// reads that state as the cluster still running, and releases its
+		// quota only once the pods no longer hold the GPUs.
+		if st.State != rayv1.Ready {
+			setState(st, "", p.obs.now)
+		}
 	} else {
 		p.set(string(rayv1.RayClusterSuspending), metav1.ConditionFalse, "Suspended", "every pod is deleted")
 		p.set(string(rayv1.RayClusterSuspended), metav1.ConditionTrue, "Suspended", "spec.suspend is true: every pod is deleted")

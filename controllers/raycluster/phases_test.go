@@ -59,6 +59,29 @@ func TestDecideSuspendAndResume(t *testing.T) {
 	}
 }
 
+// A ready cluster being suspended keeps state ready until its last pod is
+// gone: Kueue's RayCluster integration reads that state as "active" and
+// releases the quota only when it changes, so the GPUs are not handed out
+// while the pods still hold them.
+func TestSuspendingReadyClusterStaysReadyUntilItsPodsAreGone(t *testing.T) {
+	ctx := context.Background()
+	rc := normalized(sample(t, "ray-cluster.sample.yaml", "unit"))
+	rc.UID = "u1"
+	head := buildHeadPod(ctx, rc, "")
+	head.Name, head.UID = "h", "uh"
+	rc.Status.State = rayv1.Ready
+	rc.Spec.Suspend = ptr.To(true)
+	d := decide(ctx, rc, observed{pods: []*corev1.Pod{head}, now: time.Now()}, "none")
+	if d.status.State != rayv1.Ready || len(d.remove) != 1 || !meta.IsStatusConditionTrue(d.status.Conditions, string(rayv1.RayClusterSuspending)) {
+		t.Fatalf("suspending: state %q, %d removed, conditions %+v", d.status.State, len(d.remove), d.status.Conditions)
+	}
+	rc.Status = d.status
+	d = decide(ctx, rc, observed{now: time.Now()}, "none")
+	if d.status.State != rayv1.Suspended {
+		t.Fatalf("every pod gone: state %q", d.status.State)
+	}
+}
+
 // A cluster whose spec turned invalid is held, but suspending it (Kueue
 // taking its quota back) still deletes its pods: they must not run on
 // quota that is no longer the cluster's.
