@@ -173,9 +173,14 @@ func countAndRetry(j *rayv1.RayJob, st *rayv1.RayJobStatus) {
 		succeeded++
 	}
 	st.Failed, st.Succeeded = ptr.To(failed), ptr.To(succeeded)
-	if st.JobDeploymentStatus == rayv1.JobDeploymentStatusFailed && j.Spec.BackoffLimit != nil &&
-		failed < *j.Spec.BackoffLimit+1 && st.Reason != rayv1.DeadlineExceeded {
+	if j.Spec.BackoffLimit == nil {
+		return
+	}
+	// In 64 bits: a backoffLimit of MaxInt32 means (nearly) unlimited
+	// retries, not an overflow to none.
+	attempts := int64(*j.Spec.BackoffLimit) + 1
+	if st.JobDeploymentStatus == rayv1.JobDeploymentStatusFailed && int64(failed) < attempts && st.Reason != rayv1.DeadlineExceeded {
 		st.JobDeploymentStatus = rayv1.JobDeploymentStatusRetrying
-		st.Message = fmt.Sprintf("attempt %d of %d failed (%s): %s; retrying on a new RayCluster", failed, *j.Spec.BackoffLimit+1, st.Reason, st.Message)
+		st.Message = fmt.Sprintf("attempt %d of %d failed (%s): %s; retrying on a new RayCluster", failed, attempts, st.Reason, st.Message)
 	}
 }

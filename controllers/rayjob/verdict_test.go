@@ -1,11 +1,13 @@
 package rayjob
 
 import (
+	"math"
 	"strings"
 	"testing"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 )
 
 func cond(t string, s metav1.ConditionStatus, reason, msg string) metav1.Condition {
@@ -90,5 +92,29 @@ func TestDecideHeldByCluster(t *testing.T) {
 	o.job.Spec.Suspend = true
 	if st := decide(o).status; st.JobDeploymentStatus != rayv1.JobDeploymentStatusSuspending || st.Reason != "" {
 		t.Fatalf("suspended: %q reason %q", st.JobDeploymentStatus, st.Reason)
+	}
+}
+
+// backoffLimit counts retries after the first attempt; MaxInt32 is as good
+// as unlimited, not an overflow to no retry at all.
+func TestCountAndRetry(t *testing.T) {
+	for _, tt := range []struct {
+		limit  *int32
+		failed int32 // failures before this one
+		want   rayv1.JobDeploymentStatus
+	}{
+		{nil, 0, rayv1.JobDeploymentStatusFailed},
+		{ptr.To[int32](0), 0, rayv1.JobDeploymentStatusFailed},
+		{ptr.To[int32](2), 0, rayv1.JobDeploymentStatusRetrying},
+		{ptr.To[int32](2), 1, rayv1.JobDeploymentStatusRetrying},
+		{ptr.To[int32](2), 2, rayv1.JobDeploymentStatusFailed},
+		{ptr.To[int32](math.MaxInt32), 5, rayv1.JobDeploymentStatusRetrying},
+	} {
+		j := &rayv1.RayJob{Spec: rayv1.RayJobSpec{BackoffLimit: tt.limit}}
+		st := &rayv1.RayJobStatus{JobDeploymentStatus: rayv1.JobDeploymentStatusFailed, Failed: ptr.To(tt.failed)}
+		countAndRetry(j, st)
+		if st.JobDeploymentStatus != tt.want || *st.Failed != tt.failed+1 {
+			t.Errorf("limit %v, %d failed before: %s, failed %d", ptr.Deref(tt.limit, -1), tt.failed, st.JobDeploymentStatus, *st.Failed)
+		}
 	}
 }
