@@ -29,8 +29,11 @@ func Truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	const more = "…"
-	cut := n - len(more)
+	more := "…"
+	if n < len(more) {
+		more = "" // no room for the mark
+	}
+	cut := max(n-len(more), 0)
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
