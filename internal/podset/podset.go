@@ -439,6 +439,12 @@ func (e *Executor) delete(ctx context.Context, owner client.Object, pods []*core
 			deleted.Add(1)
 			return nil
 		}
+		if answerLost(err) {
+			// It may be deleted: expected so until the cache says or
+			// expect.TTL passes, so that the next pass does not choose
+			// another pod to delete in its place.
+			e.exp.Deleted(key, uid, time.Now())
+		}
 		return fmt.Errorf("deleting pod %s: %w", p.Name, err)
 	})
 	if err != nil {

@@ -425,6 +425,46 @@ func TestACreateWithALostAnswerStaysExpected(t *testing.T) {
 	}
 }
 
+// A delete whose answer was lost may have deleted the pod: it is
+// expected terminating, so the next pass does not pick another pod to
+// delete in its place (a scale-down by one deleting two).
+func TestADeleteWithALostAnswerStaysExpected(t *testing.T) {
+	ctx := context.Background()
+	o := owner(t, "lostdelete")
+	base, err := client.NewWithWatch(env.Config, client.Options{Scheme: manager.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e0 := podset.New(base, env.Client, &recorded{}, nil)
+	if _, err := e0.Sync(ctx, o, nil, pods(o, "fixed", 2, false)); err != nil {
+		t.Fatal(err)
+	}
+	made := live(t, o.Namespace, "fixed")
+	if len(made) != 2 {
+		t.Fatalf("%d pods made", len(made))
+	}
+	c := interceptor.NewClient(base, interceptor.Funcs{Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+		if err := c.Delete(ctx, obj, opts...); err != nil {
+			return err
+		}
+		return apierrors.NewTimeoutError("request did not complete within requested timeout", 0) // deleted, answer lost
+	}})
+	e := podset.New(c, env.Client, &recorded{}, nil)
+	if _, err := e.Sync(ctx, o, []*corev1.Pod{&made[0]}, nil); err == nil {
+		t.Fatal("a delete with a lost answer: no error")
+	}
+	// The cache has not caught up: both pods still look alive there.
+	var alive int
+	for _, p := range e.Observe(o, []*corev1.Pod{&made[0], &made[1]}, time.Now()) {
+		if p.DeletionTimestamp == nil {
+			alive++
+		}
+	}
+	if alive != 1 {
+		t.Fatalf("%d pods alive after one was deleted under a lost answer, want 1: the next pass would delete another", alive)
+	}
+}
+
 // A pod of an earlier owner of the same kind and name (deleted, then
 // created again) is no stranger's: the garbage collector removes it.
 func TestAnEarlierOwnersPodIsNoStranger(t *testing.T) {
