@@ -241,6 +241,9 @@ func kueueHold(p *pass) (reason, msg string) {
 	case !k.served:
 		p.d.requeue = kueueCRDRetry
 		return ReasonQueuedInKueue, "the job names Kueue LocalQueue " + p.job.Labels[kueueQueueLabel] + " but Kueue's Workload CRD is not installed: no pods are created until Kueue admits the job"
+	case k.wl == nil && k.missingClass != "":
+		p.d.requeue = kueueCRDRetry
+		reason, msg = ReasonQueuedInKueue, "the job's priority names "+k.missingClass+", which does not exist: its Kueue Workload is made once it does"
 	case k.wl.Evicted() != nil:
 		reason, msg = ReasonEvictedByKueue, "suspended by Kueue: "+k.wl.Waiting()
 	case k.stale && k.wl.QuotaReserved():

@@ -9,6 +9,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -61,6 +63,9 @@ type kueueObs struct {
 	// priority is the Workload's priority class and value, read only
 	// when the Workload is to be created (see priority).
 	priority *kueuePriority
+	// missingClass names the priority class the job asks for that does
+	// not exist: no Workload is made until it does (as Kueue's jobs).
+	missingClass string
 	// stale: the Workload no longer asks for the job's pod sets (their
 	// counts or requests were edited while the job was suspended), so its
 	// admission does not cover the gang the job would run now.
@@ -120,7 +125,7 @@ func (k *kueueJobs) observe(ctx context.Context, job *trainingv1alpha1.TrainingJ
 		return err
 	}
 	if obs.kueue.wl == nil {
-		if obs.kueue.priority, err = k.priority(ctx, job); err != nil {
+		if obs.kueue.priority, obs.kueue.missingClass, err = k.priority(ctx, job); err != nil {
 			return err
 		}
 	}
@@ -161,31 +166,39 @@ type kueuePriority struct {
 // label's WorkloadPriorityClass; else the pods' PriorityClass (the first
 // role's template's, else spec.gang.priorityClassName, which Loom gives
 // the pods); else the cluster's globalDefault PriorityClass. Kueue orders
-// its queues and chooses whom to preempt by it. A class that does not
-// exist gives none (the Workload has priority 0).
-func (k *kueueJobs) priority(ctx context.Context, job *trainingv1alpha1.TrainingJob) (*kueuePriority, error) {
+// its queues and chooses whom to preempt by it. A class named that does
+// not exist is returned as missing: Kueue makes no Workload for its own
+// jobs then (a Workload at priority 0 would queue behind, and be preempted
+// by, everything, and keep that priority once the class appears).
+func (k *kueueJobs) priority(ctx context.Context, job *trainingv1alpha1.TrainingJob) (_ *kueuePriority, missing string, _ error) {
 	if name := job.Labels[kueue.PriorityClassLabel]; name != "" {
 		u := &unstructured.Unstructured{}
 		u.SetGroupVersionKind(kueue.WorkloadPriorityClassGVK)
 		if err := k.live.Get(ctx, client.ObjectKey{Name: name}, u); err != nil {
-			return nil, client.IgnoreNotFound(err)
+			if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+				return nil, "WorkloadPriorityClass " + name, nil
+			}
+			return nil, "", err
 		}
 		v, ok, _ := unstructured.NestedInt64(u.Object, "value")
 		if !ok {
-			return nil, nil
+			return nil, "", nil
 		}
-		return &kueuePriority{ref: kueue.PriorityClassRef{Group: kueue.Group, Kind: "WorkloadPriorityClass", Name: name}, value: int32(v)}, nil
+		return &kueuePriority{ref: kueue.PriorityClassRef{Group: kueue.Group, Kind: "WorkloadPriorityClass", Name: name}, value: int32(v)}, "", nil
 	}
 	if name := podPriorityClass(job); name != "" {
 		pc := &schedulingv1.PriorityClass{}
 		if err := k.live.Get(ctx, client.ObjectKey{Name: name}, pc); err != nil {
-			return nil, client.IgnoreNotFound(err)
+			if apierrors.IsNotFound(err) {
+				return nil, "PriorityClass " + name, nil
+			}
+			return nil, "", err
 		}
-		return podPriority(pc), nil
+		return podPriority(pc), "", nil
 	}
 	var list schedulingv1.PriorityClassList
 	if err := k.live.List(ctx, &list); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	// As Kueue: of several global defaults, the lowest.
 	var def *schedulingv1.PriorityClass
@@ -195,9 +208,9 @@ func (k *kueueJobs) priority(ctx context.Context, job *trainingv1alpha1.Training
 		}
 	}
 	if def == nil {
-		return nil, nil
+		return nil, "", nil
 	}
-	return podPriority(def), nil
+	return podPriority(def), "", nil
 }
 
 func podPriority(pc *schedulingv1.PriorityClass) *kueuePriority {
@@ -344,6 +357,8 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 			return nil
 		}
 		return remove("the job's " + kueue.QueueLabel + " label was removed: it no longer waits for Kueue")
+	case wl == nil && k.missingClass != "":
+		return nil // held until the class exists (kueueHold says so)
 	case wl == nil && !d.status.Finished():
 		return r.writer.Ensure(ctx, job, desiredWorkload(job, k.priority))
 	case wl == nil || wl.Finished():

@@ -2,9 +2,12 @@ package training
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
 	schedulingv1 "k8s.io/api/scheduling/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -13,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/kueue"
 )
 
@@ -36,20 +40,27 @@ func TestKueueWorkloadPriority(t *testing.T) {
 		edit    func(*trainingv1alpha1.TrainingJob)
 		want    *kueue.PriorityClassRef
 		wantVal int32
+		missing string
 	}{
 		{"the label's WorkloadPriorityClass first", []client.Object{wpc, pc("high", 1000, false)}, func(j *trainingv1alpha1.TrainingJob) {
 			j.Labels[kueue.PriorityClassLabel] = "urgent"
 			j.Spec.ReplicaSpecs.Master.Template.Spec.PriorityClassName = "high"
-		}, &kueue.PriorityClassRef{Group: "kueue.x-k8s.io", Kind: "WorkloadPriorityClass", Name: "urgent"}, 5000},
+		}, &kueue.PriorityClassRef{Group: "kueue.x-k8s.io", Kind: "WorkloadPriorityClass", Name: "urgent"}, 5000, ""},
 		{"the template's PriorityClass", []client.Object{pc("high", 1000, false), pc("low", 10, true)}, func(j *trainingv1alpha1.TrainingJob) {
 			j.Spec.ReplicaSpecs.Worker.Template.Spec.PriorityClassName = "high"
-		}, &kueue.PriorityClassRef{Group: "scheduling.k8s.io", Kind: "PriorityClass", Name: "high"}, 1000},
+		}, &kueue.PriorityClassRef{Group: "scheduling.k8s.io", Kind: "PriorityClass", Name: "high"}, 1000, ""},
 		{"the gang's PriorityClass, which the pods get", []client.Object{pc("high", 1000, false)}, func(j *trainingv1alpha1.TrainingJob) {
 			j.Spec.Gang.PriorityClassName = "high"
-		}, &kueue.PriorityClassRef{Group: "scheduling.k8s.io", Kind: "PriorityClass", Name: "high"}, 1000},
+		}, &kueue.PriorityClassRef{Group: "scheduling.k8s.io", Kind: "PriorityClass", Name: "high"}, 1000, ""},
 		{"the cluster's default PriorityClass", []client.Object{pc("high", 1000, false), pc("low", 10, true), pc("lower", 5, true)}, nil,
-			&kueue.PriorityClassRef{Group: "scheduling.k8s.io", Kind: "PriorityClass", Name: "lower"}, 5},
-		{"none", []client.Object{pc("high", 1000, false)}, nil, nil, 0},
+			&kueue.PriorityClassRef{Group: "scheduling.k8s.io", Kind: "PriorityClass", Name: "lower"}, 5, ""},
+		{"none", []client.Object{pc("high", 1000, false)}, nil, nil, 0, ""},
+		{"a WorkloadPriorityClass that does not exist holds the Workload", []client.Object{pc("low", 10, true)}, func(j *trainingv1alpha1.TrainingJob) {
+			j.Labels[kueue.PriorityClassLabel] = "urgent"
+		}, nil, 0, "WorkloadPriorityClass urgent"},
+		{"a pods' PriorityClass that does not exist holds it too", []client.Object{pc("low", 10, true)}, func(j *trainingv1alpha1.TrainingJob) {
+			j.Spec.Gang.PriorityClassName = "high"
+		}, nil, 0, "PriorityClass high"},
 	}
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
@@ -63,9 +74,12 @@ func TestKueueWorkloadPriority(t *testing.T) {
 				tt.edit(job)
 			}
 			k := &kueueJobs{live: fake.NewClientBuilder().WithScheme(scheme).WithObjects(tt.objs...).Build()}
-			p, err := k.priority(context.Background(), job)
+			p, missing, err := k.priority(context.Background(), job)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if missing != tt.missing {
+				t.Fatalf("missing %q, want %q", missing, tt.missing)
 			}
 			wl := &kueue.Workload{}
 			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(desiredWorkload(job, p).Object, wl); err != nil {
@@ -78,5 +92,23 @@ func TestKueueWorkloadPriority(t *testing.T) {
 				t.Fatalf("priority %+v %v, want %+v %d", wl.Spec.PriorityClassRef, wl.Spec.Priority, tt.want, tt.wantVal)
 			}
 		})
+	}
+}
+
+// A job whose priority class does not exist yet is held without a
+// Workload, and its Suspended condition names the class.
+func TestMissingPriorityClassHoldsTheJob(t *testing.T) {
+	now := time.Now()
+	job := newJob("ns", "job", 1, 0, trainingv1alpha1.GangNone)
+	job.Labels = map[string]string{kueue.QueueLabel: "team", kueue.PriorityClassLabel: "urgent"}
+	obs := observed{now: now, kueue: kueueObs{queued: true, served: true, missingClass: "WorkloadPriorityClass urgent"},
+		fit: inventory.FitResult{Verdict: inventory.FitsNow}}
+	d := decide(job, obs, trainingv1alpha1.GangNone)
+	c := meta.FindStatusCondition(d.status.Conditions, trainingv1alpha1.ConditionSuspended)
+	if len(d.create) != 0 || c == nil || c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, "WorkloadPriorityClass urgent, which does not exist") {
+		t.Fatalf("created %d pods; Suspended %+v", len(d.create), c)
+	}
+	if d.requeue == 0 {
+		t.Fatal("no recheck for the class")
 	}
 }
