@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -76,7 +77,13 @@ func (r *GPUReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Res
 	if err != nil && conflict == nil {
 		cond = applyFailedCondition(ConditionMonitoring, err)
 	}
-	return ctrl.Result{}, errors.Join(err, writeCondition(ctx, r.writer, o.policy, o.policy.Status.Conditions, cond))
+	var res ctrl.Result
+	if conflict != nil {
+		// The cache holds only Loom's Services: a user's that holds the
+		// name is not watched, and its deletion is seen by asking again.
+		res.RequeueAfter = conflictRecheck
+	}
+	return res, errors.Join(err, writeCondition(ctx, r.writer, o.policy, o.policy.Status.Conditions, cond))
 }
 
 func (r *GPUReconciler) observe(ctx context.Context) (gpuObserved, error) {
@@ -145,6 +152,10 @@ func (r *GPUReconciler) desired(o gpuObserved) gpuDesired {
 		selected{KindPodMonitor, r.Namespace + "/" + NodeAgentPodMonitorName, agentSel})
 	return d
 }
+
+// conflictRecheck is how often a name conflict is looked at again while
+// it lasts (reads only, but for a Service a create that the name refuses).
+const conflictRecheck = time.Minute
 
 // gpuCondition is the policy's Monitoring condition: a name conflict, the
 // Prometheus Operator missing, or which Prometheus selects the children;

@@ -597,3 +597,53 @@ func TestLongConditionMessageIsCut(t *testing.T) {
 		return nil
 	})
 }
+
+// TestConflictResolvedByRemovingTheUsersObject: the condition tells a
+// person that a user's object holds the name of Loom's child and that Loom
+// leaves it alone; once they delete it, Loom's child is written, for the
+// policy's rules and for a job's PodMonitor alike, without waiting for
+// another change.
+func TestConflictResolvedByRemovingTheUsersObject(t *testing.T) {
+	withOperatorCRDs(t)
+	startManager(t)
+	createProm(t, "monitoring", "kps", kpsSpec("kps"))
+	if err := env.CreateNamespace(ctx(), loomNS); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.CreateNamespace(ctx(), "takenname"); err != nil {
+		t.Fatal(err)
+	}
+	usersRule := &monitoringv1.PrometheusRule{ObjectMeta: key(loomNS, RuleName),
+		Spec: monitoringv1.PrometheusRuleSpec{Groups: []monitoringv1.RuleGroup{{Name: "mine"}}}}
+	port := "web"
+	usersPM := &monitoringv1.PodMonitor{ObjectMeta: key("takenname", TrainingJobPodMonitorName("bert")),
+		Spec: monitoringv1.PodMonitorSpec{PodMetricsEndpoints: []monitoringv1.PodMetricsEndpoint{{Port: &port}}}}
+	for _, o := range []client.Object{usersRule, usersPM} {
+		if err := env.Client.Create(ctx(), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cp := createPolicy(t, gpuv1alpha1.ClusterPolicySpec{})
+	job := trainingJob("takenname", "bert", true)
+	if err := env.Client.Create(ctx(), job); err != nil {
+		t.Fatal(err)
+	}
+	jobConds := func() []metav1.Condition { return job.Status.Conditions }
+	policyCondition(t, cp, ReasonConflict)
+	condition(t, job, ConditionMonitoring, ReasonConflict, jobConds)
+
+	// The person does what the condition says: removes their objects.
+	for _, o := range []client.Object{usersRule, usersPM} {
+		if err := env.Client.Delete(ctx(), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rule := &monitoringv1.PrometheusRule{ObjectMeta: key(loomNS, RuleName)}
+	pm := &monitoringv1.PodMonitor{ObjectMeta: key("takenname", TrainingJobPodMonitorName("bert"))}
+	testenv.Eventually(t, 20*time.Second, func() error { return env.Client.Get(ctx(), client.ObjectKeyFromObject(rule), rule) })
+	testenv.Eventually(t, 20*time.Second, func() error { return env.Client.Get(ctx(), client.ObjectKeyFromObject(pm), pm) })
+	ownedBy(t, rule, cp)
+	ownedBy(t, pm, job)
+	policyCondition(t, cp, ReasonSelected)
+	condition(t, job, ConditionMonitoring, ReasonSelected, jobConds)
+}

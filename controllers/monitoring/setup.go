@@ -74,7 +74,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Watches(&gpuv1alpha1.ClusterPolicy{}, one, builder.WithPredicates(specOrCondition(policyConditions, ConditionMonitoring))).
 		Watches(&corev1.Service{}, one, builder.WithPredicates(loomComponent)).
-		Watches(&corev1.ConfigMap{}, one, builder.WithPredicates(loomComponent)).
+		Watches(&corev1.ConfigMap{}, one, builder.WithPredicates(predicate.Or(loomComponent,
+			named(opts.Namespace, CountersConfigMap), named(gr.DashboardsNamespace, DashboardsConfigMap)))).
 		WatchesMetadata(&apiextensionsv1.CustomResourceDefinition{}, one, builder.WithPredicates(isOperatorCRD)).
 		WatchesMetadata(&corev1.Namespace{}, one, builder.WithPredicates(predicate.LabelChangedPredicate{},
 			predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetName() == opts.Namespace }))).
@@ -86,9 +87,12 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		return func() error { return c.Watch(source.Kind(mgr.GetCache(), obj, h, p...)) }
 	}
 	gr.crds = operatorCRDs{
-		crdKind("servicemonitors", monitoringv1.ServiceMonitorsKind, watch(gc, &monitoringv1.ServiceMonitor{}, one, loomComponent)),
-		crdKind("prometheusrules", monitoringv1.PrometheusRuleKind, watch(gc, &monitoringv1.PrometheusRule{}, one, loomComponent)),
-		crdKind("podmonitors", monitoringv1.PodMonitorsKind, watch(gc, &monitoringv1.PodMonitor{}, one, nodeAgentMonitor)),
+		crdKind("servicemonitors", monitoringv1.ServiceMonitorsKind, watch(gc, &monitoringv1.ServiceMonitor{}, one,
+			predicate.Or(loomComponent, named(opts.Namespace, ExporterName)))),
+		crdKind("prometheusrules", monitoringv1.PrometheusRuleKind, watch(gc, &monitoringv1.PrometheusRule{}, one,
+			predicate.Or(loomComponent, named(opts.Namespace, RuleName)))),
+		crdKind("podmonitors", monitoringv1.PodMonitorsKind, watch(gc, &monitoringv1.PodMonitor{}, one,
+			predicate.Or(nodeAgentMonitor, named(opts.Namespace, NodeAgentPodMonitorName)))),
 		crdKind("prometheuses", monitoringv1.PrometheusesKind, watch(gc, &monitoringv1.Prometheus{}, one, selectorsChanged)),
 	}
 	registerInventoryMetrics(mgr.GetCache())
@@ -125,9 +129,18 @@ func setupWorkloads(mgr ctrl.Manager, opts manager.Options, kind workloadKind,
 		r.workload = &optional.Kind{CRD: kind.crd, GVK: kind.gvk,
 			Watch: watch(c, kind.newObject(), &handler.EnqueueRequestForObject{}, changes)}
 	}
-	owner := handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), kind.newObject(), handler.OnlyControllerOwner())
+	// A PodMonitor goes to the workload its name is for: Loom's, and a
+	// user's that holds the name (its deletion frees the name for Loom's).
+	prefix := kind.monitorName("")
+	byName := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []ctrl.Request {
+		name, ok := strings.CutPrefix(o.GetName(), prefix)
+		if !ok || name == "" {
+			return nil
+		}
+		return []ctrl.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: name}}}
+	})
 	r.crds = operatorCRDs{
-		crdKind("podmonitors", monitoringv1.PodMonitorsKind, watch(c, &monitoringv1.PodMonitor{}, owner, loomComponent)),
+		crdKind("podmonitors", monitoringv1.PodMonitorsKind, watch(c, &monitoringv1.PodMonitor{}, byName)),
 		crdKind("prometheuses", monitoringv1.PrometheusesKind, watch(c, &monitoringv1.Prometheus{}, all, selectorsChanged)),
 	}
 	return nil
@@ -151,6 +164,15 @@ var loomComponent = predicate.NewPredicateFuncs(func(o client.Object) bool {
 var nodeAgentMonitor = predicate.NewPredicateFuncs(func(o client.Object) bool {
 	return o.GetLabels()[apply.LabelManagedBy] == apply.ManagedBy && o.GetLabels()[gpuv1alpha1.LabelComponent] == componentNodeAgent
 })
+
+// named passes the objects of a child's name, Loom's or not: a user's
+// object that holds the name (a NameConflict) frees it when deleted, and
+// Loom's child then follows at once.
+func named(namespace, name string) predicate.Predicate {
+	return predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return namespace != "" && o.GetNamespace() == namespace && o.GetName() == name
+	})
+}
 
 var noCreate = predicate.Funcs{CreateFunc: func(event.CreateEvent) bool { return false }}
 
