@@ -90,7 +90,10 @@ const gpuID = "node, gpu, UUID, modelName"
 // xidLabels add, to a GPU, the Xid (err_code, err_msg: labels of recent
 // dcgm-exporters, so that each Xid is a series of its own) and the pod it
 // hit.
-const xidLabels = gpuID + ", err_code, err_msg, namespace, pod"
+const xidLabels = xidID + ", namespace, pod"
+
+// xidID names one Xid series of a GPU, whichever pod has the GPU.
+const xidID = gpuID + ", err_code, err_msg"
 
 const xid = `DCGM_FI_DEV_XID_ERRORS{` + exporter + `}`
 
@@ -127,9 +130,12 @@ func healthAlerts() []alert {
 	}, {
 		name:     "LoomGPUXidError",
 		severity: SeverityWarning,
-		// A sample that differs from XidRecentWindow ago (or whose series,
-		// labelled by err_code, is new) is a new Xid.
-		expr: "max by (" + xidLabels + ") (\n  (" + xid + " != 0 unless " + xid + " offset " + XidRecentWindow + " == " + xid + ")\n" +
+		// A GPU's Xid that differs from XidRecentWindow ago (or whose
+		// series, labelled by err_code, is new) is a new Xid. The GPU's,
+		// whichever pod's labels its series carry: a GPU that goes to
+		// another pod shows its old Xid in a series of new labels.
+		expr: "max by (" + xidLabels + ") (\n  (" + xid + " != 0 unless on (" + xidID + ") (\n" +
+			"    max by (" + xidID + ") (" + xid + " offset " + XidRecentWindow + ") == max by (" + xidID + ") (" + xid + ")\n  ))\n" +
 			"  unless (\n  " + xidIs(criticalXids) + "\n  )\n)",
 		summary: `GPU {{ $labels.gpu }} on {{ $labels.node }} reported Xid {{ $value | printf "%.0f" }}.`,
 		description: gpuOnNode + ` reported Xid {{ $value | printf "%.0f" }}{{ with $labels.err_msg }} ({{ . }}){{ end }}` + inPod +

@@ -108,6 +108,30 @@ var alertCases = []alertCase{
 		at:     30 * time.Minute,
 	},
 	{
+		// dcgm-exporter keeps a GPU's last Xid, and labels every series of
+		// the GPU with the pod that has it: when the GPU goes to another
+		// pod, the same old Xid appears in a series of new labels. That is
+		// no new Xid, and the new pod did not cause it.
+		name:  "an old Xid is not new when the GPU goes to another pod",
+		alert: "LoomGPUXidError",
+		series: []string{
+			gpuA0.allocated("team-a", "train-worker-0").series("DCGM_FI_DEV_XID_ERRORS", "0x2 31x17"),
+			gpuA0.allocated("team-b", "infer-0").series("DCGM_FI_DEV_XID_ERRORS", "_x20 31x15"),
+		},
+		at: 26 * time.Minute,
+	},
+	{
+		name:  "a new Xid on the GPU's next pod alerts",
+		alert: "LoomGPUXidError",
+		series: []string{
+			gpuA0.allocated("team-a", "train-worker-0").series("DCGM_FI_DEV_XID_ERRORS", "0x2 31x17"),
+			gpuA0.allocated("team-b", "infer-0").series("DCGM_FI_DEV_XID_ERRORS", "_x20 31x3 43x12"),
+		},
+		at:          26 * time.Minute,
+		want:        []map[string]string{labelsOf(assets.SeverityWarning, gpuA0.id(), map[string]string{"namespace": "team-b", "pod": "infer-0"})},
+		description: []string{"reported Xid 43 (pod team-b/infer-0)"},
+	},
+	{
 		name:   "a critical Xid is LoomGPUXidCritical's",
 		alert:  "LoomGPUXidError",
 		series: []string{gpuA0.series("DCGM_FI_DEV_XID_ERRORS", "0x15 79x10")},
