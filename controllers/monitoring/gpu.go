@@ -39,6 +39,8 @@ type GPUReconciler struct {
 	// Loom's).
 	writer *apply.Writer
 	crds   operatorCRDs
+	// proms reads the Prometheus objects (of every namespace).
+	proms client.Reader
 }
 
 // gpuObserved is what the GPU reconciler reads before deciding.
@@ -104,7 +106,7 @@ func (r *GPUReconciler) observe(ctx context.Context) (gpuObserved, error) {
 	if o.missing, err = r.crds.missing(ctx, r.Client); err != nil || len(o.missing) > 0 {
 		return o, err
 	}
-	if o.proms, err = prometheuses(ctx, r.Client); err != nil {
+	if o.proms, err = prometheuses(ctx, r.proms); err != nil {
 		return o, err
 	}
 	o.nsLabels = namespaceLabels(ctx, r.Client, r.Namespace)

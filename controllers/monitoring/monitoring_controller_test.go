@@ -647,3 +647,29 @@ func TestConflictResolvedByRemovingTheUsersObject(t *testing.T) {
 	policyCondition(t, cp, ReasonSelected)
 	condition(t, job, ConditionMonitoring, ReasonSelected, jobConds)
 }
+
+// TestPrometheusOutsideWatchedNamespaces: with --watch-namespaces naming the
+// workloads' namespaces (and Loom's), the Prometheus in namespace
+// monitoring is still the one that must select Loom's monitors: its
+// selector is learned and the condition names it, rather than claiming
+// there is no Prometheus in the cluster.
+func TestPrometheusOutsideWatchedNamespaces(t *testing.T) {
+	withOperatorCRDs(t)
+	startManager(t, func(o *manager.Options) { o.WatchNamespaces = []string{loomNS, "watched"} })
+	if err := env.CreateNamespace(ctx(), "watched"); err != nil {
+		t.Fatal(err)
+	}
+	job := trainingJob("watched", "bert", true)
+	if err := env.Client.Create(ctx(), job); err != nil {
+		t.Fatal(err)
+	}
+	conds := func() []metav1.Condition { return job.Status.Conditions }
+	condition(t, job, ConditionMonitoring, ReasonNoPrometheus, conds)
+	// The Prometheus arrives: its watch, outside the watched namespaces
+	// too, brings the job's reconcile.
+	createProm(t, "monitoring", "kps", kpsSpec("kps"))
+	c := condition(t, job, ConditionMonitoring, ReasonSelected, conds)
+	if !strings.Contains(c.Message, "selected by Prometheus monitoring/kps") {
+		t.Errorf("message %q", c.Message)
+	}
+}

@@ -29,6 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -66,6 +67,11 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 			gr.DashboardsNamespace = opts.Namespace
 		}
 	}
+	promCache, err := prometheusCache(mgr, opts)
+	if err != nil {
+		return err
+	}
+	gr.proms = promCache
 	one := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []ctrl.Request {
 		return []ctrl.Request{{NamespacedName: client.ObjectKey{Name: "gpu"}}}
 	})
@@ -93,18 +99,49 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 			predicate.Or(loomComponent, named(opts.Namespace, RuleName)))),
 		crdKind("podmonitors", monitoringv1.PodMonitorsKind, watch(gc, &monitoringv1.PodMonitor{}, one,
 			predicate.Or(nodeAgentMonitor, named(opts.Namespace, NodeAgentPodMonitorName)))),
-		crdKind("prometheuses", monitoringv1.PrometheusesKind, watch(gc, &monitoringv1.Prometheus{}, one, selectorsChanged)),
+		crdKind("prometheuses", monitoringv1.PrometheusesKind, watchPrometheuses(gc, promCache, one)),
 	}
 	registerInventoryMetrics(mgr.GetCache())
-	if err := setupWorkloads(mgr, opts, trainingJobs, watch); err != nil {
+	if err := setupWorkloads(mgr, opts, trainingJobs, watch, promCache); err != nil {
 		return err
 	}
-	return setupWorkloads(mgr, opts, rayClusters, watch)
+	return setupWorkloads(mgr, opts, rayClusters, watch, promCache)
+}
+
+// prometheusCache is where the reconcilers read Prometheus objects: the
+// manager's cache, or, when --watch-namespaces restricts that one to some
+// namespaces, a cache of their own over every namespace. A Prometheus
+// usually lives in a namespace of its own, and it decides what selects
+// Loom's monitors wherever they are.
+func prometheusCache(mgr ctrl.Manager, opts manager.Options) (cache.Cache, error) {
+	if len(opts.WatchNamespaces) == 0 {
+		return mgr.GetCache(), nil
+	}
+	// Its informer starts when the kind is first read or watched, once
+	// the Prometheus Operator's CRD is served.
+	c, err := cache.New(mgr.GetConfig(), cache.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
+		DefaultTransform: cache.TransformStripManagedFields()})
+	if err != nil {
+		return nil, err
+	}
+	return c, mgr.Add(startedWithCaches{c})
+}
+
+// startedWithCaches makes the manager start a cache with its own, before
+// any controller, and wait for it to sync.
+type startedWithCaches struct{ cache.Cache }
+
+func (c startedWithCaches) GetCache() cache.Cache { return c.Cache }
+
+func watchPrometheuses(c controller.Controller, promCache cache.Cache, h handler.EventHandler) func() error {
+	return func() error {
+		return c.Watch(source.Kind(promCache, client.Object(&monitoringv1.Prometheus{}), h, selectorsChanged))
+	}
 }
 
 func setupWorkloads(mgr ctrl.Manager, opts manager.Options, kind workloadKind,
-	watch func(controller.Controller, client.Object, handler.EventHandler, ...predicate.Predicate) func() error) error {
-	r := &WorkloadReconciler{Client: mgr.GetClient(), Labels: opts.MonitoringLabels, kind: kind,
+	watch func(controller.Controller, client.Object, handler.EventHandler, ...predicate.Predicate) func() error, promCache cache.Cache) error {
+	r := &WorkloadReconciler{Client: mgr.GetClient(), Labels: opts.MonitoringLabels, kind: kind, proms: promCache,
 		writer: apply.NewWriter(mgr.GetClient(), FieldOwner, apply.Options{Conditions: []string{kind.conditionType}})}
 	all := handler.EnqueueRequestsFromMapFunc(r.all)
 	var crds predicate.Predicate = isOperatorCRD
@@ -141,7 +178,7 @@ func setupWorkloads(mgr ctrl.Manager, opts manager.Options, kind workloadKind,
 	})
 	r.crds = operatorCRDs{
 		crdKind("podmonitors", monitoringv1.PodMonitorsKind, watch(c, &monitoringv1.PodMonitor{}, byName)),
-		crdKind("prometheuses", monitoringv1.PrometheusesKind, watch(c, &monitoringv1.Prometheus{}, all, selectorsChanged)),
+		crdKind("prometheuses", monitoringv1.PrometheusesKind, watchPrometheuses(c, promCache, all)),
 	}
 	return nil
 }

@@ -69,6 +69,8 @@ type WorkloadReconciler struct {
 	// writer writes the PodMonitors and the kind's Monitoring condition.
 	writer *apply.Writer
 	crds   operatorCRDs
+	// proms reads the Prometheus objects (of every namespace).
+	proms client.Reader
 	// workload is set when the kind's own CRD may be missing.
 	workload *optional.Kind
 }
@@ -136,7 +138,7 @@ func (r *WorkloadReconciler) observe(ctx context.Context, req ctrl.Request) (wor
 		return o, err
 	}
 	if len(o.missing) == 0 {
-		if o.proms, err = prometheuses(ctx, r.Client); err != nil {
+		if o.proms, err = prometheuses(ctx, r.proms); err != nil {
 			return o, err
 		}
 		o.nsLabels = namespaceLabels(ctx, r.Client, obj.GetNamespace())
