@@ -1,6 +1,7 @@
 package monitoring
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -117,5 +118,28 @@ func TestUsersServiceIsLeftAlone(t *testing.T) {
 	}
 	if len(svc.OwnerReferences) != 0 || svc.Spec.Ports[0].Name != "mine" {
 		t.Errorf("the user's Service was changed: %+v", svc)
+	}
+}
+
+// TestPolicyNamingLoomsCounters: a policy that names Loom's own counters
+// ConfigMap (the default, written out, as a GitOps tool or a copy of the
+// effective spec does) keeps it: dcgm-exporter mounts that name, and a
+// removed ConfigMap would leave its pods unable to start.
+func TestPolicyNamingLoomsCounters(t *testing.T) {
+	r := &GPUReconciler{Namespace: loomNS}
+	policy := &gpuv1alpha1.ClusterPolicy{}
+	policy.Spec.DCGMExporter.MetricsConfigMapName = gpuv1alpha1.DefaultDCGMCountersConfigMap
+	d := r.desired(gpuObserved{policy: policy, missing: []string{"servicemonitors.monitoring.coreos.com"}})
+	if got := names(d.remove); slices.Contains(got, "ConfigMap "+loomNS+"/"+CountersConfigMap) {
+		t.Errorf("the ConfigMap the policy names is removed: remove %v", got)
+	}
+	if got := names(d.ensure); !slices.Contains(got, "ConfigMap "+loomNS+"/"+CountersConfigMap) {
+		t.Errorf("ensure %v lacks Loom's counters", got)
+	}
+	// The policy's own ConfigMap: Loom's goes.
+	policy.Spec.DCGMExporter.MetricsConfigMapName = "my-counters"
+	d = r.desired(gpuObserved{policy: policy, missing: []string{"servicemonitors.monitoring.coreos.com"}})
+	if got := names(d.remove); !slices.Contains(got, "ConfigMap "+loomNS+"/"+CountersConfigMap) {
+		t.Errorf("remove %v lacks Loom's counters", got)
 	}
 }

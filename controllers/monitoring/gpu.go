@@ -127,7 +127,9 @@ func (r *GPUReconciler) desired(o gpuObserved) gpuDesired {
 	}
 	exporter := o.policy.Spec.OperandEnabled(gpuv1alpha1.OperandDCGMExporter)
 	want(exporter, ExporterService(r.Namespace))
-	want(exporter && o.policy.Spec.DCGMExporter.MetricsConfigMapName == "", CountersConfig(r.Namespace))
+	// Loom's counters, unless the policy names a ConfigMap of its own (one
+	// that names Loom's, the default written out, still mounts Loom's).
+	want(exporter && o.policy.Spec.DCGMExporter.CountersConfigMap() == CountersConfigMap, CountersConfig(r.Namespace))
 	if r.DashboardsNamespace != "" {
 		want(true, Dashboards(r.DashboardsNamespace))
 	}
