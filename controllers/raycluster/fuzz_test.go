@@ -282,12 +282,22 @@ func checkCreates(t *testing.T, rc *rayv1.RayCluster, pods []*corev1.Pod, d deci
 	if held && len(d.create) > 0 {
 		t.Fatalf("%d creates for a held cluster (total %d, limit %d): %+v", len(d.create), total, limit, meta.FindStatusCondition(d.status.Conditions, ConditionValid))
 	}
-	if meta.IsStatusConditionFalse(d.status.Conditions, ConditionValid) && len(d.remove) > 0 {
+	// A cluster held by its spec deletes nothing, unless it is suspended:
+	// then every pod goes (Kueue takes the quota back).
+	if meta.IsStatusConditionFalse(d.status.Conditions, ConditionValid) && !in.suspend && len(d.remove) > 0 {
 		t.Fatalf("%d removes for a cluster held by its spec", len(d.remove))
 	}
 	removed := map[string]bool{}
 	for _, p := range d.remove {
 		removed[p.Name] = true
+	}
+	if in.suspend {
+		// Suspended, valid or not: every live pod of the cluster goes.
+		for _, p := range pods {
+			if metav1.IsControlledBy(p, rc) && p.DeletionTimestamp == nil && !removed[p.Name] {
+				t.Fatalf("suspended cluster keeps pod %s (valid: %+v)", p.Name, meta.FindStatusCondition(d.status.Conditions, ConditionValid))
+			}
+		}
 	}
 	kept := map[string]int64{}
 	for _, p := range pods {
