@@ -141,6 +141,12 @@ func driverGroups(cp *gpuv1alpha1.ClusterPolicy, nodes []corev1.Node) (groups []
 	branch, _, _ := strings.Cut(img.Version, ".")
 	byTarget := map[string]*driverGroup{}
 	for i := range nodes {
+		if !meantFor(&nodes[i], cp, gpuv1alpha1.OperandDriver) {
+			// Opted out of Loom's driver (one installed on the host, say),
+			// or outside the driver's node selector: it wants none, so its
+			// OS is no reason to name it.
+			continue
+		}
 		o := osOf(&nodes[i])
 		if o.why == "" && cp.Spec.Driver.UsePrecompiled && o.kernel == "" {
 			o.why = "kernel version unknown"

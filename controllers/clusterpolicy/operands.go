@@ -270,8 +270,8 @@ func podSpec(op operand, cp *gpuv1alpha1.ClusterPolicy) corev1.PodSpec {
 			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
 				MatchExpressions: []corev1.NodeSelectorRequirement{
 					{Key: gpuv1alpha1.LabelPresent, Operator: corev1.NodeSelectorOpIn, Values: []string{"true"}},
-					{Key: "nvidia.com/gpu.deploy.operands", Operator: corev1.NodeSelectorOpNotIn, Values: []string{"false"}},
-					{Key: "nvidia.com/gpu.deploy." + op.name, Operator: corev1.NodeSelectorOpNotIn, Values: []string{"false"}},
+					{Key: deployLabelPrefix + "operands", Operator: corev1.NodeSelectorOpNotIn, Values: []string{"false"}},
+					{Key: deployLabelPrefix + op.name, Operator: corev1.NodeSelectorOpNotIn, Values: []string{"false"}},
 				},
 			}}},
 		}},
@@ -494,6 +494,26 @@ func pullSecrets(names []string) []corev1.LocalObjectReference {
 		out = append(out, corev1.LocalObjectReference{Name: n})
 	}
 	return out
+}
+
+// deployLabelPrefix starts GPU Operator's per-node opt-out labels:
+// nvidia.com/gpu.deploy.<operand>=false, nvidia.com/gpu.deploy.operands=false.
+const deployLabelPrefix = "nvidia.com/gpu.deploy."
+
+// meantFor reports whether the operand is meant to run on the GPU node n:
+// n has not opted out of it (nvidia.com/gpu.deploy.<operand>=false or
+// nvidia.com/gpu.deploy.operands=false) and matches its node selector.
+func meantFor(n *corev1.Node, cp *gpuv1alpha1.ClusterPolicy, op string) bool {
+	l := n.Labels
+	if l[deployLabelPrefix+"operands"] == "false" || l[deployLabelPrefix+op] == "false" {
+		return false
+	}
+	for k, v := range cp.Spec.Operand(op).NodeSelector {
+		if cur, ok := l[k]; !ok || cur != v {
+			return false
+		}
+	}
+	return true
 }
 
 // enabledOperands returns the operands the policy runs, in order, and

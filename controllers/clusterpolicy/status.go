@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -137,9 +138,19 @@ func components(cp *gpuv1alpha1.ClusterPolicy, on, off []operand, obs observed) 
 		_, ref := cp.Spec.Operand(op.name).EffectiveImage(defaultsFor(op.name))
 		c := gpuv1alpha1.ComponentStatus{Name: op.name, Enabled: true, State: componentStateWaiting, Version: ref[strings.LastIndex(ref, ":")+1:]}
 		ds := obs.daemonSets[op.name]
+		meant := meantNodes(cp, op.name, obs.cluster.nodes)
 		switch {
 		case obs.held[op.name] != "":
 			c.Message = obs.held[op.name]
+			out = append(out, c)
+			continue
+		case len(obs.cluster.nodes) > 0 && len(meant) == 0 && (ds == nil || ds.Status.DesiredNumberScheduled == 0):
+			// Every GPU node opted out of the operand (a driver installed
+			// on the host, say) or is outside its node selector: there is
+			// nothing to roll out, which is done, not waiting.
+			c.State = componentStateReady
+			c.Message = fmt.Sprintf("meant for none of the %d GPU nodes (each has %s%s=false or %soperands=false, or is outside the node selector)",
+				len(obs.cluster.nodes), deployLabelPrefix, op.name, deployLabelPrefix)
 			out = append(out, c)
 			continue
 		case ds == nil && op.name == gpuv1alpha1.OperandDriver && len(obs.noDriver) > 0:
@@ -156,6 +167,8 @@ func components(cp *gpuv1alpha1.ClusterPolicy, on, off []operand, obs observed) 
 		switch {
 		case ds.Status.ObservedGeneration < ds.Generation:
 			c.Message = "DaemonSet controller has not seen the latest spec yet"
+		case c.Desired == 0 && len(meant) > 0:
+			c.Message = fmt.Sprintf("no pod placed on the %d GPU nodes meant for it (%s): does it tolerate their taints?", len(meant), namedList(meant))
 		case c.Desired == 0:
 			c.Message = "no GPU node to run on (nodes need nvidia.com/gpu.present=true, and no nvidia.com/gpu.deploy." + op.name + "=false)"
 		case c.Ready < c.Desired:
@@ -174,6 +187,18 @@ func components(cp *gpuv1alpha1.ClusterPolicy, on, off []operand, obs observed) 
 	for _, op := range off {
 		out = append(out, gpuv1alpha1.ComponentStatus{Name: op.name, State: componentStateOff})
 	}
+	return out
+}
+
+// meantNodes names the GPU nodes the operand is meant to run on (meantFor).
+func meantNodes(cp *gpuv1alpha1.ClusterPolicy, op string, nodes []corev1.Node) []string {
+	var out []string
+	for i := range nodes {
+		if meantFor(&nodes[i], cp, op) {
+			out = append(out, nodes[i].Name)
+		}
+	}
+	sort.Strings(out)
 	return out
 }
 

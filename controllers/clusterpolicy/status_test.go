@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -199,5 +200,61 @@ func TestCountMIGStates(t *testing.T) {
 	m := countMIGStates([]metav1.PartialObjectMetadata{node("a", "pending"), node("b", "rebooting"), node("c", "success"), node("d", "failed"), node("e", "")})
 	if m.pending != 2 || m.success != 1 || m.failed != 1 || len(m.failedNodes) != 1 || !strings.HasPrefix(m.firstFailure, "d: ") {
 		t.Fatalf("%+v", m)
+	}
+}
+
+// Hosts with their own driver opt their nodes out of Loom's
+// (nvidia.com/gpu.deploy.driver=false), on an OS Loom has no driver image
+// for as well; nodes may opt out of other operands too. An operand meant
+// for no GPU node has nothing to roll out: it is ready, the rest of the
+// stack rolls out and the policy goes Ready. An operand meant for nodes
+// it places no pod on still waits, naming them.
+func TestStatusOptedOutOperands(t *testing.T) {
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default", Generation: 1}}
+	node := func(name, osImage string, optOut ...string) corev1.Node {
+		l := map[string]string{gpuv1alpha1.LabelPresent: "true"}
+		for _, op := range optOut {
+			l["nvidia.com/gpu.deploy."+op] = "false"
+		}
+		return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l},
+			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{OSImage: osImage}}}
+	}
+	hostDrivers := []corev1.Node{node("host-a", "Ubuntu 22.04.4 LTS", "driver", "mig-manager"),
+		node("host-b", "Debian GNU/Linux 12 (bookworm)", "driver", "mig-manager")}
+	p := desired(cp, "loom-system", cluster{nodes: hostDrivers})
+	if len(p.noDriver) != 0 {
+		t.Errorf("nodes that opted out of the driver named as getting none: %v", p.noDriver)
+	}
+	for name, ds := range map[string]map[string]*appsv1.DaemonSet{
+		"driver DaemonSet placing no pod": func() map[string]*appsv1.DaemonSet {
+			m := allRolledOut(2)
+			m["driver"], m["mig-manager"] = rolledOut(0), rolledOut(0)
+			return m
+		}(),
+		"no driver DaemonSet": func() map[string]*appsv1.DaemonSet {
+			m := allRolledOut(2)
+			delete(m, "driver")
+			m["mig-manager"] = rolledOut(0)
+			return m
+		}(),
+	} {
+		st := status(cp, observed{active: "default", gpuNodes: 2, daemonSets: ds, cluster: cluster{nodes: hostDrivers}, noDriver: p.noDriver}, nil)
+		if c := meta.FindStatusCondition(st.Conditions, "Ready"); st.State != gpuv1alpha1.PolicyReady || c == nil || c.Reason != ReasonAllReady {
+			t.Errorf("%s: state %s, Ready %+v; want ready", name, st.State, c)
+		}
+		for _, c := range st.Components {
+			if (c.Name == "driver" || c.Name == "mig-manager") && (c.State != "ready" || !strings.Contains(c.Message, "nvidia.com/gpu.deploy."+c.Name+"=false")) {
+				t.Errorf("%s: component %+v", name, c)
+			}
+		}
+	}
+	// One node still wants the MIG manager, and gets no pod: waiting.
+	mixed := []corev1.Node{hostDrivers[0], node("gpu-c", "Ubuntu 22.04.4 LTS", "driver")}
+	ds := allRolledOut(2)
+	ds["driver"], ds["mig-manager"] = rolledOut(0), rolledOut(0)
+	st := status(cp, observed{active: "default", gpuNodes: 2, daemonSets: ds, cluster: cluster{nodes: mixed}}, nil)
+	i := findComponent(st.Components, "mig-manager")
+	if st.State != gpuv1alpha1.PolicyNotReady || st.Components[i].State != "notReady" || !strings.Contains(st.Components[i].Message, "gpu-c") {
+		t.Errorf("mig-manager meant for gpu-c, placed nowhere: state %s, %+v", st.State, st.Components[i])
 	}
 }
