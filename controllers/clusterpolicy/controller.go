@@ -82,6 +82,10 @@ func Setup(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("clusterpolicy").
 		For(&gpuv1alpha1.ClusterPolicy{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, driverUpgradeChanged()))).
+		// Which policy is in force (the oldest) changes for every policy
+		// when one comes or goes: the one that was ignored takes over when
+		// the one in force is deleted.
+		Watches(&gpuv1alpha1.ClusterPolicy{}, all, builder.WithPredicates(policyCameOrWent())).
 		Owns(&appsv1.DaemonSet{}).
 		Owns(&corev1.ServiceAccount{}).
 		Owns(&nodev1.RuntimeClass{}).
@@ -364,6 +368,20 @@ func driverUpgradeChanged() predicate.Funcs {
 		DeleteFunc:  func(event.DeleteEvent) bool { return false },
 		GenericFunc: func(event.GenericEvent) bool { return false },
 		UpdateFunc:  func(e event.UpdateEvent) bool { return cond(e.ObjectOld) != cond(e.ObjectNew) },
+	}
+}
+
+// policyCameOrWent passes ClusterPolicy creations and deletions, and the
+// start of a deletion (deletionTimestamp set): they change which policy
+// is in force.
+func policyCameOrWent() predicate.Funcs {
+	return predicate.Funcs{
+		CreateFunc: func(event.CreateEvent) bool { return true },
+		DeleteFunc: func(event.DeleteEvent) bool { return true },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return e.ObjectOld.GetDeletionTimestamp() == nil && e.ObjectNew.GetDeletionTimestamp() != nil
+		},
+		GenericFunc: func(event.GenericEvent) bool { return false },
 	}
 }
 

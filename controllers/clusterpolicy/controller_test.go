@@ -91,6 +91,7 @@ func TestClusterPolicyReconciler(t *testing.T) {
 	testDriverPerOS(t)
 	testDisabling(t)
 	testSecondPolicy(t)
+	testTakeover(t)
 }
 
 // spec: {} gives the default stack with narrow RBAC and the RuntimeClass.
@@ -335,4 +336,20 @@ func resourceVersions(t *testing.T) string {
 	}
 	fmt.Fprintf(&b, "policy=%s", getPolicy(t, "default").ResourceVersion)
 	return b.String()
+}
+
+// Deleting the policy in force hands over to the next oldest at once, with
+// no other event: the ignored one must not go on naming a deleted policy.
+func testTakeover(t *testing.T) {
+	ctx := context.Background()
+	if err := env.Client.Delete(ctx, getPolicy(t, "default")); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		st := getPolicy(t, "second").Status
+		if st.State == gpuv1alpha1.PolicyIgnored || st.ActivePolicy != "" {
+			return fmt.Errorf("second policy still ignored after the one in force went: %+v", st)
+		}
+		return nil
+	})
 }
