@@ -129,10 +129,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	cp := &gpuv1alpha1.ClusterPolicy{}
 	if err := r.Get(ctx, req.NamespacedName, cp); err != nil {
 		if apierrors.IsNotFound(err) {
-			// Its children go by garbage collection.
+			// Its children go by garbage collection, its gauges now.
 			r.w.Forget(&gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: req.Name}})
+			forgetMetrics(req.Name)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if cp.DeletionTimestamp != nil {
+		// Being deleted (a foreground deletion waits for its children): no
+		// longer in force, nor ignored in favour of another. Its gauges go
+		// now, so that no alert fires on what it last reported.
+		forgetMetrics(cp.Name)
+		return ctrl.Result{}, nil
 	}
 	obs, err := r.observe(ctx, cp)
 	if err != nil {

@@ -45,3 +45,15 @@ func recordMetrics(name string, st *gpuv1alpha1.ClusterPolicyStatus) {
 		}
 	}
 }
+
+// forgetMetrics removes the gauges of a policy that is gone or being
+// deleted, if they are its (those of the policy in force): a stale
+// loom_clusterpolicy_component_desired_nodes would keep LoomGPUExporterAbsent
+// and LoomGPUOperandNotReady firing on a stack no longer there.
+func forgetMetrics(name string) {
+	if !policyReady.DeleteLabelValues(name) {
+		return // not the policy the gauges are of
+	}
+	componentDesired.Reset()
+	componentReady.Reset()
+}
