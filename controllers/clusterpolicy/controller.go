@@ -152,6 +152,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	p := desired(cp, r.Namespace, obs.cluster)
 	obs.held, obs.noDriver = p.held, p.noDriver
+	obs.untolerated = untoleratedTaints(cp, p.objects, obs.cluster.nodes)
 	writeErrs := r.write(ctx, cp, p, obs.driverSets)
 	if obs.daemonSets, err = r.daemonSets(ctx, cp, p); err != nil {
 		return ctrl.Result{}, err

@@ -67,6 +67,9 @@ type observed struct {
 	// GPU nodes without a driver and why.
 	held     map[string]string
 	noDriver []string
+	// untolerated names, by operand, the GPU nodes meant for it that a
+	// taint keeps its pods off (untoleratedTaints).
+	untolerated map[string][]string
 }
 
 // upgradeCounts are the GPU nodes by driver upgrade progress.
@@ -182,6 +185,7 @@ func components(cp *gpuv1alpha1.ClusterPolicy, on, off []operand, obs observed) 
 			driverUpgradeProgress(&c, meta.FindStatusCondition(cp.Status.Conditions, gpuv1alpha1.ConditionDriverUpgrade), obs.upgrades)
 			noDriverMessage(&c, obs.noDriver)
 		}
+		untoleratedMessage(&c, obs.untolerated[op.name])
 		out = append(out, c)
 	}
 	for _, op := range off {
@@ -200,6 +204,17 @@ func meantNodes(cp *gpuv1alpha1.ClusterPolicy, op string, nodes []corev1.Node) [
 	}
 	sort.Strings(out)
 	return out
+}
+
+// untoleratedMessage names the GPU nodes meant for the operand that a
+// taint it does not tolerate keeps it off, and holds it not ready: those
+// nodes run without it, whatever its DaemonSet's counts say.
+func untoleratedMessage(c *gpuv1alpha1.ComponentStatus, nodes []string) {
+	if len(nodes) == 0 {
+		return
+	}
+	c.State = componentStateWaiting
+	c.Message += fmt.Sprintf("; kept off %d GPU nodes by a taint it does not tolerate (see spec.daemonsets.tolerations): %s", len(nodes), namedList(nodes))
 }
 
 // noDriverMessage names the GPU nodes that get no driver (their OS is

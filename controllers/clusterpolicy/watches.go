@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"reflect"
 	"sort"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -15,14 +16,19 @@ import (
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 )
 
-// nodeInfoChanged passes Node updates that change its OS or kernel.
+// nodeInfoChanged passes Node updates that change its OS or kernel, or its
+// taints (which keep operands off it).
 func nodeInfoChanged() predicate.Funcs {
-	info := func(o client.Object) [2]string {
+	info := func(o client.Object) [3]string {
 		n, ok := o.(*corev1.Node)
 		if !ok {
-			return [2]string{}
+			return [3]string{}
 		}
-		return [2]string{n.Status.NodeInfo.OSImage, n.Status.NodeInfo.KernelVersion}
+		var taints strings.Builder
+		for i := range n.Spec.Taints {
+			taints.WriteString(n.Spec.Taints[i].ToString() + ",")
+		}
+		return [3]string{n.Status.NodeInfo.OSImage, n.Status.NodeInfo.KernelVersion, taints.String()}
 	}
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool { return info(e.ObjectOld) != info(e.ObjectNew) }}
 }

@@ -1,0 +1,79 @@
+package clusterpolicy
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+)
+
+// GPU nodes are often tainted for their teams (dedicated=ml:NoSchedule).
+// A DaemonSet places no pod on a node whose taint it does not tolerate and
+// leaves that node out of its counts: the policy must not read Ready while
+// such a GPU node runs no driver and no device plugin. It names the node
+// and the taint. Tolerated taints (nvidia.com/gpu, one the policy
+// tolerates), cordons and NotReady nodes' taints name nothing.
+func TestUntoleratedTaintsHoldTheComponent(t *testing.T) {
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default", Generation: 1}}
+	cp.Spec.DaemonSets.Tolerations = []corev1.Toleration{{Key: "team", Operator: corev1.TolerationOpEqual, Value: "infra", Effect: corev1.TaintEffectNoSchedule}}
+	node := func(name string, taints ...corev1.Taint) corev1.Node {
+		return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{gpuv1alpha1.LabelPresent: "true"}},
+			Spec:   corev1.NodeSpec{Taints: taints},
+			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{OSImage: "Ubuntu 22.04.4 LTS"}}}
+	}
+	noSchedule := func(k, v string) corev1.Taint {
+		return corev1.Taint{Key: k, Value: v, Effect: corev1.TaintEffectNoSchedule}
+	}
+	nodes := []corev1.Node{
+		node("gpu-a", noSchedule("nvidia.com/gpu", "present")),
+		node("gpu-b", noSchedule("team", "infra"), corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}),
+		node("gpu-c", noSchedule(corev1.TaintNodeNotReady, ""), corev1.Taint{Key: corev1.TaintNodeNotReady, Effect: corev1.TaintEffectNoExecute}),
+		node("gpu-d", noSchedule("dedicated", "ml")),
+	}
+	dpOnly := node("gpu-e", corev1.Taint{Key: "dedicated", Value: "ml", Effect: corev1.TaintEffectNoExecute})
+	dpOnly.Labels["nvidia.com/gpu.deploy.operands"] = "false"
+	nodes = append(nodes, dpOnly)
+	p := desired(cp, "loom-system", cluster{nodes: nodes})
+	got := untoleratedTaints(cp, p.objects, nodes)
+	for _, op := range []string{"driver", "container-toolkit", "device-plugin"} {
+		if len(got[op]) != 1 || got[op][0] != "gpu-d (dedicated=ml:NoSchedule)" {
+			t.Errorf("%s: untolerated %v, want gpu-d alone", op, got[op])
+		}
+	}
+
+	// The DaemonSets count only the nodes they place on: all ready there.
+	st := status(cp, observed{active: "default", gpuNodes: 5, daemonSets: allRolledOut(3), cluster: cluster{nodes: nodes}, untolerated: got}, nil)
+	c := meta.FindStatusCondition(st.Conditions, "Ready")
+	if st.State != gpuv1alpha1.PolicyNotReady || c == nil || c.Reason != ReasonComponentsWait || !strings.Contains(c.Message, "gpu-d (dedicated=ml:NoSchedule)") {
+		t.Errorf("a GPU node without the stack: state %s, Ready %+v", st.State, c)
+	}
+	// Tolerating it (or opting the node out) makes the stack Ready.
+	cp.Spec.DaemonSets.Tolerations = append(cp.Spec.DaemonSets.Tolerations, corev1.Toleration{Key: "dedicated", Operator: corev1.TolerationOpExists})
+	p = desired(cp, "loom-system", cluster{nodes: nodes})
+	if got := untoleratedTaints(cp, p.objects, nodes); len(got) != 0 {
+		t.Errorf("tolerated: untolerated %v", got)
+	}
+}
+
+// A taint coming or going changes what the status says: the Node watch
+// passes it, and nothing else of the taints (an equal list read again).
+func TestNodeWatchPassesTaintChanges(t *testing.T) {
+	n := func(taints ...corev1.Taint) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-a"}, Spec: corev1.NodeSpec{Taints: taints}}
+	}
+	ml := corev1.Taint{Key: "dedicated", Value: "ml", Effect: corev1.TaintEffectNoSchedule, TimeAdded: &metav1.Time{}}
+	p := nodeInfoChanged()
+	if !p.Update(event.UpdateEvent{ObjectOld: n(), ObjectNew: n(ml)}) {
+		t.Error("a taint added is not passed")
+	}
+	again := ml
+	again.TimeAdded = &metav1.Time{}
+	if p.Update(event.UpdateEvent{ObjectOld: n(ml), ObjectNew: n(again)}) {
+		t.Error("an unchanged taint list is passed")
+	}
+}
