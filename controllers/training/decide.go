@@ -435,12 +435,19 @@ func scale(p *pass) bool {
 	for _, role := range roles {
 		for i := range replicas(p.job, role) {
 			name := PodName(p.job.Name, role, i)
-			if p.pods.current[name] != nil || p.pods.occupied[name] {
+			if p.pods.current[name] != nil {
 				continue
 			}
+			// A pod of a running gang that is being deleted has left it
+			// already: its node may never confirm the deletion (a lost
+			// node keeps it Terminating), and the rest of the gang holds
+			// its GPUs, hung in a collective, until then.
 			if condTrue(st, trainingv1alpha1.ConditionRunning) {
-				retry(p, fmt.Sprintf("pod %s disappeared (deleted, or its node was lost)", name))
+				retry(p, gone(p.pods.leaving[name], name))
 				return true
+			}
+			if p.pods.occupied[name] {
+				continue
 			}
 			if len(p.d.create) >= budget {
 				p.d.deferred++
@@ -468,15 +475,33 @@ type podView struct {
 	// stale are pods of older attempts, or not wanted, not yet being
 	// deleted.
 	stale []*corev1.Pod
+	// leaving are the pods being deleted, by name.
+	leaving map[string]*corev1.Pod
+}
+
+// gone says why pod name of a running gang has left it: being deleted (by
+// whom, when its DisruptionTarget condition says: the taint manager on a
+// lost node, a preemption, an eviction), or gone.
+func gone(pod *corev1.Pod, name string) string {
+	if pod == nil {
+		return fmt.Sprintf("pod %s disappeared (deleted, or its node was lost)", name)
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+			return fmt.Sprintf("pod %s is being deleted (%s: %s)", name, c.Reason, c.Message)
+		}
+	}
+	return fmt.Sprintf("pod %s is being deleted", name)
 }
 
 func viewPods(job *trainingv1alpha1.TrainingJob, pods []*corev1.Pod, attempt int32) podView {
-	v := podView{current: make(map[string]*corev1.Pod, len(pods)), occupied: map[string]bool{}}
+	v := podView{current: make(map[string]*corev1.Pod, len(pods)), occupied: map[string]bool{}, leaving: map[string]*corev1.Pod{}}
 	for _, p := range pods {
 		role, index, a, ok := podIdentity(p)
 		switch {
 		case p.DeletionTimestamp != nil:
 			v.occupied[p.Name] = true
+			v.leaving[p.Name] = p
 		case !ok || a != attempt || !wanted(job, role, index, p.Name) || v.current[p.Name] != nil:
 			v.occupied[p.Name] = true
 			v.stale = append(v.stale, p)

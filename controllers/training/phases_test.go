@@ -98,6 +98,35 @@ func TestDecidePhases(t *testing.T) {
 				t.Fatalf("remove %d state %s", len(d.remove), d.status.State)
 			}
 		}},
+		// A lost node's pods are deleted by the taint manager, but no
+		// kubelet confirms it: they stay Terminating for good. The gang
+		// is broken from the moment its pod is deleted.
+		{"a pod of a running gang stuck terminating on a lost node restarts it", func(job *trainingv1alpha1.TrainingJob, obs *observed) {
+			ts := metav1.NewTime(now)
+			obs.pods[1].DeletionTimestamp = &ts
+			obs.pods[1].Status.Conditions = append(obs.pods[1].Status.Conditions, corev1.PodCondition{Type: corev1.DisruptionTarget,
+				Status: corev1.ConditionTrue, Reason: "DeletionByTaintManager", Message: "Taint manager: deleting due to NoExecute taint"})
+		}, func(t *testing.T, d decision) {
+			if !d.restarted || d.status.Attempt != 1 || d.status.Restarts != 1 || d.status.State != trainingv1alpha1.StateRestarting {
+				t.Fatalf("restarted %v attempt %d restarts %d state %s; want the gang restarted", d.restarted, d.status.Attempt, d.status.Restarts, d.status.State)
+			}
+			if len(d.remove) != 1 || d.remove[0].Name != "j-master-0" {
+				t.Fatalf("removes %s; want the rest of the gang, j-master-0", podNames(d.remove))
+			}
+			if c := meta.FindStatusCondition(d.status.Conditions, trainingv1alpha1.ConditionRestarting); c == nil ||
+				!strings.Contains(c.Message, "pod j-worker-0 is being deleted (DeletionByTaintManager: Taint manager") {
+				t.Fatalf("Restarting = %+v", c)
+			}
+		}},
+		{"a deleted pod of a running gang restarts it before it is gone", func(job *trainingv1alpha1.TrainingJob, obs *observed) {
+			ts := metav1.NewTime(now)
+			obs.pods[0].DeletionTimestamp = &ts
+		}, func(t *testing.T, d decision) {
+			c := meta.FindStatusCondition(d.status.Conditions, trainingv1alpha1.ConditionRestarting)
+			if !d.restarted || len(d.remove) != 1 || c == nil || !strings.Contains(c.Message, "pod j-master-0 is being deleted") {
+				t.Fatalf("restarted %v remove %d Restarting %+v", d.restarted, len(d.remove), c)
+			}
+		}},
 		{"a vanished pod past the backoff limit fails the job", func(job *trainingv1alpha1.TrainingJob, obs *observed) {
 			job.Spec.RunPolicy.BackoffLimit = ptr(int32(0))
 			obs.pods = obs.pods[:1]
@@ -335,4 +364,29 @@ func sum(v []int64) (n int64) {
 		n += x
 	}
 	return n
+}
+
+// After the restart the new attempt's pod of a lost node's pod cannot be
+// made until the old one is gone: Scheduled and Ready say so, and how to
+// end the wait.
+func TestDecideNamesThePodTheNewGangWaitsFor(t *testing.T) {
+	now := time.Now()
+	job, pods := runningGang(t, now)
+	ts := metav1.NewTime(now)
+	pods[1].DeletionTimestamp = &ts
+	d := decide(job, observed{pods: pods, now: now, fit: inventory.FitResult{Verdict: inventory.FitsNow}}, trainingv1alpha1.GangNone)
+	if !d.restarted {
+		t.Fatalf("setup: not restarted")
+	}
+	job.Status = d.status
+	d = decide(job, observed{pods: pods[1:], now: now.Add(time.Minute), fit: inventory.FitResult{Verdict: inventory.FitsNow}}, trainingv1alpha1.GangNone)
+	if len(d.create) != 1 || d.create[0].Name != "j-master-0" {
+		t.Fatalf("creates %s; want only j-master-0", podNames(d.create))
+	}
+	want := "pod j-worker-0 of attempt 0 is still being deleted (since " + ts.UTC().Format(time.RFC3339) + ", on node n)"
+	for _, typ := range []string{trainingv1alpha1.ConditionScheduled, trainingv1alpha1.ConditionReady} {
+		if c := meta.FindStatusCondition(d.status.Conditions, typ); c == nil || !strings.Contains(c.Message, want) || !strings.Contains(c.Message, "--grace-period=0 --force") {
+			t.Fatalf("%s = %+v; want it to say %q", typ, c, want)
+		}
+	}
 }

@@ -124,7 +124,29 @@ func pending(p *pass, pgPhase schedulingv1beta1.PodGroupPhase, bound, total int,
 	if p.hold {
 		parts = append(parts, "no pods are created until the gang is admitted")
 	}
+	if w := terminating(p); w != "" {
+		parts = append(parts, w)
+	}
 	return reason, parts
+}
+
+// terminating names the first pod, by name, that the gang wants but cannot
+// create yet: its name is held by a pod of an earlier attempt still being
+// deleted on its node, which a lost node never ends.
+func terminating(p *pass) string {
+	var first *corev1.Pod
+	for name, pod := range p.pods.leaving {
+		role, index, _, ok := podIdentity(pod)
+		if !ok || pod.Spec.NodeName == "" || p.pods.current[name] != nil || !wanted(p.job, role, index, name) || (first != nil && first.Name < name) {
+			continue
+		}
+		first = pod
+	}
+	if first == nil {
+		return ""
+	}
+	return fmt.Sprintf("pod %s of attempt %s is still being deleted (since %s, on node %s): the new one waits for it; if the node is lost, force-delete it (kubectl delete pod -n %s %s --grace-period=0 --force)",
+		first.Name, first.Labels[LabelAttempt], first.DeletionTimestamp.UTC().Format(time.RFC3339), first.Spec.NodeName, first.Namespace, first.Name)
 }
 
 // status sets Running, the state and Ready from the current pods.

@@ -201,9 +201,60 @@ func TestADeletedPodOfARunningGangRestartsIt(t *testing.T) {
 	}
 	waitPods(t, job, 4, 1)
 	got := getJob(t, job)
-	if c := cond(got, trainingv1alpha1.ConditionRestarting); !strings.Contains(c.Message, "pod ddp-worker-1 disappeared") || got.Status.Restarts != 1 {
+	// The pass sees the pod being deleted, or already gone.
+	if c := cond(got, trainingv1alpha1.ConditionRestarting); !(strings.Contains(c.Message, "pod ddp-worker-1 is being deleted") || strings.Contains(c.Message, "pod ddp-worker-1 disappeared")) || got.Status.Restarts != 1 {
 		t.Fatalf("Restarting = %+v restarts %d", c, got.Status.Restarts)
 	}
+}
+
+// A pod on a node that is lost is deleted (the taint manager, a drain) but
+// no kubelet confirms it: it stays Terminating. The gang is broken from
+// then on: it restarts at once, freeing the other pods' GPUs, and the new
+// attempt's pod of that name waits until the old one is gone.
+func TestAPodStuckTerminatingRestartsTheGang(t *testing.T) {
+	ns := namespace(t, "lostnode")
+	startManager(t)
+	job := newJob(ns, "ddp", 2, 0, trainingv1alpha1.GangNone)
+	create(t, job)
+	pods := waitPods(t, job, 3, 0)
+	ctx := context.Background()
+	// ddp-worker-1 runs on the node that will be lost: bound, its
+	// deletion waits for a kubelet (envtest has none; the other pods,
+	// unbound, go at once).
+	stuck := pods[2]
+	b := &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: stuck.Name, Namespace: ns}, Target: corev1.ObjectReference{Kind: "Node", Name: "lost-node"}}
+	if err := env.Client.SubResource("binding").Create(ctx, &stuck, b); err != nil {
+		t.Fatal(err)
+	}
+	setPods(t, pods, corev1.PodRunning, 0)
+	waitState(t, job, trainingv1alpha1.StateRunning)
+	if err := env.Client.Delete(ctx, &stuck); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		got := getJob(t, job)
+		if c := cond(got, trainingv1alpha1.ConditionRestarting); c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, "pod ddp-worker-1 is being deleted") || got.Status.Restarts != 1 {
+			return fmt.Errorf("state %s restarts %d Restarting %+v; want the gang restarted", got.Status.State, got.Status.Restarts, c)
+		}
+		left := jobPods(t, job)
+		for _, p := range left {
+			if p.Name != stuck.Name && p.Labels[LabelAttempt] != "1" {
+				return fmt.Errorf("pod %s of attempt %s is still there", p.Name, p.Labels[LabelAttempt])
+			}
+		}
+		if len(left) != 3 {
+			return fmt.Errorf("pods %v", names(left))
+		}
+		if c := cond(got, trainingv1alpha1.ConditionScheduled); !strings.Contains(c.Message, "pod ddp-worker-1 of attempt 0 is still being deleted") {
+			return fmt.Errorf("Scheduled = %+v; want it to name the pod the new gang waits for", c)
+		}
+		return nil
+	})
+	// The node is gone for good: a person force-deletes the pod.
+	if err := env.Client.Delete(ctx, &stuck, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	waitPods(t, job, 3, 1)
 }
 
 func TestSuccessSuspendResumeAndTTL(t *testing.T) {
