@@ -366,6 +366,58 @@ func sum(v []int64) (n int64) {
 	return n
 }
 
+// A pod placed but held by its kubelet for good (an image that cannot be
+// pulled, a missing Secret) leaves the gang waiting without end: Ready and
+// Running say which pod and why, not only how many pods run.
+func TestStatusSaysWhyAPodDoesNotStart(t *testing.T) {
+	now := time.Now()
+	job := newJob("ns", "j", 2, 0, trainingv1alpha1.GangNone)
+	job.UID = "job-uid"
+	d := decide(job, observed{now: now, fit: inventory.FitResult{Verdict: inventory.FitsNow}}, trainingv1alpha1.GangNone)
+	pods := d.create
+	for _, p := range pods {
+		p.UID = types.UID(p.Name)
+		p.Spec.NodeName = "n"
+		p.Status.Phase = corev1.PodRunning
+	}
+	waiting := func(p *corev1.Pod, reason, msg string) {
+		p.Status.Phase = corev1.PodPending
+		p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "pytorch", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: msg}}}}
+	}
+	waiting(pods[1], "ContainerCreating", "")
+	waiting(pods[2], "ImagePullBackOff", `Back-off pulling image "pytorch:nope"`)
+	job.Status = d.status
+	d = decide(job, observed{pods: pods, now: now.Add(time.Minute)}, trainingv1alpha1.GangNone)
+	want := `pod j-worker-1: container pytorch waits: ImagePullBackOff: Back-off pulling image "pytorch:nope"`
+	for _, typ := range []string{trainingv1alpha1.ConditionReady, trainingv1alpha1.ConditionRunning} {
+		c := meta.FindStatusCondition(d.status.Conditions, typ)
+		if c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "1 of 3 pods run; "+want) {
+			t.Fatalf("%s = %+v; want it to say %q", typ, c, want)
+		}
+	}
+	// The first pod by name that is held says why; a pod being created
+	// says nothing.
+	waiting(pods[1], "CreateContainerConfigError", `secret "hf-token" not found`)
+	d = decide(job, observed{pods: pods, now: now.Add(2 * time.Minute)}, trainingv1alpha1.GangNone)
+	if c := meta.FindStatusCondition(d.status.Conditions, trainingv1alpha1.ConditionReady); !strings.HasSuffix(c.Message, `pod j-worker-0: container pytorch waits: CreateContainerConfigError: secret "hf-token" not found`) {
+		t.Fatalf("Ready = %+v", c)
+	}
+	waiting(pods[1], "ContainerCreating", "")
+	waiting(pods[2], "ContainerCreating", "")
+	d = decide(job, observed{pods: pods, now: now.Add(3 * time.Minute)}, trainingv1alpha1.GangNone)
+	if c := meta.FindStatusCondition(d.status.Conditions, trainingv1alpha1.ConditionReady); c.Message != "1 of 3 pods run" {
+		t.Fatalf("Ready = %+v while the containers are created", c)
+	}
+	// A partial gang's pod that Volcano has not placed, after the gang
+	// was scheduled: the scheduler's words.
+	unplaced := pods[2].DeepCopy()
+	unplaced.Spec.NodeName, unplaced.Status.ContainerStatuses = "", nil
+	unplaced.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: "Unschedulable", Message: "0/4 nodes are available: 4 Insufficient nvidia.com/gpu"}}
+	if got := waitingWhy(unplaced); got != "not placed: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu" {
+		t.Fatalf("an unplaced pod: %q", got)
+	}
+}
+
 // After the restart the new attempt's pod of a lost node's pod cannot be
 // made until the old one is gone: Scheduled and Ready say so, and how to
 // end the wait.

@@ -167,6 +167,9 @@ func status(p *pass) bool {
 		return false
 	}
 	msg := fmt.Sprintf("%d of %d pods run", running, total)
+	if why := notStarting(p.pods); why != "" {
+		msg += "; " + why
+	}
 	if !condTrue(st, trainingv1alpha1.ConditionRunning) {
 		p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, ReasonWaitingForPods, msg)
 	}
@@ -180,6 +183,57 @@ func status(p *pass) bool {
 	}
 	p.ready(metav1.ConditionFalse, reason, msg)
 	return false
+}
+
+// notStarting quotes, for the first pod by name that is held before it
+// runs, why: a container waiting for another reason than its creation (an
+// image that cannot be pulled, a Secret or ConfigMap that is missing),
+// which never ends by itself and which no restart cures, or the
+// scheduler's word on a pod not placed (a partial gang's pods, which
+// Volcano places after the gang is scheduled).
+func notStarting(v podView) string {
+	var first *corev1.Pod
+	var why string
+	for _, p := range v.current {
+		if p.Status.Phase != corev1.PodPending || (first != nil && first.Name < p.Name) {
+			continue
+		}
+		if w := waitingWhy(p); w != "" {
+			first, why = p, w
+		}
+	}
+	if first == nil {
+		return ""
+	}
+	return fmt.Sprintf("pod %s: %s", first.Name, why)
+}
+
+// waitingWhy is the first container of a pod (init containers first) that
+// waits for a reason other than its creation, and the kubelet's words; or,
+// for a pod not placed, the scheduler's.
+func waitingWhy(p *corev1.Pod) string {
+	if p.Spec.NodeName == "" {
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Message != "" {
+				return "not placed: " + c.Message
+			}
+		}
+		return ""
+	}
+	for _, list := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
+		for _, cs := range list {
+			w := cs.State.Waiting
+			if w == nil || w.Reason == "" || w.Reason == "ContainerCreating" || w.Reason == "PodInitializing" {
+				continue
+			}
+			why := "container " + cs.Name + " waits: " + w.Reason
+			if w.Message != "" {
+				why += ": " + w.Message
+			}
+			return why
+		}
+	}
+	return ""
 }
 
 // runningPods counts the current pods that belong to a running gang (a
