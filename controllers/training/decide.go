@@ -225,7 +225,7 @@ func suspend(p *pass) bool {
 	if c := meta.FindStatusCondition(st.Conditions, trainingv1alpha1.ConditionSuspended); c == nil || c.Status != metav1.ConditionTrue || c.Reason != reason {
 		p.set(trainingv1alpha1.ConditionSuspended, metav1.ConditionTrue, reason, msg)
 		p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, reason, msg)
-		clearRestarting(p)
+		clearRestarting(p, reason, msg)
 		p.event(false, reason, msg)
 	}
 	p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, reason, msg)

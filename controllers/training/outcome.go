@@ -157,15 +157,17 @@ func end(p *pass, state trainingv1alpha1.JobState, cond, reason, msg string) {
 	}
 	p.set(cond, metav1.ConditionTrue, reason, msg)
 	p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, reason, msg)
-	clearRestarting(p)
+	clearRestarting(p, "Finished", "the job has finished")
 	p.ready(ready, reason, msg)
 	p.event(ready == metav1.ConditionFalse, reason, msg)
 	finish(p)
 }
 
-func clearRestarting(p *pass) {
+// clearRestarting ends a restart in progress, saying why: the job has
+// finished, or it is suspended.
+func clearRestarting(p *pass, reason, msg string) {
 	if condTrue(&p.d.status, trainingv1alpha1.ConditionRestarting) {
-		p.set(trainingv1alpha1.ConditionRestarting, metav1.ConditionFalse, "Finished", "the job has finished")
+		p.set(trainingv1alpha1.ConditionRestarting, metav1.ConditionFalse, reason, msg)
 	}
 }
 

@@ -442,3 +442,23 @@ func TestDecideNamesThePodTheNewGangWaitsFor(t *testing.T) {
 		}
 	}
 }
+
+// A job suspended (by runPolicy.suspend or Kueue) while its gang restarts
+// has not finished: Restarting says it is suspended.
+func TestSuspendingARestartingGangSaysSo(t *testing.T) {
+	now := time.Now()
+	job, pods := runningGang(t, now)
+	pods[1].Status.Phase = corev1.PodFailed
+	pods[1].Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "pytorch", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137}}}}
+	d := decide(job, observed{pods: pods, now: now}, trainingv1alpha1.GangNone)
+	if d.status.State != trainingv1alpha1.StateRestarting {
+		t.Fatalf("setup: state %s", d.status.State)
+	}
+	job.Status = d.status
+	job.Spec.RunPolicy.Suspend = true
+	d = decide(job, observed{now: now.Add(time.Second)}, trainingv1alpha1.GangNone)
+	c := meta.FindStatusCondition(d.status.Conditions, trainingv1alpha1.ConditionRestarting)
+	if d.status.State != trainingv1alpha1.StateSuspended || c == nil || c.Status != metav1.ConditionFalse || c.Reason != ReasonSuspended || strings.Contains(c.Message, "finished") {
+		t.Fatalf("state %s Restarting %+v; want False, reason %s", d.status.State, c, ReasonSuspended)
+	}
+}
