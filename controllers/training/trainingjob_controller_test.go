@@ -202,7 +202,9 @@ func TestADeletedPodOfARunningGangRestartsIt(t *testing.T) {
 	waitPods(t, job, 4, 1)
 	got := getJob(t, job)
 	// The pass sees the pod being deleted, or already gone.
-	if c := cond(got, trainingv1alpha1.ConditionRestarting); !(strings.Contains(c.Message, "pod ddp-worker-1 is being deleted") || strings.Contains(c.Message, "pod ddp-worker-1 disappeared")) || got.Status.Restarts != 1 {
+	c := cond(got, trainingv1alpha1.ConditionRestarting)
+	seen := strings.Contains(c.Message, "pod ddp-worker-1 is being deleted") || strings.Contains(c.Message, "pod ddp-worker-1 disappeared")
+	if !seen || got.Status.Restarts != 1 {
 		t.Fatalf("Restarting = %+v restarts %d", c, got.Status.Restarts)
 	}
 }
