@@ -5,27 +5,13 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
-	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/daemonplace"
 )
-
-// daemonTolerations are the tolerations the DaemonSet controller adds to
-// every daemon pod (node.kubernetes.io/not-ready, unreachable, the
-// pressures, unschedulable), beyond its template's.
-var daemonTolerations = []corev1.Toleration{
-	{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute},
-	{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute},
-	{Key: corev1.TaintNodeDiskPressure, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
-	{Key: corev1.TaintNodeMemoryPressure, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
-	{Key: corev1.TaintNodePIDPressure, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
-	{Key: corev1.TaintNodeUnschedulable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
-}
 
 // nodeConditionTaints prefixes the taints the node lifecycle controller
 // sets from a node's conditions (not-ready, unreachable, ...): they come
@@ -67,13 +53,10 @@ func untoleratedTaints(cp *gpuv1alpha1.ClusterPolicy, objects []client.Object, n
 func blockingTaint(specs []*corev1.PodSpec, n *corev1.Node) *corev1.Taint {
 	var blocking *corev1.Taint
 	for _, spec := range specs {
-		if ok, err := nodeaffinity.GetRequiredNodeAffinity(&corev1.Pod{Spec: *spec}).Match(n); err != nil || !ok {
+		if !daemonplace.Matches(spec, n) {
 			continue
 		}
-		tolerations := append(append([]corev1.Toleration(nil), spec.Tolerations...), daemonTolerations...)
-		t, untolerated := corev1helpers.FindMatchingUntoleratedTaint(logr.Discard(), n.Spec.Taints, tolerations, func(t *corev1.Taint) bool {
-			return (t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute) && !strings.HasPrefix(t.Key, nodeConditionTaints)
-		}, true)
+		t, untolerated := daemonplace.Untolerated(spec, n, func(t *corev1.Taint) bool { return strings.HasPrefix(t.Key, nodeConditionTaints) })
 		if !untolerated {
 			return nil
 		}
