@@ -173,6 +173,14 @@ build_training_operator() {
 		'kubeflow.org_*.yaml'
 }
 
+# One build at a time per cache: two runs building the same tool (make
+# targets in parallel, two checkouts) would share one .tmp directory.
+mkdir -p "$root"
+if command -v flock >/dev/null; then
+	exec 9>"$root/.lock"
+	flock 9
+fi
+
 all=(kube kwok helm controller-gen golangci-lint prometheus-operator kueue kuberay training-operator)
 [[ $# -gt 0 ]] || set -- "${all[@]}"
 for t in "$@"; do
