@@ -282,21 +282,28 @@ func (k *kueueJobs) placements(ctx context.Context, wl *kueue.Workload, obs *obs
 			flavors[n] = f
 		}
 		pl := kueue.PlacementOf(names, flavors)
+		// As jobframework labels the pods of Kueue's own jobs (Kueue's
+		// TAS and tooling find a pod's pod set by it).
+		pl.Labels = map[string]string{kueue.PodSetLabel: string(role)}
 		pl.AddUpdates(wl, string(role))
 		obs.kueue.placement[role] = pl
 	}
 	return nil
 }
 
-// desiredWorkload is the job's Workload: pod sets master and worker (a
-// role without replicas is left out) with their pod templates, the queue
-// and the priority class.
+// desiredWorkload is the job's Workload as jobframework's NewWorkload
+// builds one: pod sets master and worker (a role without replicas is left
+// out) with their pod templates, the queue, the maximum execution time of
+// the kueue.x-k8s.io/max-exec-time-seconds label, the ProvisioningRequest
+// annotations (provreq.kueue.x-k8s.io/*) and the priority class.
 func desiredWorkload(job *trainingv1alpha1.TrainingJob, priority *kueuePriority) *unstructured.Unstructured {
-	wl := &kueue.Workload{Spec: kueue.WorkloadSpec{QueueName: job.Labels[kueue.QueueLabel], PodSets: podSets(job)}}
+	wl := &kueue.Workload{Spec: kueue.WorkloadSpec{QueueName: job.Labels[kueue.QueueLabel], PodSets: podSets(job),
+		MaximumExecutionTimeSeconds: kueue.MaxExecTime(job.Labels)}}
 	wl.APIVersion, wl.Kind = kueue.WorkloadGVK.GroupVersion().String(), kueue.WorkloadGVK.Kind
 	wl.Name = kueue.WorkloadName(job.Name, job.UID, trainingJobGVK)
 	wl.Namespace = job.Namespace
 	wl.Labels = map[string]string{kueue.JobUIDLabel: string(job.UID)}
+	wl.Annotations = kueue.ProvReqAnnotations(job.Annotations)
 	if priority != nil {
 		wl.Spec.PriorityClassRef = &priority.ref
 		wl.Spec.Priority = &priority.value
@@ -331,7 +338,7 @@ const kueueCRDRetry = 10 * time.Second
 
 // syncWorkload is the write side of the Kueue contract, after the pods: the
 // job's Workload is created (and replaced while it holds no quota if the
-// job's pod sets or its LocalQueue changed), an evicted Workload's quota is
+// job's pod sets, its LocalQueue or its maximum execution time changed), an evicted Workload's quota is
 // released once the gang is gone, the Workload of an ended job is marked
 // Finished, that of a job whose queue label was removed is deleted, and
 // the admitted Workload's PodsReady follows the gang.
@@ -377,6 +384,11 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 		return remove("the job's pod sets changed")
 	case !wl.QuotaReserved() && wl.Spec.QueueName != job.Labels[kueue.QueueLabel]:
 		return remove("the job moved to LocalQueue " + job.Labels[kueue.QueueLabel])
+	case !wl.QuotaReserved() && !equalPtr(wl.Spec.MaximumExecutionTimeSeconds, kueue.MaxExecTime(job.Labels)):
+		// As jobframework, for which such a Workload is not equivalent
+		// to its job; one holding quota keeps the time it was admitted
+		// with (Kueue's webhook refuses the edit on a running job).
+		return remove("the job's " + kueue.MaxExecTimeLabel + " label changed")
 	case wl.Evicted() == nil && !k.stale:
 		// Kueue's waitForPodsReady evicts an admitted Workload whose
 		// PodsReady is not True in time: the job controller says when
@@ -386,6 +398,10 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 		}
 	}
 	return nil
+}
+
+func equalPtr(a, b *int32) bool {
+	return (a == nil) == (b == nil) && (a == nil || *a == *b)
 }
 
 // patchWorkloadStatus merge-patches the Workload's status subresource,

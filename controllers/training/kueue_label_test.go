@@ -274,7 +274,8 @@ func TestKueuePodsReadyFollowsTheGang(t *testing.T) {
 // An admission check's podSetUpdates (a ProvisioningRequest check's
 // annotations, without which the pods do not land on the capacity it
 // booked) reach the pods of their pod set once the Workload is admitted,
-// as jobframework merges them into the pods of Kueue's own jobs.
+// as jobframework merges them into the pods of Kueue's own jobs, and every
+// pod carries its pod set's name in kueue.x-k8s.io/podset.
 func TestKueueAdmissionCheckUpdatesReachThePods(t *testing.T) {
 	installWorkloadCRD(t)
 	ns := namespace(t, "kueue-checks")
@@ -304,5 +305,89 @@ func TestKueueAdmissionCheckUpdatesReachThePods(t *testing.T) {
 		if got := p.Annotations["autoscaling.x-k8s.io/consume-provisioning-request"]; got != want {
 			t.Errorf("pod %s: consume-provisioning-request = %q, want %q (annotations %v)", p.Name, got, want, p.Annotations)
 		}
+		// jobframework labels each admitted pod with its pod set.
+		if got := p.Labels[kueue.PodSetLabel]; got != p.Labels[LabelReplicaType] {
+			t.Errorf("pod %s: %s = %q, want %q", p.Name, kueue.PodSetLabel, got, p.Labels[LabelReplicaType])
+		}
 	}
+}
+
+// A job's Workload carries what jobframework's NewWorkload copies from
+// Kueue's own jobs: the kueue.x-k8s.io/max-exec-time-seconds label as
+// spec.maximumExecutionTimeSeconds (a value Kueue would not parse is
+// left out, as there) and the provreq.kueue.x-k8s.io/* annotations a
+// ProvisioningRequest check reads, and nothing else of the job's.
+func TestDesiredWorkloadCopiesKueuesLabelsAndAnnotations(t *testing.T) {
+	tests := []struct {
+		label   string
+		want    *int32
+		annots  map[string]string
+		wantAnn map[string]string
+	}{
+		{"3600", ptr(int32(3600)), nil, nil},
+		{"", nil, map[string]string{"provreq.kueue.x-k8s.io/maxRunDurationSeconds": "600", "team": "a"},
+			map[string]string{"provreq.kueue.x-k8s.io/maxRunDurationSeconds": "600"}},
+		{"0", nil, nil, nil},
+		{"-5", nil, nil, nil},
+		{"1h", nil, nil, nil},
+		{"99999999999", nil, nil, nil},
+	}
+	for _, tt := range tests {
+		job := newJob("ns", "j", 1, 0, trainingv1alpha1.GangNone)
+		job.Labels = map[string]string{kueue.QueueLabel: "team-a"}
+		if tt.label != "" {
+			job.Labels[kueue.MaxExecTimeLabel] = tt.label
+		}
+		job.Annotations = tt.annots
+		w := &kueue.Workload{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(desiredWorkload(job, nil).Object, w); err != nil {
+			t.Fatal(err)
+		}
+		if got := w.Spec.MaximumExecutionTimeSeconds; !equalPtr(got, tt.want) {
+			t.Errorf("label %q: maximumExecutionTimeSeconds %v, want %v", tt.label, got, tt.want)
+		}
+		if len(w.Annotations) != len(tt.wantAnn) {
+			t.Errorf("annotations %v, want %v", w.Annotations, tt.wantAnn)
+		}
+		for k, v := range tt.wantAnn {
+			if w.Annotations[k] != v {
+				t.Errorf("annotation %s = %q, want %q", k, w.Annotations[k], v)
+			}
+		}
+	}
+}
+
+// The max-exec-time label reaches the Workload, and an edit of it while
+// the job waits for Kueue replaces the Workload with one of the new time
+// (jobframework: a Workload of another time is not its job's).
+func TestKueueMaxExecTimeFollowsTheLabel(t *testing.T) {
+	installWorkloadCRD(t)
+	ns := namespace(t, "kueue-maxexec")
+	startManager(t)
+	ctx := context.Background()
+	job := newJob(ns, "timed", 1, 0, trainingv1alpha1.GangNone)
+	job.Labels = map[string]string{kueue.QueueLabel: "team-a", kueue.MaxExecTimeLabel: "600"}
+	create(t, job)
+	maxExec := func(want int64) {
+		t.Helper()
+		testenv.Eventually(t, 20*time.Second, func() error {
+			wl := &unstructured.Unstructured{}
+			wl.SetGroupVersionKind(kueue.WorkloadGVK)
+			got := getJob(t, job)
+			if err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}, wl); err != nil {
+				return err
+			}
+			if v, _, _ := unstructured.NestedInt64(wl.Object, "spec", "maximumExecutionTimeSeconds"); v != want {
+				return fmt.Errorf("Workload maximumExecutionTimeSeconds %d, want %d", v, want)
+			}
+			return nil
+		})
+	}
+	maxExec(600)
+	got := getJob(t, job)
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"1200"}}}`, kueue.MaxExecTimeLabel)
+	if err := env.Client.Patch(ctx, got, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatal(err)
+	}
+	maxExec(1200)
 }

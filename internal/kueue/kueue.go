@@ -21,6 +21,7 @@ package kueue
 import (
 	"crypto/sha1" //nolint:gosec // jobframework's workload names are a SHA-1 prefix; not a security use.
 	"encoding/hex"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -38,6 +39,15 @@ const (
 	PriorityClassLabel = "kueue.x-k8s.io/priority-class"
 	// JobUIDLabel on a Workload is its job's UID.
 	JobUIDLabel = "kueue.x-k8s.io/job-uid"
+	// MaxExecTimeLabel on a job bounds, in seconds, how long its Workload
+	// may stay admitted (spec.maximumExecutionTimeSeconds).
+	MaxExecTimeLabel = "kueue.x-k8s.io/max-exec-time-seconds"
+	// PodSetLabel on an admitted job's pod names its pod set.
+	PodSetLabel = "kueue.x-k8s.io/podset"
+	// ProvReqAnnotationPrefix starts the job annotations that parameterise
+	// a ProvisioningRequest admission check; they are copied to the
+	// Workload.
+	ProvReqAnnotationPrefix = "provreq.kueue.x-k8s.io/"
 )
 
 // Workload condition types (Kueue's).
@@ -78,6 +88,9 @@ type WorkloadSpec struct {
 	QueueName        string            `json:"queueName,omitempty"`
 	PriorityClassRef *PriorityClassRef `json:"priorityClassRef,omitempty"`
 	Priority         *int32            `json:"priority,omitempty"`
+	// MaximumExecutionTimeSeconds: Kueue deactivates (evicts, without
+	// requeueing) the Workload once it has been admitted that long.
+	MaximumExecutionTimeSeconds *int32 `json:"maximumExecutionTimeSeconds,omitempty"`
 }
 
 // PriorityClassRef names the Workload's priority class.
@@ -157,4 +170,31 @@ func WorkloadName(name string, uid types.UID, gvk schema.GroupVersionKind) strin
 	h := sha1.New() //nolint:gosec // see the import
 	h.Write([]byte(gvk.Kind + "\n" + gvk.Group + "\n" + name + "\n" + string(uid)))
 	return prefix + "-" + hex.EncodeToString(h.Sum(nil))[:hashLength]
+}
+
+// MaxExecTime is the job's MaxExecTimeLabel as jobframework reads it
+// (MaximumExecutionTimeSeconds): a positive 32-bit number, else nil.
+func MaxExecTime(labels map[string]string) *int32 {
+	v, err := strconv.ParseInt(labels[MaxExecTimeLabel], 10, 32)
+	if err != nil || v <= 0 {
+		return nil
+	}
+	n := int32(v)
+	return &n
+}
+
+// ProvReqAnnotations are the job's annotations that jobframework copies to
+// the Workload (FilterProvReqAnnotations): those with the
+// ProvReqAnnotationPrefix, which a ProvisioningRequest check reads there.
+func ProvReqAnnotations(annotations map[string]string) map[string]string {
+	var out map[string]string
+	for k, v := range annotations {
+		if strings.HasPrefix(k, ProvReqAnnotationPrefix) {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
+		}
+	}
+	return out
 }
