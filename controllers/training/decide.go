@@ -330,14 +330,14 @@ func outcome(p *pass) bool {
 		succeed(p)
 		return true
 	}
-	retryable, why, failed := failures(p.job, p.pods)
+	f := failures(p.job, p.pods)
 	switch {
-	case !failed:
+	case !f.failed:
 		return false
-	case !retryable:
-		fail(p, ReasonPermanentFailure, why+" (a permanent failure under failurePolicy)")
+	case !f.retryable:
+		fail(p, ReasonPermanentFailure, f.why+" (a permanent failure under failurePolicy)")
 	default:
-		retry(p, why)
+		retry(p, f.why, f.disrupted)
 	}
 	return true
 }
@@ -442,8 +442,9 @@ func scale(p *pass) bool {
 			// already: its node may never confirm the deletion (a lost
 			// node keeps it Terminating), and the rest of the gang holds
 			// its GPUs, hung in a collective, until then.
+			// Its containers did not fail: the restart is a disruption.
 			if condTrue(st, trainingv1alpha1.ConditionRunning) {
-				retry(p, gone(p.pods.leaving[name], name))
+				retry(p, gone(p.pods.leaving[name], name), true)
 				return true
 			}
 			if p.pods.occupied[name] {
@@ -486,10 +487,8 @@ func gone(pod *corev1.Pod, name string) string {
 	if pod == nil {
 		return fmt.Sprintf("pod %s disappeared (deleted, or its node was lost)", name)
 	}
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
-			return fmt.Sprintf("pod %s is being deleted (%s: %s)", name, c.Reason, c.Message)
-		}
+	if c := disruption(pod); c != nil {
+		return fmt.Sprintf("pod %s is being deleted (%s: %s)", name, c.Reason, c.Message)
 	}
 	return fmt.Sprintf("pod %s is being deleted", name)
 }

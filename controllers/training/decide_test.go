@@ -66,16 +66,20 @@ func TestClassify(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, why := classify(tt.job, tt.pod)
-			if r != tt.retryable || !strings.Contains(why, tt.says) {
-				t.Fatalf("classify = %v %q, want %v and %q", r, why, tt.retryable, tt.says)
+			f := classify(tt.job, tt.pod)
+			if f.retryable != tt.retryable || f.disrupted || !strings.Contains(f.why, tt.says) {
+				t.Fatalf("classify = %+v, want retryable %v, no disruption and %q", f, tt.retryable, tt.says)
 			}
 		})
 	}
-	disrupted := failedPod(job, "worker", 0, 143, "")
-	disrupted.Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "PreemptionByScheduler"}}
-	if r, why := classify(job, disrupted); !r || !strings.Contains(why, "disrupted (PreemptionByScheduler") {
-		t.Fatalf("preempted pod: %v %q", r, why)
+	// The DisruptionTarget condition makes a failure a disruption, whatever
+	// the exit code (a preempted pod's containers end on SIGTERM).
+	for _, reason := range []string{"PreemptionByScheduler", "TerminationByKubelet", "DeletionByTaintManager", "EvictionByEvictionAPI", "DeletionByPodGC"} {
+		disrupted := failedPod(job, "worker", 0, 1, "")
+		disrupted.Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: reason}}
+		if f := classify(job, disrupted); !f.retryable || !f.disrupted || !strings.Contains(f.why, "disrupted ("+reason) {
+			t.Fatalf("%s: classify = %+v, want a retryable disruption", reason, f)
+		}
 	}
 }
 

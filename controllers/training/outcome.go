@@ -13,10 +13,19 @@ import (
 	"github.com/loom-dev/loom/internal/inventory"
 )
 
-// failures looks at the current attempt's failed pods: whether any failed,
-// whether all failures are retryable, and why (the first permanent failure,
-// else the first retryable one, by pod name).
-func failures(job *trainingv1alpha1.TrainingJob, v podView) (retryable bool, why string, failed bool) {
+// failure is what the current attempt's failed pods say: whether any
+// failed, whether every failure is retryable, whether one was a
+// disruption, and why (the first permanent failure, else the first
+// retryable one, by pod name).
+type failure struct {
+	failed, retryable, disrupted bool
+	why                          string
+}
+
+// failures looks at the current attempt's failed pods. A disrupted pod
+// makes the restart a disruption: the failures beside it most likely
+// follow from it (a collective broken by the lost peer).
+func failures(job *trainingv1alpha1.TrainingJob, v podView) failure {
 	names := make([]string, 0, len(v.current))
 	for n, p := range v.current {
 		if p.Status.Phase == corev1.PodFailed {
@@ -24,36 +33,38 @@ func failures(job *trainingv1alpha1.TrainingJob, v podView) (retryable bool, why
 		}
 	}
 	if len(names) == 0 {
-		return false, "", false
+		return failure{}
 	}
 	sort.Strings(names)
-	var firstRetryable string
+	f := failure{failed: true, retryable: true}
 	for _, n := range names {
-		r, w := classify(job, v.current[n])
-		if !r {
-			return false, w, true
+		c := classify(job, v.current[n])
+		if !c.retryable {
+			return c
 		}
-		if firstRetryable == "" {
-			firstRetryable = w
+		f.disrupted = f.disrupted || c.disrupted
+		if f.why == "" {
+			f.why = c.why
 		}
 	}
-	return true, firstRetryable, true
+	return f
 }
 
 // disruptionReasons are pod status reasons of failures the pod did not
 // cause.
 var disruptionReasons = map[string]bool{"Evicted": true, "Preempting": true, "Preempted": true, "NodeLost": true, "Shutdown": true, "NodeShutdown": true, "Terminated": true, "UnexpectedAdmissionError": true, "OutOfgpu": true}
 
-// classify says whether a failed pod's failure is retryable, and describes
-// it.
-func classify(job *trainingv1alpha1.TrainingJob, p *corev1.Pod) (bool, string) {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
-			return true, fmt.Sprintf("pod %s was disrupted (%s: %s)", p.Name, c.Reason, c.Message)
-		}
+// classify says whether a failed pod's failure is retryable, whether it
+// was a disruption (the DisruptionTarget condition the API server, the
+// scheduler, the taint manager, the pod garbage collector and the kubelet's
+// node-pressure eviction set: what batch/v1 Job's podFailurePolicy matches
+// to ignore a failure), and describes it.
+func classify(job *trainingv1alpha1.TrainingJob, p *corev1.Pod) failure {
+	if c := disruption(p); c != nil {
+		return failure{failed: true, retryable: true, disrupted: true, why: fmt.Sprintf("pod %s was disrupted (%s: %s)", p.Name, c.Reason, c.Message)}
 	}
 	if disruptionReasons[p.Status.Reason] {
-		return true, fmt.Sprintf("pod %s failed: %s: %s", p.Name, p.Status.Reason, p.Status.Message)
+		return failure{failed: true, retryable: true, why: fmt.Sprintf("pod %s failed: %s: %s", p.Name, p.Status.Reason, p.Status.Message)}
 	}
 	// The containers first, then the init containers (a pod that failed
 	// in its init never started its containers). Sidecars (init containers
@@ -79,13 +90,23 @@ func classify(job *trainingv1alpha1.TrainingJob, p *corev1.Pod) (bool, string) {
 		if detail == "" {
 			detail = "Error"
 		}
-		return r, fmt.Sprintf("pod %s: container %s exited with code %d (%s, %s)", p.Name, cs.Name, t.ExitCode, detail, kind)
+		return failure{failed: true, retryable: r, why: fmt.Sprintf("pod %s: container %s exited with code %d (%s, %s)", p.Name, cs.Name, t.ExitCode, detail, kind)}
 	}
 	msg := strings.TrimSpace(p.Status.Reason + " " + p.Status.Message)
 	if msg == "" {
 		msg = "no container exit code"
 	}
-	return true, fmt.Sprintf("pod %s failed: %s", p.Name, msg)
+	return failure{failed: true, retryable: true, why: fmt.Sprintf("pod %s failed: %s", p.Name, msg)}
+}
+
+// disruption is the pod's DisruptionTarget condition while it is True.
+func disruption(p *corev1.Pod) *corev1.PodCondition {
+	for i := range p.Status.Conditions {
+		if c := &p.Status.Conditions[i]; c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+			return c
+		}
+	}
+	return nil
 }
 
 // sidecar: the pod's init container name restarts always (a sidecar).
@@ -99,23 +120,32 @@ func sidecar(p *corev1.Pod, name string) bool {
 }
 
 // retry restarts the gang after a retryable failure, or fails the job once
-// runPolicy.backoffLimit restarts have been spent.
-func retry(p *pass, why string) {
+// runPolicy.backoffLimit restarts for failures have been spent. A
+// disruption (disrupted) restarts it whatever the count, as batch/v1 Job's
+// podFailurePolicy with DisruptionTarget: Ignore and Kubeflow's Training
+// Operator (which counts only failures) do: a job preempted four times
+// with backoffLimit 3 has not failed. activeDeadlineSeconds bounds a job
+// that is disrupted for ever.
+func retry(p *pass, why string, disrupted bool) {
 	st := &p.d.status
-	if limit := p.job.Spec.BackoffLimit(); st.Restarts >= limit {
-		fail(p, ReasonBackoffLimit, fmt.Sprintf("%s; the gang was restarted %d times, runPolicy.backoffLimit is %d", why, st.Restarts, limit))
+	if limit, failed := p.job.Spec.BackoffLimit(), st.Restarts-st.Disruptions; !disrupted && failed >= limit {
+		fail(p, ReasonBackoffLimit, fmt.Sprintf("%s; the gang was restarted %d times for failures (and %d for disruptions), runPolicy.backoffLimit is %d", why, failed, st.Disruptions, limit))
 		return
 	}
-	restart(p, why)
+	restart(p, why, disrupted)
 }
 
 // restart deletes the whole gang and starts the next attempt.
-func restart(p *pass, why string) {
+func restart(p *pass, why string, disrupted bool) {
 	st := &p.d.status
 	st.Restarts++
 	st.Attempt++
 	st.State = trainingv1alpha1.StateRestarting
-	msg := fmt.Sprintf("%s: restarting the whole gang (restart %d of at most %d)", why, st.Restarts, p.job.Spec.BackoffLimit())
+	msg := fmt.Sprintf("%s: restarting the whole gang (restart %d for a failure, of at most %d)", why, st.Restarts-st.Disruptions, p.job.Spec.BackoffLimit())
+	if disrupted {
+		st.Disruptions++
+		msg = fmt.Sprintf("%s: restarting the whole gang (disruption %d, not counted against runPolicy.backoffLimit)", why, st.Disruptions)
+	}
 	p.set(trainingv1alpha1.ConditionRestarting, metav1.ConditionTrue, ReasonRetryableFailure, msg)
 	p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, ReasonRetryableFailure, msg)
 	p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, ReasonPodsPending, "restarting: the new gang has not been scheduled yet")

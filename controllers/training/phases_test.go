@@ -127,12 +127,26 @@ func TestDecidePhases(t *testing.T) {
 				t.Fatalf("restarted %v remove %d Restarting %+v", d.restarted, len(d.remove), c)
 			}
 		}},
-		{"a vanished pod past the backoff limit fails the job", func(job *trainingv1alpha1.TrainingJob, obs *observed) {
+		// A pod gone from under a running gang (a lost node's pods are
+		// force-deleted by the pod garbage collector) did not fail: as
+		// the Training Operator, which recreates it, Loom does not count
+		// it against the backoff limit.
+		{"a vanished pod past the backoff limit restarts the gang, as a disruption", func(job *trainingv1alpha1.TrainingJob, obs *observed) {
 			job.Spec.RunPolicy.BackoffLimit = ptr(int32(0))
 			obs.pods = obs.pods[:1]
 		}, func(t *testing.T, d decision) {
+			c := meta.FindStatusCondition(d.status.Conditions, trainingv1alpha1.ConditionRestarting)
+			if !d.restarted || d.status.Restarts != 1 || d.status.Disruptions != 1 || c == nil || !strings.Contains(c.Message, "not counted against runPolicy.backoffLimit") {
+				t.Fatalf("restarted %v restarts %d disruptions %d Restarting %+v", d.restarted, d.status.Restarts, d.status.Disruptions, c)
+			}
+		}},
+		{"a failure past the backoff limit fails the job", func(job *trainingv1alpha1.TrainingJob, obs *observed) {
+			job.Spec.RunPolicy.BackoffLimit = ptr(int32(0))
+			obs.pods[1].Status.Phase = corev1.PodFailed
+			obs.pods[1].Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "pytorch", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137}}}}
+		}, func(t *testing.T, d decision) {
 			c := meta.FindStatusCondition(d.status.Conditions, trainingv1alpha1.ConditionFailed)
-			if d.restarted || c == nil || c.Reason != ReasonBackoffLimit || !strings.Contains(c.Message, "disappeared") {
+			if d.restarted || c == nil || c.Reason != ReasonBackoffLimit {
 				t.Fatalf("restarted %v Failed %+v", d.restarted, c)
 			}
 		}},
@@ -460,5 +474,102 @@ func TestSuspendingARestartingGangSaysSo(t *testing.T) {
 	c := meta.FindStatusCondition(d.status.Conditions, trainingv1alpha1.ConditionRestarting)
 	if d.status.State != trainingv1alpha1.StateSuspended || c == nil || c.Status != metav1.ConditionFalse || c.Reason != ReasonSuspended || strings.Contains(c.Message, "finished") {
 		t.Fatalf("state %s Restarting %+v; want False, reason %s", d.status.State, c, ReasonSuspended)
+	}
+}
+
+// Preemptions, evictions and lost nodes are not the job's failures: a job
+// preempted four times with backoffLimit 3 runs again, and then still has
+// its three restarts for failures of its own (batch/v1 Job's
+// podFailurePolicy with DisruptionTarget: Ignore; the Training Operator
+// counts only failures). status.restarts counts them all, and
+// status.disruptions those.
+func TestDisruptionsDoNotSpendTheBackoffLimit(t *testing.T) {
+	now := time.Now()
+	job, _ := runningGang(t, now)
+	job.Spec.RunPolicy.BackoffLimit = ptr(int32(3))
+	// next takes the job through its restart until the new gang runs.
+	next := func(d decision) {
+		t.Helper()
+		job.Status = d.status
+		d = decide(job, observed{now: now, fit: inventory.FitResult{Verdict: inventory.FitsNow}}, trainingv1alpha1.GangNone)
+		for _, p := range d.create {
+			p.UID = types.UID(p.Name)
+			p.Spec.NodeName = "n"
+			p.Status.Phase = corev1.PodRunning
+		}
+		job.Status = d.status
+		d = decide(job, observed{pods: d.create, now: now}, trainingv1alpha1.GangNone)
+		if d.status.State != trainingv1alpha1.StateRunning {
+			t.Fatalf("the restarted gang: state %s", d.status.State)
+		}
+		job.Status = d.status
+	}
+	disruptions := []func(pods []*corev1.Pod){
+		func(pods []*corev1.Pod) { // preempted by the scheduler: SIGTERM, then Failed
+			pods[1].Status.Phase = corev1.PodFailed
+			pods[1].Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "pytorch", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 143}}}}
+			pods[1].Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "PreemptionByScheduler"}}
+		},
+		func(pods []*corev1.Pod) { // evicted by the kubelet under node pressure
+			pods[0].Status.Phase = corev1.PodFailed
+			pods[0].Status.Reason = "Evicted"
+			pods[0].Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "TerminationByKubelet"}}
+		},
+		func(pods []*corev1.Pod) { // a lost node's pod, deleted by the taint manager
+			ts := metav1.NewTime(now)
+			pods[1].DeletionTimestamp = &ts
+			pods[1].Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "DeletionByTaintManager"}}
+		},
+		func(pods []*corev1.Pod) { // a worker preempted, the master's collective broken by it
+			pods[1].Status.Phase = corev1.PodFailed
+			pods[1].Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "PreemptionByScheduler"}}
+			pods[0].Status.Phase = corev1.PodFailed
+			pods[0].Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "pytorch", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 134}}}}
+		},
+	}
+	// running are the current attempt's pods, running.
+	running := func() []*corev1.Pod {
+		var out []*corev1.Pod
+		for _, role := range roles {
+			for i := range replicas(job, role) {
+				p := buildPod(job, frameworks[job.Spec.Framework], role, i, job.Status.Attempt, trainingv1alpha1.GangNone)
+				p.UID = types.UID(p.Name)
+				p.Spec.NodeName = "n"
+				p.Status.Phase = corev1.PodRunning
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	for i, disrupt := range disruptions {
+		pods := running()
+		disrupt(pods)
+		d := decide(job, observed{pods: pods, now: now}, trainingv1alpha1.GangNone)
+		if !d.restarted || d.status.State != trainingv1alpha1.StateRestarting {
+			c := meta.FindStatusCondition(d.status.Conditions, trainingv1alpha1.ConditionFailed)
+			t.Fatalf("disruption %d: restarted %v state %s Failed %+v; want the gang restarted", i+1, d.restarted, d.status.State, c)
+		}
+		if d.status.Restarts != int32(i+1) || d.status.Disruptions != int32(i+1) {
+			t.Fatalf("disruption %d: restarts %d disruptions %d", i+1, d.status.Restarts, d.status.Disruptions)
+		}
+		next(d)
+	}
+	// Three failures of its own still restart it; the fourth fails it.
+	for i := range 4 {
+		pods := running()
+		pods[1].Status.Phase = corev1.PodFailed
+		pods[1].Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "pytorch", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137}}}}
+		d := decide(job, observed{pods: pods, now: now}, trainingv1alpha1.GangNone)
+		if i < 3 {
+			if !d.restarted || d.status.Disruptions != 4 {
+				t.Fatalf("failure %d: restarted %v disruptions %d", i+1, d.restarted, d.status.Disruptions)
+			}
+			next(d)
+			continue
+		}
+		c := meta.FindStatusCondition(d.status.Conditions, trainingv1alpha1.ConditionFailed)
+		if d.restarted || c == nil || c.Reason != ReasonBackoffLimit || !strings.Contains(c.Message, "restarted 3 times for failures (and 4 for disruptions)") {
+			t.Fatalf("failure 4: restarted %v Failed %+v", d.restarted, c)
+		}
 	}
 }

@@ -204,8 +204,10 @@ func TestADeletedPodOfARunningGangRestartsIt(t *testing.T) {
 	// The pass sees the pod being deleted, or already gone.
 	c := cond(got, trainingv1alpha1.ConditionRestarting)
 	seen := strings.Contains(c.Message, "pod ddp-worker-1 is being deleted") || strings.Contains(c.Message, "pod ddp-worker-1 disappeared")
-	if !seen || got.Status.Restarts != 1 {
-		t.Fatalf("Restarting = %+v restarts %d", c, got.Status.Restarts)
+	// Its containers did not fail: a disruption, not counted against
+	// the backoff limit.
+	if !seen || got.Status.Restarts != 1 || got.Status.Disruptions != 1 || !strings.Contains(c.Message, "not counted against runPolicy.backoffLimit") {
+		t.Fatalf("Restarting = %+v restarts %d disruptions %d", c, got.Status.Restarts, got.Status.Disruptions)
 	}
 }
 

@@ -7,5 +7,5 @@ package manager
 var crdHashes = map[string]string{
 	"gpu.loom.dev_clusterpolicies":   "e00ded4e71fa058a",
 	"gpu.loom.dev_gpunodes":          "cdc76af8e86c11ae",
-	"training.loom.dev_trainingjobs": "80fefaeef81b04cf",
+	"training.loom.dev_trainingjobs": "2fe7868390daad2f",
 }

@@ -92,7 +92,11 @@ const (
 // RunPolicy governs the job's lifetime.
 type RunPolicy struct {
 	// BackoffLimit is how many whole-gang restarts a retryable failure may
-	// cause before the job fails.
+	// cause before the job fails. Restarts caused by a disruption (a pod
+	// with the DisruptionTarget condition: preempted, evicted, deleted by
+	// the taint manager or the pod garbage collector on a lost node; or a
+	// pod of the running gang deleted or gone) do not count: they are
+	// status.disruptions.
 	// +optional
 	// +kubebuilder:default=3
 	// +kubebuilder:validation:Minimum=0
@@ -293,9 +297,14 @@ type TrainingJobStatus struct {
 	// GPUs is the number of nvidia.com/gpu the whole gang requests.
 	// +optional
 	GPUs int64 `json:"gpus"`
-	// Restarts counts whole-gang restarts.
+	// Restarts counts whole-gang restarts, disruptions included.
 	// +optional
 	Restarts int32 `json:"restarts"`
+	// Disruptions counts the restarts caused by a disruption rather than
+	// by a failure of the job's own: they do not count against
+	// runPolicy.backoffLimit.
+	// +optional
+	Disruptions int32 `json:"disruptions,omitempty"`
 	// Attempt numbers the current gang; pods carry it in the
 	// training.loom.dev/attempt label. It grows with every restart and every
 	// resumption.
