@@ -37,6 +37,9 @@ type observed struct {
 	maxPods int
 	// kueue is the job's Kueue Workload, when the job names a LocalQueue.
 	kueue kueueObs
+	// service is the job's headless Service, when the cache holds one the
+	// job controls.
+	service *corev1.Service
 }
 
 // decision is what a reconcile must do, computed purely from the job and
@@ -53,8 +56,10 @@ type decision struct {
 	// PodGroup must go.
 	podGroup       *schedulingv1beta1.PodGroup
 	removePodGroup bool
-	// children are the other children to ensure: the headless Service.
-	children []client.Object
+	// children are the other children to ensure: the headless Service;
+	// removeService: the finished job's Service must go.
+	children      []client.Object
+	removeService bool
 	// deleteJob: the TTL after finishing has passed.
 	deleteJob bool
 	// requeue is when to look again without an event (deadline, TTL).

@@ -202,7 +202,10 @@ func clearRestarting(p *pass, reason, msg string) {
 }
 
 // finish cleans a finished job's pods per cleanPodPolicy, releases its
-// PodGroup and applies the TTL.
+// PodGroup and applies the TTL. The Service goes with the pods, unless
+// cleanPodPolicy is None (the Training Operator deletes each pod's Service
+// with the pod): no endpoint is left to a finished pod, and none to a
+// deleted one. A pass writes only while the cache still shows the Service.
 func finish(p *pass) {
 	st, d := &p.d.status, &p.d
 	v := viewPods(p.job, p.obs.pods, st.Attempt)
@@ -216,6 +219,7 @@ func finish(p *pass) {
 		}
 	}
 	d.removePodGroup = true
+	d.removeService = policy != trainingv1alpha1.CleanPodNone && p.obs.service != nil && p.obs.service.DeletionTimestamp == nil
 	d.create, d.children, d.podGroup, d.requeue, d.deferred = nil, nil, nil, 0, 0
 	if ttl := p.job.Spec.RunPolicy.TTLSecondsAfterFinished; ttl != nil && st.CompletionTime != nil {
 		left := until(st.CompletionTime.Time, int64(*ttl), p.obs.now)

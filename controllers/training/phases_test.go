@@ -573,3 +573,38 @@ func TestDisruptionsDoNotSpendTheBackoffLimit(t *testing.T) {
 		}
 	}
 }
+
+// A finished job's headless Service goes with its pods (the Training
+// Operator deletes each pod's Service with the pod): nothing is left for
+// it to resolve. cleanPodPolicy None keeps both. Once the cache no longer
+// shows it, a pass writes nothing.
+func TestAFinishedJobsServiceGoesWithItsPods(t *testing.T) {
+	now := time.Now()
+	for _, tt := range []struct {
+		policy  trainingv1alpha1.CleanPodPolicy
+		service bool
+		want    bool
+	}{
+		{trainingv1alpha1.CleanPodRunning, true, true},
+		{trainingv1alpha1.CleanPodAll, true, true},
+		{trainingv1alpha1.CleanPodNone, true, false},
+		{trainingv1alpha1.CleanPodRunning, false, false},
+	} {
+		job, pods := runningGang(t, now)
+		job.Spec.RunPolicy.CleanPodPolicy = tt.policy
+		obs := observed{pods: pods, now: now}
+		if tt.service {
+			obs.service = buildService(job, frameworks[job.Spec.Framework])
+		}
+		pods[0].Status.Phase = corev1.PodSucceeded
+		d := decide(job, obs, trainingv1alpha1.GangNone)
+		if d.status.State != trainingv1alpha1.StateSucceeded || d.removeService != tt.want {
+			t.Fatalf("%s, Service %v: state %s removeService %v, want %v", tt.policy, tt.service, d.status.State, d.removeService, tt.want)
+		}
+		// The next pass, of the finished job.
+		job.Status = d.status
+		if d := decide(job, obs, trainingv1alpha1.GangNone); d.removeService != tt.want || len(d.children) != 0 {
+			t.Fatalf("%s, Service %v, finished: removeService %v children %d", tt.policy, tt.service, d.removeService, len(d.children))
+		}
+	}
+}

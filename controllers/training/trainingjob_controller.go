@@ -290,6 +290,9 @@ func (r *Reconciler) observe(ctx context.Context, job *trainingv1alpha1.Training
 	if err = r.kueue.observe(ctx, job, &obs); err != nil {
 		return obs, err
 	}
+	if obs.service, err = r.service(ctx, job); err != nil {
+		return obs, err
+	}
 	if obs.volcano && !condTrue(&job.Status, trainingv1alpha1.ConditionScheduled) {
 		if obs.queue, err = r.volcano.Queue(ctx, job.Spec.Queue()); err != nil {
 			return obs, err
@@ -303,9 +306,27 @@ func (r *Reconciler) observe(ctx context.Context, job *trainingv1alpha1.Training
 	return obs, nil
 }
 
+// service is the job's Service from the cache (which holds only Loom's),
+// if the job controls it.
+func (r *Reconciler) service(ctx context.Context, job *trainingv1alpha1.TrainingJob) (*corev1.Service, error) {
+	svc := &corev1.Service{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: job.Namespace, Name: job.Name}, svc); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	if !metav1.IsControlledBy(svc, job) {
+		return nil, nil
+	}
+	return svc, nil
+}
+
 // applyChildren makes the PodGroup, the Service and the pods what the
 // decision says, through the writer and the pod executor.
 func (r *Reconciler) applyChildren(ctx context.Context, job *trainingv1alpha1.TrainingJob, obs observed, d *decision) (podset.Result, error) {
+	if d.removeService && obs.service != nil {
+		if err := r.writer.Delete(ctx, obs.service, "the job has finished and its pods are cleaned: no pod is left to resolve"); err != nil {
+			return podset.Result{}, err
+		}
+	}
 	if d.removePodGroup && obs.podGroup != nil {
 		if err := r.writer.Delete(ctx, obs.podGroup, "no longer desired"); err != nil {
 			return podset.Result{}, err

@@ -261,6 +261,30 @@ func TestAPodStuckTerminatingRestartsTheGang(t *testing.T) {
 	waitPods(t, job, 3, 1)
 }
 
+// A finished job's Service goes with its pods: nothing is left for it to
+// resolve (the Training Operator deletes each pod's Service with the pod).
+func TestAFinishedJobsServiceGoes(t *testing.T) {
+	ns := namespace(t, "finished-svc")
+	startManager(t)
+	job := newJob(ns, "done", 1, 0, trainingv1alpha1.GangNone)
+	create(t, job)
+	pods := waitPods(t, job, 2, 0)
+	svc := &corev1.Service{}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		return env.Client.Get(context.Background(), client.ObjectKeyFromObject(job), svc)
+	})
+	setPods(t, pods, corev1.PodRunning, 0)
+	waitState(t, job, trainingv1alpha1.StateRunning)
+	setPods(t, pods[:1], corev1.PodSucceeded, 0)
+	waitState(t, job, trainingv1alpha1.StateSucceeded)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(job), &corev1.Service{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("the finished job's Service is still there (%v)", err)
+		}
+		return nil
+	})
+}
+
 func TestSuccessSuspendResumeAndTTL(t *testing.T) {
 	ns := namespace(t, "lifecycle")
 	startManager(t)
