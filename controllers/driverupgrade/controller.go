@@ -311,9 +311,11 @@ func (r *Reconciler) observe(ctx context.Context, name string) (observed, error)
 // nodeSet is every node carrying the upgrade's claim or state label, the
 // nodes labelled GPU-present and those running a driver pod, whether or
 // not they are labelled present right now, each with its driver pod and
-// its target (the template of the DaemonSet that owns that pod); a node
-// without one is marked unplaced when none of the driver DaemonSets' pod
-// specs would place one there.
+// its target (the template of the DaemonSet that owns that pod); a node is
+// marked unplaced when none of the driver DaemonSets' pod specs would place
+// a driver pod there. While the policy has no driver DaemonSet (one being
+// created, or deleted and recreated) no node is: its DaemonSet may be back
+// in a moment, and its nodes must not leave their upgrades for that.
 func (r *Reconciler) nodeSet(ctx context.Context, drivers map[string]*corev1.Pod, templates map[string]string, specs []corev1.PodSpec) ([]nodeView, error) {
 	list := &corev1.NodeList{}
 	if err := r.Reader.List(ctx, list); err != nil {
@@ -327,10 +329,7 @@ func (r *Reconciler) nodeSet(ctx context.Context, drivers map[string]*corev1.Pod
 		if !labelled && driver == nil && n.Labels[gpuv1alpha1.LabelPresent] != "true" && n.Annotations[gpuv1alpha1.AnnotationClaim] == "" {
 			continue
 		}
-		v := nodeView{node: n, driver: driver}
-		if driver == nil {
-			v.unplaced = !driverPlaces(specs, n)
-		}
+		v := nodeView{node: n, driver: driver, unplaced: len(specs) > 0 && !driverPlaces(specs, n)}
 		if driver != nil {
 			if ref := metav1.GetControllerOf(driver); ref != nil && ref.Kind == "DaemonSet" {
 				v.target = templates[ref.Name]
@@ -372,8 +371,15 @@ func (r *Reconciler) step(ctx context.Context, obs observed, claim string, todo 
 	}
 	for _, w := range todo {
 		v := byName[w.node]
-		t.start, t.template = w.start, v.template()
-		err := r.advance(ctx, v, t)
+		t.start, t.template, t.release = w.start, v.template(), obs.release || w.leave
+		why := ""
+		switch {
+		case obs.release:
+			why = releasedPolicy
+		case w.leave:
+			why = releasedUnplaced
+		}
+		err := r.advance(ctx, v, t, why)
 		switch {
 		case apierrors.IsConflict(err):
 			retry = true
@@ -385,8 +391,9 @@ func (r *Reconciler) step(ctx context.Context, obs observed, claim string, todo 
 }
 
 // advance reads the node's pods when its state needs them, computes its
-// transition and executes it.
-func (r *Reconciler) advance(ctx context.Context, v nodeView, t target) error {
+// transition and executes it; released says why a release lets go of the
+// node.
+func (r *Reconciler) advance(ctx context.Context, v nodeView, t target, released string) error {
 	var pods []corev1.Pod
 	from := v.node.Labels[gpuv1alpha1.LabelUpgradeState]
 	if needsPods(from) && !t.release {
@@ -401,8 +408,8 @@ func (r *Reconciler) advance(ctx context.Context, v nodeView, t target) error {
 		return err
 	}
 	if state != from || len(actions) > 0 && t.release {
-		log.FromContext(ctx).Info("driver upgrade", "node", v.node.Name, "from", from, "to", state, "release", t.release)
-		r.event(v.node, from, state, t.release)
+		log.FromContext(ctx).Info("driver upgrade", "node", v.node.Name, "from", from, "to", state, "released", released)
+		r.event(v.node, from, state, released)
 	}
 	return nil
 }

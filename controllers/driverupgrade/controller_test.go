@@ -166,3 +166,128 @@ func TestReconcileClaimsAndReleases(t *testing.T) {
 		}
 	}
 }
+
+// envDriver creates a ClusterPolicy named name with upgrade policy p and
+// its driver DaemonSet of template wanted, whose pod spec is spec.
+func envDriver(t *testing.T, name string, p gpuv1alpha1.DriverUpgradePolicy, spec corev1.PodSpec) (*gpuv1alpha1.ClusterPolicy, *appsv1.DaemonSet) {
+	t.Helper()
+	ctx := context.Background()
+	if err := env.CreateNamespace(ctx, loomNS); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	cp.Spec.Driver.UpgradePolicy = p
+	if err := env.Client.Create(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), cp) })
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: "loom-driver-" + name,
+		Labels:          map[string]string{gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver, "app.kubernetes.io/managed-by": "loom"},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: gpuv1alpha1.GroupVersion.String(), Kind: "ClusterPolicy", Name: cp.Name, UID: cp.UID, Controller: ptr.To(true)}}}}
+	ds.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": "driver-" + name}}
+	ds.Spec.Template.Labels = map[string]string{"app": "driver-" + name}
+	ds.Spec.Template.Annotations = map[string]string{gpuv1alpha1.AnnotationTemplateHash: wanted}
+	ds.Spec.Template.Spec = spec
+	ds.Spec.Template.Spec.Containers = []corev1.Container{{Name: "driver", Image: "driver"}}
+	if err := env.Client.Create(ctx, ds); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), ds) })
+	return cp, ds
+}
+
+// envDriverPod creates a driver pod of ds, of template, on node.
+func envDriverPod(t *testing.T, ds *appsv1.DaemonSet, node, template string) {
+	t.Helper()
+	p := driverPod(template, true)
+	p.Name = ds.Name + "-" + node
+	p.Labels = map[string]string{"app.kubernetes.io/managed-by": "loom", gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver, "app": ds.Spec.Template.Labels["app"]}
+	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds.Name, UID: ds.UID, Controller: ptr.To(true)}}
+	p.Spec.NodeName = node
+	p.Spec.Containers = []corev1.Container{{Name: "driver", Image: "driver"}}
+	if err := env.Client.Create(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), p, client.GracePeriodSeconds(0)) })
+}
+
+// A node that leaves the driver DaemonSet's placement mid-upgrade (opted
+// out with nvidia.com/gpu.deploy.driver=false) or after failing (a taint
+// the driver does not tolerate) can never run the new driver: Loom lets go
+// of it (its own cordon lifted, its state and annotations removed), says
+// why in an event and the DriverUpgrade condition, and the failure does
+// not pause the rollout. A node still placed goes on.
+func TestReconcileLetsGoOfNodesTheDriverLeaves(t *testing.T) {
+	ctx := context.Background()
+	const name = "leaving"
+	cp, ds := envDriver(t, name, gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](0), MaxUnavailable: ptr.To(intstr.FromInt32(10))}, driverTemplate())
+	present := map[string]string{gpuv1alpha1.LabelPresent: "true"}
+	for _, n := range []string{"leaves", "stays", "tainted"} {
+		envNode(t, "leave-"+n, false, present)
+		envDriverPod(t, ds, "leave-"+n, "old-template")
+	}
+	rec := &events{}
+	r := New(env.Client, env.Client, loomNS)
+	r.Now = func() time.Time { return t0 }
+	r.Recorder = rec
+	req := ctrl.Request{NamespacedName: client.ObjectKey{Name: name}}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"leaves", "stays", "tainted"} {
+		if got := getNode(t, "leave-"+n); got.Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.UpgradeRequired || !got.Spec.Unschedulable {
+			t.Fatalf("%s not enrolled: %v", n, got.Labels)
+		}
+	}
+	leaves := getNode(t, "leave-leaves")
+	leaves.Labels["nvidia.com/gpu.deploy.driver"] = "false"
+	if err := env.Client.Update(ctx, leaves); err != nil {
+		t.Fatal(err)
+	}
+	tainted := getNode(t, "leave-tainted")
+	tainted.Labels[gpuv1alpha1.LabelUpgradeState] = gpuv1alpha1.UpgradeFailed
+	tainted.Annotations[gpuv1alpha1.AnnotationFailedTemplate] = wanted
+	tainted.Annotations[gpuv1alpha1.AnnotationFailure] = "the new driver pod was not ready within 10m0s"
+	tainted.Spec.Taints = append(tainted.Spec.Taints, corev1.Taint{Key: "dedicated", Value: "infer", Effect: corev1.TaintEffectNoSchedule})
+	if err := env.Client.Update(ctx, tainted); err != nil {
+		t.Fatal(err)
+	}
+	rec.got = nil
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"leaves", "tainted"} {
+		got := getNode(t, "leave-"+n)
+		var left []string
+		for k := range got.Annotations {
+			if strings.HasPrefix(k, upgradeAnnotationPrefix) {
+				left = append(left, k)
+			}
+		}
+		if got.Spec.Unschedulable || got.Labels[gpuv1alpha1.LabelUpgradeState] != "" || len(left) > 0 {
+			t.Errorf("%s, no longer selected by the driver: unschedulable %v, state %q, annotations %v", n, got.Spec.Unschedulable,
+				got.Labels[gpuv1alpha1.LabelUpgradeState], left)
+		}
+	}
+	if got := getNode(t, "leave-stays"); got.Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.WaitForJobsRequired {
+		t.Errorf("the node still selected: state %q", got.Labels[gpuv1alpha1.LabelUpgradeState])
+	}
+	released := 0
+	for _, e := range rec.got {
+		if strings.Contains(e, "Release: Loom released the node from its driver upgrade (no driver DaemonSet of its policy selects the node") {
+			released++
+		}
+	}
+	if released != 2 {
+		t.Errorf("events %q, want two releases saying why", rec.got)
+	}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
+		t.Fatal(err)
+	}
+	c := meta.FindStatusCondition(cp.Status.Conditions, gpuv1alpha1.ConditionDriverUpgrade)
+	if c == nil || c.Reason != gpuv1alpha1.ReasonUpgradeInProgress ||
+		!strings.Contains(c.Message, "2 GPU nodes run no driver of this policy (no driver DaemonSet selects them: ") ||
+		!strings.HasSuffix(c.Message, ": leave-leaves, leave-tainted") {
+		t.Errorf("condition %+v", c)
+	}
+}

@@ -13,15 +13,23 @@ import (
 // select on it keep working.
 const EventReason = "GPUDriverUpgrade"
 
-// event records a node's step: Normal for progress, Warning for a failure.
-func (r *Reconciler) event(node *corev1.Node, from, to string, release bool) {
+// Why a release lets go of a node, for its event.
+const (
+	releasedPolicy   = "its policy is gone or its driver disabled"
+	releasedUnplaced = "no driver DaemonSet of its policy selects the node any more: nvidia.com/gpu.deploy.driver=false, " +
+		"a node selector, a taint, or an OS without a driver; this is no failure"
+)
+
+// event records a node's step: Normal for progress, Warning for a failure;
+// released says why Loom let go of the node ("": it did not).
+func (r *Reconciler) event(node *corev1.Node, from, to, released string) {
 	if r.Recorder == nil {
 		return
 	}
 	switch {
-	case release:
+	case released != "":
 		r.Recorder.Eventf(node, nil, corev1.EventTypeNormal, EventReason, "Release",
-			"Loom released the node from its driver upgrade (its policy is gone or its driver disabled)")
+			"Loom released the node from its driver upgrade (%s)", released)
 	case to == gpuv1alpha1.UpgradeFailed:
 		r.Recorder.Eventf(node, nil, corev1.EventTypeWarning, EventReason, "Upgrade",
 			"Driver upgrade failed in %s; the node stays cordoned (see its annotation %s)", from, gpuv1alpha1.AnnotationFailure)

@@ -29,13 +29,15 @@ func TestEvents(t *testing.T) {
 	rec := &events{}
 	r := &Reconciler{Recorder: rec}
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}}
-	r.event(n, "", gpuv1alpha1.UpgradeRequired, false)
-	r.event(n, gpuv1alpha1.DrainRequired, gpuv1alpha1.UpgradeFailed, false)
-	r.event(n, gpuv1alpha1.UpgradeDone, "", true)
+	r.event(n, "", gpuv1alpha1.UpgradeRequired, "")
+	r.event(n, gpuv1alpha1.DrainRequired, gpuv1alpha1.UpgradeFailed, "")
+	r.event(n, gpuv1alpha1.UpgradeDone, "", releasedPolicy)
+	r.event(n, gpuv1alpha1.DrainRequired, "", releasedUnplaced)
 	want := []string{
 		"Normal GPUDriverUpgrade Upgrade: Successfully updated node state label to upgrade-required",
 		"Warning GPUDriverUpgrade Upgrade: Driver upgrade failed in drain-required",
-		"Normal GPUDriverUpgrade Release: Loom released the node",
+		"Normal GPUDriverUpgrade Release: Loom released the node from its driver upgrade (its policy is gone",
+		"Normal GPUDriverUpgrade Release: Loom released the node from its driver upgrade (no driver DaemonSet of its policy selects the node",
 	}
 	if len(rec.got) != len(want) {
 		t.Fatalf("events %q", rec.got)

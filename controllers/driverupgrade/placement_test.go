@@ -60,6 +60,8 @@ func TestDriverPlaces(t *testing.T) {
 			[]corev1.PodSpec{driverTemplate()}, true},
 		{"NotReady: daemon pods tolerate it", gpu(nil, corev1.Taint{Key: corev1.TaintNodeNotReady, Effect: corev1.TaintEffectNoExecute}),
 			[]corev1.PodSpec{driverTemplate()}, true},
+		{"NotReady or unreachable (NoSchedule): the node's health, not its placement", gpu(nil, corev1.Taint{Key: corev1.TaintNodeNotReady, Effect: corev1.TaintEffectNoSchedule},
+			corev1.Taint{Key: corev1.TaintNodeUnreachable, Effect: corev1.TaintEffectNoSchedule}), []corev1.PodSpec{driverTemplate()}, true},
 		{"one of two DaemonSets", gpu(nil), []corev1.PodSpec{withSelector, driverTemplate()}, true},
 	}
 	for _, tt := range tests {
@@ -84,5 +86,18 @@ func TestConditionNodesWithoutLoomsDriver(t *testing.T) {
 	}
 	if pl.summary.awaitsDriverPods() {
 		t.Error("a node no DaemonSet selects keeps the pass following the DaemonSets' pods")
+	}
+	// A node that left the DaemonSets' placement mid-upgrade, or after
+	// failing, is named the same way (and the failure does not pause the
+	// rollout), as is an idle node on an older driver no DaemonSet will
+	// replace; one that runs the wanted driver is up to date.
+	pl = plan([]nodeView{gpuNode("a", "", wanted, hostDriver), gpuNode("b", gpuv1alpha1.DrainRequired, "old", hostDriver),
+		gpuNode("c", gpuv1alpha1.UpgradeFailed, "old", hostDriver, ann(gpuv1alpha1.AnnotationFailedTemplate, wanted)), gpuNode("d", "", "old", hostDriver)},
+		gpuv1alpha1.DriverUpgradePolicy{}, policy, false)
+	st, reason, msg = condition(pl.summary, nil)
+	want = "1 of 1 GPU nodes run the wanted driver; 3 GPU nodes run no driver of this policy (no driver DaemonSet selects them: " +
+		"nvidia.com/gpu.deploy.driver=false, a node selector, a taint, or an OS without a driver): b, c, d"
+	if st != metav1.ConditionTrue || reason != gpuv1alpha1.ReasonUpgradeUpToDate || msg != want {
+		t.Errorf("condition = %s %s %q\nwant True UpToDate %q", st, reason, msg, want)
 	}
 }

@@ -18,8 +18,9 @@ type nodeView struct {
 	// target is the pod template hash of the driver DaemonSet that owns
 	// the driver pod ("" when there is none, or it is not the policy's).
 	target string
-	// unplaced: the node has no driver pod, and none of the policy's
-	// driver DaemonSets would place one there (driverPlaces).
+	// unplaced: none of the policy's driver DaemonSets would place a
+	// driver pod on the node now (driverPlaces), whether or not one runs
+	// there: a new driver can never come to it.
 	unplaced bool
 }
 
@@ -33,10 +34,12 @@ func (v nodeView) template() string {
 }
 
 // work is one node a pass advances: start says the budget lets it begin
-// (or retry) its upgrade.
+// (or retry) its upgrade; leave that it left its driver DaemonSets'
+// placement, and Loom lets go of it.
 type work struct {
 	node  string
 	start bool
+	leave bool
 }
 
 // planned is what plan decides for a pass.
@@ -98,8 +101,11 @@ func classify(n *corev1.Node, claim string) (kind, string) {
 // UpgradeBudget allows, unless maxFailures paused the rollout; a node
 // already unavailable (a failed one still cordoned) is not held back by
 // maxUnavailable, which it does not move. Ignored
-// nodes are neither advanced nor started. A policy Validate rejects
-// starts nothing (invalid says why).
+// nodes are neither advanced nor started. A node no driver DaemonSet would
+// place a driver pod on (unplaced) is never started, and a claimed one,
+// upgrading or failed, leaves its upgrade instead of failing in it or
+// counting towards maxFailures: the new driver can never come to it. A
+// policy Validate rejects starts nothing (invalid says why).
 func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, resume bool) planned {
 	var out planned
 	var candidates, failures []string
@@ -120,17 +126,20 @@ func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, res
 		tmpl := v.template()
 		outdated := v.driver != nil && v.target != "" && v.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] != v.target
 		down[v.node.Name] = k == failed && v.node.Spec.Unschedulable
-		switch k {
-		case idle:
+		switch {
+		case v.unplaced && (k == upgrading || k == failed):
+			out.todo = append(out.todo, work{node: v.node.Name, leave: true})
+		case v.unplaced:
+		case k == idle:
 			switch {
 			case outdated && p.AutoUpgradeEnabled():
 				candidates = append(candidates, v.node.Name)
 			case outdated:
 				out.summary.manual = append(out.summary.manual, v.node.Name)
 			}
-		case upgrading:
+		case k == upgrading:
 			out.todo = append(out.todo, work{node: v.node.Name})
-		case failed:
+		case k == failed:
 			failedOn := v.node.Annotations[gpuv1alpha1.AnnotationFailedTemplate]
 			switch {
 			case outdated && p.AutoUpgradeEnabled() && failedOn != tmpl:

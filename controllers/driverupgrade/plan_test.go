@@ -71,6 +71,9 @@ func ann(k, v string) func(*nodeView) { return func(n *nodeView) { n.node.Annota
 func foreign(n *nodeView)             { delete(n.node.Annotations, gpuv1alpha1.AnnotationClaim) }
 func cordoned(n *nodeView)            { n.node.Spec.Unschedulable = true }
 func notReady(n *nodeView)            { n.node.Status.Conditions[0].Status = corev1.ConditionFalse }
+
+// outside: no driver DaemonSet of the policy selects the node any more.
+func outside(n *nodeView) { n.unplaced = true }
 func targets(t string) func(*nodeView) {
 	return func(n *nodeView) { n.target = t }
 }
@@ -78,9 +81,12 @@ func targets(t string) func(*nodeView) {
 func showWork(todo []work) string {
 	var out []string
 	for _, w := range todo {
-		if w.start {
+		switch {
+		case w.start:
 			out = append(out, "start "+w.node)
-		} else {
+		case w.leave:
+			out = append(out, "leave "+w.node)
+		default:
 			out = append(out, w.node)
 		}
 	}
@@ -173,6 +179,21 @@ func TestPlan(t *testing.T) {
 			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), acked), gpuNode("c", "", old)}},
 		{name: "a failure after the resume pauses again", policy: failures(1), paused: true, more: true,
 			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), acked), gpuNode("b", failed, old, failedOn(wanted)), gpuNode("c", "", old)}},
+
+		// A node no driver DaemonSet selects any more (opted out, relabelled,
+		// tainted, the selector changed) can never run the new driver: it
+		// is not started, and one claimed leaves its upgrade, failed or
+		// not, without counting as a failure.
+		{name: "an outdated node the driver no longer selects is not started", policy: one,
+			nodes: []nodeView{gpuNode("a", "", old, outside)}},
+		{name: "an upgrading node the driver no longer selects leaves, in the budget this pass", policy: one, want: "leave a", more: true,
+			nodes: []nodeView{gpuNode("a", gpuv1alpha1.ValidationRequired, "", outside), gpuNode("b", "", old)}},
+		{name: "a draining node the driver no longer selects leaves", policy: one, want: "leave a", more: true,
+			nodes: []nodeView{gpuNode("a", gpuv1alpha1.DrainRequired, old, outside)}},
+		{name: "a failed node the driver no longer selects leaves and does not pause", policy: failures(1), want: "leave a, start b", more: true,
+			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), outside), gpuNode("b", "", old)}},
+		{name: "a foreign node the driver no longer selects is left alone", policy: one,
+			nodes: []nodeView{gpuNode("a", gpuv1alpha1.DrainRequired, old, foreign, outside)}},
 
 		{name: "bad selector starts nothing", nodes: []nodeView{gpuNode("a", gpuv1alpha1.DrainRequired, old), gpuNode("b", "", old)},
 			policy: gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](2), Drain: &gpuv1alpha1.DrainSpec{PodSelector: "x in ("}},

@@ -21,9 +21,10 @@ type summary struct {
 	// placing counts idle nodes with no driver pod yet: the DaemonSet is
 	// placing it (a first install, a new GPU node), no upgrade is needed.
 	placing int
-	// unplaced are the idle GPU nodes no driver DaemonSet of the policy
+	// unplaced are the GPU nodes no driver DaemonSet of the policy
 	// selects (an opt-out label, a host driver, a node selector, a taint,
-	// an OS without a driver): not counted among the nodes.
+	// an OS without a driver) that do not run the wanted driver, those
+	// leaving their upgrade included: not counted among the nodes.
 	unplaced []string
 	// manual are the idle nodes on an older driver that autoUpgrade: false
 	// leaves until a person deletes their driver pod.
@@ -36,7 +37,7 @@ type summary struct {
 
 // add counts one node of the set.
 func (s *summary) add(v nodeView, k kind, why string) {
-	if k == idle && v.driver == nil && v.unplaced {
+	if v.unplaced && k != ignored && (k != idle || !runsTemplate(v)) {
 		s.unplaced = append(s.unplaced, v.node.Name)
 		return
 	}
@@ -53,7 +54,7 @@ func (s *summary) add(v nodeView, k kind, why string) {
 		}
 	case idle:
 		switch {
-		case v.driver != nil && v.target != "" && v.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == v.target:
+		case runsTemplate(v):
 			s.upToDate++
 		case v.driver == nil:
 			s.placing++
@@ -62,6 +63,12 @@ func (s *summary) add(v nodeView, k kind, why string) {
 	if b := v.node.Annotations[gpuv1alpha1.AnnotationBlocked]; b != "" && k != ignored {
 		s.blocked = append(s.blocked, v.node.Name+" ("+b+")")
 	}
+}
+
+// runsTemplate reports whether the node's driver pod is of its DaemonSet's
+// template.
+func runsTemplate(v nodeView) bool {
+	return v.driver != nil && v.target != "" && v.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == v.target
 }
 
 // awaitsDriverPods reports whether the rollout's count changes as the
