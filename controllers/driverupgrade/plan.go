@@ -230,15 +230,13 @@ func paused(p gpuv1alpha1.DriverUpgradePolicy, failures int) bool {
 
 // available reports whether a node can run work: Ready and schedulable.
 func available(n *corev1.Node) bool {
-	if n.Spec.Unschedulable {
-		return false
-	}
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
+	return !n.Spec.Unschedulable && ready(n)
+}
+
+// ready reports whether the node's Ready condition is True.
+func ready(n *corev1.Node) bool {
+	c := readyCondition(n)
+	return c != nil && c.Status == corev1.ConditionTrue
 }
 
 // UpgradeBudget is how many nodes may start upgrading now: maxParallelUpgrades

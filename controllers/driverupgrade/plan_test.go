@@ -285,6 +285,12 @@ func TestCondition(t *testing.T) {
 	if st != metav1.ConditionTrue || reason != gpuv1alpha1.ReasonUpgradeUpToDate {
 		t.Errorf("autoUpgrade off, all current: %s %s, want True UpToDate", st, reason)
 	}
+	// An upgrading node NotReady waits for its kubelet, and says so.
+	st, reason, msg = condition(plan([]nodeView{gpuNode("a", gpuv1alpha1.DrainRequired, "old", notReady), gpuNode("b", "", wanted)}, one, policy, false).summary, nil)
+	if want := "1 of 2 GPU nodes run the wanted driver; 1 upgrading; 1 upgrading nodes are NotReady and wait for their kubelet " +
+		"(no phase timeout fails them; it counts again from when they are Ready): a"; st != metav1.ConditionFalse || reason != gpuv1alpha1.ReasonUpgradeInProgress || msg != want {
+		t.Errorf("NotReady: %s %s %q\nwant False InProgress %q", st, reason, msg, want)
+	}
 	var many []string
 	for i := range 25 {
 		many = append(many, fmt.Sprint(i))

@@ -28,7 +28,10 @@ type summary struct {
 	unplaced []string
 	// manual are the idle nodes on an older driver that autoUpgrade: false
 	// leaves until a person deletes their driver pod.
-	manual                   []string
+	manual []string
+	// notReady are the upgrading nodes whose Ready condition is not True:
+	// they wait for their kubelet, and no phase timeout fails them.
+	notReady                 []string
 	paused                   bool
 	failed, blocked, ignored []string
 	// firstFailure is the first failed node and why it failed.
@@ -47,6 +50,9 @@ func (s *summary) add(v nodeView, k kind, why string) {
 		s.ignored = append(s.ignored, why)
 	case upgrading:
 		s.inProgress++
+		if !ready(v.node) {
+			s.notReady = append(s.notReady, v.node.Name)
+		}
 	case failed:
 		s.failed = append(s.failed, v.node.Name)
 		if why := v.node.Annotations[gpuv1alpha1.AnnotationFailure]; why != "" && s.firstFailure == "" {
@@ -92,6 +98,10 @@ func condition(s summary, invalid error) (metav1.ConditionStatus, string, string
 	parts := []string{fmt.Sprintf("%d of %d GPU nodes run the wanted driver", s.upToDate, s.nodes)}
 	if s.inProgress > 0 {
 		parts = append(parts, fmt.Sprintf("%d upgrading", s.inProgress))
+	}
+	if len(s.notReady) > 0 {
+		parts = append(parts, fmt.Sprintf("%d upgrading nodes are NotReady and wait for their kubelet (no phase timeout fails them; "+
+			"it counts again from when they are Ready): %s", len(s.notReady), names(s.notReady)))
 	}
 	if s.waiting > 0 {
 		parts = append(parts, fmt.Sprintf("%d waiting", s.waiting))

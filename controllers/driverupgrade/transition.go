@@ -21,6 +21,10 @@ const (
 	validationTimeout = 10 * time.Minute
 	// defaultPodDeletionTimeout applies when the policy has no podDeletion.
 	defaultPodDeletionTimeout = 300 * time.Second
+	// unreachableGrace is how long a pod on an unreachable node may have
+	// been terminating before it counts as gone (no kubelet will confirm
+	// it), as cluster-api's drain skips such pods.
+	unreachableGrace = 5 * time.Minute
 )
 
 // actionKind is what an action does.
@@ -136,6 +140,28 @@ func (s transition) inPhase() time.Duration {
 	return s.now.Sub(phase)
 }
 
+// overdue reports whether the node has been in its state longer than
+// timeout while Ready. A node NotReady or unreachable is never overdue:
+// without a working kubelet its pods cannot finish terminating nor its new
+// driver start, which is not the upgrade's failure. It waits, and its
+// time counts again from when it is Ready again.
+func (s transition) overdue(timeout time.Duration) bool {
+	ready := readyCondition(s.node)
+	if ready == nil || ready.Status != corev1.ConditionTrue {
+		return false
+	}
+	return min(s.inPhase(), s.now.Sub(ready.LastTransitionTime.Time)) > timeout
+}
+
+func readyCondition(n *corev1.Node) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == corev1.NodeReady {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
 // to moves the node to state after acts, stamping when the state began.
 func (s transition) to(state string, annotations map[string]*string, acts ...action) (string, []action) {
 	ann := map[string]*string{gpuv1alpha1.AnnotationPhaseStarted: s.nowString()}
@@ -238,7 +264,7 @@ func (s transition) deletePods() (string, []action) {
 	if left == 0 {
 		return s.to(gpuv1alpha1.DrainRequired, nil)
 	}
-	if timeout > 0 && s.inPhase() > timeout {
+	if timeout > 0 && s.overdue(timeout) {
 		return s.fail(fmt.Sprintf("GPU pods still on the node after podDeletion.timeoutSeconds (%s): %s", timeout, describe(left, blocked)), acts...)
 	}
 	return s.stay(acts...)
@@ -262,7 +288,7 @@ func (s transition) drain() (string, []action) {
 	if left == 0 {
 		return s.to(gpuv1alpha1.PodRestartRequired, nil)
 	}
-	if timeout := time.Duration(d.TimeoutSeconds) * time.Second; timeout > 0 && s.inPhase() > timeout {
+	if timeout := time.Duration(d.TimeoutSeconds) * time.Second; timeout > 0 && s.overdue(timeout) {
 		return s.fail(fmt.Sprintf("drain did not finish within drain.timeoutSeconds (%s): %s", timeout, describe(left, blocked)), acts...)
 	}
 	return s.stay(acts...)
@@ -287,7 +313,7 @@ func (s transition) validate() (string, []action) {
 		return s.to(gpuv1alpha1.UncordonRequired, nil)
 	case s.t.template != "" && s.node.Annotations[gpuv1alpha1.AnnotationTarget] != s.t.template:
 		return s.to(gpuv1alpha1.PodRestartRequired, map[string]*string{gpuv1alpha1.AnnotationTarget: ptr.To(s.t.template)})
-	case s.inPhase() > validationTimeout:
+	case s.overdue(validationTimeout):
 		return s.fail(fmt.Sprintf("the new driver pod was not ready within %s", validationTimeout))
 	}
 	return s.stay()
@@ -369,12 +395,19 @@ func managesUnschedulable(fields []metav1.ManagedFieldsEntry, manager string) bo
 }
 
 // running are the pods on the node that keep accepts, neither finished nor
-// Loom's operands.
+// Loom's operands, nor terminating for longer than unreachableGrace on an
+// unreachable node (its Ready condition Unknown: no kubelet reports), which
+// will never confirm they are gone.
 func (s transition) running(keep func(*corev1.Pod) bool) []*corev1.Pod {
+	ready := readyCondition(s.node)
+	unreachable := ready != nil && ready.Status == corev1.ConditionUnknown
 	var out []*corev1.Pod
 	for i := range s.pods {
 		p := &s.pods[i]
 		if p.Namespace == s.t.namespace && p.Labels[apply.LabelManagedBy] == apply.ManagedBy {
+			continue
+		}
+		if unreachable && p.DeletionTimestamp != nil && s.now.Sub(p.DeletionTimestamp.Time) > unreachableGrace {
 			continue
 		}
 		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || !keep(p) {

@@ -26,13 +26,14 @@ const (
 	policy = "default"
 )
 
-// node is a GPU node in state since t0, with extra annotations (short
-// keys: the part after gpu.loom.dev/driver-upgrade-). A node in a state
-// carries the policy's claim (ann "claim", "" removes it); a cordoned one
-// was cordoned by Loom's field owner (managed fields).
+// node is a GPU node in state since t0, Ready since before, with extra
+// annotations (short keys: the part after gpu.loom.dev/driver-upgrade-). A
+// node in a state carries the policy's claim (ann "claim", "" removes it);
+// a cordoned one was cordoned by Loom's field owner (managed fields).
 func node(state string, cordoned bool, ann ...string) *corev1.Node {
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-0", Labels: map[string]string{},
 		Annotations: map[string]string{gpuv1alpha1.AnnotationPhaseStarted: t0.Format(time.RFC3339)}}}
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(t0.Add(-time.Hour))}}
 	n.Spec.Unschedulable = cordoned
 	if state != "" {
 		n.Labels[gpuv1alpha1.LabelUpgradeState] = state
@@ -59,6 +60,13 @@ func cordonedBy(manager string) func(*corev1.Node) {
 }
 
 func with(n *corev1.Node, f func(*corev1.Node)) *corev1.Node { f(n); return n }
+
+// readiness makes the node's Ready condition status since t0 plus since.
+func readiness(status corev1.ConditionStatus, since time.Duration) func(*corev1.Node) {
+	return func(n *corev1.Node) {
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: status, LastTransitionTime: metav1.NewTime(t0.Add(since))}}
+	}
+}
 
 func driverPod(template string, ready bool) *corev1.Pod {
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: "loom-driver-x",
@@ -104,6 +112,11 @@ func daemon(p *corev1.Pod) { p.OwnerReferences[0].Kind = "DaemonSet" }
 func mirror(p *corev1.Pod) { p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: "x"} }
 func terminating(p *corev1.Pod) {
 	p.DeletionTimestamp = ptr.To(metav1.NewTime(t0))
+}
+
+// terminatingSince: the pod is being deleted since t0 plus since.
+func terminatingSince(since time.Duration) func(*corev1.Pod) {
+	return func(p *corev1.Pod) { p.DeletionTimestamp = ptr.To(metav1.NewTime(t0.Add(since))) }
 }
 func labelled(k, v string) func(*corev1.Pod) { return func(p *corev1.Pod) { p.Labels[k] = v } }
 func operand(p *corev1.Pod) {
@@ -314,6 +327,36 @@ func TestNext(t *testing.T) {
 				"last refused eviction: evicting default/held: forbidden"}},
 		{name: "delete: blocked, pods gone", node: node(gpuv1alpha1.PodDeletionRequired, true, "blocked", "x"), policy: none,
 			want: gpuv1alpha1.DrainRequired, actions: []string{"state drain-required -blocked"}},
+
+		// A node NotReady or unreachable (no kubelet: its pods cannot finish
+		// terminating, its new driver cannot start) is not failed by a phase
+		// timeout; its time counts again from when it is Ready again. On
+		// an unreachable node a pod terminating for more than 5 minutes
+		// counts as gone, as cluster-api's drain has it.
+		{name: "delete: unreachable past the timeout waits", node: with(node(gpuv1alpha1.PodDeletionRequired, true), readiness(corev1.ConditionUnknown, time.Minute)),
+			policy: none, elapsed: time.Hour, pods: []corev1.Pod{pod("held", gpus)}, want: gpuv1alpha1.PodDeletionRequired, actions: []string{"evict default/held"}},
+		{name: "delete: unreachable, a pod terminating for 5 minutes is waited for", node: with(node(gpuv1alpha1.PodDeletionRequired, true), readiness(corev1.ConditionUnknown, 0)),
+			policy: none, elapsed: 10 * time.Minute, pods: []corev1.Pod{pod("going", gpus, terminatingSince(5*time.Minute))}, want: gpuv1alpha1.PodDeletionRequired},
+		{name: "delete: unreachable, a pod terminating for longer is gone", node: with(node(gpuv1alpha1.PodDeletionRequired, true), readiness(corev1.ConditionUnknown, 0)),
+			policy: none, elapsed: 10 * time.Minute, pods: []corev1.Pod{pod("going", gpus, terminatingSince(5*time.Minute-time.Second))},
+			want: gpuv1alpha1.DrainRequired, actions: []string{"state drain-required"}},
+		{name: "delete: NotReady but reporting, a pod terminating for long is waited for", node: with(node(gpuv1alpha1.PodDeletionRequired, true), readiness(corev1.ConditionFalse, 0)),
+			policy: none, elapsed: time.Hour, pods: []corev1.Pod{pod("going", gpus, terminating)}, want: gpuv1alpha1.PodDeletionRequired},
+		{name: "drain: unreachable past the timeout waits", node: with(node(gpuv1alpha1.DrainRequired, true), readiness(corev1.ConditionUnknown, 0)),
+			policy: drain("", 60), elapsed: time.Hour, pods: []corev1.Pod{pod("me", terminatingSince(time.Hour-time.Minute))}, want: gpuv1alpha1.DrainRequired},
+		{name: "drain: unreachable, pods terminating for long are drained", node: with(node(gpuv1alpha1.DrainRequired, true), readiness(corev1.ConditionUnknown, 0)),
+			policy: drain("", 60), elapsed: time.Hour, pods: []corev1.Pod{pod("me", terminatingSince(time.Minute))},
+			want: gpuv1alpha1.PodRestartRequired, actions: []string{"state pod-restart-required"}},
+		{name: "drain: Ready again, the timeout counts from then", node: with(node(gpuv1alpha1.DrainRequired, true), readiness(corev1.ConditionTrue, time.Hour)),
+			policy: drain("", 60), elapsed: time.Hour + 60*time.Second, pods: []corev1.Pod{pod("me")}, want: gpuv1alpha1.DrainRequired, actions: []string{"evict default/me"}},
+		{name: "drain: Ready again, past the timeout", node: with(node(gpuv1alpha1.DrainRequired, true), readiness(corev1.ConditionTrue, time.Hour)),
+			policy: drain("", 60), elapsed: time.Hour + 61*time.Second, pods: []corev1.Pod{pod("me")}, want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{"evict default/me", "state upgrade-failed " + failedTmpl +
+				" failure=drain did not finish within drain.timeoutSeconds (1m0s): 1 pods left (evictions refused, e.g. by a PodDisruptionBudget)"}},
+		{name: "validate: NotReady past the timeout waits", node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted), readiness(corev1.ConditionFalse, time.Minute)),
+			elapsed: time.Hour, want: gpuv1alpha1.ValidationRequired},
+		{name: "validate: no Ready condition past the timeout waits", node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted), func(n *corev1.Node) { n.Status.Conditions = nil }),
+			elapsed: time.Hour, want: gpuv1alpha1.ValidationRequired},
 
 		// pod-restart-required replaces an outdated driver pod.
 		{name: "restart: outdated driver", node: node(gpuv1alpha1.PodRestartRequired, true), driver: old,
