@@ -359,7 +359,8 @@ func (r *Reconciler) driverPods(ctx context.Context) (map[string]*corev1.Pod, er
 }
 
 // step advances each work item's node on its own: an error is collected,
-// and a conflict (the node changed since it was read) retried next pass.
+// and a conflict (the node changed since it was read) retried next pass,
+// as is a node deleted since: the next pass's set no longer has it.
 func (r *Reconciler) step(ctx context.Context, obs observed, claim string, todo []work) (retry bool, errs []error) {
 	byName := map[string]nodeView{}
 	for _, v := range obs.nodes {
@@ -381,7 +382,7 @@ func (r *Reconciler) step(ctx context.Context, obs observed, claim string, todo 
 		}
 		err := r.advance(ctx, v, t, why)
 		switch {
-		case apierrors.IsConflict(err):
+		case apierrors.IsConflict(err) || apierrors.IsNotFound(err):
 			retry = true
 		case err != nil:
 			errs = append(errs, fmt.Errorf("node %s: %w", w.node, err))

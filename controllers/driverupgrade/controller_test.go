@@ -291,3 +291,32 @@ func TestReconcileLetsGoOfNodesTheDriverLeaves(t *testing.T) {
 		t.Errorf("condition %+v", c)
 	}
 }
+
+// A node deleted between a pass's read and its step is no error: it has
+// left the upgrade, and the next pass's set no longer has it.
+func TestStepNodeDeletedMidUpgrade(t *testing.T) {
+	ctx := context.Background()
+	const name = "deleted"
+	_, ds := envDriver(t, name, gpuv1alpha1.DriverUpgradePolicy{}, corev1.PodSpec{})
+	envNode(t, "deleted-0", false, map[string]string{gpuv1alpha1.LabelPresent: "true"})
+	envDriverPod(t, ds, "deleted-0", "old-template")
+	r := New(env.Client, env.Client, loomNS)
+	r.Now = func() time.Time { return t0 }
+	if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKey{Name: name}}); err != nil {
+		t.Fatal(err)
+	}
+	obs, err := r.observe(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl := plan(obs.nodes, obs.cp.Spec.Driver.UpgradePolicy, name, false)
+	if showWork(pl.todo) != "deleted-0" {
+		t.Fatalf("plan %q", showWork(pl.todo))
+	}
+	if err := env.Client.Delete(ctx, getNode(t, "deleted-0")); err != nil {
+		t.Fatal(err)
+	}
+	if retry, errs := r.step(ctx, obs, name, pl.todo); len(errs) > 0 || !retry {
+		t.Errorf("step on a deleted node: retry %v, errors %v; want a retry and no error", retry, errs)
+	}
+}
