@@ -184,7 +184,7 @@ func (w *Writer) Ensure(ctx context.Context, owner, want client.Object) error {
 		if reason := foreign(cur, owner); reason != "" {
 			return &ForeignError{Kind: gvk.Kind, Key: ck.key.String(), Reason: reason}
 		}
-		if why = w.stale(ck, cur, want, owner, hash); why == "" {
+		if why = w.stale(ck, cur, u, owner, hash); why == "" {
 			count(gvk.Kind, w.fieldOwner, "apply", "skipped")
 			return nil
 		}
@@ -288,8 +288,8 @@ func (w *Writer) Patch(ctx context.Context, obj client.Object, patch client.Patc
 }
 
 // stale says why the cached child cur needs a write, or "" when it is
-// exactly what this writer wants.
-func (w *Writer) stale(ck childKey, cur, want, owner client.Object, hash string) string {
+// exactly what this writer wants (want, as it is applied).
+func (w *Writer) stale(ck childKey, cur client.Object, want *unstructured.Unstructured, owner client.Object, hash string) string {
 	if cur.GetAnnotations()[AnnotationHash] != hash {
 		return "desired state changed"
 	}
@@ -301,15 +301,24 @@ func (w *Writer) stale(ck childKey, cur, want, owner client.Object, hash string)
 			return "labels differ"
 		}
 	}
+	for k, v := range want.GetAnnotations() {
+		if cur.GetAnnotations()[k] != v {
+			return "annotations differ"
+		}
+	}
 	w.mu.Lock()
 	rec, known := w.applied[ck]
 	w.mu.Unlock()
 	switch {
 	case !known || rec.hash != hash:
 		// Applied before a restart (or by another replica): the hash says
-		// it is ours as wanted. What the cache shows now is the baseline,
-		// so that an edit made from here on is put back, as after an
-		// apply of this writer's.
+		// what was applied. A field of it edited since (while no writer
+		// watched) is put back now; otherwise what the cache shows is the
+		// baseline, so that an edit made from here on is put back, as
+		// after an apply of this writer's.
+		if path := drift(cur, want); path != "" {
+			return path + " differs from what was applied"
+		}
 		w.adopt(ck, cur, owner, hash)
 		return ""
 	case slices.Contains(w.opts.SpecOnly, ck.gk):

@@ -2,13 +2,18 @@ package apply_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
@@ -98,22 +103,216 @@ func TestEnsureWritesOnlyWhatChanged(t *testing.T) {
 	}
 }
 
-// A writer that starts fresh (a restarted manager) trusts the hash on the
-// child it applied before: no write.
-func TestEnsureAfterRestartTrustsTheHash(t *testing.T) {
+// daemonSet is an operand-like DaemonSet: fields the server defaults
+// (pull policy, termination message path, protocols, the update strategy,
+// a fieldRef's apiVersion) beside those the writer sets.
+func daemonSet(name string) *appsv1.DaemonSet {
+	labels := map[string]string{"app": "drift"}
+	return &appsv1.DaemonSet{TypeMeta: metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: map[string]string{"loom.dev/set": "by-loom"}},
+		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{
+				NodeSelector: map[string]string{"nvidia.com/gpu.present": "true"},
+				Tolerations:  []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+				Containers: []corev1.Container{{Name: "exporter", Image: "nvcr.io/dcgm-exporter:4.2", Args: []string{"-f", "/etc/counters.csv"},
+					Env:       []corev1.EnvVar{{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}}},
+					Ports:     []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9400}},
+					Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi"), corev1.ResourceCPU: resource.MustParse("1000m")}}}},
+				Volumes: []corev1.Volume{{Name: "run", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/run/nvidia"}}}}}}}}
+}
+
+// service is a Ray head-like Service; the server fills its cluster IP,
+// protocols, session affinity and traffic policies.
+func service(name string) *corev1.Service {
+	return &corev1.Service{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"ray.io/node-type": "head"},
+			Ports: []corev1.ServicePort{{Name: "dashboard", Port: 8265, TargetPort: intstr.FromString("dashboard")}, {Name: "gcs", Port: 6379}}}}
+}
+
+func podGroup(name string) *schedulingv1beta1.PodGroup {
+	return &schedulingv1beta1.PodGroup{TypeMeta: metav1.TypeMeta{APIVersion: "scheduling.volcano.sh/v1beta1", Kind: "PodGroup"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: schedulingv1beta1.PodGroupSpec{MinMember: 4}}
+}
+
+// restartCase is a child written by one writer, edited while no writer
+// runs, then seen by a new one (a restarted manager, a new leader).
+type restartCase struct {
+	name string
+	want func() client.Object
+	edit func(client.Object)
+}
+
+// ensureAfterRestart applies want with one writer, edits the child as
+// edit says, and has a fresh writer of the same field owner ensure it;
+// it returns the child as the first writer left it, after the edit, and
+// after the fresh writer.
+func ensureAfterRestart(t *testing.T, fieldOwner, name string, c restartCase) (applied, edited, after client.Object) {
+	t.Helper()
 	ctx := context.Background()
-	o := owner(t, "restart-owner")
-	if err := apply.NewWriter(env.Client, "test-restart", apply.Options{}).Ensure(ctx, o, child("restart-child", "1")); err != nil {
+	o := env.Client
+	opts := apply.Options{SpecOnly: []schema.GroupKind{gang.PodGroupKind}}
+	parent := owner(t, name+"-owner")
+	if err := apply.NewWriter(o, fieldOwner, opts).Ensure(ctx, parent, c.want()); err != nil {
 		t.Fatal(err)
 	}
-	before := get(t, "restart-child").ResourceVersion
-	if err := apply.NewWriter(env.Client, "test-restart", apply.Options{}).Ensure(ctx, o, child("restart-child", "1")); err != nil {
+	read := func() client.Object {
+		obj := c.want()
+		if err := o.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+			t.Fatal(err)
+		}
+		return obj
+	}
+	applied = read()
+	edited = applied.DeepCopyObject().(client.Object)
+	if c.edit != nil {
+		c.edit(edited)
+		if err := o.Update(ctx, edited); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := apply.NewWriter(o, fieldOwner, opts).Ensure(ctx, parent, c.want()); err != nil {
 		t.Fatal(err)
 	}
-	if after := get(t, "restart-child").ResourceVersion; after != before {
-		t.Fatalf("a new writer rewrote an up-to-date child (%s -> %s)", before, after)
+	return applied, edited, read()
+}
+
+// A writer that starts fresh (a restarted manager) trusts the hash on the
+// child it applied before, and the fields it finds as applied, whatever
+// the server defaulted: no write.
+func TestEnsureAfterRestartTrustsTheHash(t *testing.T) {
+	for _, c := range []restartCase{
+		{name: "configmap", want: func() client.Object { return child("restart-child", "1") }},
+		{name: "daemonset", want: func() client.Object { return daemonSet("trusts-ds") }},
+		{name: "service", want: func() client.Object { return service("trusts-svc") }},
+		{name: "podgroup", want: func() client.Object { return podGroup("trusts-pg") }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fo := "test-restart-" + c.name
+			applied, _, after := ensureAfterRestart(t, fo, "trusts-"+c.name, c)
+			if after.GetResourceVersion() != applied.GetResourceVersion() {
+				t.Fatalf("a new writer rewrote an up-to-date %s (%s -> %s)", c.name, applied.GetResourceVersion(), after.GetResourceVersion())
+			}
+			if n := testenv.WritesCounted(t, kindOf(c.want()), fo, "apply", "written"); n != 1 {
+				t.Fatalf("applies counted %v, want 1 (the first writer's)", n)
+			}
+		})
 	}
 }
+
+// A child edited while no writer ran (the manager was down) in a field the
+// writer sets is put back by the first writer to see it, though its
+// desired state did not change, as GPU Operator, Prometheus Operator and
+// KubeRay repair such drift on their next reconcile.
+func TestEnsureAfterRestartRepairsEditsMadeWhileStopped(t *testing.T) {
+	for _, c := range []struct {
+		restartCase
+		field func(client.Object) string
+	}{
+		{restartCase{"configmap-data", func() client.Object { return child("stopped-cm", "1") },
+			func(o client.Object) { o.(*corev1.ConfigMap).Data["k"] = "edited by hand" }},
+			func(o client.Object) string { return o.(*corev1.ConfigMap).Data["k"] }},
+		{restartCase{"daemonset-image", func() client.Object { return daemonSet("stopped-daemonset-image") },
+			func(o client.Object) {
+				o.(*appsv1.DaemonSet).Spec.Template.Spec.Containers[0].Image = "evil/exporter:latest"
+			}},
+			func(o client.Object) string { return o.(*appsv1.DaemonSet).Spec.Template.Spec.Containers[0].Image }},
+		{restartCase{"daemonset-args-appended", func() client.Object { return daemonSet("stopped-daemonset-args-appended") },
+			func(o client.Object) {
+				c := &o.(*appsv1.DaemonSet).Spec.Template.Spec.Containers[0]
+				c.Args = append(c.Args, "--debug")
+			}},
+			func(o client.Object) string {
+				return fmt.Sprint(o.(*appsv1.DaemonSet).Spec.Template.Spec.Containers[0].Args)
+			}},
+		{restartCase{"daemonset-limit", func() client.Object { return daemonSet("stopped-daemonset-limit") },
+			func(o client.Object) {
+				o.(*appsv1.DaemonSet).Spec.Template.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory] = resource.MustParse("1Gi")
+			}},
+			func(o client.Object) string {
+				return o.(*appsv1.DaemonSet).Spec.Template.Spec.Containers[0].Resources.Limits.Memory().String()
+			}},
+		{restartCase{"daemonset-node-selector-removed", func() client.Object { return daemonSet("stopped-daemonset-node-selector-removed") },
+			func(o client.Object) { o.(*appsv1.DaemonSet).Spec.Template.Spec.NodeSelector = nil }},
+			func(o client.Object) string { return fmt.Sprint(o.(*appsv1.DaemonSet).Spec.Template.Spec.NodeSelector) }},
+		{restartCase{"daemonset-annotation", func() client.Object { return daemonSet("stopped-daemonset-annotation") },
+			func(o client.Object) { o.GetAnnotations()["loom.dev/set"] = "by hand" }},
+			func(o client.Object) string { return o.GetAnnotations()["loom.dev/set"] }},
+		{restartCase{"service-port", func() client.Object { return service("stopped-service-port") },
+			func(o client.Object) { o.(*corev1.Service).Spec.Ports[0].TargetPort = intstr.FromInt32(8266) }},
+			func(o client.Object) string { return o.(*corev1.Service).Spec.Ports[0].TargetPort.String() }},
+		{restartCase{"service-selector", func() client.Object { return service("stopped-service-selector") },
+			func(o client.Object) { o.(*corev1.Service).Spec.Selector["ray.io/node-type"] = "worker" }},
+			func(o client.Object) string { return fmt.Sprint(o.(*corev1.Service).Spec.Selector) }},
+		{restartCase{"podgroup-min-member", func() client.Object { return podGroup("stopped-pg") },
+			func(o client.Object) { o.(*schedulingv1beta1.PodGroup).Spec.MinMember = 1 }},
+			func(o client.Object) string { return fmt.Sprint(o.(*schedulingv1beta1.PodGroup).Spec.MinMember) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fo := "test-stopped-" + c.name
+			applied, edited, after := ensureAfterRestart(t, fo, "stopped-"+c.name, c.restartCase)
+			if c.field(edited) == c.field(applied) {
+				t.Fatalf("the edit changed nothing: %s", c.field(edited))
+			}
+			if got, want := c.field(after), c.field(applied); got != want {
+				t.Fatalf("an edit made while no writer ran was not put back: %s, want %s", got, want)
+			}
+		})
+	}
+}
+
+// What the writer does not set, edited while no writer ran (another tool's
+// annotation or label, a rollout restart's template annotation, a field the
+// server defaulted, status), costs a new writer no write: a restart over a
+// fleet rewrites nothing another party touched.
+func TestEnsureAfterRestartLeavesOthersFields(t *testing.T) {
+	others := func(o client.Object) {
+		a := o.GetAnnotations()
+		a["kubectl.kubernetes.io/last-applied-configuration"] = "{}"
+		o.SetAnnotations(a)
+		l := o.GetLabels()
+		l["team"] = "ml"
+		o.SetLabels(l)
+	}
+	for _, c := range []restartCase{
+		{"configmap", func() client.Object { return child("others-cm", "1") }, func(o client.Object) {
+			others(o)
+			o.(*corev1.ConfigMap).Data["added"] = "by another field manager"
+		}},
+		{"daemonset", func() client.Object { return daemonSet("others-ds") }, func(o client.Object) {
+			others(o)
+			ds := o.(*appsv1.DaemonSet)
+			ds.Spec.Template.Annotations = map[string]string{"kubectl.kubernetes.io/restartedAt": "2025-01-01T00:00:00Z"}
+			ds.Spec.MinReadySeconds = 10
+			ds.Spec.RevisionHistoryLimit = ptr.To[int32](3)
+			ds.Spec.Template.Spec.Containers[0].TerminationMessagePolicy = corev1.TerminationMessageFallbackToLogsOnError
+			ds.Spec.Template.Spec.Containers[0].ImagePullPolicy = corev1.PullAlways
+		}},
+		{"service", func() client.Object { return service("others-svc") }, func(o client.Object) {
+			others(o)
+			o.(*corev1.Service).Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+		}},
+		{"podgroup", func() client.Object { return podGroup("others-pg") }, func(o client.Object) {
+			others(o)
+			pg := o.(*schedulingv1beta1.PodGroup)
+			pg.Spec.Queue = "research"
+			pg.Status.Phase = schedulingv1beta1.PodGroupRunning
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fo := "test-others-" + c.name
+			_, edited, after := ensureAfterRestart(t, fo, "others-"+c.name, c)
+			if after.GetResourceVersion() != edited.GetResourceVersion() {
+				t.Fatalf("a new writer rewrote a %s whose own fields are as applied (%s -> %s)", c.name, edited.GetResourceVersion(), after.GetResourceVersion())
+			}
+			if n := testenv.WritesCounted(t, kindOf(c.want()), fo, "apply", "written"); n != 1 {
+				t.Fatalf("applies counted %v, want 1 (the first writer's)", n)
+			}
+		})
+	}
+}
+
+func kindOf(o client.Object) string { return o.GetObjectKind().GroupVersionKind().Kind }
 
 // A writer that starts fresh still puts back a child another writer edits
 // after the start: the first look at the child is the baseline (docs:
