@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
@@ -69,7 +70,7 @@ func TestClusterPolicyReconciler(t *testing.T) {
 	opts := testenv.ManagerOptions(t)
 	opts.LeaderElect = false
 	opts.Namespace = ns
-	env.StartManager(t, opts, reg)
+	m := env.StartManager(t, opts, reg)
 	gpu := map[string]string{gpuv1alpha1.LabelPresent: "true"}
 	// One GPU node's OS known by NFD's labels, the other's by its osImage.
 	nfd := map[string]string{gpuv1alpha1.LabelPresent: "true", gpuv1alpha1.LabelOSReleaseID: "ubuntu", gpuv1alpha1.LabelOSReleaseVersionID: "22.04"}
@@ -85,6 +86,7 @@ func TestClusterPolicyReconciler(t *testing.T) {
 	}
 	testDefaultStack(t)
 	testReadyAndIdle(t)
+	testRestartWritesNothing(t, m)
 	testSelfRepair(t)
 	testTimeSlicing(t)
 	testNamedConfigMaps(t)
@@ -193,6 +195,31 @@ func testReadyAndIdle(t *testing.T) {
 		t.Errorf("idle policy wrote:\n%s\n%s", before, after)
 	}
 
+}
+
+// A restart (or a leader change) with nothing changed writes nothing: a
+// reconciler with a fresh writer, reading the manager's cache, finds every
+// child as it was applied, whatever the server defaulted.
+func testRestartWritesNothing(t *testing.T, m *testenv.Manager) {
+	ctx := context.Background()
+	kinds := []string{"DaemonSet", "ServiceAccount", "ConfigMap", "RuntimeClass", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+	writes := func() (n float64) {
+		for _, k := range kinds {
+			n += testenv.WritesCounted(t, k, FieldOwner, "apply", "written") + testenv.WritesCounted(t, k, FieldOwner, "create", "written")
+		}
+		return n + testenv.WritesCounted(t, "ClusterPolicy", FieldOwner, "status", "written")
+	}
+	before, versions := writes(), resourceVersions(t)
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Name: "default"}}
+	if _, err := New(m.GetClient(), m.GetAPIReader(), ns).Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if after := writes(); after != before {
+		t.Errorf("a restarted reconciler wrote %v times with nothing changed", after-before)
+	}
+	if after := resourceVersions(t); after != versions {
+		t.Errorf("a restarted reconciler wrote:\n%s\n%s", versions, after)
+	}
 }
 
 // A deleted DaemonSet comes back, a hand edit is reverted.
