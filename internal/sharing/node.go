@@ -1,8 +1,13 @@
 package sharing
 
 import (
+	"context"
 	"fmt"
 	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 )
@@ -19,6 +24,29 @@ type Source struct {
 	// Data is the ConfigMap's data; nil when Policy names a ConfigMap that
 	// does not exist.
 	Data map[string]string
+}
+
+// Read is the Source of a ClusterPolicy (nil: none, so no sharing),
+// reading its ConfigMap, when it names one, from namespace (Loom's)
+// through r. A missing ConfigMap is a Source without Data.
+func Read(ctx context.Context, r client.Reader, cp *gpuv1alpha1.ClusterPolicy, namespace string) (Source, error) {
+	src := Source{Namespace: namespace}
+	if cp != nil {
+		src.Policy = cp.Spec.DevicePlugin.Config
+	}
+	if p := src.Policy; p != nil && p.TimeSlicing == nil && p.ConfigMapName != "" {
+		cm := &corev1.ConfigMap{}
+		switch err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: p.ConfigMapName}, cm); {
+		case err == nil:
+			src.Data = cm.Data
+			if src.Data == nil {
+				src.Data = map[string]string{}
+			}
+		case !apierrors.IsNotFound(err):
+			return src, err
+		}
+	}
+	return src, nil
 }
 
 // Node is the config a node's device plugin runs with.
@@ -190,4 +218,40 @@ func listed(list []string, devices int) int {
 		n++
 	}
 	return n
+}
+
+// OnePerContainer says whether the node's device plugin refuses a
+// container asking for more than one unit of the resource it advertises
+// under name, and under which strategy: it does when every unit of name is
+// a replica and the config is MPS (always) or time-slicing with
+// failRequestsGreaterThanOne. Kubelet then fails the pod at admission
+// (UnexpectedAdmissionError). A name that carries replicas and whole
+// devices alike (devices: a count or a list, without a rename) may be
+// given either: not counted.
+func (n Node) OnePerContainer(name string) (Strategy, bool) {
+	if n.Config == nil {
+		return "", false
+	}
+	section, strategy := n.Config.Sharing.TimeSlicing, StrategyTimeSlicing
+	if n.Config.Sharing.MPS != nil {
+		section, strategy = n.Config.Sharing.MPS, StrategyMPS
+	}
+	if section == nil || (strategy == StrategyTimeSlicing && !section.FailRequestsGreaterThanOne) {
+		return "", false
+	}
+	for _, r := range section.Resources {
+		if r.Rename == name || (r.Rename == "" && r.Name == name && r.Devices.All) {
+			return strategy, true
+		}
+	}
+	return "", false
+}
+
+// Where names the config for messages: the ClusterPolicy's inline
+// time-slicing, or the ConfigMap and key.
+func (n Node) Where(src Source) string {
+	if n.Key == "" {
+		return "the ClusterPolicy's inline time-slicing"
+	}
+	return fmt.Sprintf("device plugin config %q of ConfigMap %s/%s", n.Key, src.Namespace, src.Policy.ConfigMapName)
 }
