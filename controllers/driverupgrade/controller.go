@@ -46,6 +46,7 @@ import (
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/manager"
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 // FieldOwner names the driver upgrade's writes: its node patches (so a
@@ -224,6 +225,9 @@ type observed struct {
 	daemonSets int
 	// nodes is the node set, sorted by name.
 	nodes []nodeView
+	// gpus are the resources GPUs are advertised under (the policy's
+	// sharing renames included): a pod asking for one is a GPU pod.
+	gpus sharing.Names
 }
 
 // Reconcile advances every node's upgrade by at most one step, starts new
@@ -284,6 +288,11 @@ func (r *Reconciler) observe(ctx context.Context, name string) (observed, error)
 	default:
 		obs.cp = cp
 		obs.release = cp.DeletionTimestamp != nil || !cp.Spec.OperandEnabled(gpuv1alpha1.OperandDriver)
+		src, err := sharing.Read(ctx, r.Client, cp, r.Namespace)
+		if err != nil {
+			return obs, err
+		}
+		obs.gpus = sharing.NamesOf(src)
 	}
 	templates := map[string]string{}
 	var specs []corev1.PodSpec
@@ -366,7 +375,7 @@ func (r *Reconciler) step(ctx context.Context, obs observed, claim string, todo 
 	for _, v := range obs.nodes {
 		byName[v.node.Name] = v
 	}
-	t := target{claim: claim, namespace: r.Namespace, release: obs.release}
+	t := target{claim: claim, namespace: r.Namespace, release: obs.release, gpus: obs.gpus}
 	if obs.cp != nil {
 		t.policy = obs.cp.Spec.Driver.UpgradePolicy
 	}

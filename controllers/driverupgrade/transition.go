@@ -14,6 +14,7 @@ import (
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 const (
@@ -71,6 +72,9 @@ type target struct {
 	// release: the policy is gone or its driver disabled; Loom lets go of
 	// the node (lifts its own cordon, removes its label and annotations).
 	release bool
+	// gpus are the resources GPUs are advertised under: a pod asking for
+	// one goes before the driver.
+	gpus sharing.Names
 }
 
 // next is one node's transition, GPU Operator's state machine: from the
@@ -260,7 +264,7 @@ func (s transition) deletePods() (string, []action) {
 	if d := s.t.policy.PodDeletion; d != nil {
 		force, emptyDir, timeout = d.Force, d.DeleteEmptyDir, time.Duration(d.TimeoutSeconds)*time.Second
 	}
-	left, acts, blocked := s.evict(func(p *corev1.Pod) bool { return inventory.UsesGPUs(&p.Spec) }, force, emptyDir)
+	left, acts, blocked := s.evict(func(p *corev1.Pod) bool { return inventory.UsesGPUs(&p.Spec, s.t.gpus) }, force, emptyDir)
 	if left == 0 {
 		return s.to(gpuv1alpha1.DrainRequired, nil)
 	}

@@ -205,22 +205,9 @@ func migStrategy(cp *gpuv1alpha1.ClusterPolicy) string {
 // they are) and a Warning event on the policy naming the ConfigMap, the key
 // and the error.
 func (r *Reconciler) sharingFor(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, node *metav1.PartialObjectMetadata) (*sharing.Node, error) {
-	src := sharing.Source{Namespace: r.Namespace}
-	if cp != nil {
-		src.Policy = cp.Spec.DevicePlugin.Config
-	}
-	if p := src.Policy; p != nil && p.TimeSlicing == nil && p.ConfigMapName != "" {
-		cm := &corev1.ConfigMap{}
-		err := r.Get(ctx, types.NamespacedName{Namespace: r.Namespace, Name: p.ConfigMapName}, cm)
-		switch {
-		case err == nil:
-			src.Data = cm.Data
-			if src.Data == nil {
-				src.Data = map[string]string{}
-			}
-		case !apierrors.IsNotFound(err):
-			return nil, err
-		}
+	src, err := sharing.Read(ctx, r.Client, cp, r.Namespace)
+	if err != nil {
+		return nil, err
 	}
 	n, err := sharing.ForNode(src, node.Labels)
 	if err != nil {

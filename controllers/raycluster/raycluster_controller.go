@@ -96,7 +96,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		ctrl.Log.WithName("raycluster").Info("the RayCluster CRD (" + CRDName + ") is not installed and --install-ray-crd is off: the raycluster controller stays off; install KubeRay's CRD and restart the manager, or set rayCluster.installCRD")
 		return nil
 	}
-	idx, err := inventory.Shared(ctx, mgr.GetCache())
+	idx, err := inventory.Shared(ctx, mgr.GetCache(), opts.Namespace)
 	if err != nil {
 		return err
 	}

@@ -72,7 +72,7 @@ type Reconciler struct {
 
 // Setup registers the training reconciler with the manager.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
-	idx, err := inventory.Shared(ctx, mgr.GetCache())
+	idx, err := inventory.Shared(ctx, mgr.GetCache(), opts.Namespace)
 	if err != nil {
 		return err
 	}

@@ -3,22 +3,60 @@ package inventory
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 // Feed keeps idx up to date from the manager's shared Node, GPUNode and
 // Pod informers: every add, update and delete is applied as it arrives, so
 // the index is never rebuilt. The Node informer is the typed one (the
 // index reads allocatable, taints and the Ready condition); the manager's
-// cache trims what it holds of a Node with TrimNode.
-func Feed(ctx context.Context, c cache.Cache, idx *Index) error {
+// cache trims what it holds of a Node with TrimNode. The ClusterPolicy in
+// force and its device plugin ConfigMap (in namespace, Loom's) give the
+// sharing configs (Index.SetSharing); when they rename a GPU resource,
+// every Node and pod of the cache is set again.
+func Feed(ctx context.Context, c cache.Cache, idx *Index, namespace string) error {
+	resync := func() {
+		if idx.SetSharing(sharingSource(ctx, c, namespace)) {
+			var nodes corev1.NodeList
+			if err := c.List(ctx, &nodes); err == nil {
+				for i := range nodes.Items {
+					idx.SetNode(&nodes.Items[i])
+				}
+			}
+			var pods corev1.PodList
+			if err := c.List(ctx, &pods); err == nil {
+				for i := range pods.Items {
+					idx.SetPod(&pods.Items[i])
+				}
+			}
+		}
+	}
+	for _, obj := range []client.Object{&gpuv1alpha1.ClusterPolicy{}, &corev1.ConfigMap{}} {
+		inf, err := c.GetInformer(ctx, obj)
+		if err != nil {
+			return fmt.Errorf("%T informer: %w", obj, err)
+		}
+		changed := func(o any) {
+			if m, ok := unwrap(o).(client.Object); ok && (m.GetNamespace() == "" || m.GetNamespace() == namespace) {
+				resync()
+			}
+		}
+		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+			AddFunc: changed, UpdateFunc: func(_, o any) { changed(o) }, DeleteFunc: changed,
+		}); err != nil {
+			return err
+		}
+	}
 	ni, err := c.GetInformer(ctx, &corev1.Node{})
 	if err != nil {
 		return fmt.Errorf("node informer: %w", err)
@@ -65,6 +103,17 @@ func Feed(ctx context.Context, c cache.Cache, idx *Index) error {
 	return err
 }
 
+// sharingSource is the device plugin configs of the ClusterPolicy in force
+// (none without one), read from the cache.
+func sharingSource(ctx context.Context, c client.Reader, namespace string) sharing.Source {
+	var list gpuv1alpha1.ClusterPolicyList
+	if err := c.List(ctx, &list); err != nil {
+		return sharing.Source{Namespace: namespace}
+	}
+	src, _ := sharing.Read(ctx, c, gpuv1alpha1.Active(list.Items), namespace)
+	return src
+}
+
 // TrimNode is the Node cache's transform: of a typed Node it keeps what
 // the index reads (name, labels, spec.unschedulable, taints, the Ready
 // condition's status, GPU resources' capacity and allocatable) and drops
@@ -84,7 +133,7 @@ func TrimNode(obj any) (any, error) {
 	out := &corev1.Node{TypeMeta: n.TypeMeta, ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID,
 		ResourceVersion: n.ResourceVersion, Labels: n.Labels, DeletionTimestamp: n.DeletionTimestamp}}
 	out.Spec.Unschedulable, out.Spec.Taints = n.Spec.Unschedulable, n.Spec.Taints
-	out.Status.Capacity, out.Status.Allocatable = GPUResources(n.Status.Capacity), GPUResources(n.Status.Allocatable)
+	out.Status.Capacity, out.Status.Allocatable = NVIDIAResources(n.Status.Capacity), NVIDIAResources(n.Status.Allocatable)
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {
 			out.Status.Conditions = []corev1.NodeCondition{{Type: c.Type, Status: c.Status}}
@@ -93,11 +142,14 @@ func TrimNode(obj any) (any, error) {
 	return out, nil
 }
 
-// GPUResources is the GPU resources of l (IsGPUResource); nil when none.
-func GPUResources(l corev1.ResourceList) corev1.ResourceList {
+// NVIDIAResources is the nvidia.com/ resources of l; nil when none. The
+// cache keeps them all: which are GPUs depends on the sharing configs (a
+// rename may be any nvidia.com/ name), which may change after the object
+// is cached.
+func NVIDIAResources(l corev1.ResourceList) corev1.ResourceList {
 	var out corev1.ResourceList
 	for name, q := range l {
-		if IsGPUResource(name) {
+		if strings.HasPrefix(string(name), sharing.ResourcePrefix) {
 			if out == nil {
 				out = corev1.ResourceList{}
 			}
@@ -138,15 +190,16 @@ var (
 )
 
 // Shared returns the one Index of a manager's cache, fed from its informers;
-// every reconciler of the manager reads the same one.
-func Shared(ctx context.Context, c cache.Cache) (*Index, error) {
+// every reconciler of the manager reads the same one. namespace is Loom's
+// (where the device plugin ConfigMap is).
+func Shared(ctx context.Context, c cache.Cache, namespace string) (*Index, error) {
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
 	if idx, ok := shared[c]; ok {
 		return idx, nil
 	}
 	idx := NewIndex()
-	if err := Feed(ctx, c, idx); err != nil {
+	if err := Feed(ctx, c, idx, namespace); err != nil {
 		return nil, err
 	}
 	shared[c] = idx

@@ -32,7 +32,7 @@ func TestFeedFollowsTheAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	idx := inventory.NewIndex()
-	if err := inventory.Feed(ctx, c, idx); err != nil {
+	if err := inventory.Feed(ctx, c, idx, "loom-system"); err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = c.Start(ctx) }()
@@ -120,7 +120,7 @@ func TestFeedSkipsGPUNodesWithoutANode(t *testing.T) {
 		t.Fatal(err)
 	}
 	idx := inventory.NewIndex()
-	if err := inventory.Feed(ctx, c, idx); err != nil {
+	if err := inventory.Feed(ctx, c, idx, "loom-system"); err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = c.Start(ctx) }()

@@ -10,12 +10,17 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 // PodGroup is Count pods asking GPUs units each of one GPU resource.
 type PodGroup struct {
 	Count int64
 	GPUs  int64
+	// PerContainer is the most one container of a pod asks of it (GPUs
+	// when 0): a device plugin that gives at most one unit of a shared
+	// resource to a container refuses more.
+	PerContainer int64
 	// Resource is the GPU resource asked for; empty is nvidia.com/gpu.
 	Resource corev1.ResourceName
 	// Placement is where the pods may go; nil is any node.
@@ -40,17 +45,18 @@ func PlacementOf(spec *corev1.PodSpec) *Placement {
 }
 
 // PodGroups is count pods of spec as the index sees them: one group per
-// GPU resource the pod asks for, each with the pod's placement. A pod
-// asking for two GPU resources is checked against each on its own.
+// nvidia.com/ resource the pod asks for, each with the pod's placement.
+// A pod asking for two GPU resources is checked against each on its own;
+// Fits leaves out those that are not GPUs (sharing.Names).
 func PodGroups(count int64, spec *corev1.PodSpec) []PodGroup {
-	res := podResources(spec)
+	res := podResources(spec, func(name string) bool { return strings.HasPrefix(name, sharing.ResourcePrefix) })
 	if len(res) == 0 || count <= 0 {
 		return nil
 	}
 	p := PlacementOf(spec)
 	out := make([]PodGroup, len(res))
 	for i, r := range res {
-		out[i] = PodGroup{Count: count, GPUs: r.n, Resource: r.name, Placement: p}
+		out[i] = PodGroup{Count: count, GPUs: r.n, PerContainer: perContainer(spec, r.name), Resource: r.name, Placement: p}
 	}
 	return out
 }
@@ -117,7 +123,17 @@ type FitResult struct {
 // now, but counts for "never": it is expected back (a drain, a driver
 // upgrade, a reboot), and a gang that fits once it is back must wait, not
 // fail. Now says how much is on such nodes.
+//
+// A node whose device plugin gives at most one unit of a shared resource to
+// a container (MPS, or time-slicing with failRequestsGreaterThanOne) does
+// not count for pods with a container asking for more: kubelet would fail
+// them at admission.
 func (x *Index) Fits(g Gang) FitResult {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	g.Groups = slices.DeleteFunc(slices.Clone(g.Groups), func(pg PodGroup) bool {
+		return pg.Resource != "" && !x.names.IsGPU(string(pg.Resource))
+	})
 	byRes := groupDemands(g.Groups)
 	if len(byRes) == 0 {
 		return FitResult{Verdict: FitsNow, Message: "needs no GPUs"}
@@ -131,8 +147,6 @@ func (x *Index) Fits(g Gang) FitResult {
 		names = append(names, name)
 	}
 	slices.Sort(names)
-	x.mu.RLock()
-	defer x.mu.RUnlock()
 	var fits, now []string
 	var notNow, first *FitResult
 	for _, name := range names {
@@ -171,12 +185,10 @@ func groupDemands(groups []PodGroup) map[corev1.ResourceName][]PodGroup {
 		if pg.Count <= 0 || pg.GPUs <= 0 {
 			continue
 		}
-		if pg.Resource == "" {
-			pg.Resource = GPUResource
-		}
+		pg = pg.normal()
 		list := out[pg.Resource]
 		i := slices.IndexFunc(list, func(o PodGroup) bool {
-			return o.GPUs == pg.GPUs && equality.Semantic.DeepEqual(o.Placement, pg.Placement)
+			return o.GPUs == pg.GPUs && o.big() == pg.big() && equality.Semantic.DeepEqual(o.Placement, pg.Placement)
 		})
 		if i >= 0 {
 			list[i].Count += pg.Count
@@ -190,12 +202,26 @@ func groupDemands(groups []PodGroup) map[corev1.ResourceName][]PodGroup {
 	return out
 }
 
+// normal is pg with its defaults: nvidia.com/gpu, PerContainer GPUs.
+func (pg PodGroup) normal() PodGroup {
+	if pg.Resource == "" {
+		pg.Resource = GPUResource
+	}
+	if pg.PerContainer <= 0 {
+		pg.PerContainer = pg.GPUs
+	}
+	return pg
+}
+
+// big: a container of the pods asks for more than one unit.
+func (pg PodGroup) big() bool { return pg.normal().PerContainer > 1 }
+
 // fitResource answers Fits for one resource's groups.
 func (x *Index) fitResource(res corev1.ResourceName, groups []PodGroup, places []place) FitResult {
 	var demands []demand
 	var units int64
 	for _, pg := range groups {
-		demands = append(demands, demand{PodGroup: pg, place: placeIndex(places, pg.Placement)})
+		demands = append(demands, demand{PodGroup: pg, place: placeIndex(places, pg)})
 		units += pg.Count * pg.GPUs
 	}
 	what := fmt.Sprintf("%s %s", describeGroups(groups), res)
@@ -242,6 +268,9 @@ func (t *tally) tooSmall(what string, res corev1.ResourceName, units, biggest in
 			verb = "is"
 		}
 		notes += fmt.Sprintf(" (%s with %s %s ruled out by the pods' node selector, affinity or tolerations)", plural(t.excluded, "more node"), res, verb)
+	}
+	if t.refused > 0 {
+		notes += "; " + t.refusedNote(res)
 	}
 	podTooBig := func(d demand) bool {
 		return !packBuckets([]demand{{PodGroup: PodGroup{Count: 1, GPUs: d.GPUs}, place: d.place}}, t.offers)

@@ -17,9 +17,12 @@ import (
 // bit each).
 const maxPlaces = 64
 
-// place is a compiled placement.
+// place is a compiled placement of the groups of one resource whose
+// containers ask for more than one unit of it (big) or not.
 type place struct {
 	p           *Placement
+	res         corev1.ResourceName
+	big         bool
 	product     string // the product it selects, if any (for messages and Gang.Product)
 	affinity    *nodeaffinity.RequiredNodeAffinity
 	tolerations []corev1.Toleration
@@ -31,13 +34,14 @@ type place struct {
 func compilePlaces(g Gang) ([]place, bool) {
 	var out []place
 	for _, pg := range g.Groups {
-		if slices.ContainsFunc(out, func(p place) bool { return equality.Semantic.DeepEqual(p.p, pg.Placement) }) {
+		pg = pg.normal()
+		if placeIndex(out, pg) >= 0 {
 			continue
 		}
 		if len(out) == maxPlaces {
 			return nil, false
 		}
-		p := place{p: pg.Placement, product: g.Product}
+		p := place{p: pg.Placement, res: pg.Resource, big: pg.big(), product: g.Product}
 		if pg.Placement != nil {
 			if v := pg.Placement.NodeSelector[ProductLabel]; v != "" {
 				p.product = v
@@ -52,9 +56,10 @@ func compilePlaces(g Gang) ([]place, bool) {
 	return out, true
 }
 
-func placeIndex(places []place, pl *Placement) int {
+func placeIndex(places []place, pg PodGroup) int {
+	pg = pg.normal()
 	for i := range places {
-		if equality.Semantic.DeepEqual(places[i].p, pl) {
+		if places[i].res == pg.Resource && places[i].big == pg.big() && equality.Semantic.DeepEqual(places[i].p, pg.Placement) {
 			return i
 		}
 	}
@@ -150,13 +155,18 @@ type tally struct {
 	// profiles, whole GPUs, which product label) is not known until the
 	// MIG manager is done, so no "never" is said while there are any.
 	reshaping int64
+	// refused: nodes the pods' placement admits whose device plugin gives
+	// at most one unit to a container, which the pods' containers ask more
+	// of; refusedNode (the first by name) and refusedWhere name one.
+	refused                   int64
+	refusedNode, refusedWhere string
 }
 
 func (x *Index) tally(res corev1.ResourceName, places []place) *tally {
 	t := &tally{free: map[bucketKey]int64{}, offers: map[bucketKey]int64{}, openOffers: map[bucketKey]int64{}, closed: map[string][2]int64{}}
 	scratch := &corev1.Node{}
 	for _, n := range x.nodes {
-		if n.node != nil && reshaping(n.node.labels) && slices.ContainsFunc(places, func(p place) bool { return p.tolerates(n) }) {
+		if n.node != nil && reshaping(n.node.labels) && slices.ContainsFunc(places, func(p place) bool { return p.res == res && p.tolerates(n) }) {
 			t.reshaping++
 		}
 		offer := amount(n.offers, res)
@@ -165,10 +175,17 @@ func (x *Index) tally(res corev1.ResourceName, places []place) *tally {
 		}
 		t.nodes++
 		var elig, open uint64
-		reason := ""
+		reason, refused := "", false
 		for i := range places {
+			if places[i].res != res {
+				continue
+			}
 			ok, closed := places[i].admits(n, scratch)
 			if !ok {
+				continue
+			}
+			if places[i].big && n.refuses(res) {
+				refused = true
 				continue
 			}
 			elig |= 1 << i
@@ -178,14 +195,22 @@ func (x *Index) tally(res corev1.ResourceName, places []place) *tally {
 				reason = closed
 			}
 		}
-		t.add(n, res, offer, elig, open, reason)
+		t.add(n, res, offer, elig, open, reason, refused)
 	}
 	return t
 }
 
-func (t *tally) add(n *nodeEntry, res corev1.ResourceName, offer int64, elig, open uint64, reason string) {
+func (t *tally) add(n *nodeEntry, res corev1.ResourceName, offer int64, elig, open uint64, reason string, refused bool) {
+	if refused {
+		t.refused++
+		if t.refusedNode == "" || n.name < t.refusedNode {
+			t.refusedNode, t.refusedWhere = n.name, n.where
+		}
+	}
 	if elig == 0 {
-		t.excluded++
+		if !refused {
+			t.excluded++
+		}
 		return
 	}
 	t.eligible++

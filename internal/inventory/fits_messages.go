@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 // nowhere says why no node may take the pods.
@@ -21,11 +23,35 @@ func (x *Index) nowhere(what string, res corev1.ResourceName, product string, t 
 		}
 		return fmt.Sprintf("needs %s; no node offers %s (the cluster has %s)", what, res, strings.Join(others, ", "))
 	}
+	if t.refused > 0 {
+		return fmt.Sprintf("needs %s; %s", what, t.refusedNote(res))
+	}
 	if products := x.productsLocked(res); product != "" && products[product] == 0 {
 		return fmt.Sprintf("needs %s; the cluster has no %s GPUs (it has %s)", what, product, describeProducts(products))
 	}
 	return fmt.Sprintf("needs %s; none of the %s with %s may take the pods: their node selector, affinity or tolerations rule %s out",
 		what, plural(t.nodes, "node"), res, map[bool]string{true: "it", false: "them all"}[t.nodes == 1])
+}
+
+// refusedNote says which nodes' device plugins give at most one unit of
+// res to a container and what to do: "the device plugin of node gpu-1 (and
+// 3 more nodes) gives at most 1 nvidia.com/gpu to a container (time-slicing,
+// device plugin config "ts" of ConfigMap loom/dp with
+// failRequestsGreaterThanOne) and fails a pod asking for more at admission:
+// ask for 1 nvidia.com/gpu per container, or set failRequestsGreaterThanOne:
+// false".
+func (t *tally) refusedNote(res corev1.ResourceName) string {
+	nodes := "node " + t.refusedNode
+	if t.refused > 1 {
+		nodes += fmt.Sprintf(" (and %s)", plural(t.refused-1, "more node"))
+	}
+	where, fix := t.refusedWhere, fmt.Sprintf("ask for 1 %s per container", res)
+	if !strings.HasPrefix(where, string(sharing.StrategyMPS)) {
+		where += ", failRequestsGreaterThanOne: true"
+		fix += ", or set failRequestsGreaterThanOne: false in that config"
+	}
+	return fmt.Sprintf("the device plugin of %s gives at most 1 %s to a container (%s) and kubelet fails a pod asking for more at admission: %s",
+		nodes, res, where, fix)
 }
 
 // live is the picture behind a verdict as it is now, which moves with every

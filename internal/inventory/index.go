@@ -1,6 +1,7 @@
 package inventory
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"sort"
@@ -11,33 +12,17 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 // GPUResource is the extended resource whole GPUs (or their time-sliced
 // replicas) are requested by.
 const GPUResource corev1.ResourceName = "nvidia.com/gpu"
 
-const (
-	// migResourcePrefix starts the device plugin's MIG resources under the
-	// mixed strategy: nvidia.com/mig-1g.10gb, nvidia.com/mig-3g.40gb, …
-	migResourcePrefix = "nvidia.com/mig-"
-	// sharedSuffix ends a time-sliced resource the device plugin renames
-	// (renameByDefault): nvidia.com/gpu.shared, nvidia.com/mig-1g.10gb.shared.
-	sharedSuffix = ".shared"
-)
-
 // MIGProfileName is a MIG profile as the device plugin's resource names
 // write it: a resource name cannot hold a '+', so the 1g.10gb+me profile is
 // nvidia.com/mig-1g.10gb.me.
 func MIGProfileName(profile string) string { return strings.ReplaceAll(profile, "+", ".") }
-
-// IsGPUResource says whether name is one of the NVIDIA device plugin's GPU
-// resources: nvidia.com/gpu, each nvidia.com/mig-<profile>, and their
-// renamed time-sliced forms <name>.shared.
-func IsGPUResource(name corev1.ResourceName) bool {
-	s := strings.TrimSuffix(string(name), sharedSuffix)
-	return s == string(GPUResource) || (strings.HasPrefix(s, migResourcePrefix) && len(s) > len(migResourcePrefix))
-}
 
 // Index is the manager's in-memory view of GPUs as the scheduler sees them:
 // per node, what each GPU resource offers (the Node's allocatable, less the
@@ -49,11 +34,17 @@ func IsGPUResource(name corev1.ResourceName) bool {
 //
 // A node offers GPUs only while its Node exists: a GPUNode without one
 // (made by hand, or left behind) adds no phantom GPUs.
+//
+// Which resources are GPUs, and which nodes' device plugins give at most
+// one unit of a shared resource to a container, follow the ClusterPolicy's
+// sharing configs (SetSharing).
 type Index struct {
 	mu    sync.RWMutex
 	nodes map[string]*nodeEntry
 	pods  map[types.UID]podEntry
 	subs  []chan struct{}
+	src   sharing.Source
+	names sharing.Names
 }
 
 // nodeEntry is one node: what its Node and GPUNode say, what pods use, and
@@ -72,6 +63,11 @@ type nodeEntry struct {
 	// yet, or one that stopped), and offers are its capacity, else the
 	// GPUNode's healthy whole GPUs.
 	pending bool
+	// onePerContainer: the resources its device plugin gives at most one
+	// unit of to a container (sharing.Node.OnePerContainer), sorted; where
+	// names the config and strategy for messages.
+	onePerContainer []corev1.ResourceName
+	where           string
 }
 
 // nodeView is what the index keeps of a Node.
@@ -142,16 +138,16 @@ func NewIndex() *Index {
 // SetNode records a Node (add or update): its labels, taints, whether it
 // is cordoned or NotReady, and its GPU resources' capacity and allocatable.
 func (x *Index) SetNode(node *corev1.Node) {
-	v := viewNode(node)
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	v := viewNode(node, x.names)
 	if n := x.nodes[node.Name]; n != nil && n.node.equal(v) {
 		return // a heartbeat, or a change the index does not read
 	}
 	x.update(node.Name, func(n *nodeEntry) { n.node = v })
 }
 
-func viewNode(node *corev1.Node) *nodeView {
+func viewNode(node *corev1.Node, names sharing.Names) *nodeView {
 	v := &nodeView{labels: node.Labels, cordoned: node.Spec.Unschedulable, notReady: true}
 	for _, t := range node.Spec.Taints {
 		if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
@@ -164,7 +160,7 @@ func viewNode(node *corev1.Node) *nodeView {
 		}
 	}
 	for name, q := range node.Status.Allocatable {
-		if IsGPUResource(name) {
+		if names.IsGPU(string(name)) {
 			c := node.Status.Capacity[name]
 			v.resources = append(v.resources, resCapacity{name: name, allocatable: q.Value(), capacity: max(c.Value(), q.Value())})
 		}
@@ -246,8 +242,13 @@ func (x *Index) update(name string, f func(*nodeEntry)) {
 	if n.node == nil && n.gpus == nil && len(n.used) == 0 {
 		delete(x.nodes, name)
 	} else if n.node != node || n.gpus != gpus {
-		n.derive()
+		n.derive(x.src)
 	}
+	x.notify()
+}
+
+// notify tells the subscribers the index changed.
+func (x *Index) notify() {
 	for _, c := range x.subs {
 		select {
 		case c <- struct{}{}:
@@ -262,8 +263,13 @@ func (x *Index) update(name string, f func(*nodeEntry)) {
 // (they stay in capacity), so the offer is the smaller of allocatable and
 // capacity less the unhealthy GPUs' units: a GPU both report is not taken
 // off twice, and one only NVML has seen fail is taken off too.
-func (n *nodeEntry) derive() {
+//
+// It also sets which of them the node's device plugin gives at most one
+// unit of to a container, from the sharing config the node's labels
+// choose (src).
+func (n *nodeEntry) derive(src sharing.Source) {
 	n.offers, n.pending, n.product, n.labels = nil, false, "", nil
+	n.onePerContainer, n.where = nil, ""
 	if n.gpus != nil {
 		n.product = n.gpus.product
 	}
@@ -309,6 +315,48 @@ func (n *nodeEntry) derive() {
 		labels[ProductLabel] = n.product
 	}
 	n.labels = labels
+	if cfg, err := sharing.ForNode(src, n.node.labels); err == nil {
+		for _, r := range n.node.resources {
+			if strategy, ok := cfg.OnePerContainer(string(r.name)); ok {
+				n.onePerContainer = append(n.onePerContainer, r.name)
+				n.where = fmt.Sprintf("%s, %s", strategy, cfg.Where(src))
+			}
+		}
+	}
+}
+
+// refuses: the node's device plugin gives at most one unit of res to a
+// container.
+func (n *nodeEntry) refuses(res corev1.ResourceName) bool {
+	return slices.Contains(n.onePerContainer, res)
+}
+
+// SetSharing records the ClusterPolicy's device plugin configs (src.Data
+// being the ConfigMap's, when it names one): which resources are GPUs
+// (their renames), and per node, which of them its device plugin gives at
+// most one unit of to a container. It says whether the GPU resource names
+// changed: then the nodes and pods recorded before must be set again (the
+// caller has them), since what of them is a GPU changed.
+func (x *Index) SetSharing(src sharing.Source) (namesChanged bool) {
+	names := sharing.NamesOf(src)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	namesChanged = !names.Equal(x.names)
+	x.src, x.names = src, names
+	for _, n := range x.nodes {
+		n.derive(src)
+	}
+	x.notify()
+	return namesChanged
+}
+
+// IsGPUResource says whether name is a resource the device plugin
+// advertises GPUs under, with the sharing configs SetSharing recorded
+// (sharing.Names.IsGPU).
+func (x *Index) IsGPUResource(name corev1.ResourceName) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.names.IsGPU(string(name))
 }
 
 // lost is how many units of a resource the unhealthy devices behind it
@@ -317,16 +365,15 @@ func (h *gpuHealth) lost(name corev1.ResourceName, capacity int64) int64 {
 	if h == nil {
 		return 0
 	}
-	base := strings.TrimSuffix(string(name), sharedSuffix)
 	var units, bad int64
+	profile, mig := sharing.IsMIG(string(name))
 	switch {
-	case base == string(GPUResource) && h.whole > 0:
-		units, bad = h.whole, h.badWhole
-	case base == string(GPUResource): // MIG's single strategy: MIG devices are nvidia.com/gpu
-		units, bad = h.migTotal, h.badMIGSum
-	default:
-		profile := strings.TrimPrefix(base, migResourcePrefix)
+	case mig:
 		units, bad = h.mig[profile], h.badMIG[profile]
+	case h.whole > 0:
+		units, bad = h.whole, h.badWhole
+	default: // MIG's single strategy: MIG devices are nvidia.com/gpu
+		units, bad = h.migTotal, h.badMIGSum
 	}
 	if units == 0 || bad == 0 {
 		return 0
@@ -352,12 +399,12 @@ func Sidecar(c *corev1.Container) bool {
 }
 
 // UsesGPUs: a container of the pod (init containers and sidecars too) asks
-// for a GPU resource: whole GPUs, MIG devices or shared replicas
-// (IsGPUResource).
-func UsesGPUs(spec *corev1.PodSpec) bool {
+// for a GPU resource: whole GPUs, MIG devices or shared replicas, under
+// any of names.
+func UsesGPUs(spec *corev1.PodSpec, names sharing.Names) bool {
 	asks := func(l corev1.ResourceList) bool {
 		for name, q := range l {
-			if IsGPUResource(name) && !q.IsZero() {
+			if names.IsGPU(string(name)) && !q.IsZero() {
 				return true
 			}
 		}
@@ -379,16 +426,8 @@ func UsesGPUs(spec *corev1.PodSpec) bool {
 func PodGPUs(spec *corev1.PodSpec) int64 { return podResource(spec, GPUResource) }
 
 func podResource(spec *corev1.PodSpec, name corev1.ResourceName) int64 {
-	get := func(r corev1.ResourceRequirements) int64 {
-		if q, ok := r.Requests[name]; ok {
-			return q.Value()
-		}
-		if q, ok := r.Limits[name]; ok {
-			return q.Value()
-		}
-		return 0
-	}
 	var sum, initMax int64
+	get := func(r corev1.ResourceRequirements) int64 { return containerResource(r, name) }
 	for i := range spec.Containers {
 		sum += get(spec.Containers[i].Resources)
 	}
@@ -403,15 +442,39 @@ func podResource(spec *corev1.PodSpec, name corev1.ResourceName) int64 {
 	return max(sum, initMax)
 }
 
-// podResources is every GPU resource a pod takes (PodGPUs for each), sorted
-// by name; nil when it asks for none.
-func podResources(spec *corev1.PodSpec) []resAmount {
+// containerResource is what one container asks of a resource: its
+// request, else its limit.
+func containerResource(r corev1.ResourceRequirements, name corev1.ResourceName) int64 {
+	if q, ok := r.Requests[name]; ok {
+		return q.Value()
+	}
+	if q, ok := r.Limits[name]; ok {
+		return q.Value()
+	}
+	return 0
+}
+
+// perContainer is the most one container of the pod (init containers
+// included) asks of a resource: the device plugin allocates per container.
+func perContainer(spec *corev1.PodSpec, name corev1.ResourceName) int64 {
+	var most int64
+	for _, cs := range [][]corev1.Container{spec.Containers, spec.InitContainers} {
+		for i := range cs {
+			most = max(most, containerResource(cs[i].Resources, name))
+		}
+	}
+	return most
+}
+
+// podResources is every resource of the pod that is says yes to (PodGPUs
+// for each), sorted by name; nil when it asks for none.
+func podResources(spec *corev1.PodSpec, is func(string) bool) []resAmount {
 	var names []corev1.ResourceName
 	add := func(cs []corev1.Container) {
 		for i := range cs {
 			for _, l := range []corev1.ResourceList{cs[i].Resources.Requests, cs[i].Resources.Limits} {
 				for name := range l {
-					if IsGPUResource(name) && !slices.Contains(names, name) {
+					if is(string(name)) && !slices.Contains(names, name) {
 						names = append(names, name)
 					}
 				}
@@ -433,12 +496,12 @@ func podResources(spec *corev1.PodSpec) []resAmount {
 // SetPod records a pod (add or update): bound, non-terminal pods hold their
 // GPU resources on their node.
 func (x *Index) SetPod(pod *corev1.Pod) {
-	var res []resAmount
-	if pod.Spec.NodeName != "" && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
-		res = podResources(&pod.Spec)
-	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	var res []resAmount
+	if pod.Spec.NodeName != "" && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+		res = podResources(&pod.Spec, x.names.IsGPU)
+	}
 	old, had := x.pods[pod.UID]
 	if had && old.node == pod.Spec.NodeName && slices.Equal(old.res, res) {
 		return

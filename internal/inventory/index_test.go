@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 func gpuNode(name, product string, gpus int, unhealthy ...int) *gpuv1alpha1.GPUNode {
@@ -359,6 +360,7 @@ func TestPodGPUs(t *testing.T) {
 
 func TestUsesGPUs(t *testing.T) {
 	one := resource.MustParse("1")
+	renamed := sharing.NamesOf(renamingSource())
 	for _, tc := range []struct {
 		name string
 		spec corev1.PodSpec
@@ -371,8 +373,10 @@ func TestUsesGPUs(t *testing.T) {
 		{"an init container's", corev1.PodSpec{Containers: []corev1.Container{{}}, InitContainers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{GPUResource: one}}}}}, true},
 		{"zero GPUs", corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{GPUResource: resource.MustParse("0")}}}}}, false},
 		{"another vendor's device", corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"example.com/fpga": one}}}}}, false},
+		{"another nvidia.com/ device (a NIC)", corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/rdma_shared": one}}}}}, false},
+		{"a renamed shared GPU", corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/small": one}}}}}, true},
 	} {
-		if got := UsesGPUs(&tc.spec); got != tc.want {
+		if got := UsesGPUs(&tc.spec, renamed); got != tc.want {
 			t.Errorf("%s: UsesGPUs = %v, want %v", tc.name, got, tc.want)
 		}
 	}

@@ -98,7 +98,7 @@ func gpuSkeleton(p *corev1.Pod) *corev1.Pod {
 func gpuContainers(cs []corev1.Container) []corev1.Container {
 	var out []corev1.Container
 	for _, c := range cs {
-		req, lim := inventory.GPUResources(c.Resources.Requests), inventory.GPUResources(c.Resources.Limits)
+		req, lim := inventory.NVIDIAResources(c.Resources.Requests), inventory.NVIDIAResources(c.Resources.Limits)
 		if req == nil && lim == nil {
 			continue
 		}
@@ -112,8 +112,8 @@ func gpuContainers(cs []corev1.Container) []corev1.Container {
 func trimContainers(cs []corev1.Container) []corev1.Container {
 	for i, c := range cs {
 		cs[i] = corev1.Container{Name: c.Name, RestartPolicy: c.RestartPolicy, Ports: c.Ports}
-		cs[i].Resources.Requests = inventory.GPUResources(c.Resources.Requests)
-		cs[i].Resources.Limits = inventory.GPUResources(c.Resources.Limits)
+		cs[i].Resources.Requests = inventory.NVIDIAResources(c.Resources.Requests)
+		cs[i].Resources.Limits = inventory.NVIDIAResources(c.Resources.Limits)
 	}
 	return cs
 }
