@@ -14,6 +14,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 // t0 is when the node entered its state; each case's clock is t0 plus its
@@ -179,6 +180,8 @@ func TestNext(t *testing.T) {
 	const enrolled = "state upgrade-required -failed-template -failure -failure-acknowledged -was-cordoned claim=default started=2026-03-01T12:00:00Z target=" + wanted
 	const enrolledCordoned = "state upgrade-required -failed-template -failure -failure-acknowledged claim=default started=2026-03-01T12:00:00Z target=" + wanted + " was-cordoned=true"
 	const released = "state  -claim -phase-started -started"
+	renamesSmall := sharing.NamesOf(sharing.Source{Policy: &gpuv1alpha1.DevicePluginConfig{ConfigMapName: "dp"}, Data: map[string]string{
+		"small": "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      rename: small\n      replicas: 4\n"}})
 	tests := []struct {
 		name    string
 		node    *corev1.Node
@@ -277,6 +280,9 @@ func TestNext(t *testing.T) {
 			pods: []corev1.Pod{pod("mig", asks("nvidia.com/mig-1g.10gb")), pod("shared", asks("nvidia.com/gpu.shared")),
 				pod("mig-shared", asks("nvidia.com/mig-3g.40gb.shared")), pod("other", asks("example.com/fpga"))},
 			want: gpuv1alpha1.PodDeletionRequired, actions: []string{"evict default/mig,default/shared,default/mig-shared"}},
+		{name: "delete: evicts pods of a GPU the sharing config renames, not a NIC's", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: none,
+			pods: []corev1.Pod{pod("small", asks("nvidia.com/small")), pod("nic", asks("nvidia.com/rdma_shared_device_a"))},
+			want: gpuv1alpha1.PodDeletionRequired, actions: []string{"evict default/small"}},
 		{name: "delete: no controller without force", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: deletion(false, false, 300),
 			pods: []corev1.Pod{pod("bare", gpus, bare)}, want: gpuv1alpha1.PodDeletionRequired},
 		{name: "delete: no controller with force", node: node(gpuv1alpha1.PodDeletionRequired, true), policy: deletion(true, false, 300),
@@ -411,7 +417,7 @@ func TestNext(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			now := t0.Add(tt.elapsed)
 			before := tt.node.DeepCopy()
-			state, acts := next(tt.node, tt.driver, tt.pods, target{policy: tt.policy, claim: policy, template: wanted, namespace: loomNS, start: tt.start, release: tt.release}, now)
+			state, acts := next(tt.node, tt.driver, tt.pods, target{policy: tt.policy, claim: policy, template: wanted, namespace: loomNS, start: tt.start, release: tt.release, gpus: renamesSmall}, now)
 			if got := show(acts, now); state != tt.want || !slices.Equal(got, tt.actions) {
 				t.Errorf("next = %q\n  %q\nwant %q\n  %q", state, got, tt.want, tt.actions)
 			}
