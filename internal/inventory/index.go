@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
@@ -338,9 +339,12 @@ func (n *nodeEntry) refuses(res corev1.ResourceName) bool {
 // changed: then the nodes and pods recorded before must be set again (the
 // caller has them), since what of them is a GPU changed.
 func (x *Index) SetSharing(src sharing.Source) (namesChanged bool) {
-	names := sharing.NamesOf(src)
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if equality.Semantic.DeepEqual(src, x.src) {
+		return false // a policy's status, or another ConfigMap, changed
+	}
+	names := sharing.NamesOf(src)
 	namesChanged = !names.Equal(x.names)
 	x.src, x.names = src, names
 	for _, n := range x.nodes {
