@@ -41,6 +41,8 @@ func TestAGangAskingMoreThanOneSharedGPUPerContainerNeverFits(t *testing.T) {
 	if err := env.Client.Get(ctx, client.ObjectKey{Name: "strict-0"}, node); err != nil {
 		t.Fatal(err)
 	}
+	// Its 8 GPUs would otherwise count for the tests after this one.
+	t.Cleanup(func() { _ = env.Client.Delete(ctx, node) })
 	node.Labels = map[string]string{gpuv1alpha1.LabelDevicePluginConfig: "strict", "pool": "strict"}
 	if err := env.Client.Update(ctx, node); err != nil {
 		t.Fatal(err)
