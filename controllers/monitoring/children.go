@@ -8,6 +8,7 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -31,6 +32,7 @@ const (
 	ReasonSelected         = "Selected"
 	ReasonNotSelected      = "NotSelected"
 	ReasonNoPrometheus     = "NoPrometheus"
+	ReasonWritten          = "Written"
 	ReasonOperatorMissing  = "PrometheusOperatorMissing"
 	ReasonOptedOut         = "OptedOut"
 	ReasonNoMetricsPort    = "NoMetricsPort"
@@ -39,29 +41,54 @@ const (
 	ReasonApplyFailed      = "ApplyFailed"
 )
 
-// operatorCRDs are the Prometheus Operator's CRDs a controller needs, with
-// the watch each starts once served.
+// operatorCRDs are the Prometheus Operator's CRDs a controller uses, with
+// the watch each starts once served. Each kind is used as soon as its own
+// CRD is served, whatever the others.
 type operatorCRDs []*optional.Kind
 
-func crdKind(plural, kind string, watch func() error) *optional.Kind {
-	return &optional.Kind{CRD: plural + "." + monitoringv1.SchemeGroupVersion.Group, GVK: monitoringv1.SchemeGroupVersion.WithKind(kind), Watch: watch}
+func crdKind(plural string, gvk schema.GroupVersionKind, watch func() error) *optional.Kind {
+	return &optional.Kind{CRD: plural + "." + gvk.Group, GVK: gvk, Watch: watch}
 }
 
-// missing returns the CRDs not yet installed; an error (optional's
-// ErrNotServedYet among them) means "ask again shortly".
-func (ks operatorCRDs) missing(ctx context.Context, c client.Client) ([]string, error) {
-	var out []string
+// missing returns, by kind, the CRDs not yet installed; an error
+// (optional's ErrNotServedYet among them) means "ask again shortly".
+func (ks operatorCRDs) missing(ctx context.Context, c client.Client) (crdsMissing, error) {
+	out := crdsMissing{}
 	for _, k := range ks {
 		ok, err := k.Served(ctx, c)
 		if err != nil {
 			return nil, err
 		}
 		if !ok {
-			out = append(out, k.CRD)
+			out[k.GVK.Kind] = k.CRD
 		}
 	}
 	return out, nil
 }
+
+// crdsMissing names, by kind, the Prometheus Operator CRDs not installed.
+type crdsMissing map[string]string
+
+// has reports whether kind's CRD is installed.
+func (m crdsMissing) has(kind string) bool {
+	_, missing := m[kind]
+	return !missing
+}
+
+// of names the missing CRDs among kinds'.
+func (m crdsMissing) of(kinds ...string) []string {
+	var out []string
+	for _, k := range kinds {
+		if crd, ok := m[k]; ok {
+			out = append(out, crd)
+		}
+	}
+	return out
+}
+
+// prometheusesReadable reports whether the Prometheus kind is served, so
+// that the monitors' selection can be checked.
+func (m crdsMissing) prometheusesReadable() bool { return m.has(monitoringv1.PrometheusesKind) }
 
 // observeResult is a reconcile's answer when its observation ends it: a
 // Prometheus Operator or workload CRD just created and not served yet is

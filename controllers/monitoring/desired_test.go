@@ -48,6 +48,12 @@ func TestConditionChange(t *testing.T) {
 	}
 }
 
+// operatorMissing: none of the Prometheus Operator's CRDs is installed.
+func operatorMissing() crdsMissing {
+	return crdsMissing{KindServiceMonitor: "servicemonitors.monitoring.coreos.com", KindPodMonitor: "podmonitors.monitoring.coreos.com",
+		KindPrometheusRule: "prometheusrules.monitoring.coreos.com", monitoringv1.PrometheusesKind: "prometheuses.monitoring.coreos.com"}
+}
+
 func names(objs []client.Object) []string {
 	var out []string
 	for _, o := range objs {
@@ -63,7 +69,7 @@ func TestGPUDesired(t *testing.T) {
 	r := &GPUReconciler{Namespace: loomNS, DashboardsNamespace: "grafana"}
 	policy := &gpuv1alpha1.ClusterPolicy{}
 	stale := corev1.ConfigMap{TypeMeta: metav1.TypeMeta{Kind: "ConfigMap"}, ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: DashboardsConfigMap}}
-	o := gpuObserved{policy: policy, missing: []string{"servicemonitors.monitoring.coreos.com"},
+	o := gpuObserved{policy: policy, missing: operatorMissing(),
 		dashboards: []corev1.ConfigMap{stale}}
 	d := r.desired(o)
 	if got := names(d.ensure); len(got) != 3 || got[2] != "ConfigMap grafana/"+DashboardsConfigMap {
@@ -129,7 +135,7 @@ func TestPolicyNamingLoomsCounters(t *testing.T) {
 	r := &GPUReconciler{Namespace: loomNS}
 	policy := &gpuv1alpha1.ClusterPolicy{}
 	policy.Spec.DCGMExporter.MetricsConfigMapName = gpuv1alpha1.DefaultDCGMCountersConfigMap
-	d := r.desired(gpuObserved{policy: policy, missing: []string{"servicemonitors.monitoring.coreos.com"}})
+	d := r.desired(gpuObserved{policy: policy, missing: operatorMissing()})
 	if got := names(d.remove); slices.Contains(got, "ConfigMap "+loomNS+"/"+CountersConfigMap) {
 		t.Errorf("the ConfigMap the policy names is removed: remove %v", got)
 	}
@@ -138,7 +144,7 @@ func TestPolicyNamingLoomsCounters(t *testing.T) {
 	}
 	// The policy's own ConfigMap: Loom's goes.
 	policy.Spec.DCGMExporter.MetricsConfigMapName = "my-counters"
-	d = r.desired(gpuObserved{policy: policy, missing: []string{"servicemonitors.monitoring.coreos.com"}})
+	d = r.desired(gpuObserved{policy: policy, missing: operatorMissing()})
 	if got := names(d.remove); !slices.Contains(got, "ConfigMap "+loomNS+"/"+CountersConfigMap) {
 		t.Errorf("remove %v lacks Loom's counters", got)
 	}

@@ -48,10 +48,11 @@ type gpuObserved struct {
 	policy *gpuv1alpha1.ClusterPolicy
 	// dashboards are Loom's dashboards ConfigMaps, wherever they are.
 	dashboards []corev1.ConfigMap
-	// missing are the Prometheus Operator CRDs not installed; while any
-	// is, proms and nsLabels are not read.
-	missing []string
-	proms   []*monitoringv1.Prometheus
+	// missing are the Prometheus Operator CRDs not installed: the objects
+	// of those kinds are neither written nor read.
+	missing crdsMissing
+	// proms are the Prometheus objects, oldest first.
+	proms []*monitoringv1.Prometheus
 	// nsLabels are the labels of the operands' namespace.
 	nsLabels map[string]string
 }
@@ -103,10 +104,10 @@ func (r *GPUReconciler) observe(ctx context.Context) (gpuObserved, error) {
 	}
 	o.dashboards = dashboards.Items
 	var err error
-	if o.missing, err = r.crds.missing(ctx, r.Client); err != nil || len(o.missing) > 0 {
+	if o.missing, err = r.crds.missing(ctx, r.Client); err != nil {
 		return o, err
 	}
-	if o.proms, err = prometheuses(ctx, r.proms); err != nil {
+	if o.proms, err = prometheuses(ctx, r.proms, o.missing); err != nil {
 		return o, err
 	}
 	o.nsLabels = namespaceLabels(ctx, r.Client, r.Namespace)
@@ -114,8 +115,9 @@ func (r *GPUReconciler) observe(ctx context.Context) (gpuObserved, error) {
 }
 
 // desired computes the children from what was observed. The Service,
-// counters and dashboards need no Prometheus Operator; the ServiceMonitor
-// and the rules wait for its CRDs, and carry the selection labels.
+// counters and dashboards need no Prometheus Operator; the ServiceMonitor,
+// the rules and the node agent's PodMonitor each wait for their own CRD,
+// and carry the selection labels.
 func (r *GPUReconciler) desired(o gpuObserved) gpuDesired {
 	var d gpuDesired
 	want := func(yes bool, obj client.Object) {
@@ -139,21 +141,27 @@ func (r *GPUReconciler) desired(o gpuObserved) gpuDesired {
 			want(false, cm)
 		}
 	}
-	if len(o.missing) > 0 {
-		return d
-	}
 	nsLabels := func(string) map[string]string { return o.nsLabels }
-	smSel := Select(o.proms, Object{Kind: KindServiceMonitor, Namespace: r.Namespace, Labels: ownedLabels(gpuv1alpha1.OperandDCGMExporter)}, r.Labels, nsLabels)
-	ruleSel := Select(o.proms, Object{Kind: KindPrometheusRule, Namespace: r.Namespace, Labels: ownedLabels(componentAlerts)}, r.Labels, nsLabels)
-	agentSel := Select(o.proms, Object{Kind: KindPodMonitor, Namespace: r.Namespace, Labels: ownedLabels(componentNodeAgent)}, r.Labels, nsLabels)
-	want(exporter, ExporterServiceMonitor(r.Namespace, smSel.Labels))
-	want(true, GPURule(r.Namespace, ruleSel.Labels))
-	want(true, NodeAgentPodMonitor(r.Namespace, agentSel.Labels))
-	if exporter {
-		d.parts = append(d.parts, selected{KindServiceMonitor, r.Namespace + "/" + ExporterName, smSel})
+	selection := func(kind, component string) Selection {
+		return Select(o.proms, Object{Kind: kind, Namespace: r.Namespace, Labels: ownedLabels(component)}, r.Labels, nsLabels)
 	}
-	d.parts = append(d.parts, selected{KindPrometheusRule, r.Namespace + "/" + RuleName, ruleSel},
-		selected{KindPodMonitor, r.Namespace + "/" + NodeAgentPodMonitorName, agentSel})
+	if o.missing.has(KindServiceMonitor) {
+		sel := selection(KindServiceMonitor, gpuv1alpha1.OperandDCGMExporter)
+		want(exporter, ExporterServiceMonitor(r.Namespace, sel.Labels))
+		if exporter {
+			d.parts = append(d.parts, selected{KindServiceMonitor, r.Namespace + "/" + ExporterName, sel})
+		}
+	}
+	if o.missing.has(KindPrometheusRule) {
+		sel := selection(KindPrometheusRule, componentAlerts)
+		want(true, GPURule(r.Namespace, sel.Labels))
+		d.parts = append(d.parts, selected{KindPrometheusRule, r.Namespace + "/" + RuleName, sel})
+	}
+	if o.missing.has(KindPodMonitor) {
+		sel := selection(KindPodMonitor, componentNodeAgent)
+		want(true, NodeAgentPodMonitor(r.Namespace, sel.Labels))
+		d.parts = append(d.parts, selected{KindPodMonitor, r.Namespace + "/" + NodeAgentPodMonitorName, sel})
+	}
 	return d
 }
 
@@ -162,17 +170,36 @@ func (r *GPUReconciler) desired(o gpuObserved) gpuDesired {
 const conflictRecheck = time.Minute
 
 // gpuCondition is the policy's Monitoring condition: a name conflict, the
-// Prometheus Operator missing, or which Prometheus selects the children;
-// never True while dcgm-exporter, the source of the metrics, is disabled.
+// Prometheus Operator missing, or which Prometheus selects the children,
+// after the CRDs missing for some of them; never True while dcgm-exporter,
+// the source of the metrics, is disabled or not scraped for want of the
+// ServiceMonitor CRD.
 func gpuCondition(o gpuObserved, d gpuDesired, conflict *apply.ForeignError) metav1.Condition {
 	if conflict != nil {
 		return conflictCondition(ConditionMonitoring, conflict)
 	}
-	if len(o.missing) > 0 {
-		return waitingForOperator(ConditionMonitoring, o.missing)
+	exporter := o.policy.Spec.OperandEnabled(gpuv1alpha1.OperandDCGMExporter)
+	if len(d.parts) == 0 {
+		return waitingForOperator(ConditionMonitoring,
+			o.missing.of(KindServiceMonitor, KindPodMonitor, KindPrometheusRule, monitoringv1.PrometheusesKind))
 	}
-	cond := selectionCondition(ConditionMonitoring, len(o.proms), d.parts)
-	if !o.policy.Spec.OperandEnabled(gpuv1alpha1.OperandDCGMExporter) && cond.Status == metav1.ConditionTrue {
+	cond := selectionCondition(ConditionMonitoring, o.missing.prometheusesReadable(), o.proms, d.parts)
+	var notes []string
+	if crd := o.missing.of(KindServiceMonitor); exporter && len(crd) > 0 {
+		notes = append(notes, fmt.Sprintf("no ServiceMonitor CRD (%s) is installed, so dcgm-exporter's GPU metrics are not scraped", crd[0]))
+		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonOperatorMissing
+	}
+	if crd := o.missing.of(KindPrometheusRule); len(crd) > 0 {
+		notes = append(notes, fmt.Sprintf("no PrometheusRule CRD (%s) is installed, so Loom's GPU alerts and recording rules are not written", crd[0]))
+	}
+	if crd := o.missing.of(KindPodMonitor); len(crd) > 0 {
+		notes = append(notes, fmt.Sprintf("no PodMonitor CRD (%s) is installed, so the node agent's metrics are not scraped", crd[0]))
+	}
+	if len(notes) > 0 {
+		// First: a long selection message is cut at its end.
+		cond.Message = strings.Join(notes, "; ") + "; " + cond.Message
+	}
+	if !exporter && cond.Status == metav1.ConditionTrue {
 		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonExporterDisabled
 		cond.Message = "dcgm-exporter is disabled in the policy, so there are no GPU metrics; " + cond.Message
 	}
@@ -193,13 +220,23 @@ func waitingForOperator(conditionType string, missing []string) metav1.Condition
 
 // selectionCondition is True when a Prometheus selects every object, and
 // otherwise names, per Prometheus, the label or namespace that is missing.
-func selectionCondition(conditionType string, prometheuses int, parts []selected) metav1.Condition {
+// Without the Prometheus CRD (readable false) there is nothing to check the
+// selection against: whatever scrapes the monitors (Grafana Alloy, an
+// OpenTelemetry target allocator) selects them by its own configuration,
+// and the condition says they are written.
+func selectionCondition(conditionType string, readable bool, proms []*monitoringv1.Prometheus, parts []selected) metav1.Condition {
 	cond := metav1.Condition{Type: conditionType}
-	if prometheuses == 0 {
-		var keys []string
-		for _, p := range parts {
-			keys = append(keys, p.kind+" "+p.key)
-		}
+	var keys []string
+	for _, p := range parts {
+		keys = append(keys, p.kind+" "+p.key)
+	}
+	if !readable {
+		cond.Status, cond.Reason = metav1.ConditionTrue, ReasonWritten
+		cond.Message = strings.Join(keys, ", ") + " written; no Prometheus CRD is installed, so there is no Prometheus object" +
+			" to check their selection against (whatever reads them selects them by its own configuration)"
+		return cond
+	}
+	if len(proms) == 0 {
 		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonNoPrometheus
 		cond.Message = strings.Join(keys, ", ") + " written, but there is no Prometheus object in the cluster to select them"
 		return cond
@@ -228,15 +265,19 @@ func selectionCondition(conditionType string, prometheuses int, parts []selected
 	return cond
 }
 
-func prometheuses(ctx context.Context, c client.Reader) ([]*monitoringv1.Prometheus, error) {
-	list := &monitoringv1.PrometheusList{}
-	if err := c.List(ctx, list); err != nil {
-		return nil, err
-	}
-	out := make([]*monitoringv1.Prometheus, 0, len(list.Items))
-	for i := range list.Items {
-		if list.Items[i].DeletionTimestamp == nil {
-			out = append(out, &list.Items[i])
+// prometheuses reads the Prometheus objects, when their CRD is installed,
+// oldest first.
+func prometheuses(ctx context.Context, c client.Reader, missing crdsMissing) ([]*monitoringv1.Prometheus, error) {
+	var out []*monitoringv1.Prometheus
+	if missing.has(monitoringv1.PrometheusesKind) {
+		list := &monitoringv1.PrometheusList{}
+		if err := c.List(ctx, list); err != nil {
+			return nil, err
+		}
+		for i := range list.Items {
+			if list.Items[i].DeletionTimestamp == nil {
+				out = append(out, &list.Items[i])
+			}
 		}
 	}
 	SortPrometheuses(out)

@@ -146,8 +146,11 @@ func key(ns, name string) metav1.ObjectMeta { return metav1.ObjectMeta{Namespace
 
 // TestOnboardsWhenTheOperatorArrives: without the Prometheus Operator's CRDs
 // the policy says monitoring waits for it while the Service, counters and
-// dashboards are in place; once the CRDs are installed, the ServiceMonitor
-// and rules follow within seconds, without a restart.
+// dashboards are in place. Each kind follows its own CRD within seconds,
+// without a restart: with the monitor CRDs only (Grafana Alloy,
+// VictoriaMetrics' converter) the ServiceMonitor and PodMonitors are
+// written, and the condition says there are no rules and no Prometheus to
+// check them against; the rules follow their CRD.
 func TestOnboardsWhenTheOperatorArrives(t *testing.T) {
 	startManager(t)
 	cp := createPolicy(t, gpuv1alpha1.ClusterPolicySpec{})
@@ -175,14 +178,39 @@ func TestOnboardsWhenTheOperatorArrives(t *testing.T) {
 		t.Errorf("dashboards ConfigMap labels %v, %d dashboards", dashboards.Labels, len(dashboards.Data))
 	}
 
+	if err := env.InstallCRDsNamed(ctx(), "servicemonitors.monitoring.coreos.com", "podmonitors.monitoring.coreos.com"); err != nil {
+		t.Fatal(err)
+	}
+	sm := &monitoringv1.ServiceMonitor{ObjectMeta: key(loomNS, ExporterName)}
+	exists(t, sm)
+	exists(t, &monitoringv1.PodMonitor{ObjectMeta: key(loomNS, NodeAgentPodMonitorName)})
+	c = policyCondition(t, cp, ReasonWritten)
+	for _, want := range []string{"no PrometheusRule CRD (prometheusrules.monitoring.coreos.com) is installed, so Loom's GPU alerts and recording rules are not written",
+		"ServiceMonitor loom-system/loom-dcgm-exporter, PodMonitor loom-system/loom-node-agent written; no Prometheus CRD is installed"} {
+		if !strings.Contains(c.Message, want) || c.Status != metav1.ConditionTrue {
+			t.Errorf("condition %s %q lacks %q", c.Status, c.Message, want)
+		}
+	}
+	if err := env.CreateNamespace(ctx(), "monitorsonly"); err != nil {
+		t.Fatal(err)
+	}
+	job := trainingJob("monitorsonly", "bert", true)
+	if err := env.Client.Create(ctx(), job); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(ctx(), job) })
+	jobConds := func() []metav1.Condition { return job.Status.Conditions }
+	condition(t, job, ConditionMonitoring, ReasonWritten, jobConds)
+	exists(t, &monitoringv1.PodMonitor{ObjectMeta: key("monitorsonly", TrainingJobPodMonitorName("bert"))})
+
 	installed := time.Now()
 	withOperatorCRDs(t)
-	sm := &monitoringv1.ServiceMonitor{ObjectMeta: key(loomNS, ExporterName)}
 	rule := &monitoringv1.PrometheusRule{ObjectMeta: key(loomNS, RuleName)}
-	exists(t, sm)
 	exists(t, rule)
-	t.Logf("onboarded %.1fs after the CRDs were installed", time.Since(installed).Seconds())
+	t.Logf("rules written %.1fs after their CRD was installed", time.Since(installed).Seconds())
 	c = policyCondition(t, cp, ReasonNoPrometheus)
+	// The Prometheus CRD, installed later too, is read for the job.
+	condition(t, job, ConditionMonitoring, ReasonNoPrometheus, jobConds)
 	if !strings.Contains(c.Message, "ServiceMonitor loom-system/loom-dcgm-exporter") {
 		t.Errorf("message %q", c.Message)
 	}

@@ -92,15 +92,17 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	watch := func(c controller.Controller, obj client.Object, h handler.EventHandler, p ...predicate.Predicate) func() error {
 		return func() error { return c.Watch(source.Kind(mgr.GetCache(), obj, h, p...)) }
 	}
-	gr.crds = operatorCRDs{
-		crdKind("servicemonitors", monitoringv1.ServiceMonitorsKind, watch(gc, &monitoringv1.ServiceMonitor{}, one,
+	// Each kind on its own: a cluster may have only some of these CRDs
+	// (Grafana Alloy or VictoriaMetrics' converter: monitors, no
+	// Prometheus).
+	gr.crds = append(operatorCRDs{
+		crdKind("servicemonitors", monitoringv1.SchemeGroupVersion.WithKind(monitoringv1.ServiceMonitorsKind), watch(gc, &monitoringv1.ServiceMonitor{}, one,
 			predicate.Or(loomComponent, named(opts.Namespace, ExporterName)))),
-		crdKind("prometheusrules", monitoringv1.PrometheusRuleKind, watch(gc, &monitoringv1.PrometheusRule{}, one,
+		crdKind("prometheusrules", monitoringv1.SchemeGroupVersion.WithKind(monitoringv1.PrometheusRuleKind), watch(gc, &monitoringv1.PrometheusRule{}, one,
 			predicate.Or(loomComponent, named(opts.Namespace, RuleName)))),
-		crdKind("podmonitors", monitoringv1.PodMonitorsKind, watch(gc, &monitoringv1.PodMonitor{}, one,
+		crdKind("podmonitors", monitoringv1.SchemeGroupVersion.WithKind(monitoringv1.PodMonitorsKind), watch(gc, &monitoringv1.PodMonitor{}, one,
 			predicate.Or(nodeAgentMonitor, named(opts.Namespace, NodeAgentPodMonitorName)))),
-		crdKind("prometheuses", monitoringv1.PrometheusesKind, watchPrometheuses(gc, promCache, one)),
-	}
+	}, prometheusKinds(gc, promCache, one)...)
 	registerInventoryMetrics(mgr.GetCache())
 	if err := setupWorkloads(mgr, opts, trainingJobs, watch, promCache); err != nil {
 		return err
@@ -133,9 +135,14 @@ type startedWithCaches struct{ cache.Cache }
 
 func (c startedWithCaches) GetCache() cache.Cache { return c.Cache }
 
-func watchPrometheuses(c controller.Controller, promCache cache.Cache, h handler.EventHandler) func() error {
-	return func() error {
-		return c.Watch(source.Kind(promCache, client.Object(&monitoringv1.Prometheus{}), h, selectorsChanged))
+// prometheusKinds are the kinds whose objects select Loom's monitors, each
+// read once its CRD is served.
+func prometheusKinds(c controller.Controller, promCache cache.Cache, h handler.EventHandler) operatorCRDs {
+	watch := func(obj client.Object) func() error {
+		return func() error { return c.Watch(source.Kind(promCache, obj, h, selectorsChanged)) }
+	}
+	return operatorCRDs{
+		crdKind("prometheuses", monitoringv1.SchemeGroupVersion.WithKind(monitoringv1.PrometheusesKind), watch(&monitoringv1.Prometheus{})),
 	}
 }
 
@@ -176,10 +183,9 @@ func setupWorkloads(mgr ctrl.Manager, opts manager.Options, kind workloadKind,
 		}
 		return []ctrl.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: name}}}
 	})
-	r.crds = operatorCRDs{
-		crdKind("podmonitors", monitoringv1.PodMonitorsKind, watch(c, &monitoringv1.PodMonitor{}, byName)),
-		crdKind("prometheuses", monitoringv1.PrometheusesKind, watchPrometheuses(c, promCache, all)),
-	}
+	r.crds = append(operatorCRDs{
+		crdKind("podmonitors", monitoringv1.SchemeGroupVersion.WithKind(monitoringv1.PodMonitorsKind), watch(c, &monitoringv1.PodMonitor{}, byName)),
+	}, prometheusKinds(c, promCache, all)...)
 	return nil
 }
 

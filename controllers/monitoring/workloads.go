@@ -80,10 +80,11 @@ type workloadObserved struct {
 	// obj is the workload; nil when there is nothing to do (gone, being
 	// deleted, or its kind not served).
 	obj client.Object
-	// missing are the Prometheus Operator CRDs not installed; while any
-	// is, proms and nsLabels are not read.
-	missing []string
-	proms   []*monitoringv1.Prometheus
+	// missing are the Prometheus Operator CRDs not installed; while the
+	// PodMonitor's is, proms and nsLabels are not read.
+	missing crdsMissing
+	// proms are the Prometheus objects, oldest first.
+	proms []*monitoringv1.Prometheus
 	// nsLabels are the labels of the workload's namespace.
 	nsLabels map[string]string
 }
@@ -137,8 +138,8 @@ func (r *WorkloadReconciler) observe(ctx context.Context, req ctrl.Request) (wor
 	if o.missing, err = r.crds.missing(ctx, r.Client); err != nil {
 		return o, err
 	}
-	if len(o.missing) == 0 {
-		if o.proms, err = prometheuses(ctx, r.proms); err != nil {
+	if o.missing.has(KindPodMonitor) {
+		if o.proms, err = prometheuses(ctx, r.proms, o.missing); err != nil {
 			return o, err
 		}
 		o.nsLabels = namespaceLabels(ctx, r.Client, obj.GetNamespace())
@@ -161,18 +162,18 @@ func (r *WorkloadReconciler) desired(o workloadObserved) workloadDesired {
 	case base == nil:
 		none.Reason, none.Message = ReasonNoMetricsPort, "no container declares a port named "+MetricsPortName+
 			", so there is no PodMonitor; the pods' GPU metrics come from dcgm-exporter"
-	case len(o.missing) > 0:
-		return workloadDesired{cond: waitingForOperator(ct, o.missing)}
+	case !o.missing.has(KindPodMonitor):
+		return workloadDesired{cond: waitingForOperator(ct, o.missing.of(KindPodMonitor))}
 	default:
 		sel := Select(o.proms, Object{Kind: KindPodMonitor, Namespace: key.Namespace, Labels: base.Labels}, r.Labels,
 			func(string) map[string]string { return o.nsLabels })
 		return workloadDesired{
 			ensure: []client.Object{r.kind.podMonitor(o.obj, sel.Labels)},
-			cond:   selectionCondition(ct, len(o.proms), []selected{{KindPodMonitor, key.String(), sel}}),
+			cond:   selectionCondition(ct, o.missing.prometheusesReadable(), o.proms, []selected{{KindPodMonitor, key.String(), sel}}),
 		}
 	}
 	d := workloadDesired{cond: none}
-	if len(o.missing) == 0 {
+	if o.missing.has(KindPodMonitor) {
 		d.remove = []client.Object{&monitoringv1.PodMonitor{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}
 	}
 	return d

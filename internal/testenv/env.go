@@ -73,11 +73,25 @@ func StartWithout(ctx context.Context, groups ...string) (*Env, error) {
 // InstallCRDs installs the CRDs of the given groups (left out by
 // StartWithout) and waits until they are established.
 func (e *Env) InstallCRDs(ctx context.Context, groups ...string) error {
+	return e.install(ctx, func(o *unstructured.Unstructured) bool {
+		g, _, _ := unstructured.NestedString(o.Object, "spec", "group")
+		return slices.Contains(groups, g)
+	})
+}
+
+// InstallCRDsNamed installs only the named CRDs (plural.group) of a group
+// StartWithout left out, as a cluster where a dependency installed some of
+// its CRDs, and waits until they are established.
+func (e *Env) InstallCRDsNamed(ctx context.Context, names ...string) error {
+	return e.install(ctx, func(o *unstructured.Unstructured) bool { return slices.Contains(names, o.GetName()) })
+}
+
+func (e *Env) install(ctx context.Context, keep func(*unstructured.Unstructured) bool) error {
 	objs, err := ReadManifests(CRDPaths(e.Root)...)
 	if err != nil {
 		return err
 	}
-	objs = crdsWhere(objs, func(g string) bool { return slices.Contains(groups, g) })
+	objs = slices.DeleteFunc(objs, func(o *unstructured.Unstructured) bool { return !keep(o) })
 	if err := Apply(ctx, e.Config, e.Client, objs); err != nil {
 		return err
 	}
