@@ -18,7 +18,7 @@ EXTERNAL_CRDS := config/crd/external
 # The GPU rules evaluated by Prometheus's own engine: a test-only module, so
 # that Prometheus's dependencies stay out of Loom's go.mod.
 RULETEST := controllers/monitoring/assets/ruletest
-MONITORING_CRDS := podmonitors servicemonitors prometheusrules prometheuses
+MONITORING_CRDS := podmonitors servicemonitors prometheusrules prometheuses prometheusagents
 
 .PHONY: help
 help: ## List targets.
@@ -87,7 +87,8 @@ manifests: ## Generate CRDs and RBAC into the chart, and the third-party CRDs te
 	rm -rf $(EXTERNAL_CRDS) && mkdir -p $(EXTERNAL_CRDS)
 	$(CONTROLLER_GEN) crd:maxDescLen=0 paths=volcano.sh/apis/pkg/apis/scheduling/v1beta1 output:crd:dir=$(EXTERNAL_CRDS)
 	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
-		$(CONTROLLER_GEN) crd:maxDescLen=0 paths=github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1 output:crd:dir=$$tmp && \
+		$(CONTROLLER_GEN) crd:maxDescLen=0 paths=github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1 \
+			paths=github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1alpha1 output:crd:dir=$$tmp && \
 		for k in $(MONITORING_CRDS); do cp $$tmp/monitoring.coreos.com_$$k.yaml $(EXTERNAL_CRDS)/; done
 	cp "$$(go list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)/config/crd/bases/ray.io_rayclusters.yaml" $(EXTERNAL_CRDS)/
 	cp "$$(go list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)/config/crd/bases/ray.io_rayjobs.yaml" $(EXTERNAL_CRDS)/

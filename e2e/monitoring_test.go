@@ -81,7 +81,7 @@ func TestMonitoringSelectedByTheRealPrometheusOperator(t *testing.T) {
 	createPolicy(t, cp)
 	msg := monitoringCondition(t, cp, monitoring.ConditionMonitoring, monitoring.ReasonSelected, func() []metav1.Condition { return cp.Status.Conditions })
 	for _, want := range []string{"ServiceMonitor loom-system/loom-dcgm-exporter selected by Prometheus monitoring/kps",
-		"labels release=kps learned from monitoring/kps",
+		"labels release=kps learned from Prometheus monitoring/kps",
 		"not by Prometheus team/team: serviceMonitorSelector {release=team} needs label release=team"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("ClusterPolicy Monitoring message %q lacks %q", msg, want)

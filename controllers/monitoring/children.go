@@ -86,9 +86,11 @@ func (m crdsMissing) of(kinds ...string) []string {
 	return out
 }
 
-// prometheusesReadable reports whether the Prometheus kind is served, so
-// that the monitors' selection can be checked.
-func (m crdsMissing) prometheusesReadable() bool { return m.has(monitoringv1.PrometheusesKind) }
+// prometheusesReadable reports whether a kind that selects monitors is
+// served, so that their selection can be checked.
+func (m crdsMissing) prometheusesReadable() bool {
+	return m.has(monitoringv1.PrometheusesKind) || m.has(KindPrometheusAgent)
+}
 
 // observeResult is a reconcile's answer when its observation ends it: a
 // Prometheus Operator or workload CRD just created and not served yet is

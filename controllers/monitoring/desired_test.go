@@ -51,7 +51,8 @@ func TestConditionChange(t *testing.T) {
 // operatorMissing: none of the Prometheus Operator's CRDs is installed.
 func operatorMissing() crdsMissing {
 	return crdsMissing{KindServiceMonitor: "servicemonitors.monitoring.coreos.com", KindPodMonitor: "podmonitors.monitoring.coreos.com",
-		KindPrometheusRule: "prometheusrules.monitoring.coreos.com", monitoringv1.PrometheusesKind: "prometheuses.monitoring.coreos.com"}
+		KindPrometheusRule: "prometheusrules.monitoring.coreos.com", monitoringv1.PrometheusesKind: "prometheuses.monitoring.coreos.com",
+		KindPrometheusAgent: "prometheusagents.monitoring.coreos.com"}
 }
 
 func names(objs []client.Object) []string {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	monitoringv1alpha1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -51,7 +53,8 @@ type gpuObserved struct {
 	// missing are the Prometheus Operator CRDs not installed: the objects
 	// of those kinds are neither written nor read.
 	missing crdsMissing
-	// proms are the Prometheus objects, oldest first.
+	// proms are the Prometheus objects and PrometheusAgents
+	// (AgentAsPrometheus), oldest first.
 	proms []*monitoringv1.Prometheus
 	// nsLabels are the labels of the operands' namespace.
 	nsLabels map[string]string
@@ -220,10 +223,11 @@ func waitingForOperator(conditionType string, missing []string) metav1.Condition
 
 // selectionCondition is True when a Prometheus selects every object, and
 // otherwise names, per Prometheus, the label or namespace that is missing.
-// Without the Prometheus CRD (readable false) there is nothing to check the
-// selection against: whatever scrapes the monitors (Grafana Alloy, an
-// OpenTelemetry target allocator) selects them by its own configuration,
-// and the condition says they are written.
+// Without a Prometheus or PrometheusAgent CRD (readable false) there is
+// nothing to check the selection against: whatever scrapes the monitors
+// (Grafana Alloy, an OpenTelemetry target allocator) selects them by its
+// own configuration, and the condition says they are written. With
+// PrometheusAgents only, the rules are written but no agent evaluates them.
 func selectionCondition(conditionType string, readable bool, proms []*monitoringv1.Prometheus, parts []selected) metav1.Condition {
 	cond := metav1.Condition{Type: conditionType}
 	var keys []string
@@ -241,13 +245,23 @@ func selectionCondition(conditionType string, readable bool, proms []*monitoring
 		cond.Message = strings.Join(keys, ", ") + " written, but there is no Prometheus object in the cluster to select them"
 		return cond
 	}
+	agentsOnly := !slices.ContainsFunc(proms, func(p *monitoringv1.Prometheus) bool { return !isAgent(p) })
 	var ok, notOK []string
 	for _, p := range parts {
+		if p.kind == KindPrometheusRule && agentsOnly {
+			var agents []string
+			for _, a := range proms {
+				agents = append(agents, ref(a))
+			}
+			ok = append(ok, fmt.Sprintf("%s %s written, but no Prometheus evaluates it: only %s, and an agent evaluates no rules",
+				p.kind, p.key, joinCapped(agents, ", ")))
+			continue
+		}
 		if len(p.sel.SelectedBy) == 0 {
 			notOK = append(notOK, fmt.Sprintf("no Prometheus selects %s %s (%s)", p.kind, p.key, joinCapped(p.sel.Why, "; ")))
 			continue
 		}
-		s := fmt.Sprintf("%s %s selected by Prometheus %s", p.kind, p.key, strings.Join(p.sel.SelectedBy, ", "))
+		s := fmt.Sprintf("%s %s selected by %s", p.kind, p.key, strings.Join(p.sel.SelectedBy, ", "))
 		if p.sel.Learned != "" {
 			s += fmt.Sprintf(" (labels %s learned from %s)", formatLabels(p.sel.Labels), p.sel.Learned)
 		}
@@ -265,8 +279,8 @@ func selectionCondition(conditionType string, readable bool, proms []*monitoring
 	return cond
 }
 
-// prometheuses reads the Prometheus objects, when their CRD is installed,
-// oldest first.
+// prometheuses reads the Prometheus objects and the PrometheusAgents (as
+// AgentAsPrometheus), of the kinds whose CRD is installed, oldest first.
 func prometheuses(ctx context.Context, c client.Reader, missing crdsMissing) ([]*monitoringv1.Prometheus, error) {
 	var out []*monitoringv1.Prometheus
 	if missing.has(monitoringv1.PrometheusesKind) {
@@ -277,6 +291,17 @@ func prometheuses(ctx context.Context, c client.Reader, missing crdsMissing) ([]
 		for i := range list.Items {
 			if list.Items[i].DeletionTimestamp == nil {
 				out = append(out, &list.Items[i])
+			}
+		}
+	}
+	if missing.has(KindPrometheusAgent) {
+		list := &monitoringv1alpha1.PrometheusAgentList{}
+		if err := c.List(ctx, list); err != nil {
+			return nil, err
+		}
+		for i := range list.Items {
+			if list.Items[i].DeletionTimestamp == nil {
+				out = append(out, AgentAsPrometheus(&list.Items[i]))
 			}
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	monitoringv1alpha1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -265,7 +266,7 @@ func TestSelectedByPrometheus(t *testing.T) {
 
 	c := policyCondition(t, cp, ReasonSelected)
 	for _, want := range []string{"ServiceMonitor loom-system/loom-dcgm-exporter selected by Prometheus monitoring/kps",
-		"PrometheusRule loom-system/loom-gpu selected by Prometheus monitoring/kps", "labels release=kps learned from monitoring/kps",
+		"PrometheusRule loom-system/loom-gpu selected by Prometheus monitoring/kps", "labels release=kps learned from Prometheus monitoring/kps",
 		"PodMonitor loom-system/loom-node-agent selected by Prometheus monitoring/kps"} {
 		if !strings.Contains(c.Message, want) {
 			t.Errorf("message %q lacks %q", c.Message, want)
@@ -314,6 +315,50 @@ func TestSelectedByPrometheus(t *testing.T) {
 	if c.Status != metav1.ConditionFalse {
 		t.Errorf("condition %+v", c)
 	}
+}
+
+// TestPrometheusAgentSelects: in a cluster whose only Prometheus is a
+// PrometheusAgent (scraping, and remote-writing elsewhere), the agent's
+// selector is learned for the monitors and the condition names it; it says
+// that no agent evaluates the rules, until a Prometheus selects them.
+func TestPrometheusAgentSelects(t *testing.T) {
+	withOperatorCRDs(t)
+	startManager(t)
+	cp := createPolicy(t, gpuv1alpha1.ClusterPolicySpec{})
+	if err := env.CreateNamespace(ctx(), "monitoring"); err != nil {
+		t.Fatal(err)
+	}
+	agent := &monitoringv1alpha1.PrometheusAgent{ObjectMeta: key("monitoring", "agent"),
+		Spec: monitoringv1alpha1.PrometheusAgentSpec{CommonPrometheusFields: kpsSpec("agent").CommonPrometheusFields}}
+	if err := env.Client.Create(ctx(), agent); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(ctx(), agent) })
+
+	c := policyCondition(t, cp, ReasonSelected)
+	for _, want := range []string{"ServiceMonitor loom-system/loom-dcgm-exporter selected by PrometheusAgent monitoring/agent",
+		"labels release=agent learned from PrometheusAgent monitoring/agent",
+		"PodMonitor loom-system/loom-node-agent selected by PrometheusAgent monitoring/agent",
+		"PrometheusRule loom-system/loom-gpu written, but no Prometheus evaluates it: only PrometheusAgent monitoring/agent, and an agent evaluates no rules"} {
+		if !strings.Contains(c.Message, want) {
+			t.Errorf("message %q lacks %q", c.Message, want)
+		}
+	}
+	sm := &monitoringv1.ServiceMonitor{ObjectMeta: key(loomNS, ExporterName)}
+	exists(t, sm)
+	if sm.Labels["release"] != "agent" {
+		t.Errorf("ServiceMonitor labels %v lack release=agent", sm.Labels)
+	}
+
+	// A Prometheus for the rules beside the agent: it selects them.
+	createProm(t, "monitoring", "rules", kpsSpec("agent"))
+	testenv.Eventually(t, 20*time.Second, func() error {
+		c := policyCondition(t, cp, ReasonSelected)
+		if !strings.Contains(c.Message, "PrometheusRule loom-system/loom-gpu selected by Prometheus monitoring/rules") {
+			return fmt.Errorf("message %q", c.Message)
+		}
+		return nil
+	})
 }
 
 // restoredAfterHandEdits: the GPU children, deleted by hand, come back, and

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	monitoringv1alpha1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1alpha1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 )
@@ -18,6 +19,30 @@ const (
 	KindPodMonitor     = "PodMonitor"
 	KindPrometheusRule = "PrometheusRule"
 )
+
+// KindPrometheusAgent marks, in the Prometheus objects selection reads, a
+// PrometheusAgent: it selects ServiceMonitors and PodMonitors as a
+// Prometheus does, and evaluates no rules (it has no rule selector).
+const KindPrometheusAgent = monitoringv1alpha1.PrometheusAgentsKind
+
+// AgentAsPrometheus is a PrometheusAgent as selection reads it: a Prometheus
+// of kind PrometheusAgent with the agent's monitor selectors and no rule
+// selector.
+func AgentAsPrometheus(a *monitoringv1alpha1.PrometheusAgent) *monitoringv1.Prometheus {
+	return &monitoringv1.Prometheus{TypeMeta: metav1.TypeMeta{Kind: KindPrometheusAgent}, ObjectMeta: a.ObjectMeta,
+		Spec: monitoringv1.PrometheusSpec{CommonPrometheusFields: a.Spec.CommonPrometheusFields}}
+}
+
+func isAgent(p *monitoringv1.Prometheus) bool { return p.Kind == KindPrometheusAgent }
+
+// ref names p with its kind, as conditions do: "Prometheus monitoring/kps".
+func ref(p *monitoringv1.Prometheus) string {
+	kind := monitoringv1.PrometheusesKind
+	if isAgent(p) {
+		kind = KindPrometheusAgent
+	}
+	return kind + " " + p.Namespace + "/" + p.Name
+}
 
 // selectors are the label and namespace selectors a Prometheus applies to
 // one kind of object, with the field names a person would look for.
@@ -115,9 +140,11 @@ type Selection struct {
 	// Labels to add to the object for it to be selected (configured or
 	// learned); nil when none are needed or none could be found.
 	Labels map[string]string
-	// SelectedBy are the Prometheus objects (namespace/name) that select it.
+	// SelectedBy are the Prometheus objects that select it, each named by
+	// ref ("Prometheus monitoring/kps", "PrometheusAgent monitoring/agent").
 	SelectedBy []string
-	// Learned names the Prometheus whose selector the labels come from.
+	// Learned names (by ref) the Prometheus whose selector the labels come
+	// from.
 	Learned string
 	// Why says, per Prometheus, why it does not select the object.
 	Why []string
@@ -128,8 +155,13 @@ type Selection struct {
 // and when no Prometheus selects o already, Loom learns the labels of the
 // oldest Prometheus whose selector is plain matchLabels and whose namespace
 // selector admits o's namespace. proms is sorted by the caller (oldest
-// first); nsLabels returns a namespace's labels.
+// first) and may hold PrometheusAgents (AgentAsPrometheus), which are left
+// out for rules: an agent evaluates none. nsLabels returns a namespace's
+// labels.
 func Select(proms []*monitoringv1.Prometheus, o Object, configured map[string]string, nsLabels func(string) map[string]string) Selection {
+	if o.Kind == KindPrometheusRule {
+		proms = slices.DeleteFunc(slices.Clone(proms), isAgent)
+	}
 	with := func(extra map[string]string) Object {
 		l := maps.Clone(o.Labels)
 		if l == nil {
@@ -143,9 +175,9 @@ func Select(proms []*monitoringv1.Prometheus, o Object, configured map[string]st
 		obj := with(extra)
 		for _, p := range proms {
 			if ok, why := judge(p, obj, nsLabels(o.Namespace)); ok {
-				s.SelectedBy = append(s.SelectedBy, p.Namespace+"/"+p.Name)
+				s.SelectedBy = append(s.SelectedBy, ref(p))
 			} else {
-				s.Why = append(s.Why, fmt.Sprintf("Prometheus %s/%s: %s", p.Namespace, p.Name, why))
+				s.Why = append(s.Why, ref(p)+": "+why)
 			}
 		}
 		return s
@@ -165,7 +197,7 @@ func Select(proms []*monitoringv1.Prometheus, o Object, configured map[string]st
 			continue
 		}
 		s := evaluate(l)
-		s.Learned = p.Namespace + "/" + p.Name
+		s.Learned = ref(p)
 		if slices.Contains(s.SelectedBy, s.Learned) {
 			return s
 		}
@@ -188,15 +220,15 @@ func conflicts(have, want map[string]string) bool {
 	return false
 }
 
-// SortPrometheuses orders Prometheus objects oldest first (name breaks
-// ties), the order in which Loom learns selection labels.
+// SortPrometheuses orders Prometheus objects oldest first (kind and name
+// break ties), the order in which Loom learns selection labels.
 func SortPrometheuses(ps []*monitoringv1.Prometheus) {
 	sort.Slice(ps, func(i, j int) bool {
 		ti, tj := ps[i].CreationTimestamp, ps[j].CreationTimestamp
 		if !ti.Equal(&tj) {
 			return ti.Before(&tj)
 		}
-		return ps[i].Namespace+"/"+ps[i].Name < ps[j].Namespace+"/"+ps[j].Name
+		return ref(ps[i]) < ref(ps[j])
 	})
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	monitoringv1alpha1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1alpha1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -14,6 +15,13 @@ func prom(ns, name string, age time.Duration, spec monitoringv1.PrometheusSpec) 
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(time.Unix(1e9, 0).Add(-age))},
 		Spec:       spec,
 	}
+}
+
+func agent(ns, name string, age time.Duration, release string) *monitoringv1.Prometheus {
+	return AgentAsPrometheus(&monitoringv1alpha1.PrometheusAgent{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(time.Unix(1e9, 0).Add(-age))},
+		Spec:       monitoringv1alpha1.PrometheusAgentSpec{CommonPrometheusFields: kpsSpec(release).CommonPrometheusFields},
+	})
 }
 
 func kpsSpec(release string) monitoringv1.PrometheusSpec {
@@ -58,7 +66,7 @@ func selectTests() []selectTest {
 		{
 			name: "kube-prometheus-stack: release label learned", obj: sm,
 			proms:      []*monitoringv1.Prometheus{prom("monitoring", "kps", time.Hour, kpsSpec("kps"))},
-			wantLabels: map[string]string{"release": "kps"}, wantBy: []string{"monitoring/kps"}, learned: "monitoring/kps",
+			wantLabels: map[string]string{"release": "kps"}, wantBy: []string{"Prometheus monitoring/kps"}, learned: "Prometheus monitoring/kps",
 		},
 		{
 			name: "oldest learnable Prometheus wins", obj: sm,
@@ -66,17 +74,17 @@ func selectTests() []selectTest {
 				prom("monitoring", "old", 2*time.Hour, kpsSpec("old")),
 				prom("monitoring", "new", time.Hour, kpsSpec("new")),
 			},
-			wantLabels: map[string]string{"release": "old"}, wantBy: []string{"monitoring/old"}, learned: "monitoring/old",
+			wantLabels: map[string]string{"release": "old"}, wantBy: []string{"Prometheus monitoring/old"}, learned: "Prometheus monitoring/old",
 			why: []string{"Prometheus monitoring/new: serviceMonitorSelector {release=new} needs label release=new"},
 		},
 		{
 			name: "ignoreNamespaceSelectors concerns the monitors' own selectors, not the Prometheus's", obj: sm,
 			proms:      []*monitoringv1.Prometheus{prom("monitoring", "kps", time.Hour, ignoring)},
-			wantLabels: map[string]string{"release": "kps"}, wantBy: []string{"monitoring/kps"}, learned: "monitoring/kps",
+			wantLabels: map[string]string{"release": "kps"}, wantBy: []string{"Prometheus monitoring/kps"}, learned: "Prometheus monitoring/kps",
 		},
 		{
 			name: "an empty selector selects already: nothing learned", obj: sm,
-			proms: []*monitoringv1.Prometheus{prom("loom-system", "all", time.Hour, matchAll)}, wantBy: []string{"loom-system/all"},
+			proms: []*monitoringv1.Prometheus{prom("loom-system", "all", time.Hour, matchAll)}, wantBy: []string{"Prometheus loom-system/all"},
 		},
 		{
 			name: "nil namespace selector: own namespace only", obj: sm,
@@ -100,9 +108,19 @@ func selectTests() []selectTest {
 			why:        []string{"Prometheus monitoring/kps: serviceMonitorSelector {release=kps} needs label release=kps"},
 		},
 		{
+			name: "a PrometheusAgent selects monitors as a Prometheus does", obj: pm,
+			proms:      []*monitoringv1.Prometheus{agent("monitoring", "agent", time.Hour, "agent")},
+			wantLabels: map[string]string{"release": "agent"}, wantBy: []string{"PrometheusAgent monitoring/agent"}, learned: "PrometheusAgent monitoring/agent",
+		},
+		{
+			name: "a PrometheusAgent evaluates no rules: left out for them", obj: Object{Kind: KindPrometheusRule, Namespace: "loom-system"},
+			proms:      []*monitoringv1.Prometheus{agent("monitoring", "agent", 2*time.Hour, "agent"), prom("monitoring", "kps", time.Hour, kpsSpec("kps"))},
+			wantLabels: map[string]string{"release": "kps"}, wantBy: []string{"Prometheus monitoring/kps"}, learned: "Prometheus monitoring/kps",
+		},
+		{
 			name: "namespace not selected is named, even with the label", obj: pm,
 			proms:      []*monitoringv1.Prometheus{prom("monitoring", "kps", time.Hour, teamNS)},
-			wantLabels: map[string]string{"release": "kps"}, learned: "monitoring/kps",
+			wantLabels: map[string]string{"release": "kps"}, learned: "Prometheus monitoring/kps",
 			why: []string{"podMonitorNamespaceSelector {team=infra} does not select namespace ml"},
 		},
 	}

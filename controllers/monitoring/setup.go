@@ -22,6 +22,7 @@ import (
 	"strings"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	monitoringv1alpha1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -44,7 +45,7 @@ import (
 )
 
 // +kubebuilder:rbac:groups=monitoring.coreos.com,resources=servicemonitors;podmonitors;prometheusrules,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=monitoring.coreos.com,resources=prometheuses,verbs=get;list;watch
+// +kubebuilder:rbac:groups=monitoring.coreos.com,resources=prometheuses;prometheusagents,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=services;configmaps,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies/status,verbs=get;update;patch
@@ -136,13 +137,14 @@ type startedWithCaches struct{ cache.Cache }
 func (c startedWithCaches) GetCache() cache.Cache { return c.Cache }
 
 // prometheusKinds are the kinds whose objects select Loom's monitors, each
-// read once its CRD is served.
+// read once its CRD is served: Prometheus and PrometheusAgent.
 func prometheusKinds(c controller.Controller, promCache cache.Cache, h handler.EventHandler) operatorCRDs {
 	watch := func(obj client.Object) func() error {
 		return func() error { return c.Watch(source.Kind(promCache, obj, h, selectorsChanged)) }
 	}
 	return operatorCRDs{
 		crdKind("prometheuses", monitoringv1.SchemeGroupVersion.WithKind(monitoringv1.PrometheusesKind), watch(&monitoringv1.Prometheus{})),
+		crdKind("prometheusagents", monitoringv1alpha1.SchemeGroupVersion.WithKind(monitoringv1alpha1.PrometheusAgentsKind), watch(&monitoringv1alpha1.PrometheusAgent{})),
 	}
 }
 
@@ -190,7 +192,7 @@ func setupWorkloads(mgr ctrl.Manager, opts manager.Options, kind workloadKind,
 }
 
 // operatorCRDNames are the Prometheus Operator CRDs Loom uses.
-var operatorCRDNames = []string{"servicemonitors", "podmonitors", "prometheusrules", "prometheuses"}
+var operatorCRDNames = []string{"servicemonitors", "podmonitors", "prometheusrules", "prometheuses", "prometheusagents"}
 
 var isOperatorCRD = predicate.NewPredicateFuncs(func(o client.Object) bool {
 	plural, group, _ := strings.Cut(o.GetName(), ".")

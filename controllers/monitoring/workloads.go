@@ -83,7 +83,8 @@ type workloadObserved struct {
 	// missing are the Prometheus Operator CRDs not installed; while the
 	// PodMonitor's is, proms and nsLabels are not read.
 	missing crdsMissing
-	// proms are the Prometheus objects, oldest first.
+	// proms are the Prometheus objects and PrometheusAgents
+	// (AgentAsPrometheus), oldest first.
 	proms []*monitoringv1.Prometheus
 	// nsLabels are the labels of the workload's namespace.
 	nsLabels map[string]string

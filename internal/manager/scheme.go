@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	monitoringv1alpha1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1alpha1"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -17,8 +18,9 @@ import (
 
 // Scheme returns the scheme every Loom client and cache uses: Kubernetes'
 // built-in kinds, Loom's own kinds, CRDs (to notice optional dependencies
-// appear), and the third-party kinds Loom writes or reconciles (Volcano
-// PodGroups, Prometheus Operator monitors, KubeRay's RayCluster).
+// appear), and the third-party kinds Loom writes, reads or reconciles
+// (Volcano PodGroups, Prometheus Operator monitors, Prometheus and
+// PrometheusAgent objects, KubeRay's RayCluster).
 //
 // It is client-go's global scheme with Loom's kinds added, once: client-go
 // builds that scheme of every built-in kind at start whatever Loom does
@@ -32,6 +34,7 @@ func Scheme() *runtime.Scheme {
 		utilruntime.Must(apiextensionsv1.AddToScheme(s))
 		utilruntime.Must(schedulingv1beta1.AddToScheme(s))
 		utilruntime.Must(monitoringv1.AddToScheme(s))
+		utilruntime.Must(monitoringv1alpha1.AddToScheme(s))
 		utilruntime.Must(rayv1.AddToScheme(s))
 		utilruntime.Must(gpuv1alpha1.AddToScheme(s))
 		utilruntime.Must(trainingv1alpha1.AddToScheme(s))
