@@ -483,6 +483,9 @@ type podView struct {
 	stale []*corev1.Pod
 	// leaving are the pods being deleted, by name.
 	leaving map[string]*corev1.Pod
+	// disrupted is a pod of the current attempt being deleted with the
+	// DisruptionTarget condition (the first by name), if any.
+	disrupted *corev1.Pod
 }
 
 // gone says why pod name of a running gang has left it: being deleted (by
@@ -506,6 +509,9 @@ func viewPods(job *trainingv1alpha1.TrainingJob, pods []*corev1.Pod, attempt int
 		case p.DeletionTimestamp != nil:
 			v.occupied[p.Name] = true
 			v.leaving[p.Name] = p
+			if ok && a == attempt && disruption(p) != nil && (v.disrupted == nil || p.Name < v.disrupted.Name) {
+				v.disrupted = p
+			}
 		case !ok || a != attempt || !wanted(job, role, index, p.Name) || v.current[p.Name] != nil:
 			v.occupied[p.Name] = true
 			v.stale = append(v.stale, p)

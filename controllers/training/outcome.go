@@ -22,9 +22,13 @@ type failure struct {
 	why                          string
 }
 
-// failures looks at the current attempt's failed pods. A disrupted pod
-// makes the restart a disruption: the failures beside it most likely
-// follow from it (a collective broken by the lost peer).
+// failures looks at the current attempt's failed pods. A disruption (a
+// failed pod with the DisruptionTarget condition, or a pod of the attempt
+// being deleted with it) makes the restart a disruption even beside a
+// permanent failure: when one rank is preempted or evicted, the others'
+// collectives break and they exit with codes failurePolicy may call
+// permanent, and the job must not fail for that. Otherwise the first
+// permanent failure wins, then the first retryable one, by pod name.
 func failures(job *trainingv1alpha1.TrainingJob, v podView) failure {
 	names := make([]string, 0, len(v.current))
 	for n, p := range v.current {
@@ -36,18 +40,34 @@ func failures(job *trainingv1alpha1.TrainingJob, v podView) failure {
 		return failure{}
 	}
 	sort.Strings(names)
-	f := failure{failed: true, retryable: true}
+	var disrupted, permanent, first failure
 	for _, n := range names {
-		c := classify(job, v.current[n])
-		if !c.retryable {
-			return c
-		}
-		f.disrupted = f.disrupted || c.disrupted
-		if f.why == "" {
-			f.why = c.why
+		switch c := classify(job, v.current[n]); {
+		case c.disrupted:
+			if !disrupted.failed {
+				disrupted = c
+			}
+		case !c.retryable:
+			if !permanent.failed {
+				permanent = c
+			}
+		case !first.failed:
+			first = c
 		}
 	}
-	return f
+	if !disrupted.failed && v.disrupted != nil {
+		disrupted = failure{failed: true, retryable: true, disrupted: true, why: gone(v.disrupted, v.disrupted.Name)}
+	}
+	switch {
+	case disrupted.failed && permanent.failed:
+		disrupted.why += "; " + permanent.why + " (not taken as a permanent failure: it most likely follows from the disruption)"
+		return disrupted
+	case disrupted.failed:
+		return disrupted
+	case permanent.failed:
+		return permanent
+	}
+	return first
 }
 
 // disruptionReasons are pod status reasons of failures the pod did not

@@ -18,6 +18,7 @@ import (
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/podset"
 )
 
 // runningGang is a job of one master and one worker whose pods of attempt
@@ -427,7 +428,7 @@ func TestStatusSaysWhyAPodDoesNotStart(t *testing.T) {
 	unplaced := pods[2].DeepCopy()
 	unplaced.Spec.NodeName, unplaced.Status.ContainerStatuses = "", nil
 	unplaced.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: "Unschedulable", Message: "0/4 nodes are available: 4 Insufficient nvidia.com/gpu"}}
-	if got := waitingWhy(unplaced); got != "not placed: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu" {
+	if got := podset.WaitingWhy(unplaced); got != "not placed: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu" {
 		t.Fatalf("an unplaced pod: %q", got)
 	}
 }
@@ -526,6 +527,19 @@ func TestDisruptionsDoNotSpendTheBackoffLimit(t *testing.T) {
 			pods[0].Status.Phase = corev1.PodFailed
 			pods[0].Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "pytorch", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 134}}}}
 		},
+		func(pods []*corev1.Pod) { // a worker preempted, the master exiting with a permanent code in the same pass
+			pods[1].Status.Phase = corev1.PodFailed
+			pods[1].Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "PreemptionByScheduler"}}
+			pods[0].Status.Phase = corev1.PodFailed
+			pods[0].Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "pytorch", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1}}}}
+		},
+		func(pods []*corev1.Pod) { // a worker being deleted by a preemption, the master already failed with a permanent code
+			ts := metav1.NewTime(now)
+			pods[1].DeletionTimestamp = &ts
+			pods[1].Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "PreemptionByScheduler"}}
+			pods[0].Status.Phase = corev1.PodFailed
+			pods[0].Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "pytorch", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1}}}}
+		},
 	}
 	// running are the current attempt's pods, running.
 	running := func() []*corev1.Pod {
@@ -561,14 +575,14 @@ func TestDisruptionsDoNotSpendTheBackoffLimit(t *testing.T) {
 		pods[1].Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "pytorch", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137}}}}
 		d := decide(job, observed{pods: pods, now: now}, trainingv1alpha1.GangNone)
 		if i < 3 {
-			if !d.restarted || d.status.Disruptions != 4 {
+			if !d.restarted || d.status.Disruptions != int32(len(disruptions)) {
 				t.Fatalf("failure %d: restarted %v disruptions %d", i+1, d.restarted, d.status.Disruptions)
 			}
 			next(d)
 			continue
 		}
 		c := meta.FindStatusCondition(d.status.Conditions, trainingv1alpha1.ConditionFailed)
-		if d.restarted || c == nil || c.Reason != ReasonBackoffLimit || !strings.Contains(c.Message, "restarted 3 times for failures (and 4 for disruptions)") {
+		if d.restarted || c == nil || c.Reason != ReasonBackoffLimit || !strings.Contains(c.Message, fmt.Sprintf("restarted 3 times for failures (and %d for disruptions)", len(disruptions))) {
 			t.Fatalf("failure 4: restarted %v Failed %+v", d.restarted, c)
 		}
 	}
