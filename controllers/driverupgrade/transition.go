@@ -14,6 +14,7 @@ import (
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/podset"
 	"github.com/loom-dev/loom/internal/sharing"
 )
 
@@ -318,9 +319,26 @@ func (s transition) validate() (string, []action) {
 	case s.t.template != "" && s.node.Annotations[gpuv1alpha1.AnnotationTarget] != s.t.template:
 		return s.to(gpuv1alpha1.PodRestartRequired, map[string]*string{gpuv1alpha1.AnnotationTarget: ptr.To(s.t.template)})
 	case s.overdue(validationTimeout):
-		return s.fail(fmt.Sprintf("the new driver pod was not ready within %s", validationTimeout))
+		return s.fail(fmt.Sprintf("the new driver pod was not ready within %s%s", validationTimeout, driverTrouble(s.driver, s.t.template)))
 	}
 	return s.stay()
+}
+
+// driverTrouble says, for a failed validation, what the node's driver pod
+// shows: none made yet, still the old one, or the kubelet's or the
+// scheduler's reason for the new one (an image that cannot be pulled, a
+// crash loop, no room on the node).
+func driverTrouble(driver *corev1.Pod, template string) string {
+	switch {
+	case driver == nil:
+		return ": no driver pod runs on the node (the DaemonSet made none: see its events)"
+	case driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] != template:
+		return fmt.Sprintf(": pod %s still runs the old driver", driver.Name)
+	}
+	if why := podset.WaitingWhy(driver); why != "" {
+		return fmt.Sprintf(": pod %s: %s", driver.Name, why)
+	}
+	return ""
 }
 
 // uncordon makes the node schedulable again if Loom's cordon is the

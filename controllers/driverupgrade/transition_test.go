@@ -176,6 +176,13 @@ func TestNext(t *testing.T) {
 		return gpuv1alpha1.DriverUpgradePolicy{Drain: &gpuv1alpha1.DrainSpec{Enable: true, Force: true, PodSelector: sel, TimeoutSeconds: timeout}}
 	}
 	old, ready, starting := driverPod("old-template", true), driverPod(wanted, true), driverPod(wanted, false)
+	pulling := driverPod(wanted, false)
+	pulling.Spec.NodeName = "n"
+	pulling.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "nvidia-driver",
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: `Back-off pulling image "nvcr.io/nvidia/driver:999"`}}}}
+	unplaced := driverPod(wanted, false)
+	unplaced.Spec.NodeName = ""
+	unplaced.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Message: "0/1 nodes are available: 1 Insufficient memory"}}
 	const failedTmpl = "failed-template=" + wanted
 	const enrolled = "state upgrade-required -failed-template -failure -failure-acknowledged -was-cordoned claim=default started=2026-03-01T12:00:00Z target=" + wanted
 	const enrolledCordoned = "state upgrade-required -failed-template -failure -failure-acknowledged claim=default started=2026-03-01T12:00:00Z target=" + wanted + " was-cordoned=true"
@@ -381,7 +388,13 @@ func TestNext(t *testing.T) {
 		{name: "validate: past the timeout", node: node(gpuv1alpha1.ValidationRequired, true, "target", wanted), driver: starting, elapsed: 10*time.Minute + time.Second,
 			want: gpuv1alpha1.UpgradeFailed, actions: []string{"state upgrade-failed " + failedTmpl + " failure=the new driver pod was not ready within 10m0s"}},
 		{name: "validate: the old driver past the timeout", node: node(gpuv1alpha1.ValidationRequired, true, "target", wanted), driver: old, elapsed: time.Hour,
-			want: gpuv1alpha1.UpgradeFailed, actions: []string{"state upgrade-failed " + failedTmpl + " failure=the new driver pod was not ready within 10m0s"}},
+			want: gpuv1alpha1.UpgradeFailed, actions: []string{"state upgrade-failed " + failedTmpl + " failure=the new driver pod was not ready within 10m0s: pod loom-driver-x still runs the old driver"}},
+		{name: "validate: no driver pod past the timeout", node: node(gpuv1alpha1.ValidationRequired, true, "target", wanted), elapsed: time.Hour,
+			want: gpuv1alpha1.UpgradeFailed, actions: []string{"state upgrade-failed " + failedTmpl + " failure=the new driver pod was not ready within 10m0s: no driver pod runs on the node (the DaemonSet made none: see its events)"}},
+		{name: "validate: an image that cannot be pulled is named", node: node(gpuv1alpha1.ValidationRequired, true, "target", wanted), driver: pulling, elapsed: time.Hour,
+			want: gpuv1alpha1.UpgradeFailed, actions: []string{"state upgrade-failed " + failedTmpl + ` failure=the new driver pod was not ready within 10m0s: pod loom-driver-x: container nvidia-driver waits: ImagePullBackOff: Back-off pulling image "nvcr.io/nvidia/driver:999"`}},
+		{name: "validate: a driver pod the scheduler cannot place is named", node: node(gpuv1alpha1.ValidationRequired, true, "target", wanted), driver: unplaced, elapsed: time.Hour,
+			want: gpuv1alpha1.UpgradeFailed, actions: []string{"state upgrade-failed " + failedTmpl + " failure=the new driver pod was not ready within 10m0s: pod loom-driver-x: not placed: 0/1 nodes are available: 1 Insufficient memory"}},
 		{name: "validate: a second version bump restarts the driver for it", node: node(gpuv1alpha1.ValidationRequired, true, "target", "middle"),
 			driver: driverPod("middle", false), want: gpuv1alpha1.PodRestartRequired, actions: []string{"state pod-restart-required target=" + wanted}},
 		{name: "validate: the newest driver ready already", node: node(gpuv1alpha1.ValidationRequired, true, "target", "middle"), driver: ready,

@@ -198,7 +198,7 @@ func notStarting(v podView) string {
 		if p.Status.Phase != corev1.PodPending || (first != nil && first.Name < p.Name) {
 			continue
 		}
-		if w := waitingWhy(p); w != "" {
+		if w := podset.WaitingWhy(p); w != "" {
 			first, why = p, w
 		}
 	}
@@ -206,34 +206,6 @@ func notStarting(v podView) string {
 		return ""
 	}
 	return fmt.Sprintf("pod %s: %s", first.Name, why)
-}
-
-// waitingWhy is the first container of a pod (init containers first) that
-// waits for a reason other than its creation, and the kubelet's words; or,
-// for a pod not placed, the scheduler's.
-func waitingWhy(p *corev1.Pod) string {
-	if p.Spec.NodeName == "" {
-		for _, c := range p.Status.Conditions {
-			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Message != "" {
-				return "not placed: " + c.Message
-			}
-		}
-		return ""
-	}
-	for _, list := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
-		for _, cs := range list {
-			w := cs.State.Waiting
-			if w == nil || w.Reason == "" || w.Reason == "ContainerCreating" || w.Reason == "PodInitializing" {
-				continue
-			}
-			why := "container " + cs.Name + " waits: " + w.Reason
-			if w.Message != "" {
-				why += ": " + w.Message
-			}
-			return why
-		}
-	}
-	return ""
 }
 
 // runningPods counts the current pods that belong to a running gang (a

@@ -455,3 +455,31 @@ func (e *Executor) delete(ctx context.Context, owner client.Object, pods []*core
 	}
 	return int(deleted.Load()), nil
 }
+
+// WaitingWhy is the first container of a pod (init containers first) that
+// waits for a reason other than its creation, and the kubelet's words; or,
+// for a pod not placed, the scheduler's.
+func WaitingWhy(p *corev1.Pod) string {
+	if p.Spec.NodeName == "" {
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Message != "" {
+				return "not placed: " + c.Message
+			}
+		}
+		return ""
+	}
+	for _, list := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
+		for _, cs := range list {
+			w := cs.State.Waiting
+			if w == nil || w.Reason == "" || w.Reason == "ContainerCreating" || w.Reason == "PodInitializing" {
+				continue
+			}
+			why := "container " + cs.Name + " waits: " + w.Reason
+			if w.Message != "" {
+				why += ": " + w.Message
+			}
+			return why
+		}
+	}
+	return ""
+}
