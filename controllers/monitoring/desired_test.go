@@ -2,6 +2,7 @@ package monitoring
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -148,5 +149,72 @@ func TestPolicyNamingLoomsCounters(t *testing.T) {
 	d = r.desired(gpuObserved{policy: policy, missing: operatorMissing()})
 	if got := names(d.remove); !slices.Contains(got, "ConfigMap "+loomNS+"/"+CountersConfigMap) {
 		t.Errorf("remove %v lacks Loom's counters", got)
+	}
+}
+
+// TestGPUConditionPartialCRDs: each Prometheus Operator kind is written as
+// soon as its own CRD is installed, and the condition names every missing
+// CRD with what it costs; a missing ServiceMonitor CRD (dcgm-exporter's
+// metrics unscraped) holds it False.
+func TestGPUConditionPartialCRDs(t *testing.T) {
+	r := &GPUReconciler{Namespace: loomNS, DashboardsNamespace: "grafana"}
+	matchAll := &metav1.LabelSelector{}
+	all := &monitoringv1.Prometheus{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: "all"}, Spec: monitoringv1.PrometheusSpec{RuleSelector: matchAll}}
+	all.Spec.ServiceMonitorSelector, all.Spec.PodMonitorSelector = matchAll, matchAll
+	without := func(kinds ...string) crdsMissing {
+		m := operatorMissing()
+		for k := range m {
+			if !slices.Contains(kinds, k) {
+				delete(m, k)
+			}
+		}
+		return m
+	}
+	for _, tt := range []struct {
+		name       string
+		missing    crdsMissing
+		proms      []*monitoringv1.Prometheus
+		wantKinds  []string
+		wantStatus metav1.ConditionStatus
+		wantReason string
+		wantSays   []string
+	}{
+		{"monitor CRDs only", without(KindPrometheusRule, monitoringv1.PrometheusesKind, KindPrometheusAgent), nil,
+			[]string{KindServiceMonitor, KindPodMonitor}, metav1.ConditionTrue, ReasonWritten,
+			[]string{"no PrometheusRule CRD (prometheusrules.monitoring.coreos.com) is installed, so Loom's GPU alerts and recording rules are not written",
+				"no Prometheus CRD is installed"}},
+		{"no ServiceMonitor CRD", without(KindServiceMonitor), []*monitoringv1.Prometheus{all},
+			[]string{KindPrometheusRule, KindPodMonitor}, metav1.ConditionFalse, ReasonOperatorMissing,
+			[]string{"no ServiceMonitor CRD (servicemonitors.monitoring.coreos.com) is installed, so dcgm-exporter's GPU metrics are not scraped"}},
+		{"no PodMonitor CRD", without(KindPodMonitor), []*monitoringv1.Prometheus{all},
+			[]string{KindServiceMonitor, KindPrometheusRule}, metav1.ConditionTrue, ReasonSelected,
+			[]string{"no PodMonitor CRD (podmonitors.monitoring.coreos.com) is installed, so the node agent's metrics are not scraped"}},
+		{"none", operatorMissing(), nil, nil, metav1.ConditionFalse, ReasonOperatorMissing,
+			[]string{"waiting for the Prometheus Operator: CRD servicemonitors.monitoring.coreos.com, podmonitors.monitoring.coreos.com, prometheusrules.monitoring.coreos.com, prometheuses.monitoring.coreos.com not installed"}},
+		{"all", crdsMissing{}, []*monitoringv1.Prometheus{all},
+			[]string{KindServiceMonitor, KindPrometheusRule, KindPodMonitor}, metav1.ConditionTrue, ReasonSelected, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			o := gpuObserved{policy: &gpuv1alpha1.ClusterPolicy{}, missing: tt.missing, proms: tt.proms}
+			d := r.desired(o)
+			var kinds []string
+			for _, obj := range d.ensure {
+				if gvk := obj.GetObjectKind().GroupVersionKind(); gvk.Group == monitoringv1.SchemeGroupVersion.Group {
+					kinds = append(kinds, gvk.Kind)
+				}
+			}
+			if !slices.Equal(kinds, tt.wantKinds) {
+				t.Errorf("written %v, want %v", kinds, tt.wantKinds)
+			}
+			c := gpuCondition(o, d, nil)
+			if c.Status != tt.wantStatus || c.Reason != tt.wantReason {
+				t.Errorf("condition %s/%s, want %s/%s: %s", c.Status, c.Reason, tt.wantStatus, tt.wantReason, c.Message)
+			}
+			for _, s := range tt.wantSays {
+				if !strings.Contains(c.Message, s) {
+					t.Errorf("message %q does not say %q", c.Message, s)
+				}
+			}
+		})
 	}
 }
