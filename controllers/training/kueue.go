@@ -124,7 +124,7 @@ func (k *kueueJobs) observe(ctx context.Context, job *trainingv1alpha1.TrainingJ
 	if err := k.workload(ctx, job, obs); err != nil {
 		return err
 	}
-	if obs.kueue.wl == nil {
+	if readPriority(obs.kueue.wl, job) {
 		if obs.kueue.priority, obs.kueue.missingClass, err = k.priority(ctx, job); err != nil {
 			return err
 		}
@@ -338,7 +338,8 @@ const kueueCRDRetry = 10 * time.Second
 
 // syncWorkload is the write side of the Kueue contract, after the pods: the
 // job's Workload is created (and replaced while it holds no quota if the
-// job's pod sets, its LocalQueue or its maximum execution time changed), an evicted Workload's quota is
+// job's pod sets, its LocalQueue or its maximum execution time changed;
+// its priority follows the job's kueue.x-k8s.io/priority-class label), an evicted Workload's quota is
 // released once the gang is gone, the Workload of an ended job is marked
 // Finished, that of a job whose queue label was removed is deleted, and
 // the admitted Workload's PodsReady follows the gang.
@@ -389,6 +390,13 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 		// to its job; one holding quota keeps the time it was admitted
 		// with (Kueue's webhook refuses the edit on a running job).
 		return remove("the job's " + kueue.MaxExecTimeLabel + " label changed")
+	case priorityRelabelled(wl, k.priority):
+		// As jobframework: the kueue.x-k8s.io/priority-class label is
+		// mutable, and a Workload without a priority or with a
+		// WorkloadPriorityClass's follows it, admitted or not (a raised
+		// priority protects a running job from preemption).
+		patch := map[string]any{"spec": map[string]any{"priorityClassRef": k.priority.ref, "priority": k.priority.value}}
+		return r.patchWorkload(ctx, wl, patch, false, "the job's "+kueue.PriorityClassLabel+" label changed")
 	case wl.Evicted() == nil && !k.stale:
 		// Kueue's waitForPodsReady evicts an admitted Workload whose
 		// PodsReady is not True in time: the job controller says when
@@ -400,6 +408,29 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 	return nil
 }
 
+// readPriority: the priority is read (live, around the cache) for a new
+// Workload, and for one whose WorkloadPriorityClass the job's label no
+// longer names.
+func readPriority(wl *kueue.Workload, job *trainingv1alpha1.TrainingJob) bool {
+	if wl == nil {
+		return true
+	}
+	name := job.Labels[kueue.PriorityClassLabel]
+	return name != "" && !wl.Finished() &&
+		priorityRelabelled(wl, &kueuePriority{ref: kueue.PriorityClassRef{Kind: kueue.WorkloadPriorityClassGVK.Kind, Name: name}})
+}
+
+// priorityRelabelled: the job names a WorkloadPriorityClass other than
+// its Workload's, and the Workload has no priority or a
+// WorkloadPriorityClass's (one from a pod PriorityClass stays).
+func priorityRelabelled(wl *kueue.Workload, p *kueuePriority) bool {
+	if p == nil || p.ref.Kind != kueue.WorkloadPriorityClassGVK.Kind {
+		return false
+	}
+	cur := wl.Spec.PriorityClassRef
+	return cur == nil || (cur.Kind == kueue.WorkloadPriorityClassGVK.Kind && cur.Name != p.ref.Name)
+}
+
 func equalPtr(a, b *int32) bool {
 	return (a == nil) == (b == nil) && (a == nil || *a == *b)
 }
@@ -409,6 +440,12 @@ func equalPtr(a, b *int32) bool {
 // and a patch from a stale copy must fail (the next pass retries) rather
 // than undo Kueue's newer word.
 func (r *Reconciler) patchWorkloadStatus(ctx context.Context, wl *kueue.Workload, patch map[string]any, why string) error {
+	return r.patchWorkload(ctx, wl, patch, true, why)
+}
+
+// patchWorkload merge-patches the Workload (its status subresource when
+// status is set), guarded by the resourceVersion read.
+func (r *Reconciler) patchWorkload(ctx context.Context, wl *kueue.Workload, patch map[string]any, status bool, why string) error {
 	patch["metadata"] = map[string]any{"resourceVersion": wl.ResourceVersion}
 	b, err := json.Marshal(patch)
 	if err != nil {
@@ -419,7 +456,14 @@ func (r *Reconciler) patchWorkloadStatus(ctx context.Context, wl *kueue.Workload
 	u.SetNamespace(wl.Namespace)
 	u.SetName(wl.Name)
 	log.FromContext(ctx).V(1).Info("patch", "kind", "Workload", "object", client.ObjectKeyFromObject(u), "fieldOwner", FieldOwner, "why", why)
-	if err := r.Status().Patch(ctx, u, client.RawPatch(types.MergePatchType, b), client.FieldOwner(FieldOwner)); err != nil {
+	p := client.RawPatch(types.MergePatchType, b)
+	if !status {
+		if err := r.Patch(ctx, u, p, client.FieldOwner(FieldOwner)); err != nil {
+			return fmt.Errorf("patching Workload %s/%s: %w", wl.Namespace, wl.Name, err)
+		}
+		return nil
+	}
+	if err := r.Status().Patch(ctx, u, p, client.FieldOwner(FieldOwner)); err != nil {
 		return fmt.Errorf("patching the status of Workload %s/%s: %w", wl.Namespace, wl.Name, err)
 	}
 	return nil

@@ -3,6 +3,7 @@ package training
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,11 +28,18 @@ import (
 // real Kueue.)
 func installWorkloadCRD(t *testing.T) {
 	t.Helper()
+	installKueueCRD(t, "workloads", "Workload", apiextensionsv1.NamespaceScoped)
+}
+
+// installKueueCRD installs a schemaless Kueue CRD (status subresource
+// included) and waits until it is served.
+func installKueueCRD(t *testing.T, plural, kind string, scope apiextensionsv1.ResourceScope) {
+	t.Helper()
 	crd := &apiextensionsv1.CustomResourceDefinition{
-		ObjectMeta: metav1.ObjectMeta{Name: kueue.WorkloadCRD},
+		ObjectMeta: metav1.ObjectMeta{Name: plural + "." + kueue.Group},
 		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
-			Group: kueue.Group, Scope: apiextensionsv1.NamespaceScoped,
-			Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: "workloads", Singular: "workload", Kind: "Workload", ListKind: "WorkloadList"},
+			Group: kueue.Group, Scope: scope,
+			Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: plural, Singular: strings.ToLower(kind), Kind: kind, ListKind: kind + "List"},
 			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{Name: "v1beta2", Served: true, Storage: true,
 				Schema:       &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: ptr(true)}},
 				Subresources: &apiextensionsv1.CustomResourceSubresources{Status: &apiextensionsv1.CustomResourceSubresourceStatus{}}}},
@@ -48,7 +56,7 @@ func installWorkloadCRD(t *testing.T) {
 	if err := testenv.Apply(ctx, env.Config, env.Client, []*unstructured.Unstructured{u}); err != nil {
 		t.Fatal(err)
 	}
-	if err := testenv.WaitForCRDs(ctx, env.Config, kueue.WorkloadCRD); err != nil {
+	if err := testenv.WaitForCRDs(ctx, env.Config, crd.Name); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -390,4 +398,76 @@ func TestKueueMaxExecTimeFollowsTheLabel(t *testing.T) {
 		t.Fatal(err)
 	}
 	maxExec(1200)
+}
+
+// The kueue.x-k8s.io/priority-class label is mutable, as in Kueue's own
+// integrations: the job's Workload follows it (a raised priority protects
+// a running job from preemption), where the Workload's priority came from
+// a WorkloadPriorityClass or from nothing.
+func TestKueuePriorityFollowsTheLabel(t *testing.T) {
+	installWorkloadCRD(t)
+	installKueueCRD(t, "workloadpriorityclasses", "WorkloadPriorityClass", apiextensionsv1.ClusterScoped)
+	ctx := context.Background()
+	for name, value := range map[string]int64{"batch": 100, "urgent": 5000} {
+		wpc := &unstructured.Unstructured{}
+		wpc.SetGroupVersionKind(kueue.WorkloadPriorityClassGVK)
+		wpc.SetName(name)
+		wpc.Object["value"] = value
+		create(t, wpc)
+	}
+	ns := namespace(t, "kueue-priority")
+	startManager(t)
+	job := newJob(ns, "prio", 1, 0, trainingv1alpha1.GangNone)
+	job.Labels = map[string]string{kueue.QueueLabel: "team-a", kueue.PriorityClassLabel: "batch"}
+	create(t, job)
+	priority := func(class string, value int64) {
+		t.Helper()
+		testenv.Eventually(t, 20*time.Second, func() error {
+			wl := &unstructured.Unstructured{}
+			wl.SetGroupVersionKind(kueue.WorkloadGVK)
+			got := getJob(t, job)
+			if err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}, wl); err != nil {
+				return err
+			}
+			name, _, _ := unstructured.NestedString(wl.Object, "spec", "priorityClassRef", "name")
+			v, _, _ := unstructured.NestedInt64(wl.Object, "spec", "priority")
+			if name != class || v != value {
+				return fmt.Errorf("Workload priority %s=%d, want %s=%d", name, v, class, value)
+			}
+			return nil
+		})
+	}
+	priority("batch", 100)
+	got := getJob(t, job)
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"urgent"}}}`, kueue.PriorityClassLabel)
+	if err := env.Client.Patch(ctx, got, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatal(err)
+	}
+	priority("urgent", 5000)
+}
+
+func TestPriorityRelabelled(t *testing.T) {
+	wpc := func(name string) *kueue.PriorityClassRef {
+		return &kueue.PriorityClassRef{Group: kueue.Group, Kind: kueue.WorkloadPriorityClassGVK.Kind, Name: name}
+	}
+	pc := &kueue.PriorityClassRef{Group: "scheduling.k8s.io", Kind: "PriorityClass", Name: "high"}
+	for _, tt := range []struct {
+		name string
+		cur  *kueue.PriorityClassRef
+		job  *kueuePriority
+		want bool
+	}{
+		{"another WorkloadPriorityClass", wpc("batch"), &kueuePriority{ref: *wpc("urgent"), value: 5000}, true},
+		{"the same one", wpc("urgent"), &kueuePriority{ref: *wpc("urgent"), value: 5000}, false},
+		{"a Workload without a priority", nil, &kueuePriority{ref: *wpc("urgent"), value: 5000}, true},
+		{"a pod PriorityClass's stays", pc, &kueuePriority{ref: *wpc("urgent"), value: 5000}, false},
+		{"the job names no WorkloadPriorityClass", wpc("batch"), &kueuePriority{ref: *pc, value: 1000}, false},
+		{"the job names none at all", wpc("batch"), nil, false},
+	} {
+		wl := &kueue.Workload{}
+		wl.Spec.PriorityClassRef = tt.cur
+		if got := priorityRelabelled(wl, tt.job); got != tt.want {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
+	}
 }
