@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/sharing"
 	"github.com/loom-dev/loom/internal/why"
 )
 
@@ -52,7 +53,8 @@ With -o wide, the pods that hold each resource.`,
 }
 
 // fleet lists the nodes, the GPUNodes (none without the CRD) and the bound,
-// unfinished pods, each once.
+// unfinished pods, each once, and reads the sharing configs' GPU resource
+// names.
 func (o *options) fleet(ctx context.Context) ([]why.FleetNode, error) {
 	c, err := o.client()
 	if err != nil {
@@ -72,7 +74,11 @@ func (o *options) fleet(ctx context.Context) ([]why.FleetNode, error) {
 	if err := pages(ctx, c, pl, func() { pods = append(pods, pl.Items...) }, client.MatchingFieldsSelector{Selector: boundPods}); err != nil {
 		return nil, err
 	}
-	return why.Fleet(nodes, gns, pods), nil
+	src, err := sharingSource(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	return why.Fleet(nodes, gns, pods, sharing.NamesOf(src)), nil
 }
 
 func listNodes(ctx context.Context, c client.Client) ([]corev1.Node, error) {

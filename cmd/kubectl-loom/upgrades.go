@@ -4,9 +4,9 @@ import (
 	"context"
 
 	"github.com/spf13/cobra"
-	"k8s.io/apimachinery/pkg/api/meta"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/sharing"
 	"github.com/loom-dev/loom/internal/why"
 )
 
@@ -52,14 +52,17 @@ func (o *options) upgrades(ctx context.Context) (upgrades, error) {
 	if err != nil {
 		return upgrades{}, err
 	}
-	var cps []gpuv1alpha1.ClusterPolicy
-	cl := &gpuv1alpha1.ClusterPolicyList{}
-	if err := pages(ctx, c, cl, func() { cps = append(cps, cl.Items...) }); err != nil && !meta.IsNoMatchError(err) {
+	cps, err := listPolicies(ctx, c)
+	if err != nil {
 		return upgrades{}, err
 	}
 	nodes, err := listNodes(ctx, c)
 	if err != nil {
 		return upgrades{}, err
 	}
-	return upgrades{Policies: why.Upgrades(cps), Nodes: why.UpgradeNodes(nodes, o.now())}, nil
+	src, err := policySharing(ctx, c, gpuv1alpha1.Active(cps))
+	if err != nil {
+		return upgrades{}, err
+	}
+	return upgrades{Policies: why.Upgrades(cps), Nodes: why.UpgradeNodes(nodes, o.now(), sharing.NamesOf(src))}, nil
 }

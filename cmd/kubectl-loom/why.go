@@ -16,6 +16,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/sharing"
 	"github.com/loom-dev/loom/internal/why"
 )
 
@@ -97,6 +98,13 @@ func (o *options) why(ctx context.Context, kind, name string) (why.Answer, error
 	if err != nil {
 		return why.Answer{}, err
 	}
+	var src sharing.Source
+	if kind == "TrainingJob" || kind == "Node" {
+		if src, err = sharingSource(ctx, c); err != nil {
+			return why.Answer{}, err
+		}
+	}
+	names := sharing.NamesOf(src)
 	var a why.Answer
 	var obj client.Object
 	switch kind {
@@ -104,8 +112,8 @@ func (o *options) why(ctx context.Context, kind, name string) (why.Answer, error
 		tj := &trainingv1alpha1.TrainingJob{}
 		obj, err = tj, c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, tj)
 		if err == nil {
-			a = why.TrainingJob(tj)
-			err = gpusNow(ctx, c, tj, &a)
+			a = why.TrainingJob(tj, names)
+			err = gpusNow(ctx, c, tj, src, &a)
 		}
 	case "RayCluster":
 		rc := &rayv1.RayCluster{}
@@ -126,7 +134,7 @@ func (o *options) why(ctx context.Context, kind, name string) (why.Answer, error
 			a = why.GPUNode(gn)
 		}
 	case "Node":
-		obj, a, err = o.whyNode(ctx, c, name)
+		obj, a, err = o.whyNode(ctx, c, name, names)
 	}
 	if err != nil {
 		return why.Answer{}, err
@@ -158,11 +166,11 @@ func forbiddenWhat(err error) string {
 // gpusNow adds to a waiting job's answer the live GPU picture its status
 // leaves out (it would move at every allocation): computed here, from the
 // nodes, GPUNodes and bound pods, as kubectl loom gpus reads them.
-func gpusNow(ctx context.Context, c client.Client, tj *trainingv1alpha1.TrainingJob, a *why.Answer) error {
+func gpusNow(ctx context.Context, c client.Client, tj *trainingv1alpha1.TrainingJob, src sharing.Source, a *why.Answer) error {
 	if !why.WaitsToBeScheduled(tj) {
 		return nil
 	}
-	err := addGPUsNow(ctx, c, tj, a)
+	err := addGPUsNow(ctx, c, tj, src, a)
 	if apierrors.IsForbidden(err) {
 		// The picture needs every node and pod: a user whose rights end at
 		// their namespace still gets the job's own answer.
@@ -172,7 +180,7 @@ func gpusNow(ctx context.Context, c client.Client, tj *trainingv1alpha1.Training
 	return err
 }
 
-func addGPUsNow(ctx context.Context, c client.Client, tj *trainingv1alpha1.TrainingJob, a *why.Answer) error {
+func addGPUsNow(ctx context.Context, c client.Client, tj *trainingv1alpha1.TrainingJob, src sharing.Source, a *why.Answer) error {
 	nodes, err := listNodes(ctx, c)
 	if err != nil {
 		return err
@@ -187,7 +195,7 @@ func addGPUsNow(ctx context.Context, c client.Client, tj *trainingv1alpha1.Train
 	if err := pages(ctx, c, pl, func() { pods = append(pods, pl.Items...) }, client.MatchingFieldsSelector{Selector: boundPods}); err != nil {
 		return err
 	}
-	if now := why.TrainingJobGPUsNow(tj, nodes, gns, pods); now != "" {
+	if now := why.TrainingJobGPUsNow(tj, src, nodes, gns, pods); now != "" {
 		a.Also = append(a.Also, now)
 	}
 	return nil
@@ -195,7 +203,7 @@ func addGPUsNow(ctx context.Context, c client.Client, tj *trainingv1alpha1.Train
 
 // whyNode reads a node and its GPUNode (none when the CRD or the object is
 // missing).
-func (o *options) whyNode(ctx context.Context, c client.Client, name string) (client.Object, why.Answer, error) {
+func (o *options) whyNode(ctx context.Context, c client.Client, name string, names sharing.Names) (client.Object, why.Answer, error) {
 	node := &corev1.Node{}
 	if err := c.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
 		return nil, why.Answer{}, err
@@ -207,7 +215,7 @@ func (o *options) whyNode(ctx context.Context, c client.Client, name string) (cl
 	case err != nil:
 		return nil, why.Answer{}, err
 	}
-	return node, why.Node(node, gn), nil
+	return node, why.Node(node, gn, names), nil
 }
 
 // warnings are the object's last Warning events: its namespace's for a

@@ -7,6 +7,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 // The condition reasons Loom's reconcilers set, as they spell them (a test
@@ -44,12 +45,12 @@ const (
 const managerLogs = "kubectl logs -n <loom namespace> deploy/loom-manager"
 
 // trainingAdvice is what to do about a TrainingJob's reason.
-func trainingAdvice(reason string, tj *trainingv1alpha1.TrainingJob) string {
+func trainingAdvice(reason string, tj *trainingv1alpha1.TrainingJob, names sharing.Names) string {
 	pods := fmt.Sprintf("kubectl get pods -n %s -l %s=%s", tj.Namespace, trainingv1alpha1.LabelJobName, tj.Name)
 	queue := tj.Spec.Queue()
 	switch reason {
 	case ReasonNeverFits:
-		res, per, product := jobGPUs(tj)
+		res, per, product := jobGPUs(tj, names)
 		with := "more " + res + " per node"
 		if product != "" {
 			with = product + " GPUs"

@@ -8,6 +8,7 @@ import (
 	resourcehelper "k8s.io/component-helpers/resource"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 // FleetNode is one GPU node of `kubectl loom gpus`.
@@ -25,11 +26,11 @@ type FleetNode struct {
 	MIGState  string `json:"migState,omitempty"`
 	// Schedulable is false for a cordoned node.
 	Schedulable bool `json:"schedulable"`
-	// Resources are the node's nvidia.com/* resources, by name.
+	// Resources are the node's GPU resources, by name.
 	Resources []ResourceUse `json:"resources"`
 }
 
-// ResourceUse is one nvidia.com/* resource of a node.
+// ResourceUse is one GPU resource of a node.
 type ResourceUse struct {
 	Name string `json:"name"`
 	// Allocatable is what the node offers (the device plugin's count).
@@ -43,18 +44,19 @@ type ResourceUse struct {
 	Pods []string `json:"pods,omitempty"`
 }
 
-// IsGPUNode: the node has an nvidia.com/* resource, the
-// nvidia.com/gpu.present label or a GPUNode.
-func IsGPUNode(node *corev1.Node, hasGPUNode bool) bool {
+// IsGPUNode: the node has a GPU resource (names.IsGPU: a NIC's
+// nvidia.com/rdma_shared is not one), the nvidia.com/gpu.present label or
+// a GPUNode.
+func IsGPUNode(node *corev1.Node, hasGPUNode bool, names sharing.Names) bool {
 	return hasGPUNode || node.Labels[gpuv1alpha1.LabelPresent] == "true" ||
-		len(gpuResources(node.Status.Allocatable)) > 0 || len(gpuResources(node.Status.Capacity)) > 0
+		len(gpuResources(node.Status.Allocatable, names)) > 0 || len(gpuResources(node.Status.Capacity, names)) > 0
 }
 
-// gpuResources are the nvidia.com/* resource names of a list, sorted.
-func gpuResources(l corev1.ResourceList) []corev1.ResourceName {
+// gpuResources are the GPU resource names of a list, sorted.
+func gpuResources(l corev1.ResourceList, names sharing.Names) []corev1.ResourceName {
 	var out []corev1.ResourceName
 	for r := range l {
-		if IsGPUResource(r) {
+		if names.IsGPU(string(r)) {
 			out = append(out, r)
 		}
 	}
@@ -64,32 +66,33 @@ func gpuResources(l corev1.ResourceList) []corev1.ResourceName {
 
 // Fleet is one FleetNode per GPU node, sorted by name, from the nodes,
 // their GPUNodes and the pods bound to nodes (terminal pods are skipped).
-func Fleet(nodes []corev1.Node, gpuNodes []gpuv1alpha1.GPUNode, pods []corev1.Pod) []FleetNode {
+// names are the GPU resources of the cluster's sharing configs.
+func Fleet(nodes []corev1.Node, gpuNodes []gpuv1alpha1.GPUNode, pods []corev1.Pod, names sharing.Names) []FleetNode {
 	gns := make(map[string]*gpuv1alpha1.GPUNode, len(gpuNodes))
 	for i := range gpuNodes {
 		gns[gpuNodes[i].Name] = &gpuNodes[i]
 	}
-	holders := podsByNode(pods)
+	holders := podsByNode(pods, names)
 	out := make([]FleetNode, 0, len(nodes))
 	for i := range nodes {
 		n := &nodes[i]
 		gn := gns[n.Name]
-		if !IsGPUNode(n, gn != nil) {
+		if !IsGPUNode(n, gn != nil, names) {
 			continue
 		}
-		out = append(out, fleetNode(n, gn, holders[n.Name]))
+		out = append(out, fleetNode(n, gn, holders[n.Name], names))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
 
-// podUse is one pod's nvidia.com/* requests.
+// podUse is one pod's GPU requests.
 type podUse struct {
 	name     string
 	requests corev1.ResourceList
 }
 
-func podsByNode(pods []corev1.Pod) map[string][]podUse {
+func podsByNode(pods []corev1.Pod, names sharing.Names) map[string][]podUse {
 	out := map[string][]podUse{}
 	for i := range pods {
 		p := &pods[i]
@@ -98,7 +101,7 @@ func podsByNode(pods []corev1.Pod) map[string][]podUse {
 		}
 		req := resourcehelper.PodRequests(p, resourcehelper.PodResourcesOptions{})
 		gpus := corev1.ResourceList{}
-		for _, r := range gpuResources(req) {
+		for _, r := range gpuResources(req, names) {
 			if q := req[r]; !q.IsZero() {
 				gpus[r] = q
 			}
@@ -110,7 +113,7 @@ func podsByNode(pods []corev1.Pod) map[string][]podUse {
 	return out
 }
 
-func fleetNode(n *corev1.Node, gn *gpuv1alpha1.GPUNode, pods []podUse) FleetNode {
+func fleetNode(n *corev1.Node, gn *gpuv1alpha1.GPUNode, pods []podUse, names sharing.Names) FleetNode {
 	f := FleetNode{Name: n.Name, Product: n.Labels[gpuv1alpha1.LabelProduct], Schedulable: !n.Spec.Unschedulable,
 		MIGConfig: n.Labels[gpuv1alpha1.LabelMIGConfig], MIGState: n.Labels[gpuv1alpha1.LabelMIGConfigState]}
 	if gn != nil {
@@ -122,16 +125,16 @@ func fleetNode(n *corev1.Node, gn *gpuv1alpha1.GPUNode, pods []podUse) FleetNode
 	} else if c, err := strconv.ParseInt(n.Labels[gpuv1alpha1.LabelCount], 10, 32); err == nil {
 		f.GPUs = int32(c)
 	}
-	names := map[corev1.ResourceName]bool{}
-	for _, r := range gpuResources(n.Status.Allocatable) {
-		names[r] = true
+	res := map[corev1.ResourceName]bool{}
+	for _, r := range gpuResources(n.Status.Allocatable, names) {
+		res[r] = true
 	}
 	for _, p := range pods {
 		for r := range p.requests {
-			names[r] = true
+			res[r] = true
 		}
 	}
-	for _, r := range sortedNames(names) {
+	for _, r := range sortedNames(res) {
 		q := n.Status.Allocatable[r]
 		u := ResourceUse{Name: string(r), Allocatable: q.Value()}
 		for _, p := range pods {

@@ -7,6 +7,7 @@ import (
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	inv "github.com/loom-dev/loom/internal/inventory" // the package's tests name a helper inventory
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 // WaitsToBeScheduled says whether a TrainingJob has not finished and its
@@ -20,12 +21,14 @@ func WaitsToBeScheduled(tj *trainingv1alpha1.TrainingJob) bool {
 // which the job's status leaves out so that it is not rewritten whenever a
 // GPU elsewhere is allocated or freed: the inventory's answer for the
 // job's gang over the nodes, GPUNodes and bound pods given (what kubectl
-// loom gpus reads), the way the manager computes it. For example "GPUs
+// loom gpus reads) and the ClusterPolicy's sharing configs, the way the
+// manager computes it. For example "GPUs
 // now: nvidia.com/gpu: 24 free on 3 nodes, 32 in the cluster; 3 nodes have
 // 8 free, 1 has none; 8 more on 1 cordoned node". Empty when the gang asks
 // for no GPUs or the cluster has none of what it asks.
-func TrainingJobGPUsNow(tj *trainingv1alpha1.TrainingJob, nodes []corev1.Node, gpuNodes []gpuv1alpha1.GPUNode, pods []corev1.Pod) string {
+func TrainingJobGPUsNow(tj *trainingv1alpha1.TrainingJob, src sharing.Source, nodes []corev1.Node, gpuNodes []gpuv1alpha1.GPUNode, pods []corev1.Pod) string {
 	x := inv.NewIndex()
+	x.SetSharing(src)
 	for i := range nodes {
 		x.SetNode(&nodes[i])
 	}

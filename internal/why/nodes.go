@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 // finding is one thing wrong (or not) with a node.
@@ -17,10 +18,11 @@ type finding struct {
 // Node answers why a node's GPUs are not taking work: NotReady, its driver
 // upgrade, a cordon, the unhealthy taint, NVML, the MIG layout, GPU labels
 // and what the device plugin advertises. gn is the node's GPUNode, nil when
-// there is none.
-func Node(node *corev1.Node, gn *gpuv1alpha1.GPUNode) Answer {
+// there is none; names are the GPU resources of the cluster's sharing
+// configs.
+func Node(node *corev1.Node, gn *gpuv1alpha1.GPUNode, names sharing.Names) Answer {
 	a := Answer{Object: "node/" + node.Name}
-	fs := nodeFindings(node, gn)
+	fs := nodeFindings(node, gn, names)
 	if gn != nil {
 		g := GPUNode(gn)
 		if g.State != "Ready" {
@@ -28,7 +30,7 @@ func Node(node *corev1.Node, gn *gpuv1alpha1.GPUNode) Answer {
 		}
 	}
 	if len(fs) == 0 {
-		a.State, a.Message = "Ready", gpuSummary(node, gn)
+		a.State, a.Message = "Ready", gpuSummary(node, gn, names)
 		return a
 	}
 	a.State, a.Reason, a.Message, a.Advice = fs[0].state, fs[0].reason, fs[0].message, fs[0].advice
@@ -39,7 +41,7 @@ func Node(node *corev1.Node, gn *gpuv1alpha1.GPUNode) Answer {
 }
 
 // nodeFindings are the node's own problems, the most blocking first.
-func nodeFindings(node *corev1.Node, gn *gpuv1alpha1.GPUNode) []finding {
+func nodeFindings(node *corev1.Node, gn *gpuv1alpha1.GPUNode, names sharing.Names) []finding {
 	var fs []finding
 	for _, c := range node.Status.Conditions {
 		if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue {
@@ -67,8 +69,8 @@ func nodeFindings(node *corev1.Node, gn *gpuv1alpha1.GPUNode) []finding {
 	if node.Labels[gpuv1alpha1.LabelPresent] != "true" && gn == nil {
 		fs = append(fs, finding{"NoGPUs", "NotAGPUNode", "the node is not labelled " + gpuv1alpha1.LabelPresent + "=true and has no GPUNode",
 			"if it has GPUs: check that node feature discovery or the Loom node agent runs on it"})
-	} else if len(gpuResources(node.Status.Allocatable)) == 0 {
-		fs = append(fs, finding{"NoGPUResources", "DevicePluginNotReady", "the node advertises no nvidia.com/* resource: the device plugin has not registered its GPUs",
+	} else if len(gpuResources(node.Status.Allocatable, names)) == 0 {
+		fs = append(fs, finding{"NoGPUResources", "DevicePluginNotReady", "the node advertises no GPU resource: the device plugin has not registered its GPUs",
 			"check the device plugin pod on the node: " + podsOn(gpuv1alpha1.OperandDevicePlugin, node.Name)})
 	}
 	return fs
@@ -104,13 +106,13 @@ func upgradeFindings(node *corev1.Node) []finding {
 }
 
 // gpuSummary describes a healthy GPU node in a few words.
-func gpuSummary(node *corev1.Node, gn *gpuv1alpha1.GPUNode) string {
+func gpuSummary(node *corev1.Node, gn *gpuv1alpha1.GPUNode, names sharing.Names) string {
 	var parts []string
 	product := node.Labels[gpuv1alpha1.LabelProduct]
 	if product == "" && gn != nil {
 		product = gn.Status.Product
 	}
-	for _, r := range gpuResources(node.Status.Allocatable) {
+	for _, r := range gpuResources(node.Status.Allocatable, names) {
 		q := node.Status.Allocatable[r]
 		parts = append(parts, fmt.Sprintf("%d %s", q.Value(), r))
 	}

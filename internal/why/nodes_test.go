@@ -11,9 +11,35 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 var now = time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+
+// smallSource is a ClusterPolicy whose device plugin config time-slices
+// each GPU into 4 advertised as nvidia.com/small; smallNames its GPU
+// resources.
+var (
+	smallSource = sharing.Source{Policy: &gpuv1alpha1.DevicePluginConfig{ConfigMapName: "dp", DefaultConfig: "small"}, Namespace: "loom",
+		Data: map[string]string{"small": "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      rename: nvidia.com/small\n      replicas: 4\n"}}
+	smallNames = sharing.NamesOf(smallSource)
+)
+
+// nics are the resources the NVIDIA network operator's device plugins
+// advertise under nvidia.com/: not GPUs.
+func nics(n int64) corev1.ResourceList {
+	q := *resource.NewQuantity(n, resource.DecimalSI)
+	return corev1.ResourceList{"nvidia.com/rdma_shared": q, "nvidia.com/mlnxnics": q}
+}
+
+// plus is a and b together.
+func plus(a, b corev1.ResourceList) corev1.ResourceList {
+	out := a.DeepCopy()
+	for k, v := range b {
+		out[k] = v
+	}
+	return out
+}
 
 func gpuNode(name string, labels, annotations map[string]string, alloc corev1.ResourceList) corev1.Node {
 	n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: annotations}}
@@ -77,14 +103,18 @@ func TestNode(t *testing.T) {
 		{"nvml", gpuNode("g1", present, nil, gpus(8)), false, inventory("g1", &nvmlDown),
 			"node/g1: NVMLUnavailable (NVMLLost): GPUNode: NVML: driver not loaded", "check the driver pod on the node: kubectl get pods -A -l app.kubernetes.io/component=driver --field-selector spec.nodeName=g1"},
 		{"no device plugin", gpuNode("g1", present, nil, corev1.ResourceList{}), false, nil,
-			"node/g1: NoGPUResources (DevicePluginNotReady): the node advertises no nvidia.com/* resource: the device plugin has not registered its GPUs", "component=device-plugin"},
+			"node/g1: NoGPUResources (DevicePluginNotReady): the node advertises no GPU resource: the device plugin has not registered its GPUs", "component=device-plugin"},
+		{"NICs only", gpuNode("g1", present, nil, nics(4)), false, nil,
+			"node/g1: NoGPUResources (DevicePluginNotReady): the node advertises no GPU resource: the device plugin has not registered its GPUs", "component=device-plugin"},
+		{"renamed shared GPUs beside NICs", gpuNode("g1", present, nil, plus(nics(4), corev1.ResourceList{"nvidia.com/small": resource.MustParse("32")})), false, inventory("g1", nil),
+			"node/g1: Ready: NVIDIA-H100-80GB-HBM3: 32 nvidia.com/small allocatable; schedulable, no GPU problem known", ""},
 		{"not a GPU node", gpuNode("c1", nil, nil, corev1.ResourceList{}), false, nil,
 			"node/c1: NoGPUs (NotAGPUNode): the node is not labelled nvidia.com/gpu.present=true and has no GPUNode", "node feature discovery"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.node.Spec.Unschedulable = tc.cordon
-			a := Node(&tc.node, tc.gn)
+			a := Node(&tc.node, tc.gn, smallNames)
 			if a.Line() != tc.line {
 				t.Errorf("line\n got %q\nwant %q", a.Line(), tc.line)
 			}
@@ -130,7 +160,11 @@ func TestFleet(t *testing.T) {
 	h100 := gpuNode("h100", map[string]string{gpuv1alpha1.LabelPresent: "true"}, nil, gpus(8))
 	h100.Spec.Unschedulable = true
 	cpu := gpuNode("cpu", nil, nil, corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8")})
+	nic := gpuNode("nic", nil, nil, nics(2))
+	l40 := gpuNode("l40", nil, nil, plus(nics(2), corev1.ResourceList{"nvidia.com/small": resource.MustParse("16")}))
 	pods := []corev1.Pod{
+		pod("ml", "s", "l40", corev1.PodRunning, "nvidia.com/small", 3),
+		pod("ml", "r", "l40", corev1.PodRunning, "nvidia.com/rdma_shared", 1),
 		pod("ml", "a", "h100", corev1.PodRunning, "nvidia.com/gpu", 4),
 		pod("ml", "b", "h100", corev1.PodPending, "nvidia.com/gpu", 2),
 		pod("ml", "done", "h100", corev1.PodSucceeded, "nvidia.com/gpu", 2),
@@ -138,7 +172,7 @@ func TestFleet(t *testing.T) {
 		pod("ml", "unbound", "", corev1.PodPending, "nvidia.com/gpu", 8),
 	}
 	xid := gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUUnhealthy, Reason: gpuv1alpha1.HealthXidCriticalError}
-	fleet := Fleet([]corev1.Node{mig, h100, cpu}, []gpuv1alpha1.GPUNode{*inventory("h100", nil, xid)}, pods)
+	fleet := Fleet([]corev1.Node{mig, h100, cpu, nic, l40}, []gpuv1alpha1.GPUNode{*inventory("h100", nil, xid)}, pods, smallNames)
 	var b bytes.Buffer
 	if err := WriteFleet(&b, fleet, true); err != nil {
 		t.Fatal(err)
@@ -146,6 +180,7 @@ func TestFleet(t *testing.T) {
 	want := `NODE   PRODUCT                 GPUS   UNHEALTHY   RESOURCE                ALLOCATABLE   ALLOCATED   FREE   MIG                    SCHEDULABLE   PODS
 a100   NVIDIA-A100-SXM4-40GB   0      0           nvidia.com/mig-1g.5gb   56            3           53     all-1g.5gb (success)   true          ml/m=3
 h100   NVIDIA H100 80GB HBM3   8      1           nvidia.com/gpu          8             6           2      -                      false         ml/a=4,ml/b=2
+l40    -                       0      0           nvidia.com/small        16            3           13     -                      true          ml/s=3
 `
 	if b.String() != want {
 		t.Errorf("fleet table\n got:\n%s\nwant:\n%s", b.String(), want)
@@ -170,6 +205,7 @@ func TestUpgrades(t *testing.T) {
 		gpuNode("a", st(gpuv1alpha1.PodRestartRequired), nil, gpus(8)),
 		gpuNode("e", map[string]string{gpuv1alpha1.LabelPresent: "true"}, nil, gpus(8)),
 		gpuNode("cpu", nil, nil, nil),
+		gpuNode("nic", nil, nil, nics(2)),
 	}
 	nodes[1].Spec.Unschedulable, nodes[2].Spec.Unschedulable = true, true
 	cp := gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
@@ -177,7 +213,7 @@ func TestUpgrades(t *testing.T) {
 	ignored := gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "other"}}
 	ignored.Status.State = gpuv1alpha1.PolicyIgnored
 	var b bytes.Buffer
-	if err := WriteUpgrades(&b, Upgrades([]gpuv1alpha1.ClusterPolicy{cp, ignored}), UpgradeNodes(nodes, now), false); err != nil {
+	if err := WriteUpgrades(&b, Upgrades([]gpuv1alpha1.ClusterPolicy{cp, ignored}), UpgradeNodes(nodes, now, smallNames), false); err != nil {
 		t.Fatal(err)
 	}
 	want := `clusterpolicy/default: DriverUpgrade=False UpgradeInProgress: 1 of 5 nodes upgrading; failed: b

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 // UpgradeNode is one node of `kubectl loom upgrades`.
@@ -62,12 +63,12 @@ func Upgrades(policies []gpuv1alpha1.ClusterPolicy) []PolicyUpgrade {
 // UpgradeNodes is one row per GPU node or node with an upgrade state, the
 // nodes furthest from done first (failed, then by state order), then by
 // name.
-func UpgradeNodes(nodes []corev1.Node, now time.Time) []UpgradeNode {
+func UpgradeNodes(nodes []corev1.Node, now time.Time, names sharing.Names) []UpgradeNode {
 	var out []UpgradeNode
 	for i := range nodes {
 		n := &nodes[i]
 		state := n.Labels[gpuv1alpha1.LabelUpgradeState]
-		if state == "" && !IsGPUNode(n, false) {
+		if state == "" && !IsGPUNode(n, false, names) {
 			continue
 		}
 		out = append(out, upgradeNode(n, now))

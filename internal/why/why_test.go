@@ -12,6 +12,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 func c(t, s, reason, msg string) metav1.Condition {
@@ -29,6 +30,14 @@ func job(state trainingv1alpha1.JobState, conds ...metav1.Condition) *trainingv1
 	return tj
 }
 
+// withNICs adds to the master's container 32 of each of the network
+// operator's nvidia.com/ resources.
+func withNICs(tj *trainingv1alpha1.TrainingJob) *trainingv1alpha1.TrainingJob {
+	l := &tj.Spec.ReplicaSpecs.Master.Template.Spec.Containers[0].Resources.Limits
+	*l = plus(*l, nics(32))
+	return tj
+}
+
 func TestTrainingJob(t *testing.T) {
 	cases := []struct {
 		name                string
@@ -43,6 +52,10 @@ func TestTrainingJob(t *testing.T) {
 			c("Ready", "False", ReasonNeverFits, "same")),
 			"trainingjob/bert: Pending (NeverFits): 0 of 1 pods placed; inventory: needs 1 pod × 16 nvidia.com/gpu; it can never fit",
 			"reduce replicas or GPUs per pod (now 16 nvidia.com/gpu), or add nodes with NVIDIA-H100-80GB-HBM3 GPUs", ""},
+		{"never fits, a NIC beside", withNICs(job(trainingv1alpha1.StatePending,
+			c("Scheduled", "False", ReasonNeverFits, "it can never fit"))),
+			"trainingjob/bert: Pending (NeverFits): it can never fit",
+			"reduce replicas or GPUs per pod (now 16 nvidia.com/gpu)", "rdma"},
 		{"bigger than the cluster", job(trainingv1alpha1.StatePending,
 			c("Scheduled", "False", ReasonNotEnoughGPUs, "2 of 8 pods placed; inventory: needs 32 more GPUs than the cluster has (32 on 4 nodes)")),
 			"trainingjob/bert: Pending (NotEnoughGPUs): 2 of 8 pods placed; inventory: needs 32 more GPUs than the cluster has (32 on 4 nodes)",
@@ -67,7 +80,7 @@ func TestTrainingJob(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			a := TrainingJob(tc.tj)
+			a := TrainingJob(tc.tj, smallNames)
 			if got := a.Line(); got != tc.line {
 				t.Errorf("line\n got %q\nwant %q", got, tc.line)
 			}
@@ -87,7 +100,7 @@ func TestTrainingJob(t *testing.T) {
 func TestTrainingJobStale(t *testing.T) {
 	tj := job(trainingv1alpha1.StatePending, c("Scheduled", "False", ReasonPodsPending, "x"))
 	tj.Generation = 3
-	if a := TrainingJob(tj); len(a.Also) != 1 || !strings.Contains(a.Also[0], "generation 1, the spec is at 3") {
+	if a := TrainingJob(tj, sharing.Names{}); len(a.Also) != 1 || !strings.Contains(a.Also[0], "generation 1, the spec is at 3") {
 		t.Errorf("also = %q", a.Also)
 	}
 }
@@ -173,7 +186,7 @@ func TestTrainingJobGPUsNow(t *testing.T) {
 	}
 	pods := []corev1.Pod{pod("a", "g1", 4, corev1.PodRunning), pod("b", "g0", 8, corev1.PodSucceeded)}
 	want := "GPUs now: nvidia.com/gpu: 20 free on 2 nodes, 24 in the cluster; 1 node has 12 free, 1 has 8; 16 more on 1 cordoned node"
-	if got := TrainingJobGPUsNow(tj, nodes, nil, pods); got != want {
+	if got := TrainingJobGPUsNow(tj, sharing.Source{}, nodes, nil, pods); got != want {
 		t.Errorf("got  %q\nwant %q", got, want)
 	}
 	if !WaitsToBeScheduled(tj) {
@@ -183,7 +196,18 @@ func TestTrainingJobGPUsNow(t *testing.T) {
 	if WaitsToBeScheduled(tj) {
 		t.Error("a scheduled job waits")
 	}
-	if got := TrainingJobGPUsNow(tj, nil, nil, nil); got != "" {
+	if got := TrainingJobGPUsNow(tj, sharing.Source{}, nil, nil, nil); got != "" {
 		t.Errorf("no GPU nodes: %q", got)
+	}
+
+	// A job asking for the resource the sharing config renames, beside a
+	// NIC: the picture is of the renamed GPUs, as the manager's.
+	small := withNICs(job(trainingv1alpha1.StatePending, c("Scheduled", "False", ReasonNotEnoughGPUs, "waits")))
+	small.Spec.ReplicaSpecs.Master.Template.Spec.NodeSelector = nil
+	small.Spec.ReplicaSpecs.Master.Template.Spec.Containers[0].Resources.Limits = plus(nics(1), corev1.ResourceList{"nvidia.com/small": resource.MustParse("8")})
+	nodes = []corev1.Node{gpuNode("s0", h, nil, plus(nics(2), corev1.ResourceList{"nvidia.com/small": resource.MustParse("4")}))}
+	want = "GPUs now: nvidia.com/small: 4 free on 1 node, 4 in the cluster; 1 node has 4 free"
+	if got := TrainingJobGPUsNow(small, smallSource, nodes, nil, nil); got != want {
+		t.Errorf("renamed shared GPUs\n got  %q\nwant %q", got, want)
 	}
 }

@@ -11,12 +11,14 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/sharing"
 )
 
 // TrainingJob answers why a job is where it is, from its conditions in the
 // order that decides: finished, suspended, not created, not scheduled,
-// restarting, waiting for pods, running.
-func TrainingJob(tj *trainingv1alpha1.TrainingJob) Answer {
+// restarting, waiting for pods, running. names are the GPU resources of the
+// cluster's sharing configs (the zero value knows no renames).
+func TrainingJob(tj *trainingv1alpha1.TrainingJob, names sharing.Names) Answer {
 	a := Answer{Object: "trainingjob/" + tj.Name, Namespace: tj.Namespace, State: string(tj.Status.State)}
 	cs := tj.Status.Conditions
 	if len(cs) == 0 {
@@ -50,7 +52,7 @@ func TrainingJob(tj *trainingv1alpha1.TrainingJob) Answer {
 	if a.State == "" {
 		a.State = "Unknown"
 	}
-	a.Advice = trainingAdvice(a.Reason, tj)
+	a.Advice = trainingAdvice(a.Reason, tj, names)
 	if a.Reason == ReasonNotEnoughGPUs && strings.Contains(a.Message, moreThanTheCluster) {
 		a.Advice = "the whole job is bigger than the cluster today: add GPU nodes (it starts once they join), or reduce replicas or GPUs per pod"
 	}
@@ -63,15 +65,15 @@ func TrainingJob(tj *trainingv1alpha1.TrainingJob) Answer {
 // cluster has"): waiting for GPUs to free up would not help.
 const moreThanTheCluster = "than the cluster has"
 
-// jobGPUs is the biggest nvidia.com/* request of one pod of the job (the
-// resource and its count) and the GPU product its pods ask for, if any.
-func jobGPUs(tj *trainingv1alpha1.TrainingJob) (res string, per int64, product string) {
+// jobGPUs is the biggest GPU request of one pod of the job (the resource
+// and its count) and the GPU product its pods ask for, if any.
+func jobGPUs(tj *trainingv1alpha1.TrainingJob, names sharing.Names) (res string, per int64, product string) {
 	specs := []*trainingv1alpha1.ReplicaSpec{&tj.Spec.ReplicaSpecs.Master}
 	if tj.Spec.ReplicaSpecs.Worker != nil {
 		specs = append(specs, tj.Spec.ReplicaSpecs.Worker)
 	}
 	for _, s := range specs {
-		r, n := podGPUs(&s.Template.Spec)
+		r, n := podGPUs(&s.Template.Spec, names)
 		if n > per {
 			res, per = r, n
 		}
@@ -82,13 +84,12 @@ func jobGPUs(tj *trainingv1alpha1.TrainingJob) (res string, per int64, product s
 	return res, per, product
 }
 
-// podGPUs is a pod spec's biggest nvidia.com/* request summed over its
-// containers.
-func podGPUs(spec *corev1.PodSpec) (string, int64) {
+// podGPUs is a pod spec's biggest GPU request summed over its containers.
+func podGPUs(spec *corev1.PodSpec, names sharing.Names) (string, int64) {
 	sums := map[corev1.ResourceName]*resource.Quantity{}
 	for _, c := range spec.Containers {
 		for name, q := range c.Resources.Requests {
-			if !IsGPUResource(name) {
+			if !names.IsGPU(string(name)) {
 				continue
 			}
 			if sums[name] == nil {
@@ -97,7 +98,7 @@ func podGPUs(spec *corev1.PodSpec) (string, int64) {
 			sums[name].Add(q)
 		}
 		for name, q := range c.Resources.Limits {
-			if _, ok := c.Resources.Requests[name]; ok || !IsGPUResource(name) {
+			if _, ok := c.Resources.Requests[name]; ok || !names.IsGPU(string(name)) {
 				continue
 			}
 			if sums[name] == nil {
@@ -133,12 +134,6 @@ func productOf(spec *corev1.PodSpec) string {
 		}
 	}
 	return ""
-}
-
-// IsGPUResource: an nvidia.com/* extended resource (GPUs, MIG profiles,
-// shared GPUs).
-func IsGPUResource(name corev1.ResourceName) bool {
-	return strings.HasPrefix(string(name), gpuv1alpha1.LabelPrefix)
 }
 
 // ClusterPolicy answers from the Ready condition (and its component
