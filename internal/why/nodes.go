@@ -66,8 +66,8 @@ func nodeFindings(node *corev1.Node, gn *gpuv1alpha1.GPUNode, names sharing.Name
 		fs = append(fs, finding{"MIGFailed", "MIGConfigFailed", msg,
 			"check the MIG manager pod on the node: " + podsOn(gpuv1alpha1.OperandMIGManager, node.Name)})
 	}
-	if node.Labels[gpuv1alpha1.LabelPresent] != "true" && gn == nil {
-		fs = append(fs, finding{"NoGPUs", "NotAGPUNode", "the node is not labelled " + gpuv1alpha1.LabelPresent + "=true and has no GPUNode",
+	if !IsGPUNode(node, gn != nil, names) {
+		fs = append(fs, finding{"NoGPUs", "NotAGPUNode", "the node is not labelled " + gpuv1alpha1.LabelPresent + "=true, has no GPUNode and advertises no GPU resource",
 			"if it has GPUs: check that node feature discovery or the Loom node agent runs on it"})
 	} else if len(gpuResources(node.Status.Allocatable, names)) == 0 {
 		fs = append(fs, finding{"NoGPUResources", "DevicePluginNotReady", "the node advertises no GPU resource: the device plugin has not registered its GPUs",

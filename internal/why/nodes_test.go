@@ -109,7 +109,11 @@ func TestNode(t *testing.T) {
 		{"renamed shared GPUs beside NICs", gpuNode("g1", present, nil, plus(nics(4), corev1.ResourceList{"nvidia.com/small": resource.MustParse("32")})), false, inventory("g1", nil),
 			"node/g1: Ready: NVIDIA-H100-80GB-HBM3: 32 nvidia.com/small allocatable; schedulable, no GPU problem known", ""},
 		{"not a GPU node", gpuNode("c1", nil, nil, corev1.ResourceList{}), false, nil,
-			"node/c1: NoGPUs (NotAGPUNode): the node is not labelled nvidia.com/gpu.present=true and has no GPUNode", "node feature discovery"},
+			"node/c1: NoGPUs (NotAGPUNode): the node is not labelled nvidia.com/gpu.present=true, has no GPUNode and advertises no GPU resource", "node feature discovery"},
+		{"unlabelled, GPUs advertised", gpuNode("u1", nil, nil, gpus(8)), false, nil,
+			"node/u1: Ready: 8 nvidia.com/gpu allocatable; schedulable, no GPU problem known", ""},
+		{"NICs only, unlabelled", gpuNode("c1", nil, nil, nics(2)), false, nil,
+			"node/c1: NoGPUs (NotAGPUNode): the node is not labelled nvidia.com/gpu.present=true, has no GPUNode and advertises no GPU resource", "node feature discovery"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
