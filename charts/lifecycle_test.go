@@ -85,12 +85,18 @@ func TestAggregatedRoles(t *testing.T) {
 			}
 		}
 	}
-	if !rulesGrant(view.Rules, "training.loom.dev", "trainingjobs", "watch") || rulesGrant(view.Rules, "training.loom.dev", "trainingjobs", "create") {
-		t.Error("view must read TrainingJobs and not write them")
-	}
-	for _, verb := range []string{"create", "update", "patch", "delete"} {
-		if !rulesGrant(edit.Rules, "training.loom.dev", "trainingjobs", verb) {
-			t.Errorf("edit cannot %s trainingjobs", verb)
+	// Every kind a namespace user runs work with: Loom's TrainingJobs, and
+	// the RayClusters and RayJobs Loom reconciles in place of KubeRay.
+	for _, k := range []struct{ group, resource string }{
+		{"training.loom.dev", "trainingjobs"}, {"ray.io", "rayclusters"}, {"ray.io", "rayjobs"},
+	} {
+		if !rulesGrant(view.Rules, k.group, k.resource, "watch") || rulesGrant(view.Rules, k.group, k.resource, "create") {
+			t.Errorf("view must read %s and not write them", k.resource)
+		}
+		for _, verb := range []string{"create", "update", "patch", "delete"} {
+			if !rulesGrant(edit.Rules, k.group, k.resource, verb) {
+				t.Errorf("edit cannot %s %s", verb, k.resource)
+			}
 		}
 	}
 	if _, ok := find[*rbacv1.ClusterRole](render(t, "rbac.aggregateToDefaultRoles=false"), "loom-view"); ok {
