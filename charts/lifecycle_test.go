@@ -161,6 +161,17 @@ func TestUninstallCleanupHook(t *testing.T) {
 			t.Errorf("cleanup ClusterRole cannot %s %s", grant[2], grant[1])
 		}
 	}
+	// The rayjob controller's stop-job finalizers go with it; with the
+	// controller off, KubeRay's RayJobs are not Loom's to touch.
+	if !strings.Contains(args, "--rayjob-finalizers") || !rulesGrant(role.Rules, "ray.io", "rayjobs", "patch") {
+		t.Errorf("with the rayjob controller on, the hook leaves RayJob finalizers: args %q", args)
+	}
+	off := render(t, "uninstall.cleanup=true", "manager.controllers=trainingjob\\,raycluster")
+	offJob, _ := find[*batchv1.Job](off, "loom-uninstall-cleanup")
+	offRole, _ := find[*rbacv1.ClusterRole](off, "loom-uninstall-cleanup")
+	if slices.Contains(offJob.Spec.Template.Spec.Containers[0].Args, "--rayjob-finalizers") || rulesGrant(offRole.Rules, "ray.io", "rayjobs", "patch") {
+		t.Error("with the rayjob controller off, the hook still removes RayJob finalizers")
+	}
 	for _, r := range role.Rules {
 		if slices.Contains(r.Verbs, "create") || slices.Contains(r.Verbs, "update") {
 			t.Errorf("cleanup ClusterRole creates or updates: %+v", r)

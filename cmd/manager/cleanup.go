@@ -10,16 +10,20 @@ import (
 	"strings"
 	"time"
 
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	rayutils "github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/controllers/nodelabels"
@@ -35,6 +39,7 @@ type cleanupConfig struct {
 	managerDeployment string // the chart's manager Deployment
 	agentDaemonSet    string // the chart's node agent DaemonSet
 	lease             string // the manager's leader-election Lease
+	rayJobs           bool   // Loom's rayjob controller ran: its stop-job finalizers go
 	timeout           time.Duration
 	poll              time.Duration
 	out               io.Writer // progress lines
@@ -51,6 +56,7 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fs.StringVar(&cfg.agentDaemonSet, "node-agent-daemonset", "", "the node agent's DaemonSet, stopped before the GPUNodes are deleted")
 	fs.StringVar(&cfg.lease, "leader-election-id", "loom-manager", "the manager's leader-election Lease: the manager is gone when no one holds it")
 	fs.DurationVar(&cfg.timeout, "timeout", 10*time.Minute, "how long to wait for each step")
+	fs.BoolVar(&cfg.rayJobs, "rayjob-finalizers", false, "remove the stop-job finalizer Loom's rayjob controller put on RayJobs (no one would remove it once the manager is gone)")
 	var common cli.Common
 	common.Bind(fs)
 	if code, done := cli.Parse(fs, &common, args, stdout); done {
@@ -85,7 +91,11 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 //     nothing writes GPUNodes or labels again;
 //  3. every GPUNode, and on every Node the labels the GPU labeller set
 //     (field manager loom-gpu-labels) and its unhealthy taint; labels
-//     anyone else set stay.
+//     anyone else set stay;
+//  4. with cfg.rayJobs, KubeRay's stop-job finalizer on every RayJob: with
+//     no manager left to remove it, deleting a RayJob (or its namespace)
+//     would hang for ever. A RayJob deleted later takes its cluster, and so
+//     its Ray job, with it (owner reference).
 func cleanup(ctx context.Context, c client.Client, cfg cleanupConfig, out io.Writer) error {
 	cfg.out = out
 	policies, err := deletePolicies(ctx, c, out)
@@ -100,7 +110,40 @@ func cleanup(ctx context.Context, c client.Client, cfg cleanupConfig, out io.Wri
 	if err := stopWriters(ctx, c, cfg, out); err != nil {
 		return err
 	}
-	return removeNodeState(ctx, c, out)
+	if err := removeNodeState(ctx, c, out); err != nil {
+		return err
+	}
+	if !cfg.rayJobs {
+		return nil
+	}
+	return removeRayJobFinalizers(ctx, c, out)
+}
+
+// removeRayJobFinalizers takes KubeRay's stop-job finalizer (which Loom's
+// rayjob controller adds) off every RayJob; other finalizers stay. No
+// RayJob CRD is nothing to do.
+func removeRayJobFinalizers(ctx context.Context, c client.Client, out io.Writer) error {
+	list := &rayv1.RayJobList{}
+	if err := c.List(ctx, list); meta.IsNoMatchError(err) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("listing RayJobs: %w", err)
+	}
+	var errs []error
+	for i := range list.Items {
+		job := &list.Items[i]
+		if !controllerutil.ContainsFinalizer(job, rayutils.RayJobStopJobFinalizer) {
+			continue
+		}
+		patch := client.MergeFromWithOptions(job.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		controllerutil.RemoveFinalizer(job, rayutils.RayJobStopJobFinalizer)
+		if err := c.Patch(ctx, job, patch); client.IgnoreNotFound(err) != nil {
+			errs = append(errs, fmt.Errorf("removing the stop-job finalizer of RayJob %s/%s: %w", job.Namespace, job.Name, err))
+			continue
+		}
+		fmt.Fprintf(out, "removed the stop-job finalizer of RayJob %s/%s\n", job.Namespace, job.Name)
+	}
+	return errors.Join(errs...)
 }
 
 func deletePolicies(ctx context.Context, c client.Client, out io.Writer) ([]string, error) {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	rayutils "github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -98,11 +100,19 @@ func TestUninstallCleanup(t *testing.T) {
 	defer func() { _ = env.Stop() }()
 	c := env.Client
 	cleanupFixture(t, ctx, c)
+	// RayJobs Loom's rayjob controller gave KubeRay's stop-job finalizer:
+	// one beside another party's finalizer, one already being deleted.
+	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ml"}}))
+	for name, finalizers := range map[string][]string{"kept": {rayutils.RayJobStopJobFinalizer, "example.com/keep"}, "deleted": {rayutils.RayJobStopJobFinalizer}} {
+		job := &rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: name, Finalizers: finalizers}, Spec: rayv1.RayJobSpec{Entrypoint: "python train.py"}}
+		must(t, c.Create(ctx, job))
+	}
+	must(t, c.Delete(ctx, &rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "deleted"}}))
 	go fakeManager(ctx, c)
 
 	var out bytes.Buffer
 	cfg := cleanupConfig{namespace: "loom-system", managerDeployment: "loom-manager", agentDaemonSet: "loom-node-agent",
-		lease: "loom-manager", timeout: 30 * time.Second, poll: 100 * time.Millisecond}
+		lease: "loom-manager", rayJobs: true, timeout: 30 * time.Second, poll: 100 * time.Millisecond}
 	if err := cleanup(ctx, c, cfg, &out); err != nil {
 		t.Fatalf("cleanup: %v\n%s", err, out.String())
 	}
@@ -139,6 +149,14 @@ func TestUninstallCleanup(t *testing.T) {
 	must(t, c.List(ctx, cps))
 	if len(gns.Items) != 0 || len(cps.Items) != 0 {
 		t.Errorf("%d GPUNodes and %d ClusterPolicies left", len(gns.Items), len(cps.Items))
+	}
+	kept := &rayv1.RayJob{}
+	must(t, c.Get(ctx, client.ObjectKey{Namespace: "ml", Name: "kept"}, kept))
+	if len(kept.Finalizers) != 1 || kept.Finalizers[0] != "example.com/keep" {
+		t.Errorf("RayJob finalizers %v, want only another party's", kept.Finalizers)
+	}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "ml", Name: "deleted"}, &rayv1.RayJob{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a deleted RayJob is still there (%v): its stop-job finalizer was left", err)
 	}
 	for _, obj := range []client.Object{&appsv1.Deployment{}, &appsv1.DaemonSet{}} {
 		name := map[bool]string{true: "loom-manager", false: "loom-node-agent"}[func() bool { _, d := obj.(*appsv1.Deployment); return d }()]
