@@ -98,6 +98,7 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		"bogusKey=1",
 		"uninstall.bogus=true",
 		"metrics.port=70000",
+		"manager.controllers=training",
 	} {
 		out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", set)
 		if err == nil || !strings.Contains(out, "values don't meet the specifications of the schema") {

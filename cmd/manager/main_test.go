@@ -3,7 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -104,6 +108,49 @@ func TestManagerLinksNoNVML(t *testing.T) {
 			if strings.HasPrefix(pkg, banned) {
 				t.Errorf("the manager links %s", pkg)
 			}
+		}
+	}
+}
+
+// The chart's schema refuses at install a --controllers value the manager
+// would refuse at start (a crash loop instead of an error from helm): it
+// accepts "all" and every list of the registered names, nothing else.
+func TestChartSchemaKnowsTheControllers(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "charts", "loom", "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Properties struct {
+			Manager struct {
+				Properties struct {
+					Controllers struct {
+						Pattern string `json:"pattern"`
+					} `json:"controllers"`
+				} `json:"properties"`
+			} `json:"manager"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(b, &schema); err != nil {
+		t.Fatal(err)
+	}
+	re, err := regexp.Compile(schema.Properties.Manager.Properties.Controllers.Pattern)
+	if err != nil {
+		t.Fatalf("manager.controllers pattern: %v", err)
+	}
+	names := registry().Names()
+	accepted := append([]string{"all", "*", strings.Join(names, ","), names[0] + ", " + names[1]}, names...)
+	for _, v := range accepted {
+		if _, err := registry().Select(v); err != nil {
+			t.Fatalf("the manager refuses %q: %v", v, err)
+		}
+		if !re.MatchString(v) {
+			t.Errorf("the chart's schema refuses manager.controllers=%q, which the manager runs", v)
+		}
+	}
+	for _, v := range []string{"training", "trainingjob,ray", "all,bogus", "trainingjob;rayjob"} {
+		if re.MatchString(v) {
+			t.Errorf("the chart's schema accepts manager.controllers=%q", v)
 		}
 	}
 }
