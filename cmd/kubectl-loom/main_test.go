@@ -12,8 +12,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -111,7 +114,7 @@ func TestWhyPendingTrainingJob(t *testing.T) {
 	if err != nil || !strings.Contains(js, `"reason": "NeverFits"`) {
 		t.Errorf("-o json: %v\n%s", err, js)
 	}
-	if _, err := run(t, "why", "tj/absent", "-n", "why"); err == nil || !strings.Contains(err.Error(), "not found") {
+	if _, err := run(t, "why", "tj/absent", "-n", "why"); err == nil || !strings.Contains(err.Error(), `not found in namespace "why"`) {
 		t.Errorf("a missing job: err = %v, want not found", err)
 	}
 	if _, err := run(t, "why", "pod/big"); err == nil || !strings.Contains(err.Error(), "does not explain") {
@@ -193,5 +196,35 @@ func TestMainExitsOneOnError(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), `error: kubectl loom why does not explain "pod"`) || strings.Contains(stdout.String(), "error:") {
 		t.Errorf("stdout %q, stderr %q", stdout.String(), stderr.String())
+	}
+}
+
+// An object that cannot be read says why in terms of what to do: the kind's
+// CRD is not served (Loom or KubeRay's CRD is not installed), or the object
+// is not in the namespace looked in.
+func TestExplainGet(t *testing.T) {
+	noMatch := func(group, kind string) error {
+		return &meta.NoKindMatchError{GroupKind: schema.GroupKind{Group: group, Kind: kind}, SearchedVersions: []string{"v1"}}
+	}
+	forbidden := apierrors.NewForbidden(schema.GroupResource{Group: "training.loom.dev", Resource: "trainingjobs"}, "bert", errors.New("no rights"))
+	cases := []struct {
+		name       string
+		err        error
+		kind, want string
+	}{
+		{"no Loom", noMatch("training.loom.dev", "TrainingJob"), "TrainingJob", "does not serve Loom's TrainingJob CRD: is Loom installed?"},
+		{"no policy CRD", noMatch("gpu.loom.dev", "ClusterPolicy"), "ClusterPolicy", "does not serve Loom's ClusterPolicy CRD"},
+		{"no Ray CRD", noMatch("ray.io", "RayCluster"), "RayCluster", "does not serve KubeRay's RayCluster CRD"},
+		{"another namespace", apierrors.NewNotFound(schema.GroupResource{Group: "training.loom.dev", Resource: "trainingjobs"}, "bert"), "TrainingJob",
+			`trainingjob "bert" not found in namespace "ml" (another namespace: -n <namespace>)`},
+		{"a node", apierrors.NewNotFound(schema.GroupResource{Resource: "nodes"}, "bert"), "Node", `nodes "bert" not found`},
+		{"forbidden as it is", forbidden, "TrainingJob", forbidden.Error()},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := explainGet(tc.err, tc.kind, "bert", "ml").Error(); !strings.Contains(got, tc.want) {
+				t.Errorf("got  %q\nwant it to hold %q", got, tc.want)
+			}
+		})
 	}
 }

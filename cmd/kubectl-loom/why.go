@@ -137,7 +137,7 @@ func (o *options) why(ctx context.Context, kind, name string) (why.Answer, error
 		obj, a, err = o.whyNode(ctx, c, name, names)
 	}
 	if err != nil {
-		return why.Answer{}, err
+		return why.Answer{}, explainGet(err, kind, name, ns)
 	}
 	evs, err := o.warnings(ctx, c, kind, obj)
 	switch {
@@ -150,6 +150,22 @@ func (o *options) why(ctx context.Context, kind, name string) (why.Answer, error
 		a.Events = evs
 	}
 	return a, nil
+}
+
+// explainGet adds to an error reading the object what the user most
+// likely needs: the CRD its kind needs is not served (Loom, or KubeRay's
+// RayCluster CRD, is not installed), or the object is not in the
+// namespace looked in (-n, else the context's).
+func explainGet(err error, kind, name, ns string) error {
+	switch {
+	case meta.IsNoMatchError(err) && kind == "RayCluster":
+		return fmt.Errorf("%w: the cluster does not serve KubeRay's RayCluster CRD (the Loom manager applies it at start unless --install-ray-crd=false)", err)
+	case meta.IsNoMatchError(err):
+		return fmt.Errorf("%w: the cluster does not serve Loom's %s CRD: is Loom installed? (helm install loom charts/loom)", err, kind)
+	case apierrors.IsNotFound(err) && (kind == "TrainingJob" || kind == "RayCluster"):
+		return fmt.Errorf("%s %q not found in namespace %q (another namespace: -n <namespace>)", strings.ToLower(kind), name, ns)
+	}
+	return err
 }
 
 // forbiddenWhat is a Forbidden error's message, for a line saying what the
