@@ -146,9 +146,13 @@ func removeRayJobFinalizers(ctx context.Context, c client.Client, out io.Writer)
 	return errors.Join(errs...)
 }
 
+// deletePolicies deletes every ClusterPolicy; without the CRD (deleted
+// before the uninstall) there is none.
 func deletePolicies(ctx context.Context, c client.Client, out io.Writer) ([]string, error) {
 	list := &gpuv1alpha1.ClusterPolicyList{}
-	if err := c.List(ctx, list); err != nil {
+	if err := c.List(ctx, list); meta.IsNoMatchError(err) {
+		return nil, nil
+	} else if err != nil {
 		return nil, fmt.Errorf("listing ClusterPolicies: %w", err)
 	}
 	var names []string
@@ -169,7 +173,7 @@ func deletePolicies(ctx context.Context, c client.Client, out io.Writer) ([]stri
 func pendingRelease(ctx context.Context, c client.Client, namespace string, policies []string) (string, error) {
 	var left []string
 	cps := &gpuv1alpha1.ClusterPolicyList{}
-	if err := c.List(ctx, cps); err != nil {
+	if err := c.List(ctx, cps); err != nil && !meta.IsNoMatchError(err) {
 		return "", err
 	}
 	for _, cp := range cps.Items {
@@ -262,11 +266,11 @@ func leaseHolder(ctx context.Context, c client.Client, namespace, name string) (
 	return holder, nil
 }
 
-// removeNodeState deletes every GPUNode and takes the labeller's labels,
-// annotation and taint off every Node.
+// removeNodeState deletes every GPUNode (none without the CRD) and takes
+// the labeller's labels, annotation and taint off every Node.
 func removeNodeState(ctx context.Context, c client.Client, out io.Writer) error {
 	gns := &gpuv1alpha1.GPUNodeList{}
-	if err := c.List(ctx, gns); err != nil {
+	if err := c.List(ctx, gns); err != nil && !meta.IsNoMatchError(err) {
 		return fmt.Errorf("listing GPUNodes: %w", err)
 	}
 	for i := range gns.Items {

@@ -185,3 +185,37 @@ func TestUninstallCleanupTimesOutNamingWhatIsLeft(t *testing.T) {
 		t.Fatalf("cleanup error %v, want one naming the claimed node\n%s", err, out.String())
 	}
 }
+
+// Loom's CRDs deleted before the uninstall (by hand, or a --skip-crds
+// install whose manager never applied them): the hook has no policy or
+// GPUNode to remove, still removes the labels and taint Loom set, and does
+// not fail helm uninstall.
+func TestUninstallCleanupWithoutLoomCRDs(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	env, err := testenv.StartWithout(ctx, "training.loom.dev", "gpu.loom.dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	c := env.Client
+	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "loom-system"}}))
+	must(t, c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}}))
+	labels := &unstructured.Unstructured{}
+	labels.SetAPIVersion("v1")
+	labels.SetKind("Node")
+	labels.SetName("gpu-1")
+	labels.SetLabels(map[string]string{gpuv1alpha1.LabelPresent: "true"})
+	must(t, c.Apply(ctx, client.ApplyConfigurationFromUnstructured(labels), client.FieldOwner(nodelabels.FieldOwner), client.ForceOwnership))
+
+	var out bytes.Buffer
+	cfg := cleanupConfig{namespace: "loom-system", lease: "loom-manager", rayJobs: true, timeout: 5 * time.Second, poll: 100 * time.Millisecond}
+	if err := cleanup(ctx, c, cfg, &out); err != nil {
+		t.Fatalf("cleanup without Loom's CRDs: %v\n%s", err, out.String())
+	}
+	n := &corev1.Node{}
+	must(t, c.Get(ctx, client.ObjectKey{Name: "gpu-1"}, n))
+	if _, ok := n.Labels[gpuv1alpha1.LabelPresent]; ok {
+		t.Errorf("Loom's label left on the node: %v", n.Labels)
+	}
+}
