@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -226,5 +227,31 @@ func TestExplainGet(t *testing.T) {
 				t.Errorf("got  %q\nwant it to hold %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// A RayJob waiting on a cluster that can never fit: why names the reason
+// and sends the user to the cluster's own answer.
+func TestWhyRayJob(t *testing.T) {
+	ctx := context.Background()
+	if err := env.CreateNamespace(ctx, "ray"); err != nil {
+		t.Fatal(err)
+	}
+	job := &rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Name: "tune", Namespace: "ray"}, Spec: rayv1.RayJobSpec{Entrypoint: "python tune.py"}}
+	if err := env.Client.Create(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	job.Status = rayv1.RayJobStatus{JobDeploymentStatus: rayv1.JobDeploymentStatusInitializing, Reason: why.ReasonRayClusterNeverFits,
+		Message: "RayCluster tune-x7k2p cannot come up: NeverFits", RayClusterName: "tune-x7k2p", ObservedGeneration: job.Generation}
+	if err := env.Client.Status().Update(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	out, err := run(t, "why", "rayjob/tune", "-n", "ray")
+	if err != nil {
+		t.Fatalf("why rayjob: %v", err)
+	}
+	if want := "rayjob/tune: Initializing (RayClusterNeverFits): RayCluster tune-x7k2p cannot come up: NeverFits\n" +
+		"What to do: kubectl loom why raycluster/tune-x7k2p -n ray says why the cluster cannot come up\n"; !strings.HasPrefix(out, want) {
+		t.Errorf("got\n%s\nwant it to start with\n%s", out, want)
 	}
 }

@@ -27,6 +27,7 @@ const lastEvents = 5
 var kinds = map[string]string{
 	"trainingjob": "TrainingJob", "trainingjobs": "TrainingJob", "tj": "TrainingJob", "trainingjob.training.loom.dev": "TrainingJob",
 	"raycluster": "RayCluster", "rayclusters": "RayCluster", "rc": "RayCluster", "raycluster.ray.io": "RayCluster",
+	"rayjob": "RayJob", "rayjobs": "RayJob", "rayjob.ray.io": "RayJob",
 	"clusterpolicy": "ClusterPolicy", "clusterpolicies": "ClusterPolicy", "cp": "ClusterPolicy", "clusterpolicy.gpu.loom.dev": "ClusterPolicy",
 	"gpunode": "GPUNode", "gpunodes": "GPUNode", "gpun": "GPUNode", "gpunode.gpu.loom.dev": "GPUNode",
 	"node": "Node", "nodes": "Node", "no": "Node",
@@ -45,7 +46,7 @@ func parseTarget(args []string) (kind, name string, err error) {
 	}
 	kind, ok := kinds[strings.ToLower(k)]
 	if !ok {
-		return "", "", fmt.Errorf("kubectl loom why does not explain %q: use trainingjob (tj), raycluster (rc), clusterpolicy (cp), gpunode or node", k)
+		return "", "", fmt.Errorf("kubectl loom why does not explain %q: use trainingjob (tj), raycluster (rc), rayjob, clusterpolicy (cp), gpunode or node", k)
 	}
 	if name == "" {
 		return "", "", fmt.Errorf("no name given: expected %s/<name>", k)
@@ -61,7 +62,7 @@ func newWhyCommand(o *options) *cobra.Command {
 		Long: `Say in one line why an object is where it is (from its conditions, labels and
 taints), what to do when the reason is a known one, and its last Warning events.
 
-Kinds: trainingjob (tj), raycluster (rc), clusterpolicy (cp), gpunode, node.`,
+Kinds: trainingjob (tj), raycluster (rc), rayjob, clusterpolicy (cp), gpunode, node.`,
 		Example: `  kubectl loom why trainingjob/bert -n ml
   kubectl loom why cp/default
   kubectl loom why node/gpu-17`,
@@ -121,6 +122,12 @@ func (o *options) why(ctx context.Context, kind, name string) (why.Answer, error
 		if err == nil {
 			a = why.RayCluster(rc)
 		}
+	case "RayJob":
+		job := &rayv1.RayJob{}
+		obj, err = job, c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, job)
+		if err == nil {
+			a = why.RayJob(job)
+		}
 	case "ClusterPolicy":
 		cp := &gpuv1alpha1.ClusterPolicy{}
 		obj, err = cp, c.Get(ctx, client.ObjectKey{Name: name}, cp)
@@ -158,11 +165,11 @@ func (o *options) why(ctx context.Context, kind, name string) (why.Answer, error
 // namespace looked in (-n, else the context's).
 func explainGet(err error, kind, name, ns string) error {
 	switch {
-	case meta.IsNoMatchError(err) && kind == "RayCluster":
-		return fmt.Errorf("%w: the cluster does not serve KubeRay's RayCluster CRD (the Loom manager applies it at start unless --install-ray-crd=false)", err)
+	case meta.IsNoMatchError(err) && (kind == "RayCluster" || kind == "RayJob"):
+		return fmt.Errorf("%w: the cluster does not serve KubeRay's %s CRD (the Loom manager applies it at start unless --install-ray-crd=false)", err, kind)
 	case meta.IsNoMatchError(err):
 		return fmt.Errorf("%w: the cluster does not serve Loom's %s CRD: is Loom installed? (helm install loom charts/loom)", err, kind)
-	case apierrors.IsNotFound(err) && (kind == "TrainingJob" || kind == "RayCluster"):
+	case apierrors.IsNotFound(err) && (kind == "TrainingJob" || kind == "RayCluster" || kind == "RayJob"):
 		return fmt.Errorf("%s %q not found in namespace %q (another namespace: -n <namespace>)", strings.ToLower(kind), name, ns)
 	}
 	return err

@@ -145,6 +145,34 @@ func rayAdvice(reason string, rc *rayv1.RayCluster) string {
 	return ""
 }
 
+// The reasons a RayJob's status.reason gives while its RayCluster cannot
+// come up as it is (rayjob reconciler).
+const (
+	ReasonRayClusterNeverFits = "RayClusterNeverFits"
+	ReasonRayClusterGangHeld  = "RayClusterGangHeld"
+	ReasonRayClusterStalled   = "RayClusterStalled"
+)
+
+// rayJobAdvice is what to do about a RayJob's reason.
+func rayJobAdvice(reason string, job *rayv1.RayJob) string {
+	switch reason {
+	case ReasonRayClusterNeverFits, ReasonRayClusterGangHeld, ReasonRayClusterStalled:
+		return fmt.Sprintf("kubectl loom why raycluster/%s -n %s says why the cluster cannot come up", job.Status.RayClusterName, job.Namespace)
+	case string(rayv1.DeadlineExceeded):
+		return "raise spec.activeDeadlineSeconds, or make the job shorter"
+	case string(rayv1.AppFailed):
+		return fmt.Sprintf("read the Ray job's logs: kubectl logs -n %s job/%s (the submitter, in K8sJobMode), or the Ray dashboard of RayCluster %s", job.Namespace, job.Name, job.Status.RayClusterName)
+	case string(rayv1.SubmissionFailed):
+		return "the Ray job could not be submitted to its cluster's dashboard: check the head pod (kubectl loom why raycluster/" + job.Status.RayClusterName + " -n " + job.Namespace + ")"
+	case string(rayv1.ValidationFailed):
+		return fmt.Sprintf("fix the fields the message names (kubectl edit rayjob -n %s %s)", job.Namespace, job.Name)
+	}
+	if job.Status.JobDeploymentStatus == rayv1.JobDeploymentStatusSuspended {
+		return fmt.Sprintf("kubectl patch rayjob -n %s %s --type merge -p '{\"spec\":{\"suspend\":false}}' to resume", job.Namespace, job.Name)
+	}
+	return ""
+}
+
 // KubeRay's gang-scheduling labels on a RayCluster.
 const (
 	RayLabelScheduler = "ray.io/scheduler-name"

@@ -58,6 +58,10 @@ func TestReasonsAreTheReconcilers(t *testing.T) {
 			"ReasonComponentsWait": ReasonComponentsWait, "ReasonNoGPUNodes": ReasonNoGPUNodes, "ReasonIgnored": ReasonIgnored,
 			"ReasonApplyFailed": ReasonApplyFailed, "ReasonInvalidSpec": ReasonInvalidSpec,
 		}},
+		{"controllers/rayjob", map[string]string{
+			"ReasonClusterNeverFits": ReasonRayClusterNeverFits, "ReasonClusterGangHeld": ReasonRayClusterGangHeld,
+			"ReasonClusterStalled": ReasonRayClusterStalled,
+		}},
 		{"controllers/raycluster", map[string]string{
 			"ReasonInvalidSpec": ReasonInvalidSpec, "ReasonTooManyPods": ReasonTooManyPods, "ReasonNameConflict": ReasonNameConflict,
 			"ConditionGang": RayConditionGang, "ConditionGPUs": RayConditionGPUs, "ConditionValid": RayConditionValid,

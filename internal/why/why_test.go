@@ -170,6 +170,41 @@ func TestRayCluster(t *testing.T) {
 	}
 }
 
+func TestRayJob(t *testing.T) {
+	rj := func(dep rayv1.JobDeploymentStatus, job rayv1.JobStatus, reason rayv1.JobFailedReason, msg string) *rayv1.RayJob {
+		j := &rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Name: "tune", Namespace: "ml", Generation: 1}}
+		j.Status = rayv1.RayJobStatus{JobDeploymentStatus: dep, JobStatus: job, Reason: reason, Message: msg, RayClusterName: "tune-x7k2p", ObservedGeneration: 1}
+		return j
+	}
+	cases := []struct {
+		name         string
+		job          *rayv1.RayJob
+		line, advice string
+	}{
+		{"no status", rj("", "", "", ""), "rayjob/tune: Unknown (NoStatus): no status yet: the rayjob reconciler has not written one", "--controllers include rayjob"},
+		{"cluster never fits", rj(rayv1.JobDeploymentStatusInitializing, "", ReasonRayClusterNeverFits, "RayCluster tune-x7k2p: group gpu needs 16 nvidia.com/gpu per pod"),
+			"rayjob/tune: Initializing (RayClusterNeverFits): RayCluster tune-x7k2p: group gpu needs 16 nvidia.com/gpu per pod",
+			"kubectl loom why raycluster/tune-x7k2p -n ml"},
+		{"app failed", rj(rayv1.JobDeploymentStatusFailed, rayv1.JobStatusFailed, rayv1.AppFailed, "exit 1"),
+			"rayjob/tune: Failed (AppFailed): exit 1", "kubectl logs -n ml job/tune"},
+		{"running, no message", rj(rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning, "", ""),
+			"rayjob/tune: Running: Ray job status RUNNING on RayCluster tune-x7k2p", ""},
+		{"suspended", rj(rayv1.JobDeploymentStatusSuspended, "", "", ""),
+			"rayjob/tune: Suspended: not submitted yet on RayCluster tune-x7k2p", `"suspend":false`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a := RayJob(tc.job)
+			if got := a.Line(); got != tc.line {
+				t.Errorf("line\n got %q\nwant %q", got, tc.line)
+			}
+			if !strings.Contains(a.Advice, tc.advice) || (tc.advice == "" && a.Advice != "") {
+				t.Errorf("advice %q, want it to hold %q", a.Advice, tc.advice)
+			}
+		})
+	}
+}
+
 // The live picture a waiting job's status leaves out: computed from the
 // nodes and bound pods as the manager's inventory does.
 func TestTrainingJobGPUsNow(t *testing.T) {

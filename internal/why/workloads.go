@@ -136,6 +136,34 @@ func productOf(spec *corev1.PodSpec) string {
 	return ""
 }
 
+// RayJob answers from the RayJob's status (KubeRay's has no conditions):
+// its deployment status, and the reason and message the rayjob reconciler
+// set (a verdict of its RayCluster while it waits to submit, KubeRay's
+// failure reasons after).
+func RayJob(job *rayv1.RayJob) Answer {
+	st := job.Status
+	a := Answer{Object: "rayjob/" + job.Name, Namespace: job.Namespace, State: string(st.JobDeploymentStatus),
+		Reason: string(st.Reason), Message: st.Message}
+	if st.JobDeploymentStatus == rayv1.JobDeploymentStatusNew {
+		a.State, a.Reason = "Unknown", "NoStatus"
+		a.Message = "no status yet: the rayjob reconciler has not written one"
+		a.Advice = "check that the Loom manager runs and that its --controllers include rayjob (" + managerLogs + ")"
+		return a
+	}
+	if a.Message == "" {
+		a.Message = "Ray job status " + string(st.JobStatus)
+		if st.JobStatus == "" {
+			a.Message = "not submitted yet"
+		}
+		if st.RayClusterName != "" {
+			a.Message += " on RayCluster " + st.RayClusterName
+		}
+	}
+	a.Advice = rayJobAdvice(a.Reason, job)
+	a.Also = appendIf(a.Also, stale(st.ObservedGeneration, job.Generation))
+	return a
+}
+
 // ClusterPolicy answers from the Ready condition (and its component
 // messages) and the driver upgrade's condition.
 func ClusterPolicy(cp *gpuv1alpha1.ClusterPolicy) Answer {
