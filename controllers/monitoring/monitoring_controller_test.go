@@ -47,7 +47,7 @@ func withOperatorCRDs(t *testing.T) {
 	}
 }
 
-func startManager(t *testing.T, mutate ...func(*manager.Options)) {
+func startManager(t *testing.T, mutate ...func(*manager.Options)) *testenv.Manager {
 	t.Helper()
 	reg := &manager.Registry{}
 	reg.Add("monitoring", Setup)
@@ -61,7 +61,7 @@ func startManager(t *testing.T, mutate ...func(*manager.Options)) {
 	// would be created again, owned by this test's policy, and the next test
 	// would meet it as another owner's object.
 	t.Cleanup(removeGPUChildren)
-	env.StartManager(t, opts, reg)
+	return env.StartManager(t, opts, reg)
 }
 
 // removeGPUChildren deletes the children of the ClusterPolicy: no garbage

@@ -58,21 +58,11 @@ import (
 // Setup registers the GPU, TrainingJob and RayCluster monitoring
 // reconcilers.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
-	gr := &GPUReconciler{Client: mgr.GetClient(), Namespace: opts.Namespace, Labels: opts.MonitoringLabels,
-		// The cache holds only Loom's Services: before creating one, the
-		// writer makes sure the name is not someone else's.
-		writer: apply.NewWriter(mgr.GetClient(), FieldOwner, apply.Options{Live: mgr.GetAPIReader(), Conditions: []string{ConditionMonitoring}})}
-	if opts.GrafanaDashboards {
-		gr.DashboardsNamespace = opts.DashboardsNamespace
-		if gr.DashboardsNamespace == "" {
-			gr.DashboardsNamespace = opts.Namespace
-		}
-	}
 	promCache, err := prometheusCache(mgr, opts)
 	if err != nil {
 		return err
 	}
-	gr.proms = promCache
+	gr := newGPUReconciler(mgr.GetClient(), mgr.GetAPIReader(), promCache, opts)
 	one := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []ctrl.Request {
 		return []ctrl.Request{{NamespacedName: client.ObjectKey{Name: "gpu"}}}
 	})
@@ -109,6 +99,30 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		return err
 	}
 	return setupWorkloads(mgr, opts, rayClusters, watch, promCache)
+}
+
+// newGPUReconciler is the GPU reconciler writing through c, reading around
+// the cache through live and the Prometheus objects through proms, without
+// the watches Setup adds (crds).
+func newGPUReconciler(c client.Client, live, proms client.Reader, opts manager.Options) *GPUReconciler {
+	gr := &GPUReconciler{Client: c, Namespace: opts.Namespace, Labels: opts.MonitoringLabels, proms: proms,
+		// The cache holds only Loom's Services: before creating one, the
+		// writer makes sure the name is not someone else's.
+		writer: apply.NewWriter(c, FieldOwner, apply.Options{Live: live, Conditions: []string{ConditionMonitoring}})}
+	if opts.GrafanaDashboards {
+		gr.DashboardsNamespace = opts.DashboardsNamespace
+		if gr.DashboardsNamespace == "" {
+			gr.DashboardsNamespace = opts.Namespace
+		}
+	}
+	return gr
+}
+
+// newWorkloadReconciler is the kind's workload reconciler writing through
+// c, without the watches setupWorkloads adds (crds, workload).
+func newWorkloadReconciler(c client.Client, proms client.Reader, opts manager.Options, kind workloadKind) *WorkloadReconciler {
+	return &WorkloadReconciler{Client: c, Labels: opts.MonitoringLabels, kind: kind, proms: proms,
+		writer: apply.NewWriter(c, FieldOwner, apply.Options{Conditions: []string{kind.conditionType}})}
 }
 
 // prometheusCache is where the reconcilers read Prometheus objects: the
@@ -150,8 +164,7 @@ func prometheusKinds(c controller.Controller, promCache cache.Cache, h handler.E
 
 func setupWorkloads(mgr ctrl.Manager, opts manager.Options, kind workloadKind,
 	watch func(controller.Controller, client.Object, handler.EventHandler, ...predicate.Predicate) func() error, promCache cache.Cache) error {
-	r := &WorkloadReconciler{Client: mgr.GetClient(), Labels: opts.MonitoringLabels, kind: kind, proms: promCache,
-		writer: apply.NewWriter(mgr.GetClient(), FieldOwner, apply.Options{Conditions: []string{kind.conditionType}})}
+	r := newWorkloadReconciler(mgr.GetClient(), promCache, opts, kind)
 	all := handler.EnqueueRequestsFromMapFunc(r.all)
 	var crds predicate.Predicate = isOperatorCRD
 	if kind.crd != "" {
