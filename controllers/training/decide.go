@@ -3,6 +3,7 @@ package training
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -103,6 +104,9 @@ const (
 	ReasonNameConflict        = "NameConflict"
 	ReasonQueuedInKueue       = "QueuedInKueue"
 	ReasonEvictedByKueue      = "EvictedByKueue"
+	// ReasonQueueAnnotationIgnored is the Warning event of a job that
+	// names its LocalQueue in Kueue's removed queue annotation.
+	ReasonQueueAnnotationIgnored = "QueueAnnotationIgnored"
 )
 
 // conditions are the condition types the training reconciler writes.
@@ -226,6 +230,8 @@ func suspend(p *pass) bool {
 	reason, msg := ReasonSuspended, "runPolicy.suspend is true: the gang's pods and PodGroup are deleted until it is unset"
 	if byKueue {
 		reason, msg = kueueHold(p)
+	} else if note := queueAnnotationIgnored(p); note != "" {
+		msg += "; " + note
 	}
 	if c := meta.FindStatusCondition(st.Conditions, trainingv1alpha1.ConditionSuspended); c == nil || c.Status != metav1.ConditionTrue || c.Reason != reason {
 		p.set(trainingv1alpha1.ConditionSuspended, metav1.ConditionTrue, reason, msg)
@@ -383,6 +389,12 @@ func volcano(p *pass) bool {
 	msg := fmt.Sprintf("gang of %d pods (%d nvidia.com/gpu), scheduler %s", p.job.Spec.Pods(), st.GPUs, st.Scheduler)
 	if p.autoScheduler && st.Scheduler == trainingv1alpha1.GangNone {
 		msg += "; gang scheduling off: Volcano is not installed, so pods are scheduled one by one (the manager's --gang-scheduler=auto)"
+	}
+	if note := queueAnnotationIgnored(p); note != "" {
+		msg += "; " + note
+		if c := meta.FindStatusCondition(p.job.Status.Conditions, trainingv1alpha1.ConditionCreated); c == nil || !strings.Contains(c.Message, note) {
+			p.event(true, ReasonQueueAnnotationIgnored, note)
+		}
 	}
 	p.set(trainingv1alpha1.ConditionCreated, metav1.ConditionTrue, ReasonCreated, msg)
 	return false

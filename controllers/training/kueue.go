@@ -55,6 +55,10 @@ var trainingJobGVK = trainingv1alpha1.GroupVersion.WithKind("TrainingJob")
 type kueueObs struct {
 	// queued: the job names a LocalQueue.
 	queued bool
+	// annotationOnly: the job names a LocalQueue in the annotation
+	// kueue.x-k8s.io/queue-name, not the label, which Kueue no longer
+	// reads: it is not queued, and its status says so.
+	annotationOnly bool
 	// served: Kueue's Workload CRD is installed and served.
 	served bool
 	wl     *kueue.Workload
@@ -106,6 +110,7 @@ func (k *kueueJobs) observe(ctx context.Context, job *trainingv1alpha1.TrainingJ
 		return nil
 	}
 	obs.kueue.queued = job.Labels[kueue.QueueLabel] != ""
+	obs.kueue.annotationOnly = !obs.kueue.queued && job.Annotations[kueue.QueueLabel] != ""
 	if !obs.kueue.queued {
 		// The label removed: a Workload left from when the job was queued
 		// is found, so that it goes (it queues, or holds quota, for a job
@@ -332,6 +337,19 @@ func podSets(job *trainingv1alpha1.TrainingJob) []kueue.PodSet {
 
 // kueueQueueLabel names a job's LocalQueue.
 const kueueQueueLabel = kueue.QueueLabel
+
+// queueAnnotationIgnored says, for a job that names its LocalQueue in the
+// kueue.x-k8s.io/queue-name annotation alone, that Kueue does not queue
+// it: Kueue reads the label of that name only (v0.15 removed the
+// annotation, deprecated since v0.3, from jobframework), and so does Loom,
+// as for Kueue's own jobs. "" for any other job.
+func queueAnnotationIgnored(p *pass) string {
+	if !p.obs.kueue.annotationOnly {
+		return ""
+	}
+	return "the job names LocalQueue " + p.job.Annotations[kueueQueueLabel] + " in the annotation " + kueueQueueLabel +
+		", which Kueue no longer reads (it reads the label of that name only): Kueue does not queue this job; set the label instead"
+}
 
 // kueueCRDRetry is how often a queued job looks for Kueue's Workload CRD.
 const kueueCRDRetry = 10 * time.Second

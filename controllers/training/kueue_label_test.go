@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -468,6 +469,59 @@ func TestPriorityRelabelled(t *testing.T) {
 		wl.Spec.PriorityClassRef = tt.cur
 		if got := priorityRelabelled(wl, tt.job); got != tt.want {
 			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// Kueue v0.15 removed the kueue.x-k8s.io/queue-name annotation (deprecated
+// for the label since v0.3): Kueue's jobframework reads the label only,
+// and a job that names its LocalQueue in the annotation alone is not
+// queued. Loom treats a TrainingJob the same (no Workload; it runs, or
+// stays suspended, outside Kueue), but says so on the job, in its
+// conditions and a Warning event, rather than leave its author believing it
+// waits in the queue.
+func TestKueueQueueAnnotationIsNotAQueue(t *testing.T) {
+	installWorkloadCRD(t)
+	ns := namespace(t, "kueue-annotation")
+	startManager(t)
+	ctx := context.Background()
+	const note = "in the annotation kueue.x-k8s.io/queue-name, which Kueue no longer reads"
+	running := newJob(ns, "annotated", 1, 0, trainingv1alpha1.GangNone)
+	running.Annotations = map[string]string{kueue.QueueLabel: "team-a"}
+	create(t, running)
+	suspended := newJob(ns, "annotated-suspended", 1, 0, trainingv1alpha1.GangNone)
+	suspended.Annotations = map[string]string{kueue.QueueLabel: "team-a"}
+	suspended.Spec.RunPolicy.Suspend = true
+	create(t, suspended)
+
+	waitPods(t, running, 2, 0)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if c := cond(getJob(t, running), trainingv1alpha1.ConditionCreated); !strings.Contains(c.Message, note) {
+			return fmt.Errorf("Created: %q", c.Message)
+		}
+		if c := cond(getJob(t, suspended), trainingv1alpha1.ConditionSuspended); c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, note) {
+			return fmt.Errorf("Suspended: %+v", c)
+		}
+		return nil
+	})
+	testenv.Eventually(t, 20*time.Second, func() error {
+		var list eventsv1.EventList
+		if err := env.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		for _, e := range list.Items {
+			if e.Regarding.Name == running.Name && e.Type == corev1.EventTypeWarning && e.Reason == ReasonQueueAnnotationIgnored && strings.Contains(e.Note, note) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no %s Warning event among %d", ReasonQueueAnnotationIgnored, len(list.Items))
+	})
+	for _, job := range []*trainingv1alpha1.TrainingJob{running, suspended} {
+		got := getJob(t, job)
+		wl := &unstructured.Unstructured{}
+		wl.SetGroupVersionKind(kueue.WorkloadGVK)
+		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}, wl); !apierrors.IsNotFound(err) {
+			t.Errorf("%s: a job naming its queue in the annotation got a Workload (%v)", job.Name, err)
 		}
 	}
 }
