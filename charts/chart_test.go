@@ -616,3 +616,21 @@ func waitDenied(t *testing.T, write func() error, want string) {
 	}
 	t.Fatalf("the policy never denied: %v (want %q)", err, want)
 }
+
+// manager.kueueLabelKeysToCopy becomes --kueue-label-keys-to-copy; none by
+// default.
+func TestKueueLabelKeysToCopyValue(t *testing.T) {
+	args := func(set ...string) string {
+		dep, ok := find[*appsv1.Deployment](render(t, set...), "")
+		if !ok {
+			t.Fatal("no Deployment rendered")
+		}
+		return strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " ")
+	}
+	if a := args(); strings.Contains(a, "--kueue-label-keys-to-copy") {
+		t.Errorf("rendered by default: %s", a)
+	}
+	if a := args("manager.kueueLabelKeysToCopy={team,example.com/cost-center}"); !strings.Contains(a, "--kueue-label-keys-to-copy=team,example.com/cost-center") {
+		t.Errorf("args %s", a)
+	}
+}

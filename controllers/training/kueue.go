@@ -88,10 +88,13 @@ type kueueJobs struct {
 	live   client.Reader
 	kind   *optional.Kind
 	client client.Client
+	// labelKeys are the keys of the job labels copied to a new Workload
+	// (--kueue-label-keys-to-copy, Kueue's labelKeysToCopy).
+	labelKeys []string
 }
 
-func newKueueJobs(c client.Client, live client.Reader, ca cache.Cache, ctl controller.Controller, scheme *runtime.Scheme) *kueueJobs {
-	k := &kueueJobs{cache: ca, live: live, client: c}
+func newKueueJobs(c client.Client, live client.Reader, ca cache.Cache, ctl controller.Controller, scheme *runtime.Scheme, labelKeys []string) *kueueJobs {
+	k := &kueueJobs{cache: ca, live: live, client: c, labelKeys: labelKeys}
 	k.kind = &optional.Kind{CRD: kueue.WorkloadCRD, GVK: kueue.WorkloadGVK, Watch: func() error {
 		u := &unstructured.Unstructured{}
 		u.SetGroupVersionKind(kueue.WorkloadGVK)
@@ -300,14 +303,22 @@ func (k *kueueJobs) placements(ctx context.Context, wl *kueue.Workload, obs *obs
 // builds one: pod sets master and worker (a role without replicas is left
 // out) with their pod templates, the queue, the maximum execution time of
 // the kueue.x-k8s.io/max-exec-time-seconds label, the ProvisioningRequest
-// annotations (provreq.kueue.x-k8s.io/*) and the priority class.
-func desiredWorkload(job *trainingv1alpha1.TrainingJob, priority *kueuePriority) *unstructured.Unstructured {
+// annotations (provreq.kueue.x-k8s.io/*), the priority class, and the job's
+// labels of the keys given (Kueue's labelKeysToCopy: copied when the
+// Workload is created, not followed after).
+func desiredWorkload(job *trainingv1alpha1.TrainingJob, priority *kueuePriority, labelKeys []string) *unstructured.Unstructured {
 	wl := &kueue.Workload{Spec: kueue.WorkloadSpec{QueueName: job.Labels[kueue.QueueLabel], PodSets: podSets(job),
 		MaximumExecutionTimeSeconds: kueue.MaxExecTime(job.Labels)}}
 	wl.APIVersion, wl.Kind = kueue.WorkloadGVK.GroupVersion().String(), kueue.WorkloadGVK.Kind
 	wl.Name = kueue.WorkloadName(job.Name, job.UID, trainingJobGVK)
 	wl.Namespace = job.Namespace
-	wl.Labels = map[string]string{kueue.JobUIDLabel: string(job.UID)}
+	wl.Labels = map[string]string{}
+	for _, k := range labelKeys {
+		if v, ok := job.Labels[k]; ok {
+			wl.Labels[k] = v
+		}
+	}
+	wl.Labels[kueue.JobUIDLabel] = string(job.UID)
 	wl.Annotations = kueue.ProvReqAnnotations(job.Annotations)
 	if priority != nil {
 		wl.Spec.PriorityClassRef = &priority.ref
@@ -386,7 +397,7 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 	case wl == nil && k.missingClass != "":
 		return nil // held until the class exists (kueueHold says so)
 	case wl == nil && !d.status.Finished():
-		return r.writer.Ensure(ctx, job, desiredWorkload(job, k.priority))
+		return r.writer.Ensure(ctx, job, desiredWorkload(job, k.priority, r.kueue.labelKeys))
 	case wl == nil || wl.Finished():
 		return nil
 	case d.status.Finished():

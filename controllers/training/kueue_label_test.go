@@ -3,6 +3,7 @@ package training
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -349,7 +350,7 @@ func TestDesiredWorkloadCopiesKueuesLabelsAndAnnotations(t *testing.T) {
 		}
 		job.Annotations = tt.annots
 		w := &kueue.Workload{}
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(desiredWorkload(job, nil).Object, w); err != nil {
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(desiredWorkload(job, nil, nil).Object, w); err != nil {
 			t.Fatal(err)
 		}
 		if got := w.Spec.MaximumExecutionTimeSeconds; !equalPtr(got, tt.want) {
@@ -523,5 +524,44 @@ func TestKueueQueueAnnotationIsNotAQueue(t *testing.T) {
 		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}, wl); !apierrors.IsNotFound(err) {
 			t.Errorf("%s: a job naming its queue in the annotation got a Workload (%v)", job.Name, err)
 		}
+	}
+}
+
+// The job's labels of the keys given (--kueue-label-keys-to-copy, set as
+// Kueue's integrations.labelKeysToCopy) reach its Workload, as
+// jobframework's NewWorkload copies them for Kueue's own jobs: a key the
+// job lacks is left out, other labels are not copied, and the job-uid
+// label is Loom's whatever the job says.
+func TestDesiredWorkloadCopiesLabelKeys(t *testing.T) {
+	tests := []struct {
+		name   string
+		labels map[string]string
+		keys   []string
+		want   map[string]string
+	}{
+		{"none configured", map[string]string{"team": "a"}, nil, map[string]string{}},
+		{"copied", map[string]string{"team": "a", "cost-center": "42", "other": "x"}, []string{"team", "cost-center"},
+			map[string]string{"team": "a", "cost-center": "42"}},
+		{"absent key", map[string]string{"team": "a"}, []string{"team", "project"}, map[string]string{"team": "a"}},
+		{"empty value", map[string]string{"team": ""}, []string{"team"}, map[string]string{"team": ""}},
+		{"job-uid is Loom's", map[string]string{kueue.JobUIDLabel: "forged"}, []string{kueue.JobUIDLabel}, map[string]string{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			job := newJob("ns", "j", 1, 0, trainingv1alpha1.GangNone)
+			job.UID = "uid-1"
+			job.Labels = map[string]string{kueue.QueueLabel: "team-a"}
+			for k, v := range tt.labels {
+				job.Labels[k] = v
+			}
+			got := desiredWorkload(job, nil, tt.keys).GetLabels()
+			want := map[string]string{kueue.JobUIDLabel: "uid-1"}
+			for k, v := range tt.want {
+				want[k] = v
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("Workload labels %v, want %v", got, want)
+			}
+		})
 	}
 }

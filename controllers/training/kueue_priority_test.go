@@ -82,7 +82,7 @@ func TestKueueWorkloadPriority(t *testing.T) {
 				t.Fatalf("missing %q, want %q", missing, tt.missing)
 			}
 			wl := &kueue.Workload{}
-			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(desiredWorkload(job, p).Object, wl); err != nil {
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(desiredWorkload(job, p, nil).Object, wl); err != nil {
 				t.Fatal(err)
 			}
 			switch {

@@ -100,7 +100,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	r.volcano = &gang.Volcano{Client: r.Client, Cache: mgr.GetCache(), Controller: c, Owner: &trainingv1alpha1.TrainingJob{}, Scheme: mgr.GetScheme(),
 		QueueUsers: r.queueJobs}
 	if opts.Kueue {
-		r.kueue = newKueueJobs(r.Client, r.APIReader, mgr.GetCache(), c, mgr.GetScheme())
+		r.kueue = newKueueJobs(r.Client, r.APIReader, mgr.GetCache(), c, mgr.GetScheme(), opts.KueueLabelKeysToCopy)
 	}
 	registerMetrics(mgr.GetCache())
 	return mgr.Add(ctrlmanager.RunnableFunc(func(ctx context.Context) error {

@@ -52,6 +52,11 @@ type Options struct {
 	// Kueue (Workloads, admission) once Kueue's CRDs are served; false
 	// ignores the label.
 	Kueue bool
+	// KueueLabelKeysToCopy are the keys of the TrainingJob labels copied to
+	// its Workload when it is created, as Kueue's
+	// integrations.labelKeysToCopy does for Kueue's own jobs (Kueue does
+	// not build an external framework's Workloads, so set both alike).
+	KueueLabelKeysToCopy []string
 	// MaxWorkloadPods is the most pods one TrainingJob or RayCluster may
 	// ask for; a bigger one is held with a condition saying so, so that one
 	// object cannot exhaust the manager's memory or the cluster's API.
@@ -173,6 +178,15 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "client-side burst of API requests")
 	fs.IntVar(&o.MaxWorkloadPods, "max-workload-pods", o.MaxWorkloadPods, "most pods one TrainingJob or RayCluster may ask for; bigger ones are held with a condition")
 	fs.BoolVar(&o.Kueue, "kueue", o.Kueue, "admit TrainingJobs labelled kueue.x-k8s.io/queue-name through Kueue once its CRDs are served (false: ignore the label)")
+	fs.Func("kueue-label-keys-to-copy", "comma-separated keys of the TrainingJob labels copied to its Kueue Workload when it is created (set as Kueue's integrations.labelKeysToCopy)", func(s string) error {
+		o.KueueLabelKeysToCopy = splitList(s)
+		for _, k := range o.KueueLabelKeysToCopy {
+			if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+				return fmt.Errorf("label key %q: %s", k, strings.Join(errs, "; "))
+			}
+		}
+		return nil
+	})
 	fs.StringVar(&o.GangScheduler, "gang-scheduler", o.GangScheduler, "gang scheduler of TrainingJobs and RayClusters that name none: auto (Volcano when installed, for TrainingJobs), volcano or none")
 	fs.BoolVar(&o.InstallRayCRD, "install-ray-crd", o.InstallRayCRD, "apply KubeRay's RayCluster CRD (server-side) when it is absent; one applied by someone else is left alone")
 	fs.BoolVar(&o.ApplyCRDs, "apply-crds", o.ApplyCRDs, "at start, apply Loom's own CRDs (server-side) when the cluster's are older than this build's")
