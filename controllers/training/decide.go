@@ -234,11 +234,14 @@ func suspend(p *pass) bool {
 		msg += "; " + note
 	}
 	if c := meta.FindStatusCondition(st.Conditions, trainingv1alpha1.ConditionSuspended); c == nil || c.Status != metav1.ConditionTrue || c.Reason != reason {
-		p.set(trainingv1alpha1.ConditionSuspended, metav1.ConditionTrue, reason, msg)
 		p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, reason, msg)
 		clearRestarting(p, reason, msg)
 		p.event(false, reason, msg)
 	}
+	// The message follows (Kueue's word changes while the job waits, its
+	// Workload goes and comes), as Scheduled's and Ready's do: no write of
+	// its own.
+	p.set(trainingv1alpha1.ConditionSuspended, metav1.ConditionTrue, reason, msg)
 	p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, reason, msg)
 	p.ready(metav1.ConditionFalse, reason, msg)
 	return true
