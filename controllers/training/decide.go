@@ -258,6 +258,8 @@ func kueueHold(p *pass) (reason, msg string) {
 	case k.wl == nil && k.missingClass != "":
 		p.d.requeue = kueueCRDRetry
 		reason, msg = ReasonQueuedInKueue, "the job's priority names "+k.missingClass+", which does not exist: its Kueue Workload is made once it does"
+	case k.deleting():
+		reason, msg = ReasonQueuedInKueue, "its Kueue Workload "+k.wl.Name+" is being deleted: the gang is stopped, and a new Workload is queued once it is gone"
 	case k.wl.Evicted() != nil:
 		reason, msg = ReasonEvictedByKueue, "suspended by Kueue: "+k.wl.Waiting()
 	case k.stale && k.wl.QuotaReserved():

@@ -76,10 +76,16 @@ type kueueObs struct {
 	stale bool
 }
 
-// holds: the gang may not run now (not admitted, evicted, or admitted for
-// pod sets the job no longer has).
+// holds: the gang may not run now (not admitted, evicted, admitted for
+// pod sets the job no longer has, or its Workload is being deleted).
 func (k *kueueObs) holds() bool {
-	return k.queued && (!k.wl.Admitted() || k.wl.Evicted() != nil || k.stale)
+	return k.queued && (!k.wl.Admitted() || k.wl.Evicted() != nil || k.stale || k.deleting())
+}
+
+// deleting: the job's Workload is being deleted (another party's finalizer
+// keeps it): as jobframework, the job stops, whatever its admission says.
+func (k *kueueObs) deleting() bool {
+	return k.wl != nil && k.wl.DeletionTimestamp != nil
 }
 
 // kueueJobs reads Workloads and ResourceFlavors for the reconciler.
@@ -394,6 +400,8 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 			return nil
 		}
 		return remove("the job's " + kueue.QueueLabel + " label was removed: it no longer waits for Kueue")
+	case k.deleting():
+		return nil // its deletion wakes the job, whose next Workload is then created
 	case wl == nil && k.missingClass != "":
 		return nil // held until the class exists (kueueHold says so)
 	case wl == nil && !d.status.Finished():

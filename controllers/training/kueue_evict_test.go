@@ -1,15 +1,155 @@
 package training
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/kueue"
+	"github.com/loom-dev/loom/internal/testenv"
 )
+
+// What Kueue (or a person) does to a running job's Workload stops the
+// gang: an eviction deletes every pod, holds the job (Suspended,
+// EvictedByKueue, quoting Kueue) and, once no pod is left, gives the quota
+// back (no admission, QuotaReserved False, Requeued True after a
+// preemption) for Kueue to admit it again; a Workload deleted by hand
+// holds the job the same way (Kueue's jobframework stops a job whose
+// Workload is gone, or being deleted) and a new Workload is queued in its
+// place once the old one is gone.
+func TestKueueEvictionAndDeletedWorkloadStopTheGang(t *testing.T) {
+	installWorkloadCRD(t)
+	ns := namespace(t, "kueue-evict")
+	startManager(t)
+	ctx := context.Background()
+	workload := func(job *trainingv1alpha1.TrainingJob) (*kueue.Workload, *unstructured.Unstructured, error) {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(kueue.WorkloadGVK)
+		got := getJob(t, job)
+		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}, u); err != nil {
+			return nil, nil, err
+		}
+		w := &kueue.Workload{}
+		return w, u, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, w)
+	}
+	statusPatch := func(u *unstructured.Unstructured, patch string) {
+		t.Helper()
+		if err := env.Client.Status().Patch(ctx, u, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := metav1.Now().UTC().Format(time.RFC3339)
+	admitted := fmt.Sprintf(`{"status":{"admission":{"clusterQueue":"cq","podSetAssignments":[{"name":"master"},{"name":"worker"}]},"conditions":[`+
+		`{"type":"QuotaReserved","status":"True","reason":"QuotaReserved","message":"reserved","lastTransitionTime":%q},`+
+		`{"type":"Admitted","status":"True","reason":"Admitted","message":"admitted","lastTransitionTime":%q}]}}`, now, now)
+	run := func(name string) (*trainingv1alpha1.TrainingJob, *unstructured.Unstructured) {
+		job := newJob(ns, name, 1, 0, trainingv1alpha1.GangNone)
+		job.Labels = map[string]string{kueue.QueueLabel: "team-a"}
+		create(t, job)
+		var u *unstructured.Unstructured
+		testenv.Eventually(t, 20*time.Second, func() (err error) { _, u, err = workload(job); return err })
+		statusPatch(u, admitted)
+		setPods(t, waitPods(t, job, 2, 1), corev1.PodRunning, 0)
+		waitState(t, job, trainingv1alpha1.StateRunning)
+		_, u, err := workload(job)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return job, u
+	}
+	held := func(job *trainingv1alpha1.TrainingJob, reason, msg string) {
+		t.Helper()
+		testenv.Eventually(t, 20*time.Second, func() error {
+			if n := len(jobPods(t, job)); n != 0 {
+				return fmt.Errorf("%d pods left", n)
+			}
+			got := getJob(t, job)
+			c := cond(got, trainingv1alpha1.ConditionSuspended)
+			if got.Status.State != trainingv1alpha1.StateSuspended || c.Status != metav1.ConditionTrue || c.Reason != reason || !strings.Contains(c.Message, msg) {
+				return fmt.Errorf("state %s, Suspended %+v", got.Status.State, c)
+			}
+			if r := cond(got, trainingv1alpha1.ConditionRunning); r.Status != metav1.ConditionFalse {
+				return fmt.Errorf("Running %+v", r)
+			}
+			if n := got.Status.ReplicaStatuses.Master.Active + got.Status.ReplicaStatuses.Worker.Active; n != 0 {
+				return fmt.Errorf("%d active replicas in the status", n)
+			}
+			return nil
+		})
+	}
+
+	evicted, u := run("evicted")
+	later := metav1.Now().UTC().Format(time.RFC3339)
+	statusPatch(u, fmt.Sprintf(`{"status":{"conditions":[`+
+		`{"type":"QuotaReserved","status":"True","reason":"QuotaReserved","message":"reserved","lastTransitionTime":%q},`+
+		`{"type":"Admitted","status":"True","reason":"Admitted","message":"admitted","lastTransitionTime":%q},`+
+		`{"type":"Evicted","status":"True","reason":"Preempted","message":"Preempted to accommodate a workload (UID: x) due to prioritization in the ClusterQueue","lastTransitionTime":%q}]}}`,
+		now, now, later))
+	held(evicted, ReasonEvictedByKueue, "Preempted to accommodate a workload")
+	testenv.Eventually(t, 20*time.Second, func() error {
+		w, _, err := workload(evicted)
+		if err != nil {
+			return err
+		}
+		if w.QuotaReserved() || w.Status.Admission != nil {
+			return fmt.Errorf("the evicted Workload still holds its quota: %+v", w.Status)
+		}
+		if c := w.Cond("Requeued"); c == nil || c.Status != metav1.ConditionTrue {
+			return fmt.Errorf("Requeued %+v, want True after a preemption", c)
+		}
+		return nil
+	})
+
+	deleted, u := run("deleted")
+	if err := env.Client.Delete(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	held(deleted, ReasonQueuedInKueue, "waiting for Kueue")
+	testenv.Eventually(t, 20*time.Second, func() error {
+		w, _, err := workload(deleted)
+		if err != nil {
+			return err
+		}
+		if w.UID == u.GetUID() || w.QuotaReserved() {
+			return fmt.Errorf("no new Workload queued in place of the deleted one (UID %s, quota reserved %v)", w.UID, w.QuotaReserved())
+		}
+		return nil
+	})
+
+	// Another party's finalizer keeps the deleted Workload, admitted.
+	lingering, u := run("lingering")
+	if err := env.Client.Patch(ctx, u, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":["example.com/hold"]}}`))); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Delete(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	held(lingering, ReasonQueuedInKueue, "is being deleted")
+	if err := env.Client.Patch(ctx, u, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		w, _, err := workload(lingering)
+		if err != nil {
+			return err
+		}
+		if w.UID == u.GetUID() {
+			return fmt.Errorf("no new Workload in place of the deleted one")
+		}
+		return nil
+	})
+	held(lingering, ReasonQueuedInKueue, "waiting for Kueue")
+}
 
 // The Suspended condition of a job Kueue holds says what holds it now,
 // not what held it first: Kueue's message changes while the job waits (the
