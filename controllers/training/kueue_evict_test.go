@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -181,5 +182,68 @@ func TestKueueSuspendedFollowsKueuesWord(t *testing.T) {
 		if c := cond(&trainingv1alpha1.TrainingJob{Status: st}, ct); !strings.Contains(c.Message, "insufficient unused quota") || c.Reason != ReasonQueuedInKueue {
 			t.Errorf("%s = %s %q, want Kueue's new word", ct, c.Reason, c.Message)
 		}
+	}
+}
+
+// The queue label edited on a running job: added, the job is Kueue's from
+// then on (Kueue's webhook refuses that edit on its own running jobs; Loom
+// has none, and does as Kueue's reconciler does with a running job that has
+// no admitted Workload): the gang stops, a Workload is queued, and the job
+// runs again, as a new attempt, once admitted. Removed from an admitted
+// running job, the Workload goes and the gang runs on outside Kueue.
+func TestKueueLabelOnARunningJob(t *testing.T) {
+	installWorkloadCRD(t)
+	ns := namespace(t, "kueue-running")
+	startManager(t)
+	ctx := context.Background()
+	workload := func(job *trainingv1alpha1.TrainingJob) (*unstructured.Unstructured, error) {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(kueue.WorkloadGVK)
+		got := getJob(t, job)
+		return u, env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}, u)
+	}
+	label := func(job *trainingv1alpha1.TrainingJob, value string) {
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, kueue.QueueLabel, value)
+		if err := env.Client.Patch(ctx, getJob(t, job), client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	job := newJob(ns, "relabelled", 1, 0, trainingv1alpha1.GangNone)
+	create(t, job)
+	setPods(t, waitPods(t, job, 2, 0), corev1.PodRunning, 0)
+	waitState(t, job, trainingv1alpha1.StateRunning)
+
+	label(job, `"team-a"`)
+	waitPods(t, job, 0, 0)
+	got := waitState(t, job, trainingv1alpha1.StateSuspended)
+	if c := cond(got, trainingv1alpha1.ConditionSuspended); c.Reason != ReasonQueuedInKueue {
+		t.Errorf("Suspended %+v", c)
+	}
+	var u *unstructured.Unstructured
+	testenv.Eventually(t, 20*time.Second, func() (err error) { u, err = workload(job); return err })
+	now := metav1.Now().UTC().Format(time.RFC3339)
+	patch := fmt.Sprintf(`{"status":{"admission":{"clusterQueue":"cq","podSetAssignments":[{"name":"master"},{"name":"worker"}]},"conditions":[`+
+		`{"type":"QuotaReserved","status":"True","reason":"QuotaReserved","message":"reserved","lastTransitionTime":%q},`+
+		`{"type":"Admitted","status":"True","reason":"Admitted","message":"admitted","lastTransitionTime":%q}]}}`, now, now)
+	if err := env.Client.Status().Patch(ctx, u, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatal(err)
+	}
+	pods := waitPods(t, job, 2, 1)
+	setPods(t, pods, corev1.PodRunning, 0)
+	waitState(t, job, trainingv1alpha1.StateRunning)
+
+	label(job, "null")
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if _, err := workload(job); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("the Workload of a job no longer queued is still there (%v)", err)
+		}
+		return nil
+	})
+	time.Sleep(time.Second)
+	if after := waitPods(t, job, 2, 1); after[0].UID != pods[0].UID || after[1].UID != pods[1].UID {
+		t.Errorf("the gang was restarted when the label was removed")
+	}
+	if got := getJob(t, job); got.Status.State != trainingv1alpha1.StateRunning {
+		t.Errorf("state %s after the label was removed", got.Status.State)
 	}
 }
