@@ -97,8 +97,8 @@ func classify(n *corev1.Node, claim string) (kind, string) {
 // (sorted by name), the policy, its name (the claim) and whether the
 // policy carries the resume annotation: every node Loom claimed and is
 // upgrading, every failed one whose wanted driver runs ready after all,
-// and as many outdated nodes (idle, or failed on another template) as
-// UpgradeBudget allows, unless maxFailures paused the rollout; a node
+// and as many outdated nodes (idle, or failed on another template) and
+// nodes lost mid-upgrade and Ready again as UpgradeBudget allows, unless maxFailures paused the rollout; a node
 // already unavailable (a failed one still cordoned) is not held back by
 // maxUnavailable, which it does not move. Ignored
 // nodes are neither advanced nor started. A node no driver DaemonSet would
@@ -141,13 +141,18 @@ func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, res
 			out.todo = append(out.todo, work{node: v.node.Name})
 		case k == failed:
 			failedOn := v.node.Annotations[gpuv1alpha1.AnnotationFailedTemplate]
+			// A node lost (NotReady too long) and Ready again retries its
+			// upgrade: its failure was its kubelet's, not yet the driver's.
+			back := v.node.Annotations[gpuv1alpha1.AnnotationFailedNotReady] != "" && ready(v.node) && p.AutoUpgradeEnabled()
 			switch {
 			case outdated && p.AutoUpgradeEnabled() && failedOn != tmpl:
 				candidates = append(candidates, v.node.Name)
 			case runsWanted(v.driver, tmpl):
 				out.todo = append(out.todo, work{node: v.node.Name})
+			case back:
+				candidates = append(candidates, v.node.Name)
 			}
-			if failedOn == tmpl && v.node.Annotations[gpuv1alpha1.AnnotationFailureAcknowledged] == "" {
+			if failedOn == tmpl && v.node.Annotations[gpuv1alpha1.AnnotationFailureAcknowledged] == "" && !back {
 				failures = append(failures, v.node.Name)
 			}
 		}

@@ -104,6 +104,7 @@ func TestPlan(t *testing.T) {
 	}
 	failedOn := func(tmpl string) func(*nodeView) { return ann(gpuv1alpha1.AnnotationFailedTemplate, tmpl) }
 	acked := ann(gpuv1alpha1.AnnotationFailureAcknowledged, "true")
+	lost := ann(gpuv1alpha1.AnnotationFailedNotReady, "true")
 	failed := gpuv1alpha1.UpgradeFailed
 	tests := []struct {
 		name   string
@@ -179,6 +180,23 @@ func TestPlan(t *testing.T) {
 			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), acked), gpuNode("c", "", old)}},
 		{name: "a failure after the resume pauses again", policy: failures(1), paused: true, more: true,
 			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), acked), gpuNode("b", failed, old, failedOn(wanted)), gpuNode("c", "", old)}},
+
+		// A node lost mid-upgrade (NotReady past notReadyTimeout) failed: it
+		// frees its slot and counts towards maxFailures while NotReady (a
+		// driver that crashes its node is what maxFailures stops); Ready
+		// again, it retries first, and counts no more.
+		{name: "a lost node frees its slot", policy: gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](1), MaxFailures: ptr.To[int32](0)},
+			want: "start b", more: true, nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), lost, notReady, cordoned), gpuNode("b", "", old)}},
+		{name: "a lost node still NotReady pauses", policy: one, paused: true, more: true,
+			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), lost, notReady, cordoned), gpuNode("b", "", old)}},
+		{name: "a lost node Ready again retries first, and no longer pauses", policy: one, want: "start a", more: true,
+			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), lost, cordoned), gpuNode("b", "", old)}},
+		{name: "a lost node Ready again, its driver pod gone, retries", policy: one, want: "start a", more: true,
+			nodes: []nodeView{gpuNode("a", failed, "", failedOn(wanted), lost, cordoned)}},
+		{name: "a lost node Ready again on the wanted driver finishes", policy: one, want: "a", more: true,
+			nodes: []nodeView{gpuNode("a", failed, wanted, failedOn(wanted), lost, cordoned)}},
+		{name: "a lost node Ready again, autoUpgrade off: stays failed", policy: manual, paused: true,
+			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), lost, cordoned)}},
 
 		// A node no driver DaemonSet selects any more (opted out, relabelled,
 		// tainted, the selector changed) can never run the new driver: it
@@ -288,8 +306,15 @@ func TestCondition(t *testing.T) {
 	// An upgrading node NotReady waits for its kubelet, and says so.
 	st, reason, msg = condition(plan([]nodeView{gpuNode("a", gpuv1alpha1.DrainRequired, "old", notReady), gpuNode("b", "", wanted)}, one, policy, false).summary, nil)
 	if want := "1 of 2 GPU nodes run the wanted driver; 1 upgrading; 1 upgrading nodes are NotReady and wait for their kubelet " +
-		"(no phase timeout fails them; it counts again from when they are Ready): a"; st != metav1.ConditionFalse || reason != gpuv1alpha1.ReasonUpgradeInProgress || msg != want {
+		"(no phase timeout fails them; it counts again from when they are Ready; NotReady for more than 10m0s, a node fails and frees its slot): a"; st != metav1.ConditionFalse || reason != gpuv1alpha1.ReasonUpgradeInProgress || msg != want {
 		t.Errorf("NotReady: %s %s %q\nwant False InProgress %q", st, reason, msg, want)
+	}
+	// A node lost mid-upgrade is a failure, named as lost.
+	lost := ann(gpuv1alpha1.AnnotationFailedNotReady, "true")
+	_, reason, msg = condition(plan([]nodeView{gpuNode("a", gpuv1alpha1.UpgradeFailed, "old", notReady, lost, cordoned,
+		ann(gpuv1alpha1.AnnotationFailedTemplate, wanted), ann(gpuv1alpha1.AnnotationFailure, "node a was NotReady for 10m1s")), gpuNode("b", "", wanted)}, one, policy, false).summary, nil)
+	if want := "1 failed nodes were NotReady for more than 10m0s (their slots are free; each retries once Ready): a; a: node a was NotReady for 10m1s"; reason != gpuv1alpha1.ReasonUpgradePaused || !strings.Contains(msg, want) {
+		t.Errorf("lost: %s %q\nwant UpgradePaused containing %q", reason, msg, want)
 	}
 	var many []string
 	for i := range 25 {

@@ -31,7 +31,10 @@ type summary struct {
 	manual []string
 	// notReady are the upgrading nodes whose Ready condition is not True:
 	// they wait for their kubelet, and no phase timeout fails them.
-	notReady                 []string
+	notReady []string
+	// lost are the failed nodes that were NotReady longer than
+	// notReadyTimeout: each retries once Ready.
+	lost                     []string
 	paused                   bool
 	failed, blocked, ignored []string
 	// firstFailure is the first failed node and why it failed.
@@ -55,6 +58,9 @@ func (s *summary) add(v nodeView, k kind, why string) {
 		}
 	case failed:
 		s.failed = append(s.failed, v.node.Name)
+		if v.node.Annotations[gpuv1alpha1.AnnotationFailedNotReady] != "" {
+			s.lost = append(s.lost, v.node.Name)
+		}
 		if why := v.node.Annotations[gpuv1alpha1.AnnotationFailure]; why != "" && s.firstFailure == "" {
 			s.firstFailure = v.node.Name + ": " + why
 		}
@@ -101,7 +107,8 @@ func condition(s summary, invalid error) (metav1.ConditionStatus, string, string
 	}
 	if len(s.notReady) > 0 {
 		parts = append(parts, fmt.Sprintf("%d upgrading nodes are NotReady and wait for their kubelet (no phase timeout fails them; "+
-			"it counts again from when they are Ready): %s", len(s.notReady), names(s.notReady)))
+			"it counts again from when they are Ready; NotReady for more than %s, a node fails and frees its slot): %s",
+			len(s.notReady), notReadyTimeout, names(s.notReady)))
 	}
 	if s.waiting > 0 {
 		parts = append(parts, fmt.Sprintf("%d waiting", s.waiting))
@@ -115,6 +122,10 @@ func condition(s summary, invalid error) (metav1.ConditionStatus, string, string
 	}
 	if len(s.failed) > 0 {
 		parts = append(parts, fmt.Sprintf("failed (%d): %s (see annotation %s)", len(s.failed), names(s.failed), gpuv1alpha1.AnnotationFailure))
+		if len(s.lost) > 0 {
+			parts = append(parts, fmt.Sprintf("%d failed nodes were NotReady for more than %s (their slots are free; each retries once Ready): %s",
+				len(s.lost), notReadyTimeout, names(s.lost)))
+		}
 		if s.firstFailure != "" {
 			parts = append(parts, s.firstFailure)
 		}

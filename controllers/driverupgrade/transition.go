@@ -27,6 +27,13 @@ const (
 	// been terminating before it counts as gone (no kubelet will confirm
 	// it), as cluster-api's drain skips such pods.
 	unreachableGrace = 5 * time.Minute
+	// notReadyTimeout bounds how long an upgrading node may be NotReady or
+	// unreachable: past it the node fails (its maxParallelUpgrades slot is
+	// free, and it counts towards maxFailures: a new driver that crashes
+	// its node is the failure maxFailures is for), and it retries once
+	// Ready again. cluster-api's MachineHealthCheck and the node lifecycle
+	// controller's eviction (5 minutes) bound a lost node the same way.
+	notReadyTimeout = 10 * time.Minute
 )
 
 // actionKind is what an action does.
@@ -97,6 +104,10 @@ func next(node *corev1.Node, driver *corev1.Pod, pods []corev1.Pod, t target, no
 		return s.letGo()
 	case !claimed && s.state() != "" && s.state() != gpuv1alpha1.UpgradeDone:
 		return s.stay()
+	case inFlight(s.state()):
+		if d := s.notReadyFor(); d > notReadyTimeout {
+			return s.lost(d)
+		}
 	}
 	if step, ok := steps[s.state()]; ok {
 		return step(s)
@@ -148,14 +159,60 @@ func (s transition) inPhase() time.Duration {
 // overdue reports whether the node has been in its state longer than
 // timeout while Ready. A node NotReady or unreachable is never overdue:
 // without a working kubelet its pods cannot finish terminating nor its new
-// driver start, which is not the upgrade's failure. It waits, and its
-// time counts again from when it is Ready again.
+// driver start, which is not the phase's failure. It waits (at most
+// notReadyTimeout: then it is lost), and its time counts again from when it
+// is Ready again.
 func (s transition) overdue(timeout time.Duration) bool {
 	ready := readyCondition(s.node)
 	if ready == nil || ready.Status != corev1.ConditionTrue {
 		return false
 	}
 	return min(s.inPhase(), s.now.Sub(ready.LastTransitionTime.Time)) > timeout
+}
+
+// inFlight reports whether state is one of an upgrade's steps, between
+// its start and its end (done or failed).
+func inFlight(state string) bool {
+	switch state {
+	case "", gpuv1alpha1.UpgradeDone, gpuv1alpha1.UpgradeFailed:
+		return false
+	}
+	return gpuv1alpha1.KnownUpgradeState(state)
+}
+
+// notReadyFor is how long the node has been NotReady (or unreachable, or
+// without a Ready condition) during its upgrade: 0 when Ready.
+func (s transition) notReadyFor() time.Duration {
+	c := readyCondition(s.node)
+	if c != nil && c.Status == corev1.ConditionTrue {
+		return 0
+	}
+	started, err := time.Parse(time.RFC3339, s.node.Annotations[gpuv1alpha1.AnnotationUpgradeStarted])
+	switch {
+	case err != nil && c == nil:
+		return 0
+	case err != nil:
+		return s.now.Sub(c.LastTransitionTime.Time)
+	case c == nil:
+		return s.now.Sub(started)
+	}
+	return min(s.now.Sub(started), s.now.Sub(c.LastTransitionTime.Time))
+}
+
+// lost fails a node NotReady for d, longer than notReadyTimeout, saying so
+// and marking it to retry once Ready.
+func (s transition) lost(d time.Duration) (string, []action) {
+	ready := "no Ready condition"
+	if c := readyCondition(s.node); c != nil {
+		ready = "Ready " + string(c.Status)
+		if c.Reason != "" {
+			ready += " (" + c.Reason + ")"
+		}
+	}
+	state, acts := s.fail(fmt.Sprintf("node %s was NotReady for %s (%s) in %s, longer than %s: its upgrade slot is freed, and it retries once Ready",
+		s.node.Name, d.Round(time.Second), ready, s.state(), notReadyTimeout))
+	acts[len(acts)-1].annotations[gpuv1alpha1.AnnotationFailedNotReady] = ptr.To("true")
+	return state, acts
 }
 
 func readyCondition(n *corev1.Node) *corev1.NodeCondition {
@@ -191,7 +248,7 @@ func (s transition) begin() (string, []action) {
 	}
 	ann := map[string]*string{gpuv1alpha1.AnnotationClaim: ptr.To(s.t.claim), gpuv1alpha1.AnnotationTarget: ptr.To(s.t.template),
 		gpuv1alpha1.AnnotationUpgradeStarted: s.nowString(), gpuv1alpha1.AnnotationFailure: nil, gpuv1alpha1.AnnotationFailedTemplate: nil,
-		gpuv1alpha1.AnnotationFailureAcknowledged: nil, gpuv1alpha1.AnnotationWasCordoned: nil}
+		gpuv1alpha1.AnnotationFailureAcknowledged: nil, gpuv1alpha1.AnnotationFailedNotReady: nil, gpuv1alpha1.AnnotationWasCordoned: nil}
 	var acts []action
 	switch {
 	case !s.node.Spec.Unschedulable:
@@ -227,7 +284,7 @@ func (s transition) failed() (string, []action) {
 		return s.begin()
 	case runsWanted(s.driver, s.t.template):
 		return s.to(gpuv1alpha1.UncordonRequired, map[string]*string{gpuv1alpha1.AnnotationFailure: nil,
-			gpuv1alpha1.AnnotationFailedTemplate: nil, gpuv1alpha1.AnnotationFailureAcknowledged: nil})
+			gpuv1alpha1.AnnotationFailedTemplate: nil, gpuv1alpha1.AnnotationFailureAcknowledged: nil, gpuv1alpha1.AnnotationFailedNotReady: nil})
 	}
 	return s.stay()
 }

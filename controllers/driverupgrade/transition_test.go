@@ -184,8 +184,8 @@ func TestNext(t *testing.T) {
 	unplaced.Spec.NodeName = ""
 	unplaced.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Message: "0/1 nodes are available: 1 Insufficient memory"}}
 	const failedTmpl = "failed-template=" + wanted
-	const enrolled = "state upgrade-required -failed-template -failure -failure-acknowledged -was-cordoned claim=default started=2026-03-01T12:00:00Z target=" + wanted
-	const enrolledCordoned = "state upgrade-required -failed-template -failure -failure-acknowledged claim=default started=2026-03-01T12:00:00Z target=" + wanted + " was-cordoned=true"
+	const enrolled = "state upgrade-required -failed-not-ready -failed-template -failure -failure-acknowledged -was-cordoned claim=default started=2026-03-01T12:00:00Z target=" + wanted
+	const enrolledCordoned = "state upgrade-required -failed-not-ready -failed-template -failure -failure-acknowledged claim=default started=2026-03-01T12:00:00Z target=" + wanted + " was-cordoned=true"
 	const released = "state  -claim -phase-started -started"
 	renamesSmall := sharing.NamesOf(sharing.Source{Policy: &gpuv1alpha1.DevicePluginConfig{ConfigMapName: "dp"}, Data: map[string]string{
 		"small": "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      rename: small\n      replicas: 4\n"}})
@@ -214,7 +214,7 @@ func TestNext(t *testing.T) {
 		{name: "done without Loom's claim (GPU Operator's), started", node: node(gpuv1alpha1.UpgradeDone, false, "claim", ""), driver: old, start: true,
 			want: gpuv1alpha1.UpgradeRequired, actions: []string{"cordon", enrolled}},
 		{name: "done, blocked annotation left: cleared on enrolling", node: node(gpuv1alpha1.UpgradeDone, false, "blocked", "x"), driver: old, start: true,
-			want: gpuv1alpha1.UpgradeRequired, actions: []string{"cordon", strings.Replace(enrolled, "-failed-template", "-blocked -failed-template", 1)}},
+			want: gpuv1alpha1.UpgradeRequired, actions: []string{"cordon", strings.Replace(enrolled, "-failed-not-ready", "-blocked -failed-not-ready", 1)}},
 
 		// A state label without Loom's claim, or another policy's claim, or
 		// a value Loom does not know, is never stepped, started or released.
@@ -241,7 +241,7 @@ func TestNext(t *testing.T) {
 		{name: "failed, retried, uncordoned by a person meanwhile", node: node(gpuv1alpha1.UpgradeFailed, false, "failed-template", "older"), driver: old, start: true,
 			want: gpuv1alpha1.UpgradeRequired, actions: []string{"cordon", enrolled}},
 		{name: "failed, wanted driver ready after all", node: node(gpuv1alpha1.UpgradeFailed, true, "failure", "x", "failed-template", wanted), driver: ready,
-			want: gpuv1alpha1.UncordonRequired, actions: []string{"state uncordon-required -failed-template -failure -failure-acknowledged"}},
+			want: gpuv1alpha1.UncordonRequired, actions: []string{"state uncordon-required -failed-not-ready -failed-template -failure -failure-acknowledged"}},
 		{name: "failed, wanted driver not ready", node: node(gpuv1alpha1.UpgradeFailed, true), driver: starting, want: gpuv1alpha1.UpgradeFailed},
 		{name: "failed, old driver", node: node(gpuv1alpha1.UpgradeFailed, true), driver: old, elapsed: 24 * time.Hour, want: gpuv1alpha1.UpgradeFailed},
 
@@ -345,20 +345,22 @@ func TestNext(t *testing.T) {
 		// terminating, its new driver cannot start) is not failed by a phase
 		// timeout; its time counts again from when it is Ready again. On
 		// an unreachable node a pod terminating for more than 5 minutes
-		// counts as gone, as cluster-api's drain has it.
+		// counts as gone, as cluster-api's drain has it. NotReady for more
+		// than 10 minutes of its upgrade, the node is lost: it fails, freeing
+		// its slot, marked to retry once Ready.
 		{name: "delete: unreachable past the timeout waits", node: with(node(gpuv1alpha1.PodDeletionRequired, true), readiness(corev1.ConditionUnknown, time.Minute)),
-			policy: none, elapsed: time.Hour, pods: []corev1.Pod{pod("held", gpus)}, want: gpuv1alpha1.PodDeletionRequired, actions: []string{"evict default/held"}},
+			policy: none, elapsed: 11 * time.Minute, pods: []corev1.Pod{pod("held", gpus)}, want: gpuv1alpha1.PodDeletionRequired, actions: []string{"evict default/held"}},
 		{name: "delete: unreachable, a pod terminating for 5 minutes is waited for", node: with(node(gpuv1alpha1.PodDeletionRequired, true), readiness(corev1.ConditionUnknown, 0)),
 			policy: none, elapsed: 10 * time.Minute, pods: []corev1.Pod{pod("going", gpus, terminatingSince(5*time.Minute))}, want: gpuv1alpha1.PodDeletionRequired},
 		{name: "delete: unreachable, a pod terminating for longer is gone", node: with(node(gpuv1alpha1.PodDeletionRequired, true), readiness(corev1.ConditionUnknown, 0)),
 			policy: none, elapsed: 10 * time.Minute, pods: []corev1.Pod{pod("going", gpus, terminatingSince(5*time.Minute-time.Second))},
 			want: gpuv1alpha1.DrainRequired, actions: []string{"state drain-required"}},
 		{name: "delete: NotReady but reporting, a pod terminating for long is waited for", node: with(node(gpuv1alpha1.PodDeletionRequired, true), readiness(corev1.ConditionFalse, 0)),
-			policy: none, elapsed: time.Hour, pods: []corev1.Pod{pod("going", gpus, terminating)}, want: gpuv1alpha1.PodDeletionRequired},
+			policy: none, elapsed: 10 * time.Minute, pods: []corev1.Pod{pod("going", gpus, terminating)}, want: gpuv1alpha1.PodDeletionRequired},
 		{name: "drain: unreachable past the timeout waits", node: with(node(gpuv1alpha1.DrainRequired, true), readiness(corev1.ConditionUnknown, 0)),
-			policy: drain("", 60), elapsed: time.Hour, pods: []corev1.Pod{pod("me", terminatingSince(time.Hour-time.Minute))}, want: gpuv1alpha1.DrainRequired},
+			policy: drain("", 60), elapsed: 10 * time.Minute, pods: []corev1.Pod{pod("me", terminatingSince(9*time.Minute))}, want: gpuv1alpha1.DrainRequired},
 		{name: "drain: unreachable, pods terminating for long are drained", node: with(node(gpuv1alpha1.DrainRequired, true), readiness(corev1.ConditionUnknown, 0)),
-			policy: drain("", 60), elapsed: time.Hour, pods: []corev1.Pod{pod("me", terminatingSince(time.Minute))},
+			policy: drain("", 60), elapsed: 10 * time.Minute, pods: []corev1.Pod{pod("me", terminatingSince(time.Minute))},
 			want: gpuv1alpha1.PodRestartRequired, actions: []string{"state pod-restart-required"}},
 		{name: "drain: Ready again, the timeout counts from then", node: with(node(gpuv1alpha1.DrainRequired, true), readiness(corev1.ConditionTrue, time.Hour)),
 			policy: drain("", 60), elapsed: time.Hour + 60*time.Second, pods: []corev1.Pod{pod("me")}, want: gpuv1alpha1.DrainRequired, actions: []string{"evict default/me"}},
@@ -367,7 +369,29 @@ func TestNext(t *testing.T) {
 			actions: []string{"evict default/me", "state upgrade-failed " + failedTmpl +
 				" failure=drain did not finish within drain.timeoutSeconds (1m0s): 1 pods left (evictions refused, e.g. by a PodDisruptionBudget)"}},
 		{name: "validate: NotReady past the timeout waits", node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted), readiness(corev1.ConditionFalse, time.Minute)),
-			elapsed: time.Hour, want: gpuv1alpha1.ValidationRequired},
+			elapsed: 11 * time.Minute, want: gpuv1alpha1.ValidationRequired},
+		{name: "drain: unreachable for more than 10 minutes is lost", node: with(node(gpuv1alpha1.DrainRequired, true), func(n *corev1.Node) {
+			n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, Reason: "NodeStatusUnknown", LastTransitionTime: metav1.NewTime(t0)}}
+		}), policy: drain("", 60), elapsed: 10*time.Minute + time.Second, pods: []corev1.Pod{pod("me", terminating)}, want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{"state upgrade-failed failed-not-ready=true " + failedTmpl + " failure=node gpu-0 was NotReady for 10m1s (Ready Unknown (NodeStatusUnknown)) " +
+				"in drain-required, longer than 10m0s: its upgrade slot is freed, and it retries once Ready"}},
+		// NotReady since before its upgrade began (a failed node retried):
+		// the time counts from the upgrade's start.
+		{name: "validate: NotReady since before the upgrade, 10 minutes into it waits",
+			node:    with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted, "started", t0.Format(time.RFC3339)), readiness(corev1.ConditionFalse, -time.Hour)),
+			elapsed: 10 * time.Minute, want: gpuv1alpha1.ValidationRequired},
+		{name: "required: NotReady since before the upgrade, longer into it is lost",
+			node:    with(node(gpuv1alpha1.UpgradeRequired, true, "started", t0.Format(time.RFC3339)), readiness(corev1.ConditionFalse, -time.Hour)),
+			elapsed: 10*time.Minute + time.Second, want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{"state upgrade-failed failed-not-ready=true " + failedTmpl + " failure=node gpu-0 was NotReady for 10m1s (Ready False) " +
+				"in upgrade-required, longer than 10m0s: its upgrade slot is freed, and it retries once Ready"}},
+		{name: "validate: no Ready condition for more than 10 minutes of its upgrade is lost",
+			node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted, "started", t0.Format(time.RFC3339)), func(n *corev1.Node) { n.Status.Conditions = nil }),
+			elapsed: time.Hour, want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{"state upgrade-failed failed-not-ready=true " + failedTmpl + " failure=node gpu-0 was NotReady for 1h0m0s (no Ready condition) " +
+				"in validation-required, longer than 10m0s: its upgrade slot is freed, and it retries once Ready"}},
+		{name: "lost, still NotReady: stays failed", node: with(node(gpuv1alpha1.UpgradeFailed, true, "failed-not-ready", "true", "failed-template", wanted),
+			readiness(corev1.ConditionFalse, -time.Hour)), elapsed: time.Hour, want: gpuv1alpha1.UpgradeFailed},
 		{name: "validate: no Ready condition past the timeout waits", node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted), func(n *corev1.Node) { n.Status.Conditions = nil }),
 			elapsed: time.Hour, want: gpuv1alpha1.ValidationRequired},
 

@@ -90,6 +90,10 @@ const (
 	AnnotationFailure = "gpu.loom.dev/driver-upgrade-failure"
 	// AnnotationFailedTemplate is the driver template hash that failed.
 	AnnotationFailedTemplate = "gpu.loom.dev/driver-upgrade-failed-template"
+	// AnnotationFailedNotReady marks a node whose upgrade failed because it
+	// stayed NotReady or unreachable too long: once Ready again it retries
+	// (the same template) as soon as the budget allows.
+	AnnotationFailedNotReady = "gpu.loom.dev/driver-upgrade-failed-not-ready"
 	// AnnotationClaim names the ClusterPolicy whose driver upgrade enrolled
 	// the node. Loom writes it in the same patch as the node's first state
 	// and its cordon, and steps, cordons and uncordons only nodes that carry
