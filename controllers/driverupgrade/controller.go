@@ -57,6 +57,10 @@ const FieldOwner = "loom-driver-upgrade"
 // requeue is how soon a pass with upgrades in progress runs again.
 const requeue = 3 * time.Second
 
+// lostRecheck is how often a pass looks for a lost node (failed after too
+// long NotReady) coming back, when nothing else brings one.
+const lostRecheck = 30 * time.Second
+
 // placingDelay coalesces the passes that recount nodes whose driver pod the
 // DaemonSet is still placing: at most one per policy this often, and only
 // while the DaemonSet places pods.
@@ -258,8 +262,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := errors.Join(errs...); err != nil {
 		return ctrl.Result{}, err
 	}
-	if pl.more || retry {
+	switch {
+	case pl.more || retry:
 		return ctrl.Result{RequeueAfter: requeue}, nil
+	case pl.awaitsLost:
+		return ctrl.Result{RequeueAfter: lostRecheck}, nil
 	}
 	return ctrl.Result{}, nil
 }

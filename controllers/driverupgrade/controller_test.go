@@ -320,3 +320,90 @@ func TestStepNodeDeletedMidUpgrade(t *testing.T) {
 		t.Errorf("step on a deleted node: retry %v, errors %v; want a retry and no error", retry, errs)
 	}
 }
+
+// setReady sets the node's Ready condition to status since when.
+func setReady(t *testing.T, name string, status corev1.ConditionStatus, when time.Time) {
+	t.Helper()
+	n := getNode(t, name)
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: status, LastTransitionTime: metav1.NewTime(when)}}
+	if err := env.Client.Status().Update(context.Background(), n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A node lost mid-upgrade (NotReady for more than 10 minutes) fails,
+// naming how long it was NotReady, and its failure pauses the rollout
+// (maxFailures 1); Ready again, it is enrolled again first and the
+// rollout is no longer paused.
+func TestReconcileLostNodeFailsAndRetriesWhenBack(t *testing.T) {
+	ctx := context.Background()
+	const name = "lost"
+	cp, ds := envDriver(t, name, gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](1), MaxUnavailable: ptr.To(intstr.FromInt32(10))}, corev1.PodSpec{})
+	for _, n := range []string{"lost-a", "lost-b"} {
+		envNode(t, n, false, map[string]string{gpuv1alpha1.LabelPresent: "true"})
+		envDriverPod(t, ds, n, "old-template")
+	}
+	now := t0
+	r := New(env.Client, env.Client, loomNS)
+	r.Now = func() time.Time { return now }
+	req := ctrl.Request{NamespacedName: client.ObjectKey{Name: name}}
+	pass := func() ctrl.Result {
+		t.Helper()
+		res, err := r.Reconcile(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	condition := func() *metav1.Condition {
+		t.Helper()
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
+			t.Fatal(err)
+		}
+		return meta.FindStatusCondition(cp.Status.Conditions, gpuv1alpha1.ConditionDriverUpgrade)
+	}
+	pass()
+	if got := getNode(t, "lost-a"); got.Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.UpgradeRequired {
+		t.Fatalf("lost-a not enrolled: %v", got.Labels)
+	}
+	setReady(t, "lost-a", corev1.ConditionUnknown, t0)
+	now = t0.Add(10 * time.Minute)
+	pass()
+	if got := getNode(t, "lost-a"); got.Labels[gpuv1alpha1.LabelUpgradeState] == gpuv1alpha1.UpgradeFailed {
+		t.Fatalf("lost-a failed after 10 minutes NotReady: %v", got.Annotations)
+	}
+	now = t0.Add(11 * time.Minute)
+	for got := getNode(t, "lost-a"); got.Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.UpgradeFailed; got = getNode(t, "lost-a") {
+		if now.After(t0.Add(12 * time.Minute)) {
+			t.Fatalf("lost-a, NotReady for 11 minutes: state %q", got.Labels[gpuv1alpha1.LabelUpgradeState])
+		}
+		pass()
+		now = now.Add(time.Second)
+	}
+	a := getNode(t, "lost-a")
+	if !a.Spec.Unschedulable || a.Annotations[gpuv1alpha1.AnnotationFailedNotReady] != "true" ||
+		!strings.HasPrefix(a.Annotations[gpuv1alpha1.AnnotationFailure], "node lost-a was NotReady for 11m") {
+		t.Errorf("lost-a: unschedulable %v, annotations %v", a.Spec.Unschedulable, a.Annotations)
+	}
+	pass()
+	if c := condition(); c == nil || c.Reason != gpuv1alpha1.ReasonUpgradePaused ||
+		!strings.Contains(c.Message, "1 failed nodes were NotReady for more than 10m0s (their slots are free; each retries once Ready): lost-a") {
+		t.Errorf("condition %+v", c)
+	}
+	if got := getNode(t, "lost-b"); got.Labels[gpuv1alpha1.LabelUpgradeState] != "" {
+		t.Errorf("lost-b started while the rollout is paused: %v", got.Labels)
+	}
+
+	setReady(t, "lost-a", corev1.ConditionTrue, now)
+	pass()
+	if got := getNode(t, "lost-a"); got.Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.UpgradeRequired || !got.Spec.Unschedulable ||
+		got.Annotations[gpuv1alpha1.AnnotationFailedNotReady] != "" || got.Annotations[gpuv1alpha1.AnnotationFailure] != "" {
+		t.Errorf("lost-a, Ready again: state %q, annotations %v", got.Labels[gpuv1alpha1.LabelUpgradeState], got.Annotations)
+	}
+	if got := getNode(t, "lost-b"); got.Labels[gpuv1alpha1.LabelUpgradeState] != "" {
+		t.Errorf("lost-b started beside the retried lost-a (maxParallelUpgrades 1): %v", got.Labels)
+	}
+	if c := condition(); c == nil || c.Reason != gpuv1alpha1.ReasonUpgradeInProgress {
+		t.Errorf("condition after lost-a is back %+v", c)
+	}
+}

@@ -47,6 +47,10 @@ type planned struct {
 	todo []work
 	// more says a later pass has work left.
 	more bool
+	// awaitsLost says a lost node (failed NotReady) is still NotReady: a
+	// pass now and then sees it Ready again (no watch does: the node watch
+	// reads metadata only).
+	awaitsLost bool
 	// invalid says why no node starts: the policy is one the API server
 	// would now reject.
 	invalid error
@@ -143,7 +147,9 @@ func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, res
 			failedOn := v.node.Annotations[gpuv1alpha1.AnnotationFailedTemplate]
 			// A node lost (NotReady too long) and Ready again retries its
 			// upgrade: its failure was its kubelet's, not yet the driver's.
-			back := v.node.Annotations[gpuv1alpha1.AnnotationFailedNotReady] != "" && ready(v.node) && p.AutoUpgradeEnabled()
+			lost := v.node.Annotations[gpuv1alpha1.AnnotationFailedNotReady] != ""
+			back := lost && ready(v.node) && p.AutoUpgradeEnabled()
+			out.awaitsLost = out.awaitsLost || lost && !ready(v.node)
 			switch {
 			case outdated && p.AutoUpgradeEnabled() && failedOn != tmpl:
 				candidates = append(candidates, v.node.Name)

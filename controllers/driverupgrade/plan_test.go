@@ -116,6 +116,8 @@ func TestPlan(t *testing.T) {
 		err    string
 		paused bool
 		ack    string
+		// lost: a lost node is NotReady, the pass comes back for it.
+		lost bool
 	}{
 		{name: "all current", nodes: []nodeView{gpuNode("a", "", wanted), gpuNode("b", gpuv1alpha1.UpgradeDone, wanted)}, policy: one},
 		{name: "one at a time", nodes: []nodeView{gpuNode("a", "", old), gpuNode("b", "", old), gpuNode("c", "", old)}, policy: one, want: "start a", more: true},
@@ -186,8 +188,8 @@ func TestPlan(t *testing.T) {
 		// driver that crashes its node is what maxFailures stops); Ready
 		// again, it retries first, and counts no more.
 		{name: "a lost node frees its slot", policy: gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](1), MaxFailures: ptr.To[int32](0)},
-			want: "start b", more: true, nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), lost, notReady, cordoned), gpuNode("b", "", old)}},
-		{name: "a lost node still NotReady pauses", policy: one, paused: true, more: true,
+			want: "start b", more: true, lost: true, nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), lost, notReady, cordoned), gpuNode("b", "", old)}},
+		{name: "a lost node still NotReady pauses, and is looked at again", policy: one, paused: true, more: true, lost: true,
 			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), lost, notReady, cordoned), gpuNode("b", "", old)}},
 		{name: "a lost node Ready again retries first, and no longer pauses", policy: one, want: "start a", more: true,
 			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), lost, cordoned), gpuNode("b", "", old)}},
@@ -226,9 +228,9 @@ func TestPlan(t *testing.T) {
 			err := pl.invalid
 			errOK := (err == nil && tt.err == "") || (err != nil && tt.err != "" && strings.Contains(err.Error(), tt.err))
 			if got := showWork(pl.todo); got != tt.want || pl.more != tt.more || !errOK || pl.summary.paused != tt.paused ||
-				strings.Join(pl.acknowledge, ",") != tt.ack || pl.resumed != tt.resume {
-				t.Errorf("plan = %q, more %v, err %v, paused %v, ack %v; want %q, %v, %q, %v, %q",
-					got, pl.more, err, pl.summary.paused, pl.acknowledge, tt.want, tt.more, tt.err, tt.paused, tt.ack)
+				strings.Join(pl.acknowledge, ",") != tt.ack || pl.resumed != tt.resume || pl.awaitsLost != tt.lost {
+				t.Errorf("plan = %q, more %v, err %v, paused %v, ack %v, lost %v; want %q, %v, %q, %v, %q, %v",
+					got, pl.more, err, pl.summary.paused, pl.acknowledge, pl.awaitsLost, tt.want, tt.more, tt.err, tt.paused, tt.ack, tt.lost)
 			}
 		})
 	}

@@ -386,7 +386,7 @@ func TestNext(t *testing.T) {
 			actions: []string{"state upgrade-failed failed-not-ready=true " + failedTmpl + " failure=node gpu-0 was NotReady for 10m1s (Ready False) " +
 				"in upgrade-required, longer than 10m0s: its upgrade slot is freed, and it retries once Ready"}},
 		{name: "validate: no Ready condition for more than 10 minutes of its upgrade is lost",
-			node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted, "started", t0.Format(time.RFC3339)), func(n *corev1.Node) { n.Status.Conditions = nil }),
+			node:    with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted, "started", t0.Format(time.RFC3339)), func(n *corev1.Node) { n.Status.Conditions = nil }),
 			elapsed: time.Hour, want: gpuv1alpha1.UpgradeFailed,
 			actions: []string{"state upgrade-failed failed-not-ready=true " + failedTmpl + " failure=node gpu-0 was NotReady for 1h0m0s (no Ready condition) " +
 				"in validation-required, longer than 10m0s: its upgrade slot is freed, and it retries once Ready"}},
