@@ -12,6 +12,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/driveros"
 )
 
 // The driver image is built per OS, as GPU Operator's:
@@ -24,103 +25,10 @@ import (
 // others. A version that names its OS (570.172.08-ubuntu22.04) is used as
 // is, by the one DaemonSet loom-driver on every GPU node.
 
-// supportedOS are the OS ids NVIDIA publishes driver images for.
-var supportedOS = []string{"ubuntu", "rhel", "rhcos", "sles"}
-
 // maxNamed caps the node names a component message lists.
 const maxNamed = 5
 
-var (
-	osImageRE = []struct {
-		re *regexp.Regexp
-		id string
-	}{
-		{regexp.MustCompile(`^Red Hat Enterprise Linux CoreOS ([0-9][0-9.]*)`), "rhcos"},
-		{regexp.MustCompile(`^Red Hat Enterprise Linux (?:Server )?([0-9]+\.[0-9]+)`), "rhel"},
-		{regexp.MustCompile(`^Ubuntu ([0-9]+\.[0-9]+)`), "ubuntu"},
-		{regexp.MustCompile(`^SUSE Linux Enterprise Server ([0-9]+)(?: SP([0-9]+))?`), "sles"},
-	}
-	majorMinorRE = regexp.MustCompile(`^([0-9]+)\.([0-9]+)`)
-	// rhcosBuildRE is RHCOS's own numbering (416.94.202405291527-0): 416 is
-	// OpenShift 4.16.
-	rhcosBuildRE = regexp.MustCompile(`^4([0-9]{2})\.`)
-	nameUnsafeRE = regexp.MustCompile(`[^a-z0-9.-]+`)
-)
-
-// nodeOS is a GPU node's OS as the driver image names it (ubuntu22.04),
-// whether NFD's labels said so, and why it has none.
-type nodeOS struct {
-	name, os, kernel string
-	nfd              bool
-	why              string
-}
-
-// osOf reads the node's OS: NFD's labels first, else its osImage.
-func osOf(n *corev1.Node) nodeOS {
-	out := nodeOS{name: n.Name, kernel: n.Status.NodeInfo.KernelVersion}
-	id, version := n.Labels[gpuv1alpha1.LabelOSReleaseID], n.Labels[gpuv1alpha1.LabelOSReleaseVersionID]
-	if id != "" && version != "" {
-		out.nfd = true
-		id = strings.ToLower(id)
-	} else {
-		id, version = parseOSImage(n.Status.NodeInfo.OSImage)
-	}
-	switch {
-	case id == "":
-		out.why = "OS unknown"
-		if img := n.Status.NodeInfo.OSImage; img != "" {
-			out.why = fmt.Sprintf("OS %q not recognised", img)
-		}
-	case !slices.Contains(supportedOS, id):
-		out.why = fmt.Sprintf("OS %s not supported", id)
-	default:
-		if v := osVersion(id, version); v != "" {
-			out.os = id + v
-		} else {
-			out.why = fmt.Sprintf("%s version %q not understood", id, version)
-		}
-	}
-	return out
-}
-
-// parseOSImage reads an os id and version from status.nodeInfo.osImage:
-// "Ubuntu 22.04.4 LTS", "Red Hat Enterprise Linux 9.4 (Plow)", "Red Hat
-// Enterprise Linux CoreOS 416.94.202405291527-0 (Plow)", "SUSE Linux
-// Enterprise Server 15 SP6".
-func parseOSImage(img string) (id, version string) {
-	for _, p := range osImageRE {
-		m := p.re.FindStringSubmatch(img)
-		if m == nil {
-			continue
-		}
-		if p.id == "sles" {
-			if m[2] == "" {
-				return p.id, m[1]
-			}
-			return p.id, m[1] + "." + m[2]
-		}
-		return p.id, m[1]
-	}
-	return "", ""
-}
-
-// osVersion is the version as driver image tags write it: major.minor
-// (22.04, 9.4, 15.6), and for RHCOS its OpenShift release (4.16).
-func osVersion(id, version string) string {
-	if id == "rhcos" {
-		if m := rhcosBuildRE.FindStringSubmatch(version); m != nil {
-			return "4." + strings.TrimPrefix(m[1], "0")
-		}
-		if m := majorMinorRE.FindStringSubmatch(version); m != nil && m[1] == "4" {
-			return m[0]
-		}
-		return "" // RHCOS 9.6.x and later no longer name the OpenShift release
-	}
-	if m := majorMinorRE.FindStringSubmatch(version); m != nil {
-		return m[0]
-	}
-	return ""
-}
+var nameUnsafeRE = regexp.MustCompile(`[^a-z0-9.-]+`)
 
 // driverGroup is one driver DaemonSet: its target, image tag and nodes.
 type driverGroup struct {
@@ -147,17 +55,14 @@ func driverGroups(cp *gpuv1alpha1.ClusterPolicy, nodes []corev1.Node) (groups []
 			// OS is no reason to name it.
 			continue
 		}
-		o := osOf(&nodes[i])
-		if o.why == "" && cp.Spec.Driver.UsePrecompiled && o.kernel == "" {
-			o.why = "kernel version unknown"
-		}
-		if o.why != "" {
-			noDriver = append(noDriver, o.name+" ("+o.why+")")
+		o := driveros.Of(&nodes[i], cp.Spec.Driver.UsePrecompiled)
+		if o.Why != "" {
+			noDriver = append(noDriver, nodes[i].Name+" ("+o.Why+")")
 			continue
 		}
-		target, tag := o.os, img.Version+"-"+o.os
+		target, tag := o.OS, img.Version+"-"+o.OS
 		if cp.Spec.Driver.UsePrecompiled {
-			target, tag = o.os+"-"+o.kernel, branch+"-"+o.kernel+"-"+o.os
+			target, tag = o.OS+"-"+o.Kernel, branch+"-"+o.Kernel+"-"+o.OS
 		}
 		target = dnsSafe(target)
 		g := byTarget[target]
@@ -166,11 +71,11 @@ func driverGroups(cp *gpuv1alpha1.ClusterPolicy, nodes []corev1.Node) (groups []
 			byTarget[target] = g
 		}
 		// Precompiled groups go by name: a kernel label lags an upgrade.
-		if o.nfd && !cp.Spec.Driver.UsePrecompiled {
+		if o.NFD && !cp.Spec.Driver.UsePrecompiled {
 			l := nodes[i].Labels
 			g.nfdIDs, g.nfdVersions = addSorted(g.nfdIDs, l[gpuv1alpha1.LabelOSReleaseID]), addSorted(g.nfdVersions, l[gpuv1alpha1.LabelOSReleaseVersionID])
 		} else {
-			g.names = addSorted(g.names, o.name)
+			g.names = addSorted(g.names, nodes[i].Name)
 		}
 	}
 	for _, t := range sortedKeys(byTarget) {

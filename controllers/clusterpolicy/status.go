@@ -12,6 +12,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/driveros"
 )
 
 // Reasons of the ClusterPolicy Ready condition.
@@ -157,7 +158,7 @@ func components(cp *gpuv1alpha1.ClusterPolicy, on, off []operand, obs observed) 
 			out = append(out, c)
 			continue
 		case ds == nil && op.name == gpuv1alpha1.OperandDriver && len(obs.noDriver) > 0:
-			c.Message = "no GPU node with a supported OS (" + strings.Join(supportedOS, ", ") + ")"
+			c.Message = "no GPU node with a supported OS (" + strings.Join(driveros.Supported, ", ") + ")"
 			noDriverMessage(&c, obs.noDriver)
 			out = append(out, c)
 			continue

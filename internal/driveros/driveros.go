@@ -1,0 +1,116 @@
+// Package driveros reads a GPU node's OS as NVIDIA's driver images name it
+// (<id><version>: ubuntu22.04, rhel9.4, rhcos4.16, sles15.6), from node
+// feature discovery's os_release labels, else from the node's osImage: the
+// ClusterPolicy runs one driver DaemonSet per OS, and the driver upgrade
+// tells a node whose OS's DaemonSet is being made from one that has none.
+package driveros
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+)
+
+// Supported are the OS ids NVIDIA publishes driver images for.
+var Supported = []string{"ubuntu", "rhel", "rhcos", "sles"}
+
+var (
+	osImageRE = []struct {
+		re *regexp.Regexp
+		id string
+	}{
+		{regexp.MustCompile(`^Red Hat Enterprise Linux CoreOS ([0-9][0-9.]*)`), "rhcos"},
+		{regexp.MustCompile(`^Red Hat Enterprise Linux (?:Server )?([0-9]+\.[0-9]+)`), "rhel"},
+		{regexp.MustCompile(`^Ubuntu ([0-9]+\.[0-9]+)`), "ubuntu"},
+		{regexp.MustCompile(`^SUSE Linux Enterprise Server ([0-9]+)(?: SP([0-9]+))?`), "sles"},
+	}
+	majorMinorRE = regexp.MustCompile(`^([0-9]+)\.([0-9]+)`)
+	// rhcosBuildRE is RHCOS's own numbering (416.94.202405291527-0): 416 is
+	// OpenShift 4.16.
+	rhcosBuildRE = regexp.MustCompile(`^4([0-9]{2})\.`)
+)
+
+// OS is a GPU node's OS as the driver image names it (ubuntu22.04), its
+// kernel, whether NFD's labels said so, and why it has no driver image
+// ("": it has one).
+type OS struct {
+	OS, Kernel string
+	NFD        bool
+	Why        string
+}
+
+// Of reads the node's OS: NFD's labels first, else its osImage. A
+// precompiled driver also needs the node's kernel version.
+func Of(n *corev1.Node, precompiled bool) OS {
+	out := OS{Kernel: n.Status.NodeInfo.KernelVersion}
+	id, version := n.Labels[gpuv1alpha1.LabelOSReleaseID], n.Labels[gpuv1alpha1.LabelOSReleaseVersionID]
+	if id != "" && version != "" {
+		out.NFD = true
+		id = strings.ToLower(id)
+	} else {
+		id, version = parseOSImage(n.Status.NodeInfo.OSImage)
+	}
+	switch {
+	case id == "":
+		out.Why = "OS unknown"
+		if img := n.Status.NodeInfo.OSImage; img != "" {
+			out.Why = fmt.Sprintf("OS %q not recognised", img)
+		}
+	case !slices.Contains(Supported, id):
+		out.Why = fmt.Sprintf("OS %s not supported", id)
+	default:
+		if v := osVersion(id, version); v != "" {
+			out.OS = id + v
+		} else {
+			out.Why = fmt.Sprintf("%s version %q not understood", id, version)
+		}
+	}
+	if out.Why == "" && precompiled && out.Kernel == "" {
+		out.Why = "kernel version unknown"
+	}
+	return out
+}
+
+// parseOSImage reads an os id and version from status.nodeInfo.osImage:
+// "Ubuntu 22.04.4 LTS", "Red Hat Enterprise Linux 9.4 (Plow)", "Red Hat
+// Enterprise Linux CoreOS 416.94.202405291527-0 (Plow)", "SUSE Linux
+// Enterprise Server 15 SP6".
+func parseOSImage(img string) (id, version string) {
+	for _, p := range osImageRE {
+		m := p.re.FindStringSubmatch(img)
+		if m == nil {
+			continue
+		}
+		if p.id == "sles" {
+			if m[2] == "" {
+				return p.id, m[1]
+			}
+			return p.id, m[1] + "." + m[2]
+		}
+		return p.id, m[1]
+	}
+	return "", ""
+}
+
+// osVersion is the version as driver image tags write it: major.minor
+// (22.04, 9.4, 15.6), and for RHCOS its OpenShift release (4.16).
+func osVersion(id, version string) string {
+	if id == "rhcos" {
+		if m := rhcosBuildRE.FindStringSubmatch(version); m != nil {
+			return "4." + strings.TrimPrefix(m[1], "0")
+		}
+		if m := majorMinorRE.FindStringSubmatch(version); m != nil && m[1] == "4" {
+			return m[0]
+		}
+		return "" // RHCOS 9.6.x and later no longer name the OpenShift release
+	}
+	if m := majorMinorRE.FindStringSubmatch(version); m != nil {
+		return m[0]
+	}
+	return ""
+}
