@@ -320,7 +320,7 @@ func (r *Reconciler) observe(ctx context.Context, name string) (observed, error)
 	if err != nil {
 		return obs, err
 	}
-	obs.nodes, err = r.nodeSet(ctx, drivers, templates, specs)
+	obs.nodes, err = r.nodeSet(ctx, drivers, templates, specs, obs.cp != nil && obs.cp.Spec.Driver.UsePrecompiled)
 	return obs, err
 }
 
@@ -328,11 +328,12 @@ func (r *Reconciler) observe(ctx context.Context, name string) (observed, error)
 // nodes labelled GPU-present and those running a driver pod, whether or
 // not they are labelled present right now, each with its driver pod and
 // its target (the template of the DaemonSet that owns that pod); a node is
-// marked unplaced when none of the driver DaemonSets' pod specs would place
-// a driver pod there. While the policy has no driver DaemonSet (one being
-// created, or deleted and recreated) no node is: its DaemonSet may be back
-// in a moment, and its nodes must not leave their upgrades for that.
-func (r *Reconciler) nodeSet(ctx context.Context, drivers map[string]*corev1.Pod, templates map[string]string, specs []corev1.PodSpec) ([]nodeView, error) {
+// marked unplaced when it left the driver DaemonSets' placement
+// (driverLeft): not while its OS's DaemonSet is missing (being created, or
+// deleted and recreated), which may be back in a moment, and its nodes
+// must not leave their upgrades for that.
+func (r *Reconciler) nodeSet(ctx context.Context, drivers map[string]*corev1.Pod, templates map[string]string, specs []corev1.PodSpec,
+	precompiled bool) ([]nodeView, error) {
 	list := &corev1.NodeList{}
 	if err := r.Reader.List(ctx, list); err != nil {
 		return nil, err
@@ -345,7 +346,7 @@ func (r *Reconciler) nodeSet(ctx context.Context, drivers map[string]*corev1.Pod
 		if !labelled && driver == nil && n.Labels[gpuv1alpha1.LabelPresent] != "true" && n.Annotations[gpuv1alpha1.AnnotationClaim] == "" {
 			continue
 		}
-		v := nodeView{node: n, driver: driver, unplaced: len(specs) > 0 && !driverPlaces(specs, n)}
+		v := nodeView{node: n, driver: driver, unplaced: driverLeft(specs, n, precompiled)}
 		if driver != nil {
 			if ref := metav1.GetControllerOf(driver); ref != nil && ref.Kind == "DaemonSet" {
 				v.target = templates[ref.Name]

@@ -407,3 +407,67 @@ func TestReconcileLostNodeFailsAndRetriesWhenBack(t *testing.T) {
 		t.Errorf("condition after lost-a is back %+v", c)
 	}
 }
+
+// A per-OS driver DaemonSet deleted and recreated mid-upgrade (another
+// OS's still there) does not release its OS's nodes: they keep their
+// claim, state and cordon, and go on once it is back.
+func TestReconcileKeepsNodesWhileTheirOSDaemonSetIsRecreated(t *testing.T) {
+	ctx := context.Background()
+	const name = "recreate"
+	cp, rhel := envDriver(t, name, gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](0), MaxUnavailable: ptr.To(intstr.FromInt32(10))},
+		perOS("rhel", "9.4"))
+	newUbuntu := func() *appsv1.DaemonSet {
+		ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: "loom-driver-recreate-ubuntu22.04",
+			Labels:          map[string]string{gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver, "app.kubernetes.io/managed-by": "loom"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: gpuv1alpha1.GroupVersion.String(), Kind: "ClusterPolicy", Name: cp.Name, UID: cp.UID, Controller: ptr.To(true)}}}}
+		ds.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": "driver-recreate-ubuntu"}}
+		ds.Spec.Template.Labels = map[string]string{"app": "driver-recreate-ubuntu"}
+		ds.Spec.Template.Annotations = map[string]string{gpuv1alpha1.AnnotationTemplateHash: wanted}
+		ds.Spec.Template.Spec = perOS("ubuntu", "22.04")
+		ds.Spec.Template.Spec.Containers = []corev1.Container{{Name: "driver", Image: "driver"}}
+		if err := env.Client.Create(ctx, ds); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), ds) })
+		return ds
+	}
+	ubuntu := newUbuntu()
+	nfd := func(id, version string) map[string]string {
+		return map[string]string{gpuv1alpha1.LabelPresent: "true", gpuv1alpha1.LabelOSReleaseID: id, gpuv1alpha1.LabelOSReleaseVersionID: version}
+	}
+	envNode(t, "recreate-r", false, nfd("rhel", "9.4"))
+	envDriverPod(t, rhel, "recreate-r", "old-template")
+	envNode(t, "recreate-u", false, nfd("ubuntu", "22.04"))
+	envDriverPod(t, ubuntu, "recreate-u", "old-template")
+	r := New(env.Client, env.Client, loomNS)
+	r.Now = func() time.Time { return t0 }
+	req := ctrl.Request{NamespacedName: client.ObjectKey{Name: name}}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Delete(ctx, ubuntu); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"recreate-r", "recreate-u"} {
+		if got := getNode(t, n); got.Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.WaitForJobsRequired || !got.Spec.Unschedulable ||
+			got.Annotations[gpuv1alpha1.AnnotationClaim] != name {
+			t.Errorf("%s, its OS's DaemonSet being recreated: unschedulable %v, labels %v, annotations %v", n, got.Spec.Unschedulable, got.Labels, got.Annotations)
+		}
+	}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
+		t.Fatal(err)
+	}
+	if c := meta.FindStatusCondition(cp.Status.Conditions, gpuv1alpha1.ConditionDriverUpgrade); c == nil || strings.Contains(c.Message, "run no driver of this policy") {
+		t.Errorf("condition %+v", c)
+	}
+	newUbuntu()
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if got := getNode(t, "recreate-u"); got.Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.PodDeletionRequired {
+		t.Errorf("recreate-u, its DaemonSet back: state %q", got.Labels[gpuv1alpha1.LabelUpgradeState])
+	}
+}

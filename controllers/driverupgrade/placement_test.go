@@ -1,6 +1,7 @@
 package driverupgrade
 
 import (
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -99,5 +100,75 @@ func TestConditionNodesWithoutLoomsDriver(t *testing.T) {
 		"nvidia.com/gpu.deploy.driver=false, a node selector, a taint, or an OS without a driver): b, c, d"
 	if st != metav1.ConditionTrue || reason != gpuv1alpha1.ReasonUpgradeUpToDate || msg != want {
 		t.Errorf("condition = %s %s %q\nwant True UpToDate %q", st, reason, msg, want)
+	}
+}
+
+// perOS is a per-OS driver DaemonSet's pod spec as the ClusterPolicy
+// builds it: the driver's template, restricted to the OS's nodes by NFD's
+// os_release labels and by the names of nodes without them.
+func perOS(id, version string, names ...string) corev1.PodSpec {
+	spec := driverTemplate()
+	required := spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+	base := required.NodeSelectorTerms[0].MatchExpressions
+	terms := []corev1.NodeSelectorTerm{{MatchExpressions: append(slices.Clone(base),
+		corev1.NodeSelectorRequirement{Key: gpuv1alpha1.LabelOSReleaseID, Operator: corev1.NodeSelectorOpIn, Values: []string{id}},
+		corev1.NodeSelectorRequirement{Key: gpuv1alpha1.LabelOSReleaseVersionID, Operator: corev1.NodeSelectorOpIn, Values: []string{version}})}}
+	for _, n := range names {
+		terms = append(terms, corev1.NodeSelectorTerm{MatchExpressions: slices.Clone(base),
+			MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{n}}}})
+	}
+	required.NodeSelectorTerms = terms
+	return spec
+}
+
+// A node leaves its upgrade for leaving the driver's placement, not
+// because its OS's DaemonSet is missing for a moment (deleted and being
+// recreated, or not yet made for a node whose OS changed): only the per-OS
+// restriction keeping it out, and its OS having a driver, it waits.
+func TestDriverLeft(t *testing.T) {
+	node := func(name, id, version, osImage string, f ...func(*corev1.Node)) *corev1.Node {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{gpuv1alpha1.LabelPresent: "true"}}}
+		if id != "" {
+			n.Labels[gpuv1alpha1.LabelOSReleaseID], n.Labels[gpuv1alpha1.LabelOSReleaseVersionID] = id, version
+		}
+		n.Status.NodeInfo.OSImage, n.Status.NodeInfo.KernelVersion = osImage, "5.15.0-105-generic"
+		for _, o := range f {
+			o(n)
+		}
+		return n
+	}
+	optOut := func(n *corev1.Node) { n.Labels["nvidia.com/gpu.deploy.driver"] = "false" }
+	taint := func(n *corev1.Node) {
+		n.Spec.Taints = []corev1.Taint{{Key: "dedicated", Value: "infer", Effect: corev1.TaintEffectNoSchedule}}
+	}
+	noKernel := func(n *corev1.Node) { n.Status.NodeInfo.KernelVersion = "" }
+	rhel, ubuntu := perOS("rhel", "9.4"), perOS("ubuntu", "22.04", "u-by-name")
+	withSelector := driverTemplate()
+	withSelector.NodeSelector = map[string]string{"pool": "gpu"}
+	tests := []struct {
+		name        string
+		node        *corev1.Node
+		specs       []corev1.PodSpec
+		precompiled bool
+		want        bool
+	}{
+		{"placed by its OS's DaemonSet", node("u", "ubuntu", "22.04", ""), []corev1.PodSpec{rhel, ubuntu}, false, false},
+		{"placed by name", node("u-by-name", "", "", "Ubuntu 22.04.4 LTS"), []corev1.PodSpec{rhel, ubuntu}, false, false},
+		{"no driver DaemonSet at all", node("u", "ubuntu", "22.04", ""), nil, false, false},
+		{"its OS's DaemonSet is being recreated", node("u", "ubuntu", "22.04", ""), []corev1.PodSpec{rhel}, false, false},
+		{"its OS changed, the new OS's DaemonSet is still to come", node("u", "ubuntu", "24.04", ""), []corev1.PodSpec{rhel, ubuntu}, false, false},
+		{"no NFD labels, its DaemonSet does not name it yet", node("u-new", "", "", "Ubuntu 22.04.4 LTS"), []corev1.PodSpec{rhel, ubuntu}, false, false},
+		{"its OS's DaemonSet missing, opted out", node("u", "ubuntu", "22.04", "", optOut), []corev1.PodSpec{rhel}, false, true},
+		{"its OS's DaemonSet missing, a taint the driver does not tolerate", node("u", "ubuntu", "22.04", "", taint), []corev1.PodSpec{rhel}, false, true},
+		{"an OS without a driver", node("r", "rocky", "9.4", ""), []corev1.PodSpec{rhel, ubuntu}, false, true},
+		{"an OS not known", node("d", "", "", "Debian GNU/Linux 12 (bookworm)"), []corev1.PodSpec{rhel, ubuntu}, false, true},
+		{"precompiled, no kernel version", node("u", "ubuntu", "24.04", "", noKernel), []corev1.PodSpec{rhel}, true, true},
+		{"precompiled, its kernel's DaemonSet is still to come", node("u", "ubuntu", "24.04", ""), []corev1.PodSpec{rhel}, true, false},
+		{"one DaemonSet for every OS, outside its node selector", node("u", "ubuntu", "22.04", ""), []corev1.PodSpec{withSelector}, false, true},
+	}
+	for _, tt := range tests {
+		if got := driverLeft(tt.specs, tt.node, tt.precompiled); got != tt.want {
+			t.Errorf("%s: driverLeft = %v, want %v", tt.name, got, tt.want)
+		}
 	}
 }
