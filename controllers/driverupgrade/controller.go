@@ -57,9 +57,10 @@ const FieldOwner = "loom-driver-upgrade"
 // requeue is how soon a pass with upgrades in progress runs again.
 const requeue = 3 * time.Second
 
-// lostRecheck is how often a pass looks for a lost node (failed after too
-// long NotReady) coming back, when nothing else brings one.
-const lostRecheck = 30 * time.Second
+// readyRecheck is how often a pass looks for a failed node to retry (lost
+// after too long NotReady, or on a new template) being Ready again, when
+// nothing else brings one.
+const readyRecheck = 30 * time.Second
 
 // placingDelay coalesces the passes that recount nodes whose driver pod the
 // DaemonSet is still placing: at most one per policy this often, and only
@@ -265,8 +266,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	switch {
 	case pl.more || retry:
 		return ctrl.Result{RequeueAfter: requeue}, nil
-	case pl.awaitsLost:
-		return ctrl.Result{RequeueAfter: lostRecheck}, nil
+	case pl.awaitsReady:
+		return ctrl.Result{RequeueAfter: readyRecheck}, nil
 	}
 	return ctrl.Result{}, nil
 }

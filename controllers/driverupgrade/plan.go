@@ -47,10 +47,10 @@ type planned struct {
 	todo []work
 	// more says a later pass has work left.
 	more bool
-	// awaitsLost says a lost node (failed NotReady) is still NotReady: a
-	// pass now and then sees it Ready again (no watch does: the node watch
-	// reads metadata only).
-	awaitsLost bool
+	// awaitsReady says a failed node to retry (lost, or on a new
+	// template) is NotReady: a pass now and then sees it Ready again (no
+	// watch does: the node watch reads metadata only).
+	awaitsReady bool
 	// invalid says why no node starts: the policy is one the API server
 	// would now reject.
 	invalid error
@@ -102,10 +102,10 @@ func classify(n *corev1.Node, claim string) (kind, string) {
 // policy carries the resume annotation: every node Loom claimed and is
 // upgrading, every failed one whose wanted driver runs ready after all,
 // and as many outdated nodes (idle, or failed on another template) and
-// nodes lost mid-upgrade and Ready again as UpgradeBudget allows, unless maxFailures paused the rollout; a node
-// already unavailable (a failed one still cordoned) is not held back by
-// maxUnavailable, which it does not move. Ignored
-// nodes are neither advanced nor started. A node no driver DaemonSet would
+// nodes lost mid-upgrade (failed ones once Ready) as UpgradeBudget allows,
+// unless maxFailures paused the rollout; a node already unavailable (a
+// failed one still cordoned) is not held back by maxUnavailable, which it
+// does not move. Ignored nodes are neither advanced nor started. A node no driver DaemonSet would
 // place a driver pod on (unplaced) is never started, and a claimed one,
 // upgrading or failed, leaves its upgrade instead of failing in it or
 // counting towards maxFailures: the new driver can never come to it. A
@@ -145,17 +145,20 @@ func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, res
 			out.todo = append(out.todo, work{node: v.node.Name})
 		case k == failed:
 			failedOn := v.node.Annotations[gpuv1alpha1.AnnotationFailedTemplate]
-			// A node lost (NotReady too long) and Ready again retries its
-			// upgrade: its failure was its kubelet's, not yet the driver's.
+			// A failed node retries on a new template, and a node lost
+			// (NotReady too long) on its own: its failure was its
+			// kubelet's, not yet the driver's. Either only once Ready: an
+			// upgrade started without a kubelet would hold its slot until
+			// lost again.
 			lost := v.node.Annotations[gpuv1alpha1.AnnotationFailedNotReady] != ""
-			back := lost && ready(v.node) && p.AutoUpgradeEnabled()
-			out.awaitsLost = out.awaitsLost || lost && !ready(v.node)
+			retry := p.AutoUpgradeEnabled() && (lost || outdated && failedOn != tmpl)
+			back := lost && retry && ready(v.node)
 			switch {
-			case outdated && p.AutoUpgradeEnabled() && failedOn != tmpl:
-				candidates = append(candidates, v.node.Name)
 			case runsWanted(v.driver, tmpl):
 				out.todo = append(out.todo, work{node: v.node.Name})
-			case back:
+			case retry && !ready(v.node):
+				out.awaitsReady = true
+			case retry:
 				candidates = append(candidates, v.node.Name)
 			}
 			if failedOn == tmpl && v.node.Annotations[gpuv1alpha1.AnnotationFailureAcknowledged] == "" && !back {

@@ -116,8 +116,9 @@ func TestPlan(t *testing.T) {
 		err    string
 		paused bool
 		ack    string
-		// lost: a lost node is NotReady, the pass comes back for it.
-		lost bool
+		// recheck: a failed node to retry is NotReady, the pass comes back
+		// for it.
+		recheck bool
 	}{
 		{name: "all current", nodes: []nodeView{gpuNode("a", "", wanted), gpuNode("b", gpuv1alpha1.UpgradeDone, wanted)}, policy: one},
 		{name: "one at a time", nodes: []nodeView{gpuNode("a", "", old), gpuNode("b", "", old), gpuNode("c", "", old)}, policy: one, want: "start a", more: true},
@@ -162,6 +163,8 @@ func TestPlan(t *testing.T) {
 		{name: "a NotReady outdated node is no failed one: maxUnavailable holds", more: true,
 			policy: gpuv1alpha1.DriverUpgradePolicy{MaxUnavailable: ptr.To(intstr.FromInt32(1))},
 			nodes:  []nodeView{gpuNode("a", "", old, notReady), gpuNode("b", "", old)}},
+		{name: "failed on an older template, NotReady: not started until Ready", policy: two, recheck: true,
+			nodes: []nodeView{gpuNode("a", failed, old, failedOn("older"), cordoned, notReady)}},
 		{name: "the retried node takes the parallel slot", want: "start b", more: true,
 			policy: gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](1), MaxUnavailable: ptr.To(intstr.FromInt32(2))},
 			nodes:  []nodeView{gpuNode("a", "", old), gpuNode("b", failed, old, failedOn("older"), cordoned), gpuNode("c", "", old)}},
@@ -188,8 +191,8 @@ func TestPlan(t *testing.T) {
 		// driver that crashes its node is what maxFailures stops); Ready
 		// again, it retries first, and counts no more.
 		{name: "a lost node frees its slot", policy: gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](1), MaxFailures: ptr.To[int32](0)},
-			want: "start b", more: true, lost: true, nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), lost, notReady, cordoned), gpuNode("b", "", old)}},
-		{name: "a lost node still NotReady pauses, and is looked at again", policy: one, paused: true, more: true, lost: true,
+			want: "start b", more: true, recheck: true, nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), lost, notReady, cordoned), gpuNode("b", "", old)}},
+		{name: "a lost node still NotReady pauses, and is looked at again", policy: one, paused: true, more: true, recheck: true,
 			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), lost, notReady, cordoned), gpuNode("b", "", old)}},
 		{name: "a lost node Ready again retries first, and no longer pauses", policy: one, want: "start a", more: true,
 			nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted), lost, cordoned), gpuNode("b", "", old)}},
@@ -228,9 +231,9 @@ func TestPlan(t *testing.T) {
 			err := pl.invalid
 			errOK := (err == nil && tt.err == "") || (err != nil && tt.err != "" && strings.Contains(err.Error(), tt.err))
 			if got := showWork(pl.todo); got != tt.want || pl.more != tt.more || !errOK || pl.summary.paused != tt.paused ||
-				strings.Join(pl.acknowledge, ",") != tt.ack || pl.resumed != tt.resume || pl.awaitsLost != tt.lost {
+				strings.Join(pl.acknowledge, ",") != tt.ack || pl.resumed != tt.resume || pl.awaitsReady != tt.recheck {
 				t.Errorf("plan = %q, more %v, err %v, paused %v, ack %v, lost %v; want %q, %v, %q, %v, %q, %v",
-					got, pl.more, err, pl.summary.paused, pl.acknowledge, pl.awaitsLost, tt.want, tt.more, tt.err, tt.paused, tt.ack, tt.lost)
+					got, pl.more, err, pl.summary.paused, pl.acknowledge, pl.awaitsReady, tt.want, tt.more, tt.err, tt.paused, tt.ack, tt.recheck)
 			}
 		})
 	}
