@@ -48,8 +48,9 @@ type planned struct {
 	// more says a later pass has work left.
 	more bool
 	// awaitsReady says a failed node to retry (lost, or on a new
-	// template) is NotReady: a pass now and then sees it Ready again (no
-	// watch does: the node watch reads metadata only).
+	// template) is NotReady, or a failed node's new driver pod is not
+	// ready: a pass now and then sees either Ready (no watch does: the
+	// node watch reads metadata only, and pods are not watched).
 	awaitsReady bool
 	// invalid says why no node starts: the policy is one the API server
 	// would now reject.
@@ -160,6 +161,10 @@ func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, res
 				out.awaitsReady = true
 			case retry:
 				candidates = append(candidates, v.node.Name)
+			case v.driver != nil && v.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == tmpl:
+				// Its new driver may yet be ready (a crash loop ends, the
+				// image is pushed): the node then finishes.
+				out.awaitsReady = true
 			}
 			if failedOn == tmpl && v.node.Annotations[gpuv1alpha1.AnnotationFailureAcknowledged] == "" && !back {
 				failures = append(failures, v.node.Name)

@@ -168,6 +168,8 @@ func TestPlan(t *testing.T) {
 		{name: "the retried node takes the parallel slot", want: "start b", more: true,
 			policy: gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](1), MaxUnavailable: ptr.To(intstr.FromInt32(2))},
 			nodes:  []nodeView{gpuNode("a", "", old), gpuNode("b", failed, old, failedOn("older"), cordoned), gpuNode("c", "", old)}},
+		{name: "failed, wanted driver starting: looked at again", nodes: []nodeView{gpuNode("a", failed, wanted+" starting", failedOn(wanted))}, policy: two,
+			paused: true, recheck: true},
 		{name: "failed, wanted driver ready: finishes", nodes: []nodeView{gpuNode("a", failed, wanted, failedOn(wanted))}, policy: two, want: "a", more: true, paused: true},
 		{name: "maxFailures 2: one failure goes on", nodes: []nodeView{gpuNode("a", failed, old, failedOn(wanted)), gpuNode("b", "", old)}, policy: failures(2),
 			want: "start b", more: true},
@@ -303,6 +305,12 @@ func TestCondition(t *testing.T) {
 	}
 	if !pl.summary.awaitsDriverPods() {
 		t.Error("autoUpgrade off with outdated nodes: the pass does not follow the DaemonSet's pods")
+	}
+	// A failed node finishes once it runs the wanted driver (a person
+	// deleted its driver pod): the pass follows the DaemonSet's pods too.
+	if !plan([]nodeView{gpuNode("a", gpuv1alpha1.UpgradeFailed, "old", ann(gpuv1alpha1.AnnotationFailedTemplate, wanted)), gpuNode("b", "", wanted)},
+		one, policy, false).summary.awaitsDriverPods() {
+		t.Error("a failed node: the pass does not follow the DaemonSet's pods")
 	}
 	st, reason, _ = condition(plan([]nodeView{gpuNode("b", "", wanted)}, manual, policy, false).summary, nil)
 	if st != metav1.ConditionTrue || reason != gpuv1alpha1.ReasonUpgradeUpToDate {

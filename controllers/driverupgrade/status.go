@@ -86,8 +86,11 @@ func runsTemplate(v nodeView) bool {
 // awaitsDriverPods reports whether the rollout's count changes as the
 // driver DaemonSets place pods: nodes wait for their first driver pod, or
 // for the one that replaces a driver pod a person deleted (autoUpgrade
-// off). Only then is a DaemonSet placing pods worth a pass.
-func (s summary) awaitsDriverPods() bool { return s.placing > 0 || len(s.manual) > 0 }
+// off, or on a failed node, which finishes once it runs the wanted driver).
+// Only then is a DaemonSet placing pods worth a pass.
+func (s summary) awaitsDriverPods() bool {
+	return s.placing > 0 || len(s.manual) > 0 || len(s.failed) > 0
+}
 
 // names lists at most maxNamed of names, saying how many more there are.
 func names(list []string) string {
