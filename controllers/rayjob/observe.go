@@ -3,7 +3,6 @@ package rayjob
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
@@ -13,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/loom-dev/loom/internal/apply"
 )
 
 // normalized is the RayJob with the defaults its CRD would give (a RayJob
@@ -42,7 +43,7 @@ func (r *Reconciler) observe(ctx context.Context, job *rayv1.RayJob, now time.Ti
 		case err != nil:
 			return o, err
 		case !selectorMode(j) && !metav1.IsControlledBy(rc, job):
-			return o, fmt.Errorf("RayCluster %s/%s exists and does not belong to RayJob %s: Loom leaves it alone", rc.Namespace, rc.Name, j.Name)
+			return o, &apply.ForeignError{Kind: "RayCluster", Key: client.ObjectKeyFromObject(rc).String(), Reason: "is not controlled by RayJob " + j.Name}
 		default:
 			o.cluster = rc
 		}

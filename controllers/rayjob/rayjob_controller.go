@@ -21,6 +21,7 @@ package rayjob
 
 import (
 	"context"
+	"errors"
 	"os"
 	"sync"
 	"time"
@@ -149,15 +150,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 	obs, err := r.observe(ctx, job, time.Now())
+	if apply.IsForeign(err) {
+		return r.writeFailed(ctx, job, err)
+	}
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	d := decide(obs)
 	if err := r.write(ctx, obs, d); err != nil {
-		if apply.IsForeign(err) {
-			return r.nameConflict(ctx, job, err)
-		}
-		return ctrl.Result{}, err
+		return r.writeFailed(ctx, job, err)
 	}
 	// Guarded: the status carries the names of the cluster and the Ray job
 	// of this attempt, drawn once; a pass on a cache copy older than the
@@ -178,23 +179,41 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // object in the way is not the RayJob's, so no watch event says it is gone.
 const conflictRecheck = 30 * time.Second
 
-// nameConflict reports a child's name (the submitter Job's, the
-// cluster's) taken by an object the RayJob does not control, which Loom
-// leaves alone: a Warning event, and the status as it was (no state or
-// name of this pass is recorded, as nothing of it was done) with a message
-// saying what is in the way. It is looked at again later.
-func (r *Reconciler) nameConflict(ctx context.Context, job *rayv1.RayJob, err error) (ctrl.Result, error) {
-	msg := err.Error() + ": rename the RayJob or delete that object"
-	r.event(job, corev1.EventTypeWarning, ReasonNameConflict, "%s", msg)
+// writeFailed reports a step of the pass that failed (a child's write or
+// delete, an HTTPMode submission) on the RayJob: a Warning event (KubeRay's
+// reason for the step) and, while the RayJob has not finished, the status
+// as it was with a message saying what failed. No state or name of this
+// pass is recorded, as its steps were not all done. A finished RayJob keeps
+// its message (the Ray job's result). A child's name taken by an object
+// the RayJob does not control (the submitter Job's, the cluster's), which
+// Loom leaves alone, is looked at again later; any other failure is
+// returned, so the pass is tried again with backoff.
+func (r *Reconciler) writeFailed(ctx context.Context, job *rayv1.RayJob, err error) (ctrl.Result, error) {
+	reason, msg, res, ret := "", err.Error(), ctrl.Result{}, err
+	var se *stepError
+	if errors.As(err, &se) {
+		reason = se.reason
+	}
+	if reason == "" {
+		reason = "FailedToReconcile"
+	}
+	if apply.IsForeign(err) {
+		reason, msg = ReasonNameConflict, msg+": rename the RayJob or delete that object"
+		res, ret = ctrl.Result{RequeueAfter: conflictRecheck}, nil
+	}
+	r.event(job, corev1.EventTypeWarning, reason, "%s", msg)
+	if rayv1.IsJobDeploymentTerminal(job.Status.JobDeploymentStatus) {
+		return res, ret
+	}
 	st := job.Status.DeepCopy()
 	st.Message = msg
 	if _, err := r.writer.Status(ctx, job, &job.Status, st, apply.Guarded()); err != nil {
 		if apierrors.IsConflict(err) {
 			return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
 		}
-		return ctrl.Result{}, err
+		return ctrl.Result{}, errors.Join(ret, err)
 	}
-	return ctrl.Result{RequeueAfter: conflictRecheck}, nil
+	return res, ret
 }
 
 // forget drops what the reconciler keeps of a RayJob that is gone or

@@ -664,3 +664,32 @@ func TestASubmitterNameTakenByAStrangerIsReported(t *testing.T) {
 	})
 	waitJob(t, rj, "Running", deploymentStatus(rayv1.JobDeploymentStatusRunning))
 }
+
+// A submission the dashboard refuses (HTTPMode) is said on the RayJob: its
+// status message quotes the dashboard's answer and a Warning event names
+// it, instead of the RayJob reading Running with nothing said while the
+// manager's log fills; once the entrypoint is fixed, the job is submitted
+// and the message is the Ray job's.
+func TestARefusedSubmissionIsReported(t *testing.T) {
+	fake := newFake(t, time.Hour)
+	startManager(t, fake)
+	rj := sampleJob(t, "ray-job.sample.yaml", "rj-refused")
+	rj.Spec.SubmissionMode = rayv1.HTTPMode
+	rj.Spec.Entrypoint = ""
+	create(t, rj)
+	rc, _ := waitCluster(t, rj)
+	bringUp(t, rc, true)
+	got := waitJob(t, rj, "saying the dashboard refused the submission", func(j *rayv1.RayJob) bool {
+		return strings.Contains(j.Status.Message, "entrypoint must be set")
+	})
+	if !strings.Contains(got.Status.Message, "submitting Ray job "+got.Status.JobId) || got.Status.JobDeploymentStatus != rayv1.JobDeploymentStatusRunning {
+		t.Fatalf("status %+v", got.Status)
+	}
+	warned(t, rj, ReasonFailedToSubmit)
+
+	updateJob(t, rj, func(j *rayv1.RayJob) { j.Spec.Entrypoint = "python /home/ray/samples/sample_code.py" })
+	got = waitJob(t, rj, "running its Ray job", func(j *rayv1.RayJob) bool { return j.Status.JobStatus == rayv1.JobStatusRunning })
+	if strings.Contains(got.Status.Message, "entrypoint") {
+		t.Fatalf("the refusal is still said: %q", got.Status.Message)
+	}
+}

@@ -22,29 +22,52 @@ import (
 // the RayJob does not control, which Loom leaves alone.
 const ReasonNameConflict = "NameConflict"
 
+// ReasonFailedToSubmit is the Warning of an HTTPMode submission the
+// dashboard refused or did not answer (KubeRay has no event for it).
+const ReasonFailedToSubmit = "FailedToSubmitRayJob"
+
+// stepError is a step of a pass that failed, with the reason of the
+// Warning event that says so (KubeRay's reasons: FailedToCreateRayCluster
+// and the like).
+type stepError struct {
+	reason string
+	err    error
+}
+
+func (e *stepError) Error() string { return e.err.Error() }
+func (e *stepError) Unwrap() error { return e.err }
+
+// failed is err (nil: nil) as the failure of a step of reason.
+func failed(reason utils.K8sEventType, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &stepError{reason: string(reason), err: err}
+}
+
 // write makes the children what the decision says, then submits.
 func (r *Reconciler) write(ctx context.Context, o observed, d decision) error {
 	owner := o.job
 	if d.createCluster {
 		if err := r.writer.Ensure(ctx, owner, desiredCluster(o.job, d.status.RayClusterName)); err != nil {
-			return err
+			return failed(utils.FailedToCreateRayCluster, err)
 		}
 		r.event(owner, corev1.EventTypeNormal, "CreatedRayCluster", "Created RayCluster %s/%s", owner.Namespace, d.status.RayClusterName)
 	}
 	if d.createSubmitter && o.cluster != nil {
 		sj, err := desiredSubmitter(o.job, d.status, o.cluster)
 		if err != nil {
-			return err
+			return failed(utils.FailedToCreateRayJobSubmitter, err)
 		}
 		if err := r.writer.Ensure(ctx, owner, sj); err != nil {
-			return err
+			return failed(utils.FailedToCreateRayJobSubmitter, err)
 		}
 		r.event(owner, corev1.EventTypeNormal, "CreatedRayJobSubmitter", "Created Kubernetes Job %s/%s", sj.Namespace, sj.Name)
 	}
 	if d.ensureService && o.cluster != nil {
 		svc, err := desiredService(ctx, o.job, o.cluster)
 		if err != nil {
-			return err
+			return failed(utils.FailedToCreateService, err)
 		}
 		// The RayJob-level Service is a convenience, a name that follows
 		// the job from cluster to cluster: one of that name the RayJob
@@ -54,7 +77,7 @@ func (r *Reconciler) write(ctx context.Context, o observed, d decision) error {
 		if err := r.writer.Ensure(ctx, owner, svc); apply.IsForeign(err) {
 			r.event(owner, corev1.EventTypeWarning, ReasonNameConflict, "%s: the RayJob runs without its own head Service; rename the RayJob or that Service to have it", err)
 		} else if err != nil {
-			return err
+			return failed(utils.FailedToCreateService, err)
 		}
 	}
 	if d.warn.reason != "" {
@@ -64,10 +87,10 @@ func (r *Reconciler) write(ctx context.Context, o observed, d decision) error {
 		return err
 	}
 	if d.deleteSelf {
-		return r.writer.Delete(ctx, owner, "deletionStrategy DeleteSelf")
+		return failed("FailedToDeleteRayJob", r.writer.Delete(ctx, owner, "deletionStrategy DeleteSelf"))
 	}
 	if d.submit {
-		return r.submit(ctx, o, d.status)
+		return failed(ReasonFailedToSubmit, r.submit(ctx, o, d.status))
 	}
 	return nil
 }
@@ -76,13 +99,13 @@ func (r *Reconciler) write(ctx context.Context, o observed, d decision) error {
 func (r *Reconciler) release(ctx context.Context, o observed, d decision) error {
 	if d.deleteCluster && o.cluster != nil {
 		if err := r.writer.Remove(ctx, o.job, o.cluster); err != nil {
-			return err
+			return failed(utils.FailedToDeleteRayCluster, err)
 		}
 		r.event(o.job, corev1.EventTypeNormal, "DeletedRayCluster", "Deleted cluster %s/%s", o.cluster.Namespace, o.cluster.Name)
 	}
 	if d.deleteSubmitter && o.submitter != nil {
 		if err := r.writer.Remove(ctx, o.job, o.submitter); err != nil {
-			return err
+			return failed(utils.FailedToDeleteRayJobSubmitter, err)
 		}
 	}
 	if d.suspendWorkers && o.cluster != nil {
@@ -91,7 +114,7 @@ func (r *Reconciler) release(ctx context.Context, o observed, d decision) error 
 			rc.Spec.WorkerGroupSpecs[i].Suspend = ptr.To(true)
 		}
 		if err := r.writer.Ensure(ctx, o.job, rc); err != nil {
-			return err
+			return failed(utils.FailedToUpdateRayCluster, err)
 		}
 	}
 	return nil
