@@ -83,7 +83,10 @@ func decide(o observed) decision {
 	d := decision{status: *old.DeepCopy(), requeue: requeueRunning}
 	st := &d.status
 	st.ObservedGeneration = o.job.Generation
-	if o.invalid != nil {
+	// A finished RayJob stays finished whatever its spec becomes: an
+	// invalid edit moving it to ValidationFailed would, once mended, start
+	// it over from New and run the finished Ray job again.
+	if o.invalid != nil && !rayv1.IsJobDeploymentTerminal(old.JobDeploymentStatus) {
 		st.JobDeploymentStatus, st.Reason, st.Message = rayv1.JobDeploymentStatusValidationFailed, rayv1.ValidationFailed, o.invalid.Error()
 		d.requeue = 0
 		return d

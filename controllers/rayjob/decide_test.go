@@ -287,6 +287,26 @@ func TestFinished(t *testing.T) {
 	}
 }
 
+// A finished RayJob whose spec is edited into an invalid one stays
+// finished (its clean-up still runs), and the spec mended does not start
+// it over: the finished Ray job is never run again.
+func TestFinishedRayJobIgnoresAnInvalidEdit(t *testing.T) {
+	for _, jds := range []rayv1.JobDeploymentStatus{rayv1.JobDeploymentStatusComplete, rayv1.JobDeploymentStatusFailed} {
+		j := baseJob(rayv1.K8sJobMode, jds)
+		j.Status.JobStatus, j.Status.EndTime, j.Status.Message = rayv1.JobStatusSucceeded, &metav1.Time{Time: t0.Add(-time.Minute)}, "Job finished successfully."
+		j.Spec.ShutdownAfterJobFinishes = true
+		o := observed{job: j, cluster: readyCluster(), now: t0, invalid: errors.New("The RayJob spec is invalid: x")}
+		d := decide(o)
+		if d.status.JobDeploymentStatus != jds || d.status.Message != "Job finished successfully." || !d.deleteCluster {
+			t.Fatalf("%s, edited invalid: status %q %q, deleteCluster %v; want it kept and the cluster deleted", jds, d.status.JobDeploymentStatus, d.status.Message, d.deleteCluster)
+		}
+		j.Status, o.invalid, o.cluster = d.status, nil, nil
+		if d := decide(o); d.status.JobDeploymentStatus != jds || d.createCluster || d.createSubmitter || d.submit {
+			t.Fatalf("%s, mended: status %q, actions %+v", jds, d.status.JobDeploymentStatus, d)
+		}
+	}
+}
+
 func TestDashboardBackoff(t *testing.T) {
 	for n, want := range map[int]time.Duration{0: time.Second, 1: time.Second, 2: 2 * time.Second, 4: 8 * time.Second, 7: time.Minute, 100: time.Minute} {
 		if got := dashboardBackoff(n); got != want {
