@@ -263,6 +263,9 @@ func gathered(t *testing.T) string {
 				ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
 			}
 			v := m.GetGauge().GetValue()
+			if c := m.GetCounter(); c != nil {
+				v = c.GetValue()
+			}
 			if h := m.GetHistogram(); h != nil {
 				v = float64(h.GetSampleCount())
 			}
@@ -692,4 +695,38 @@ func TestARefusedSubmissionIsReported(t *testing.T) {
 	if strings.Contains(got.Status.Message, "entrypoint") {
 		t.Fatalf("the refusal is still said: %q", got.Status.Message)
 	}
+}
+
+// A running Ray job whose state does not change writes nothing: the
+// dashboard's millisecond start time, kept in the status to the second as
+// every metav1.Time, does not read as a change on each poll.
+func TestARunningRayJobWritesNothingWhileNothingChanges(t *testing.T) {
+	fake := newFake(t, time.Hour)
+	startManager(t, fake)
+	rj := sampleJob(t, "ray-job.sample.yaml", "rj-idle")
+	rj.Spec.SubmissionMode = rayv1.HTTPMode
+	create(t, rj)
+	rc, _ := waitCluster(t, rj)
+	bringUp(t, rc, true)
+	before := waitJob(t, rj, "running its Ray job", func(j *rayv1.RayJob) bool { return j.Status.JobStatus == rayv1.JobStatusRunning })
+	time.Sleep(time.Second) // the pass that wrote RUNNING is over
+	writes := statusWrites(t)
+	time.Sleep(3*requeueRunning + time.Second) // three polls of the dashboard
+	if n := statusWrites(t) - writes; n != 0 {
+		t.Fatalf("%v RayJob status writes while its Ray job ran unchanged (status %+v)", n, before.Status)
+	}
+}
+
+// statusWrites is how many RayJob status writes the rayjob controller's
+// writer sent (the API server keeps the resourceVersion of a write that
+// changes nothing, so only the writer's count shows one).
+func statusWrites(t *testing.T) float64 {
+	t.Helper()
+	var v float64
+	for _, line := range strings.Split(gathered(t), "\n") {
+		if strings.HasPrefix(line, `loom_writes_total{field_owner="loom-rayjob",kind="RayJob",operation="status",result="written"}`) {
+			_, _ = fmt.Sscanf(line[strings.LastIndex(line, " ")+1:], "%g", &v)
+		}
+	}
+	return v
 }

@@ -92,11 +92,19 @@ func followDashboard(o observed, d *decision, finishedAt *time.Time) {
 	st.RayClusterStatus = *o.cluster.Status.DeepCopy()
 	st.JobStatus, st.JobDeploymentStatus, st.Reason, st.Message = info.JobStatus, jds, reason, info.Message
 	if info.StartTime != 0 {
-		st.RayJobStatusInfo.StartTime = &metav1.Time{Time: time.UnixMilli(int64(info.StartTime))} //nolint:gosec // Ray keeps int64 milliseconds
+		st.RayJobStatusInfo.StartTime = rayTime(info.StartTime)
 	}
 	if info.EndTime != 0 {
-		st.RayJobStatusInfo.EndTime = &metav1.Time{Time: time.UnixMilli(int64(info.EndTime))} //nolint:gosec // as above
+		st.RayJobStatusInfo.EndTime = rayTime(info.EndTime)
 	}
+}
+
+// rayTime is a time the dashboard gives in milliseconds, to the second as
+// the status keeps it: with its milliseconds, it would differ from the
+// stored copy on every poll and write the status each time.
+func rayTime(ms uint64) *metav1.Time {
+	t := metav1.NewTime(time.UnixMilli(int64(ms))).Rfc3339Copy() //nolint:gosec // Ray keeps int64 milliseconds
+	return &t
 }
 
 // terminalTooLong finishes a RayJob whose Ray job has been terminal for
