@@ -132,5 +132,10 @@ func validate(j *rayv1.RayJob) error {
 	if j.Spec.RayClusterSpec != nil && len(j.Spec.RayClusterSpec.HeadGroupSpec.Template.Spec.Containers) == 0 {
 		return fmt.Errorf("spec.rayClusterSpec.headGroupSpec.template has no container")
 	}
+	// Refused here rather than by the API server when the submitter Job is
+	// created, after a cluster has come up for nothing.
+	if c := j.Spec.SubmitterConfig; j.Spec.SubmissionMode == rayv1.K8sJobMode && c != nil && c.BackoffLimit != nil && *c.BackoffLimit < 0 {
+		return fmt.Errorf("spec.submitterConfig.backoffLimit must not be negative, got %d", *c.BackoffLimit)
+	}
 	return nil
 }

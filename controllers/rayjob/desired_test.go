@@ -101,10 +101,17 @@ func TestValidateKubeRaySamples(t *testing.T) {
 			t.Errorf("%s: %v", filepath.Base(f), err)
 		}
 	}
-	j := baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusNew)
-	j.Spec.Suspend = true
-	if err := validate(j); err == nil {
-		t.Fatal("suspend without shutdownAfterJobFinishes passed")
+	for name, edit := range map[string]func(j *rayv1.RayJob){
+		"suspend without shutdownAfterJobFinishes": func(j *rayv1.RayJob) { j.Spec.Suspend = true },
+		"a negative submitter backoffLimit": func(j *rayv1.RayJob) {
+			j.Spec.SubmitterConfig = &rayv1.SubmitterConfig{BackoffLimit: ptr.To[int32](-1)}
+		},
+	} {
+		j := baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusNew)
+		edit(j)
+		if err := validate(j); err == nil {
+			t.Errorf("%s passed", name)
+		}
 	}
 }
 
