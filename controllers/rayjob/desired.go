@@ -132,6 +132,13 @@ func validate(j *rayv1.RayJob) error {
 	if j.Spec.RayClusterSpec != nil && len(j.Spec.RayClusterSpec.HeadGroupSpec.Template.Spec.Containers) == 0 {
 		return fmt.Errorf("spec.rayClusterSpec.headGroupSpec.template has no container")
 	}
+	// As KubeRay v1.6: a retry starts over on a new cluster, and a selected
+	// one is never replaced; on the same one, a Ray job left running by a
+	// failed submitter would run twice, and a spec.jobId would find the
+	// failed job again at once.
+	if selectorMode(j) && j.Spec.BackoffLimit != nil && *j.Spec.BackoffLimit > 0 {
+		return fmt.Errorf("backoffLimit is incompatible with clusterSelector: a retry starts over on a new RayCluster, and a selected one is never replaced")
+	}
 	// Refused here rather than by the API server when the submitter Job is
 	// created, after a cluster has come up for nothing.
 	if c := j.Spec.SubmitterConfig; j.Spec.SubmissionMode == rayv1.K8sJobMode && c != nil && c.BackoffLimit != nil && *c.BackoffLimit < 0 {

@@ -106,12 +106,20 @@ func TestValidateKubeRaySamples(t *testing.T) {
 		"a negative submitter backoffLimit": func(j *rayv1.RayJob) {
 			j.Spec.SubmitterConfig = &rayv1.SubmitterConfig{BackoffLimit: ptr.To[int32](-1)}
 		},
+		"retries on a selected cluster": func(j *rayv1.RayJob) {
+			j.Spec.ClusterSelector, j.Spec.BackoffLimit = map[string]string{"ray.io/cluster": "theirs"}, ptr.To[int32](1)
+		},
 	} {
 		j := baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusNew)
 		edit(j)
 		if err := validate(j); err == nil {
 			t.Errorf("%s passed", name)
 		}
+	}
+	j := baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusNew)
+	j.Spec.ClusterSelector, j.Spec.BackoffLimit = map[string]string{"ray.io/cluster": "theirs"}, ptr.To[int32](0)
+	if err := validate(j); err != nil {
+		t.Errorf("a selected cluster with backoffLimit 0: %v", err)
 	}
 }
 
