@@ -63,6 +63,9 @@ type decision struct {
 	ensureService   bool
 	submit          bool
 	deleteSelf      bool
+	// stopJob asks the dashboard to stop the Ray job (a deadline passed
+	// while it ran: the cluster may stay, and the job with it).
+	stopJob bool
 	// warn is a Warning event to record on the RayJob (reason "": none).
 	warn warning
 	// requeue is when to look again (0: only on a change).

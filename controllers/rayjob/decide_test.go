@@ -63,6 +63,7 @@ func TestDecide(t *testing.T) {
 		msg                                             string
 		createCluster, createSubmitter, submit, deleteC bool
 		deleteSubmitter, ensureService, deleteSelf      bool
+		stopJob                                         bool
 		failed, succeeded                               int32
 	}
 	cases := []struct {
@@ -146,6 +147,14 @@ func TestDecide(t *testing.T) {
 			o.job.Status.Failed = ptr.To[int32](1)
 			o.dash = info(rayv1.JobStatusFailed, "exit code 1")
 		}, want{jds: rayv1.JobDeploymentStatusFailed, js: rayv1.JobStatusFailed, reason: rayv1.AppFailed, ensureService: true, msg: "exit code 1", failed: 2}},
+		{"running: past the deadline, the Ray job is stopped", func(o *observed) {
+			o.job = baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
+			o.job.Spec.ActiveDeadlineSeconds, o.job.Status.JobStatus = ptr.To[int32](30), rayv1.JobStatusRunning
+		}, want{jds: rayv1.JobDeploymentStatusFailed, js: rayv1.JobStatusRunning, reason: rayv1.DeadlineExceeded, stopJob: true, failed: 1}},
+		{"running: past the deadline, a finished Ray job is left alone", func(o *observed) {
+			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
+			o.job.Spec.ActiveDeadlineSeconds, o.job.Status.JobStatus = ptr.To[int32](30), rayv1.JobStatusSucceeded
+		}, want{jds: rayv1.JobDeploymentStatusFailed, js: rayv1.JobStatusSucceeded, reason: rayv1.DeadlineExceeded, failed: 1}},
 		{"running: suspend", func(o *observed) {
 			o.job = baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
 			o.job.Spec.Suspend = true
@@ -183,7 +192,7 @@ func TestDecide(t *testing.T) {
 				t.Errorf("status %q/%q reason %q message %q, want %q/%q %q containing %q", st.JobDeploymentStatus, st.JobStatus, st.Reason, st.Message, w.jds, w.js, w.reason, w.msg)
 			}
 			if d.createCluster != w.createCluster || d.createSubmitter != w.createSubmitter || d.submit != w.submit || d.deleteCluster != w.deleteC ||
-				d.deleteSubmitter != w.deleteSubmitter || d.ensureService != w.ensureService || d.deleteSelf != w.deleteSelf {
+				d.deleteSubmitter != w.deleteSubmitter || d.ensureService != w.ensureService || d.deleteSelf != w.deleteSelf || d.stopJob != w.stopJob {
 				t.Errorf("actions %+v, want %+v", d, w)
 			}
 			if w.jds != rayv1.JobDeploymentStatusValidationFailed && w.jds != rayv1.JobDeploymentStatusSuspended && w.jds != rayv1.JobDeploymentStatusNew &&

@@ -20,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/yaml"
@@ -729,4 +730,30 @@ func statusWrites(t *testing.T) float64 {
 		}
 	}
 	return v
+}
+
+// A RayJob past its activeDeadlineSeconds fails with DeadlineExceeded and
+// stops its Ray job, as a batch Job's deadline ends its pods: the cluster
+// stays (no shutdownAfterJobFinishes), and the job would run on with it.
+func TestADeadlineStopsTheRayJob(t *testing.T) {
+	fake := newFake(t, time.Hour)
+	startManager(t, fake)
+	rj := sampleJob(t, "ray-job.sample.yaml", "rj-deadline")
+	rj.Spec.SubmissionMode = rayv1.HTTPMode
+	rj.Spec.ActiveDeadlineSeconds = ptr.To[int32](10)
+	create(t, rj)
+	rc, _ := waitCluster(t, rj)
+	bringUp(t, rc, true)
+	running := waitJob(t, rj, "running its Ray job", func(j *rayv1.RayJob) bool { return j.Status.JobStatus == rayv1.JobStatusRunning })
+	got := waitJob(t, rj, "Failed", deploymentStatus(rayv1.JobDeploymentStatusFailed))
+	if got.Status.Reason != rayv1.DeadlineExceeded {
+		t.Fatalf("status %+v", got.Status)
+	}
+	info, err := NewHTTPDashboard(fake.URL(), DashboardTimeout).Get(context.Background(), running.Status.JobId)
+	if err != nil || info.JobStatus != rayv1.JobStatusStopped {
+		t.Fatalf("the Ray job of a RayJob past its deadline: %+v %v, want STOPPED", info, err)
+	}
+	if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(rc), &rayv1.RayCluster{}); err != nil {
+		t.Fatalf("the cluster without shutdownAfterJobFinishes: %v", err)
+	}
 }

@@ -86,6 +86,9 @@ func (r *Reconciler) write(ctx context.Context, o observed, d decision) error {
 	if err := r.release(ctx, o, d); err != nil {
 		return err
 	}
+	if d.stopJob {
+		r.stopJob(ctx, o.job, d.status)
+	}
 	if d.deleteSelf {
 		return failed("FailedToDeleteRayJob", r.writer.Delete(ctx, owner, "deletionStrategy DeleteSelf"))
 	}
@@ -141,6 +144,19 @@ func (r *Reconciler) submit(ctx context.Context, o observed, st rayv1.RayJobStat
 	}
 	r.event(o.job, corev1.EventTypeNormal, "SubmittedRayJob", "Submitted Ray job %s to RayCluster %s", st.JobId, st.RayClusterName)
 	return nil
+}
+
+// stopJob asks the dashboard to stop the Ray job of a RayJob past its
+// deadline, once: the RayJob fails whether the dashboard answers or not,
+// and a Warning says when it did not.
+func (r *Reconciler) stopJob(ctx context.Context, job *rayv1.RayJob, st rayv1.RayJobStatus) {
+	cctx, cancel := context.WithTimeout(ctx, DashboardTimeout)
+	defer cancel()
+	if err := r.DashboardFor(st.DashboardURL).Stop(cctx, st.JobId); err != nil {
+		r.event(job, corev1.EventTypeWarning, "FailedToStopRayJob", "Could not stop Ray job %s past the activeDeadlineSeconds on RayCluster %s: %v", st.JobId, st.RayClusterName, err)
+		return
+	}
+	r.event(job, corev1.EventTypeNormal, "StoppedRayJob", "Stopped Ray job %s past the activeDeadlineSeconds on RayCluster %s", st.JobId, st.RayClusterName)
 }
 
 // addFinalizer adds KubeRay's stop-job finalizer to a new RayJob, so that
