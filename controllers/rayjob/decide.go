@@ -128,7 +128,22 @@ func decide(o observed) decision {
 	if rayv1.IsJobDeploymentTerminal(st.JobDeploymentStatus) && !rayv1.IsJobDeploymentTerminal(old.JobDeploymentStatus) {
 		st.EndTime = &metav1.Time{Time: o.now}
 	}
+	untilDeadline(o, &d)
 	return d
+}
+
+// untilDeadline looks again no later than the activeDeadlineSeconds of a
+// RayJob whose deadline is watched (Initializing, Running): a longer wait
+// (an unreachable dashboard's backoff, up to a minute) would fail it late.
+func untilDeadline(o observed, d *decision) {
+	st, ads := d.status, o.job.Spec.ActiveDeadlineSeconds
+	if ads == nil || st.StartTime == nil || d.requeue == 0 ||
+		(st.JobDeploymentStatus != rayv1.JobDeploymentStatusInitializing && st.JobDeploymentStatus != rayv1.JobDeploymentStatusRunning) {
+		return
+	}
+	if left := st.StartTime.Add(time.Duration(*ads)*time.Second).Sub(o.now) + time.Second; left < d.requeue {
+		d.requeue = max(left, time.Second)
+	}
 }
 
 // initStatus names the Ray job and the cluster before anything is created

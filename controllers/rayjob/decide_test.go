@@ -316,6 +316,20 @@ func TestFinishedRayJobIgnoresAnInvalidEdit(t *testing.T) {
 	}
 }
 
+// An unreachable dashboard's backoff does not carry a RayJob past its
+// deadline: it is looked at again when the deadline comes.
+func TestDecideLooksAgainAtTheDeadline(t *testing.T) {
+	o := observed{job: baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning), cluster: readyCluster(), now: t0,
+		dash: dashObs{asked: true, err: errors.New("connection refused"), failures: 9, since: t0.Add(-5 * time.Minute)}}
+	if d := decide(o); d.requeue != time.Minute {
+		t.Fatalf("no deadline: requeue %s, want the backoff's minute", d.requeue)
+	}
+	o.job.Spec.ActiveDeadlineSeconds = ptr.To[int32](70) // 10 s left
+	if d := decide(o); d.requeue != 11*time.Second {
+		t.Fatalf("10 s before the deadline: requeue %s, want 11s", d.requeue)
+	}
+}
+
 func TestDashboardBackoff(t *testing.T) {
 	for n, want := range map[int]time.Duration{0: time.Second, 1: time.Second, 2: 2 * time.Second, 4: 8 * time.Second, 7: time.Minute, 100: time.Minute} {
 		if got := dashboardBackoff(n); got != want {
