@@ -757,3 +757,33 @@ func TestADeadlineStopsTheRayJob(t *testing.T) {
 		t.Fatalf("the cluster without shutdownAfterJobFinishes: %v", err)
 	}
 }
+
+// DeleteWorkers suspends the worker groups of the cluster as it runs: an
+// edit of the RayJob's rayClusterSpec after the cluster was created, which
+// is disregarded, does not reach the cluster's head then.
+func TestDeleteWorkersKeepsTheClusterAsItRuns(t *testing.T) {
+	fake := newFake(t, 2*time.Second)
+	startManager(t, fake)
+	rj := sampleJob(t, "ray-job.sample.yaml", "rj-delete-workers")
+	rj.Spec.SubmissionMode = rayv1.HTTPMode
+	rj.Spec.DeletionStrategy = &rayv1.DeletionStrategy{DeletionRules: []rayv1.DeletionRule{
+		{Policy: rayv1.DeleteWorkers, Condition: rayv1.DeletionCondition{JobStatus: rayv1.JobStatusSucceeded}}}}
+	create(t, rj)
+	rc, _ := waitCluster(t, rj)
+	image := rc.Spec.HeadGroupSpec.Template.Spec.Containers[0].Image
+	updateJob(t, rj, func(j *rayv1.RayJob) {
+		j.Spec.RayClusterSpec.HeadGroupSpec.Template.Spec.Containers[0].Image = "rayproject/ray:edited"
+	})
+	bringUp(t, rc, true)
+	waitJob(t, rj, "Complete", deploymentStatus(rayv1.JobDeploymentStatusComplete))
+	testenv.Eventually(t, 30*time.Second, func() error {
+		got := getCluster(t, rc)
+		if len(got.Spec.WorkerGroupSpecs) == 0 || !ptr.Deref(got.Spec.WorkerGroupSpecs[0].Suspend, false) {
+			return fmt.Errorf("worker groups not suspended: %+v", got.Spec.WorkerGroupSpecs)
+		}
+		if img := got.Spec.HeadGroupSpec.Template.Spec.Containers[0].Image; img != image {
+			t.Fatalf("the head's image became %q with DeleteWorkers, want %q as the cluster ran", img, image)
+		}
+		return nil
+	})
+}

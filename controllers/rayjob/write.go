@@ -112,7 +112,11 @@ func (r *Reconciler) release(ctx context.Context, o observed, d decision) error 
 		}
 	}
 	if d.suspendWorkers && o.cluster != nil {
+		// The cluster as it runs, not the RayJob's rayClusterSpec: edits
+		// made to it since the cluster was created are disregarded, and
+		// must not reach the head now.
 		rc := desiredCluster(o.job, o.cluster.Name)
+		rc.Spec = *o.cluster.Spec.DeepCopy()
 		for i := range rc.Spec.WorkerGroupSpecs {
 			rc.Spec.WorkerGroupSpecs[i].Suspend = ptr.To(true)
 		}
