@@ -287,12 +287,15 @@ func (n *nodeEntry) derive(src sharing.Source) {
 	// not registered yet, the node is expected back and offers its
 	// capacity (or its GPUNode's healthy whole GPUs) for "never" only.
 	serving := slices.ContainsFunc(n.node.resources, func(r resCapacity) bool { return r.allocatable > 0 })
+	cfg, cfgErr := sharing.ForNode(src, n.node.labels)
 	for _, r := range n.node.resources {
 		healthy := r.allocatable
 		if !serving {
 			healthy = r.capacity
 		}
-		if lost := n.gpus.lost(r.name, r.capacity); lost > 0 {
+		// A renamed resource loses the units of the devices it is made of.
+		backing := corev1.ResourceName(cfg.Backing(string(r.name)))
+		if lost := n.gpus.lost(backing, r.capacity); lost > 0 {
 			healthy = min(healthy, r.capacity-lost)
 		}
 		if healthy > 0 {
@@ -316,7 +319,7 @@ func (n *nodeEntry) derive(src sharing.Source) {
 		labels[ProductLabel] = n.product
 	}
 	n.labels = labels
-	if cfg, err := sharing.ForNode(src, n.node.labels); err == nil {
+	if cfgErr == nil {
 		for _, r := range n.node.resources {
 			if strategy, ok := cfg.OnePerContainer(string(r.name)); ok {
 				n.onePerContainer = append(n.onePerContainer, r.name)

@@ -129,3 +129,49 @@ func TestRenamedSharedResourceIsAGPU(t *testing.T) {
 		t.Fatal("SetSharing again: the names changed")
 	}
 }
+
+// A renamed shared resource loses the units of the devices it is made of,
+// not of the node's other GPUs: a MIG profile time-sliced under another
+// name follows that profile's health, and a whole GPU failing beside it
+// takes nothing from it.
+func TestRenamedResourceFollowsItsDevicesHealth(t *testing.T) {
+	const small corev1.ResourceName = "nvidia.com/small"
+	src := sharing.Source{
+		Policy:    &gpuv1alpha1.DevicePluginConfig{ConfigMapName: "dp"},
+		Namespace: "loom-system",
+		Data: map[string]string{"mig-small": "version: v1\nsharing:\n  timeSlicing:\n    resources:\n" +
+			"    - name: nvidia.com/mig-1g.10gb\n      rename: small\n      replicas: 2\n"},
+	}
+	// GPU 0 whole, GPU 1 split into seven 1g.10gb devices, each time-sliced
+	// twice under nvidia.com/small.
+	gpuNodeWith := func(bad int) *gpuv1alpha1.GPUNode {
+		gn := gpuNode("mix-0", h100, 2, bad)
+		gn.Status.GPUs[1].MIG = &gpuv1alpha1.MIGStatus{Capable: true, CurrentMode: gpuv1alpha1.MIGEnabled}
+		for range 7 {
+			gn.Status.GPUs[1].MIG.Devices = append(gn.Status.GPUs[1].MIG.Devices, gpuv1alpha1.MIGDevice{Profile: "1g.10gb"})
+		}
+		return gn
+	}
+	for _, tc := range []struct {
+		name             string
+		bad              int // the unhealthy GPU's index
+		wantGPU, wantSml int64
+	}{
+		{"the MIG GPU fails", 1, 1, 0},
+		{"the whole GPU fails", 0, 0, 14},
+		{"none fails", -1, 1, 14},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			x := NewIndex()
+			x.SetSharing(src)
+			x.SetNode(configured(kubeNode("mix-0", "nvidia.com/gpu", 1, string(small), 14), "mig-small"))
+			x.SetGPUNode(gpuNodeWith(tc.bad))
+			if c, _ := x.NodeResourceFree("mix-0", GPUResource); c != tc.wantGPU {
+				t.Errorf("nvidia.com/gpu offered %d, want %d", c, tc.wantGPU)
+			}
+			if c, _ := x.NodeResourceFree("mix-0", small); c != tc.wantSml {
+				t.Errorf("%s offered %d, want %d", small, c, tc.wantSml)
+			}
+		})
+	}
+}

@@ -220,6 +220,26 @@ func listed(list []string, devices int) int {
 	return n
 }
 
+// Backing is the resource whose devices name is advertised from: the
+// original of a rename (rename: nvidia.com/small of nvidia.com/mig-1g.10gb
+// is backed by that MIG profile's devices), else name itself.
+func (n Node) Backing(name string) string {
+	if n.Config == nil {
+		return name
+	}
+	for _, s := range []*Replicated{n.Config.Sharing.TimeSlicing, n.Config.Sharing.MPS} {
+		if s == nil {
+			continue
+		}
+		for _, r := range s.Resources {
+			if r.Rename == name && r.Replicas > 1 {
+				return r.Name
+			}
+		}
+	}
+	return name
+}
+
 // OnePerContainer says whether the node's device plugin refuses a
 // container asking for more than one unit of the resource it advertises
 // under name, and under which strategy: it does when every unit of name is
