@@ -23,7 +23,8 @@ import (
 // and hold each applied item at its place. A zero (0, "", false) is what
 // a typed object sends for a field it leaves unset (a Service port's
 // targetPort), which the server defaults: it is not compared. A kind
-// cached as metadata only has no fields to compare.
+// cached as metadata only has no fields to compare (the writer reads it
+// whole first when it can).
 func drift(cur client.Object, u *unstructured.Unstructured) string {
 	var live map[string]any
 	switch c := cur.(type) {

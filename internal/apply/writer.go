@@ -184,7 +184,7 @@ func (w *Writer) Ensure(ctx context.Context, owner, want client.Object) error {
 		if reason := foreign(cur, owner); reason != "" {
 			return &ForeignError{Kind: gvk.Kind, Key: ck.key.String(), Reason: reason}
 		}
-		if why = w.stale(ck, cur, u, owner, hash); why == "" {
+		if why = w.stale(ctx, ck, cur, u, owner, hash); why == "" {
 			count(gvk.Kind, w.fieldOwner, "apply", "skipped")
 			return nil
 		}
@@ -289,7 +289,7 @@ func (w *Writer) Patch(ctx context.Context, obj client.Object, patch client.Patc
 
 // stale says why the cached child cur needs a write, or "" when it is
 // exactly what this writer wants (want, as it is applied).
-func (w *Writer) stale(ck childKey, cur client.Object, want *unstructured.Unstructured, owner client.Object, hash string) string {
+func (w *Writer) stale(ctx context.Context, ck childKey, cur client.Object, want *unstructured.Unstructured, owner client.Object, hash string) string {
 	if cur.GetAnnotations()[AnnotationHash] != hash {
 		return "desired state changed"
 	}
@@ -315,8 +315,9 @@ func (w *Writer) stale(ck childKey, cur client.Object, want *unstructured.Unstru
 		// what was applied. A field of it edited since (while no writer
 		// watched) is put back now; otherwise what the cache shows is the
 		// baseline, so that an edit made from here on is put back, as
-		// after an apply of this writer's.
-		if path := drift(cur, want); path != "" {
+		// after an apply of this writer's. A kind cached as metadata only
+		// is read whole once (live) for it.
+		if path := drift(w.whole(ctx, ck, cur), want); path != "" {
 			return path + " differs from what was applied"
 		}
 		w.adopt(ck, cur, owner, hash)
@@ -509,6 +510,22 @@ func (w *Writer) read(ctx context.Context, r client.Reader, gvk schema.GroupVers
 		return nil, client.IgnoreNotFound(err)
 	}
 	return cur, nil
+}
+
+// whole is cur with its fields for drift: cur itself, or, for a kind
+// cached as metadata only, the object read live (cur when it cannot be:
+// then only the hash is trusted, as before a read).
+func (w *Writer) whole(ctx context.Context, ck childKey, cur client.Object) client.Object {
+	m, ok := cur.(*metav1.PartialObjectMetadata)
+	if !ok || w.opts.Live == nil {
+		return cur
+	}
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(m.GroupVersionKind())
+	if err := w.opts.Live.Get(ctx, ck.key, u); err != nil {
+		return cur
+	}
+	return u
 }
 
 func (w *Writer) metadataOnly(gk schema.GroupKind) bool {
