@@ -20,9 +20,11 @@ import (
 // metadata are not the writer's. A map holds what was applied when it
 // holds each applied key as applied (other keys are another party's,
 // which the apply would leave); a list must be as long as the applied one
-// and hold each applied item at its place. A zero (0, "", false) is what
-// a typed object sends for a field it leaves unset (a Service port's
-// targetPort), which the server defaults: it is not compared. A kind
+// and hold each applied item at its place. A zero (0, "") is what a typed
+// object sends for a field it leaves unset (a Service port's targetPort),
+// which the server defaults: it is not compared. A false is compared: a
+// typed object sends one only for a field it sets (a *bool such as
+// allowPrivilegeEscalation), and the server keeps what is set. A kind
 // cached as metadata only has no fields to compare (the writer reads it
 // whole first when it can).
 func drift(cur client.Object, u *unstructured.Unstructured) string {
@@ -82,7 +84,7 @@ func holds(want, have any) (path string, ok bool) {
 		y, isNum := number(have)
 		return "", x == 0 || isNum && x == y
 	}
-	return "", want == "" || want == false || want == have
+	return "", want == "" || want == have
 }
 
 func number(v any) (float64, bool) {

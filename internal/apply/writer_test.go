@@ -116,9 +116,10 @@ func daemonSet(name string) *appsv1.DaemonSet {
 				NodeSelector: map[string]string{"nvidia.com/gpu.present": "true"},
 				Tolerations:  []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
 				Containers: []corev1.Container{{Name: "exporter", Image: "nvcr.io/dcgm-exporter:4.2", Args: []string{"-f", "/etc/counters.csv"},
-					Env:       []corev1.EnvVar{{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}}},
-					Ports:     []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9400}},
-					Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi"), corev1.ResourceCPU: resource.MustParse("1000m")}}}},
+					Env:             []corev1.EnvVar{{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}}},
+					Ports:           []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9400}},
+					SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false)},
+					Resources:       corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi"), corev1.ResourceCPU: resource.MustParse("1000m")}}}},
 				Volumes: []corev1.Volume{{Name: "run", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/run/nvidia"}}}}}}}}
 }
 
@@ -235,6 +236,13 @@ func TestEnsureAfterRestartRepairsEditsMadeWhileStopped(t *testing.T) {
 			}},
 			func(o client.Object) string {
 				return o.(*appsv1.DaemonSet).Spec.Template.Spec.Containers[0].Resources.Limits.Memory().String()
+			}},
+		{restartCase{"daemonset-privilege-escalation", func() client.Object { return daemonSet("stopped-daemonset-privilege-escalation") },
+			func(o client.Object) {
+				o.(*appsv1.DaemonSet).Spec.Template.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = ptr.To(true)
+			}},
+			func(o client.Object) string {
+				return fmt.Sprint(*o.(*appsv1.DaemonSet).Spec.Template.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation)
 			}},
 		{restartCase{"daemonset-node-selector-removed", func() client.Object { return daemonSet("stopped-daemonset-node-selector-removed") },
 			func(o client.Object) { o.(*appsv1.DaemonSet).Spec.Template.Spec.NodeSelector = nil }},
