@@ -303,7 +303,7 @@ func (r *Reconciler) observe(ctx context.Context, name string) (observed, error)
 		obs.gpus = sharing.NamesOf(src)
 	}
 	templates := map[string]string{}
-	var specs []corev1.PodSpec
+	specs := map[string]corev1.PodSpec{}
 	if obs.cp != nil {
 		list := &appsv1.DaemonSetList{}
 		if err := r.List(ctx, list, client.InNamespace(r.Namespace), client.MatchingLabels{gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver}); err != nil {
@@ -312,7 +312,7 @@ func (r *Reconciler) observe(ctx context.Context, name string) (observed, error)
 		for _, ds := range list.Items {
 			if ref := metav1.GetControllerOf(&ds); ref != nil && ref.UID == cp.UID {
 				templates[ds.Name] = ds.Spec.Template.Annotations[gpuv1alpha1.AnnotationTemplateHash]
-				specs = append(specs, ds.Spec.Template.Spec)
+				specs[ds.Name] = ds.Spec.Template.Spec
 			}
 		}
 		obs.daemonSets = len(templates)
@@ -332,22 +332,27 @@ func (r *Reconciler) observe(ctx context.Context, name string) (observed, error)
 // marked unplaced when it left the driver DaemonSets' placement
 // (driverLeft): not while its OS's DaemonSet is missing (being created, or
 // deleted and recreated), which may be back in a moment, and its nodes
-// must not leave their upgrades for that.
-func (r *Reconciler) nodeSet(ctx context.Context, drivers map[string]*corev1.Pod, templates map[string]string, specs []corev1.PodSpec,
+// must not leave their upgrades for that. specs are the pod specs of the
+// policy's driver DaemonSets by name.
+func (r *Reconciler) nodeSet(ctx context.Context, drivers map[string][]*corev1.Pod, templates map[string]string, specs map[string]corev1.PodSpec,
 	precompiled bool) ([]nodeView, error) {
 	list := &corev1.NodeList{}
 	if err := r.Reader.List(ctx, list); err != nil {
 		return nil, err
 	}
+	all := make([]corev1.PodSpec, 0, len(specs))
+	for _, spec := range specs {
+		all = append(all, spec)
+	}
 	var out []nodeView
 	for i := range list.Items {
 		n := &list.Items[i]
-		driver := drivers[n.Name]
+		driver := driverOf(drivers[n.Name], n, specs)
 		_, labelled := n.Labels[gpuv1alpha1.LabelUpgradeState]
 		if !labelled && driver == nil && n.Labels[gpuv1alpha1.LabelPresent] != "true" && n.Annotations[gpuv1alpha1.AnnotationClaim] == "" {
 			continue
 		}
-		v := nodeView{node: n, driver: driver, unplaced: driverLeft(specs, n, precompiled)}
+		v := nodeView{node: n, driver: driver, unplaced: driverLeft(all, n, precompiled)}
 		if driver != nil {
 			if ref := metav1.GetControllerOf(driver); ref != nil && ref.Kind == "DaemonSet" {
 				v.target = templates[ref.Name]
@@ -360,20 +365,54 @@ func (r *Reconciler) nodeSet(ctx context.Context, drivers map[string]*corev1.Pod
 }
 
 // driverPods are the driver pods by node, not being deleted.
-func (r *Reconciler) driverPods(ctx context.Context) (map[string]*corev1.Pod, error) {
+func (r *Reconciler) driverPods(ctx context.Context) (map[string][]*corev1.Pod, error) {
 	pods := &corev1.PodList{}
 	if err := r.Reader.List(ctx, pods, client.InNamespace(r.Namespace),
 		client.MatchingLabels{apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver}); err != nil {
 		return nil, err
 	}
-	out := map[string]*corev1.Pod{}
+	out := map[string][]*corev1.Pod{}
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		if p.Spec.NodeName != "" && p.DeletionTimestamp == nil {
-			out[p.Spec.NodeName] = p
+			out[p.Spec.NodeName] = append(out[p.Spec.NodeName], p)
 		}
 	}
 	return out, nil
+}
+
+// driverOf is the node's driver pod among its pods, the one of the driver
+// DaemonSet that places the node (specs, by DaemonSet name). A node whose
+// OS changed runs two for a while: the old OS's DaemonSet's, until the
+// DaemonSet controller deletes it, and the new OS's; both DaemonSets may
+// even name the node until the ClusterPolicy has updated them all. A pod
+// of a DaemonSet placing the node comes first, then the newest pod, then
+// the name, so the choice does not hang on the order of a list.
+func driverOf(pods []*corev1.Pod, n *corev1.Node, specs map[string]corev1.PodSpec) *corev1.Pod {
+	places := func(p *corev1.Pod) bool {
+		ref := metav1.GetControllerOf(p)
+		if ref == nil || ref.Kind != "DaemonSet" {
+			return false
+		}
+		spec, ok := specs[ref.Name]
+		return ok && driverPlaces([]corev1.PodSpec{spec}, n)
+	}
+	better := func(a, b *corev1.Pod) bool {
+		if pa, pb := places(a), places(b); pa != pb {
+			return pa
+		}
+		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+			return b.CreationTimestamp.Before(&a.CreationTimestamp)
+		}
+		return a.Name > b.Name
+	}
+	var best *corev1.Pod
+	for _, p := range pods {
+		if best == nil || better(p, best) {
+			best = p
+		}
+	}
+	return best
 }
 
 // step advances each work item's node on its own: an error is collected,

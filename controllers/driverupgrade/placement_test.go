@@ -3,6 +3,7 @@ package driverupgrade
 import (
 	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -169,6 +170,52 @@ func TestDriverLeft(t *testing.T) {
 	for _, tt := range tests {
 		if got := driverLeft(tt.specs, tt.node, tt.precompiled); got != tt.want {
 			t.Errorf("%s: driverLeft = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// A node whose OS changed runs two driver pods for a while, the old OS's
+// DaemonSet's and the new OS's; its driver pod (whose DaemonSet's template
+// the upgrade follows) is the one whose DaemonSet places the node, however
+// the pods are listed, and the choice is the same every pass.
+func TestDriverOf(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "u", Labels: map[string]string{gpuv1alpha1.LabelPresent: "true"}}}
+	t0 := metav1.Now()
+	t1 := metav1.NewTime(t0.Add(time.Minute))
+	pod := func(name, ds string, created metav1.Time) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: created,
+			OwnerReferences: []metav1.OwnerReference{{Kind: "DaemonSet", Name: ds, Controller: ptr.To(true)}}}}
+	}
+	old, nw := pod("old", "loom-driver-ubuntu22.04", t0), pod("new", "loom-driver-ubuntu24.04", t1)
+	oldNewer := pod("old", "loom-driver-ubuntu22.04", t1)
+	stray := pod("stray", "someone-else", t1)
+	bothName := map[string]corev1.PodSpec{"loom-driver-ubuntu22.04": perOS("ubuntu", "22.04", "u"), "loom-driver-ubuntu24.04": perOS("ubuntu", "24.04", "u")}
+	newNames := map[string]corev1.PodSpec{"loom-driver-ubuntu22.04": perOS("ubuntu", "22.04"), "loom-driver-ubuntu24.04": perOS("ubuntu", "24.04", "u")}
+	oldNames := map[string]corev1.PodSpec{"loom-driver-ubuntu22.04": perOS("ubuntu", "22.04", "u"), "loom-driver-ubuntu24.04": perOS("ubuntu", "24.04")}
+	newOnly := map[string]corev1.PodSpec{"loom-driver-ubuntu24.04": perOS("ubuntu", "24.04", "u")}
+	tests := []struct {
+		name  string
+		pods  []*corev1.Pod
+		specs map[string]corev1.PodSpec
+		want  string
+	}{
+		{"no pod", nil, newNames, ""},
+		{"one pod", []*corev1.Pod{old}, newNames, "old"},
+		{"the new OS's DaemonSet names it, listed first", []*corev1.Pod{nw, oldNewer}, newNames, "new"},
+		{"the new OS's DaemonSet names it, listed last", []*corev1.Pod{oldNewer, nw}, newNames, "new"},
+		{"the old OS's DaemonSet still names it alone", []*corev1.Pod{old, nw}, oldNames, "old"},
+		{"the old OS's DaemonSet deleted", []*corev1.Pod{oldNewer, nw}, newOnly, "new"},
+		{"both name it: the newest, listed first", []*corev1.Pod{nw, old}, bothName, "new"},
+		{"both name it: the newest, listed last", []*corev1.Pod{old, nw}, bothName, "new"},
+		{"another owner's pod", []*corev1.Pod{nw, stray}, newNames, "new"},
+	}
+	for _, tt := range tests {
+		got := ""
+		if p := driverOf(tt.pods, node, tt.specs); p != nil {
+			got = p.Name
+		}
+		if got != tt.want {
+			t.Errorf("%s: driverOf = %q, want %q", tt.name, got, tt.want)
 		}
 	}
 }
