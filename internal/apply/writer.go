@@ -188,8 +188,10 @@ func (w *Writer) Ensure(ctx context.Context, owner, want client.Object) error {
 			count(gvk.Kind, w.fieldOwner, "apply", "skipped")
 			return nil
 		}
-		if err := w.upgradeCreated(ctx, gvk, ck.key); err != nil {
-			return err
+		if cur.GetAnnotations()[AnnotationHash] != hash {
+			if err := w.upgradeCreated(ctx, gvk, ck.key); err != nil {
+				return err
+			}
 		}
 	}
 	log.FromContext(ctx).V(1).Info("apply", "kind", gvk.Kind, "object", ck.key, "fieldOwner", w.fieldOwner, "why", why)
@@ -474,7 +476,10 @@ func Predecessor(obj metav1.Object, ref metav1.OwnerReference) bool {
 // apply, before the first apply that changes it: otherwise a field the
 // apply no longer sets would stay, still owned by the create. It reads the
 // child's managed fields around the cache (the cache drops them); it runs
-// only on the way to a write, never in a steady state.
+// only on the way to a write that changes the desired state, never in a
+// steady state. A repair (the child carries the hash of what the writer
+// wants, another party edited it) needs none: its apply sets every field
+// the create set, so the create's record keeps none the apply drops.
 func (w *Writer) upgradeCreated(ctx context.Context, gvk schema.GroupVersionKind, key types.NamespacedName) error {
 	if w.opts.Live == nil {
 		return nil

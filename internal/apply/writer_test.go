@@ -3,6 +3,7 @@ package apply_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -649,5 +650,60 @@ func TestCreateReadsNothingAroundTheCache(t *testing.T) {
 		if f.Manager == "test-post" && f.Operation != metav1.ManagedFieldsOperationApply {
 			t.Errorf("field owner test-post still holds fields by %s", f.Operation)
 		}
+	}
+}
+
+// A created child (a POST, its fields recorded as an update) that another
+// party edits is put back with one write, the apply, whether the writer
+// that created it sees the edit or a restarted one: the apply sets the
+// fields the create set, so none is left for the create's record to keep,
+// and there is nothing to hand over first. A later change of the desired
+// state still drops what the create set and the change does not.
+func TestRepairOfCreatedChildIsOneWrite(t *testing.T) {
+	for _, restarted := range []bool{false, true} {
+		name := fmt.Sprintf("posted-repair-%v", restarted)
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			o := owner(t, name+"-owner")
+			fo := "test-" + name
+			newWriter := func(c client.Client) *apply.Writer {
+				return apply.NewWriter(loomOnly{c}, fo, apply.Options{Live: env.Client})
+			}
+			counter := testenv.CountWrites(env.Client)
+			w := newWriter(counter)
+			first := child(name, "v1")
+			first.Data["dropped"] = "soon"
+			if err := w.Ensure(ctx, o, first); err != nil {
+				t.Fatal(err)
+			}
+			if restarted {
+				w = newWriter(counter)
+			}
+			for i := range 2 {
+				edited := get(t, name)
+				edited.Data["k"] = fmt.Sprintf("edited by hand %d", i)
+				if err := env.Client.Update(ctx, edited); err != nil {
+					t.Fatal(err)
+				}
+				before := len(counter.Writes())
+				want := child(name, "v1")
+				want.Data["dropped"] = "soon"
+				if err := w.Ensure(ctx, o, want); err != nil {
+					t.Fatal(err)
+				}
+				if got := counter.Writes()[before:]; len(got) != 1 || !strings.HasPrefix(got[0], "apply ") {
+					t.Fatalf("repair %d: writes %v, want one apply", i, got)
+				}
+				if got := get(t, name).Data["k"]; got != "v1" {
+					t.Fatalf("repair %d: k = %q, want v1", i, got)
+				}
+			}
+			if err := w.Ensure(ctx, o, child(name, "v2")); err != nil {
+				t.Fatal(err)
+			}
+			if cm := get(t, name); len(cm.Data) != 1 || cm.Data["k"] != "v2" {
+				t.Fatalf("after the change: data %v, want only k=v2", cm.Data)
+			}
+		})
 	}
 }
