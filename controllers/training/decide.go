@@ -137,8 +137,13 @@ func (p *pass) set(t string, s metav1.ConditionStatus, reason, msg string) {
 	setCond(&p.d.status, t, s, reason, msg, p.job.Generation, p.obs.now)
 }
 
-// ready sets the Ready condition.
+// ready sets the Ready condition, set on every pass: its message also
+// says when a queue move waits for the job's Kueue Workload to release its
+// quota (queueMovePending).
 func (p *pass) ready(s metav1.ConditionStatus, reason, msg string) {
+	if note := queueMovePending(p); note != "" && !p.d.status.Finished() {
+		msg += "; " + note
+	}
 	p.set(trainingv1alpha1.ConditionReady, s, reason, msg)
 }
 

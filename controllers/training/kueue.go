@@ -368,6 +368,23 @@ func queueAnnotationIgnored(p *pass) string {
 		", which Kueue no longer reads (it reads the label of that name only): Kueue does not queue this job; set the label instead"
 }
 
+// queueMovePending says, for a job whose queue label names another
+// LocalQueue than the one its Workload holds quota through, that the move
+// waits: a Workload holding quota keeps its queue (Kueue refuses a queue
+// change of its own running jobs; Loom has no webhook to refuse it), and
+// the gang runs on; once the quota is released (an eviction, the gang
+// gone), the Workload is replaced in the new queue. "" for any other job.
+func queueMovePending(p *pass) string {
+	k := &p.obs.kueue
+	to := p.job.Labels[kueueQueueLabel]
+	if !k.queued || k.wl == nil || k.deleting() || k.wl.Finished() || !k.wl.QuotaReserved() || k.wl.Spec.QueueName == to {
+		return ""
+	}
+	return "the job's " + kueueQueueLabel + " label names LocalQueue " + to + ", but its Kueue Workload " + k.wl.Name +
+		" holds quota through LocalQueue " + k.wl.Spec.QueueName + ": the move to " + to +
+		" is pending until that quota is released (Kueue evicts the job), the gang running on until then"
+}
+
 // kueueCRDRetry is how often a queued job looks for Kueue's Workload CRD.
 const kueueCRDRetry = 10 * time.Second
 

@@ -247,3 +247,85 @@ func TestKueueLabelOnARunningJob(t *testing.T) {
 		t.Errorf("state %s after the label was removed", got.Status.State)
 	}
 }
+
+// The queue label changed on an admitted, running job: the Workload keeps
+// the queue it holds quota through (Kueue refuses the edit on its own
+// running jobs; Loom has no webhook to), the gang runs on, and the job's
+// Ready condition says the move is pending, naming both queues. Once
+// Kueue evicts the job and the quota is released, the Workload is
+// replaced in the new queue.
+func TestKueueQueueMoveOfARunningJobWaits(t *testing.T) {
+	installWorkloadCRD(t)
+	ns := namespace(t, "kueue-move")
+	startManager(t)
+	ctx := context.Background()
+	workload := func(job *trainingv1alpha1.TrainingJob) (*kueue.Workload, *unstructured.Unstructured, error) {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(kueue.WorkloadGVK)
+		got := getJob(t, job)
+		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}, u); err != nil {
+			return nil, nil, err
+		}
+		w := &kueue.Workload{}
+		return w, u, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, w)
+	}
+	statusPatch := func(u *unstructured.Unstructured, patch string) {
+		t.Helper()
+		if err := env.Client.Status().Patch(ctx, u, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	job := newJob(ns, "moved", 1, 0, trainingv1alpha1.GangNone)
+	job.Labels = map[string]string{kueue.QueueLabel: "team-a"}
+	create(t, job)
+	var u *unstructured.Unstructured
+	testenv.Eventually(t, 20*time.Second, func() (err error) { _, u, err = workload(job); return err })
+	now := metav1.Now().UTC().Format(time.RFC3339)
+	statusPatch(u, fmt.Sprintf(`{"status":{"admission":{"clusterQueue":"cq","podSetAssignments":[{"name":"master"},{"name":"worker"}]},"conditions":[`+
+		`{"type":"QuotaReserved","status":"True","reason":"QuotaReserved","message":"reserved","lastTransitionTime":%q},`+
+		`{"type":"Admitted","status":"True","reason":"Admitted","message":"admitted","lastTransitionTime":%q}]}}`, now, now))
+	pods := waitPods(t, job, 2, 1)
+	setPods(t, pods, corev1.PodRunning, 0)
+	waitState(t, job, trainingv1alpha1.StateRunning)
+
+	if err := env.Client.Patch(ctx, getJob(t, job), client.RawPatch(types.MergePatchType,
+		[]byte(fmt.Sprintf(`{"metadata":{"labels":{%q:"team-b"}}}`, kueue.QueueLabel)))); err != nil {
+		t.Fatal(err)
+	}
+	const note = "names LocalQueue team-b, but its Kueue Workload"
+	testenv.Eventually(t, 20*time.Second, func() error {
+		c := cond(getJob(t, job), trainingv1alpha1.ConditionReady)
+		if c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, note) || !strings.Contains(c.Message, "through LocalQueue team-a: the move to team-b is pending") {
+			return fmt.Errorf("Ready: %s %q", c.Status, c.Message)
+		}
+		return nil
+	})
+	if got := getJob(t, job); got.Status.State != trainingv1alpha1.StateRunning {
+		t.Errorf("state %s while the move is pending", got.Status.State)
+	}
+	if after := waitPods(t, job, 2, 1); after[0].UID != pods[0].UID || after[1].UID != pods[1].UID {
+		t.Errorf("the gang was restarted when the queue label changed")
+	}
+	if w, _, err := workload(job); err != nil || w.Spec.QueueName != "team-a" || w.UID != u.GetUID() {
+		t.Fatalf("the admitted Workload left its queue while it holds quota: %v %+v", err, w)
+	}
+
+	later := metav1.Now().UTC().Format(time.RFC3339)
+	statusPatch(u, fmt.Sprintf(`{"status":{"conditions":[`+
+		`{"type":"QuotaReserved","status":"True","reason":"QuotaReserved","message":"reserved","lastTransitionTime":%q},`+
+		`{"type":"Admitted","status":"True","reason":"Admitted","message":"admitted","lastTransitionTime":%q},`+
+		`{"type":"Evicted","status":"True","reason":"Preempted","message":"preempted","lastTransitionTime":%q}]}}`, now, now, later))
+	testenv.Eventually(t, 20*time.Second, func() error {
+		w, _, err := workload(job)
+		if err != nil {
+			return err
+		}
+		if w.UID == u.GetUID() || w.Spec.QueueName != "team-b" {
+			return fmt.Errorf("after the eviction, Workload %s in %q", w.UID, w.Spec.QueueName)
+		}
+		if c := cond(getJob(t, job), trainingv1alpha1.ConditionReady); strings.Contains(c.Message, note) {
+			return fmt.Errorf("Ready still says the move is pending: %q", c.Message)
+		}
+		return nil
+	})
+}
