@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -140,6 +141,51 @@ func TestRenderedRBACHasNoWildcards(t *testing.T) {
 	}
 	if clusterRoles != 5 || roles != 1 {
 		t.Fatalf("rendered %d ClusterRoles and %d Roles, want 5 (manager, metrics reader, node agent, aggregated view and edit) and 1 (leases)", clusterRoles, roles)
+	}
+}
+
+// The manager writes by server-side apply, patch, create and delete: it
+// holds update only where a write needs it. Its leader election updates
+// its Lease; the API server asks for update on an owner's finalizers
+// before a child's owner reference may block the owner's deletion; RBAC
+// lets it grant the operands update on nodes only if it holds that itself;
+// and it may replace its own CRDs. Every other update would be a right no
+// code path uses.
+func TestManagerUpdatesOnlyWhereNeeded(t *testing.T) {
+	allowed := func(resource string) bool {
+		switch resource {
+		case "leases", "nodes", "customresourcedefinitions":
+			return true
+		}
+		return strings.HasSuffix(resource, "/finalizers")
+	}
+	var seen int
+	for _, obj := range render(t) {
+		var rules []rbacv1.PolicyRule
+		switch o := obj.(type) {
+		case *rbacv1.ClusterRole:
+			if o.Name == "loom-manager" {
+				rules = o.Rules
+			}
+		case *rbacv1.Role:
+			if o.Name == "loom-manager" {
+				rules = o.Rules
+			}
+		}
+		for _, r := range rules {
+			seen++
+			if !slices.Contains(r.Verbs, "update") {
+				continue
+			}
+			for _, res := range r.Resources {
+				if !allowed(res) {
+					t.Errorf("the manager holds update on %s (%v), which it never updates", res, r.APIGroups)
+				}
+			}
+		}
+	}
+	if seen == 0 {
+		t.Fatal("no manager role rendered")
 	}
 }
 

@@ -44,16 +44,16 @@ import (
 	"github.com/loom-dev/loom/internal/optional"
 )
 
-// +kubebuilder:rbac:groups=monitoring.coreos.com,resources=servicemonitors;podmonitors;prometheusrules,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=monitoring.coreos.com,resources=servicemonitors;podmonitors;prometheusrules,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=monitoring.coreos.com,resources=prometheuses;prometheusagents,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=services;configmaps,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups="",resources=services;configmaps,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies/status,verbs=get;patch
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies/finalizers,verbs=update
 // +kubebuilder:rbac:groups=training.loom.dev,resources=trainingjobs/finalizers,verbs=update
 // +kubebuilder:rbac:groups=ray.io,resources=rayclusters/finalizers,verbs=update
-// +kubebuilder:rbac:groups=training.loom.dev,resources=trainingjobs/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=ray.io,resources=rayclusters/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=training.loom.dev,resources=trainingjobs/status,verbs=get;patch
+// +kubebuilder:rbac:groups=ray.io,resources=rayclusters/status,verbs=get;patch
 
 // Setup registers the GPU, TrainingJob and RayCluster monitoring
 // reconcilers.

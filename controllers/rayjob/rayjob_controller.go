@@ -54,8 +54,8 @@ const FieldOwner = "loom-rayjob"
 // for production.
 const EnvDashboardOverride = "LOOM_RAY_DASHBOARD_URL_OVERRIDE"
 
-// +kubebuilder:rbac:groups=ray.io,resources=rayjobs,verbs=get;list;watch;patch;update;delete
-// +kubebuilder:rbac:groups=ray.io,resources=rayjobs/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=ray.io,resources=rayjobs,verbs=get;list;watch;patch;delete
+// +kubebuilder:rbac:groups=ray.io,resources=rayjobs/status,verbs=get;patch
 // +kubebuilder:rbac:groups=ray.io,resources=rayjobs/finalizers,verbs=update
 // +kubebuilder:rbac:groups=ray.io,resources=rayclusters,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create;patch;delete

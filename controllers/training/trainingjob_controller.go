@@ -43,7 +43,7 @@ import (
 const FieldOwner = "loom-training"
 
 // +kubebuilder:rbac:groups=training.loom.dev,resources=trainingjobs,verbs=get;list;watch;delete
-// +kubebuilder:rbac:groups=training.loom.dev,resources=trainingjobs/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=training.loom.dev,resources=trainingjobs/status,verbs=get;patch
 // +kubebuilder:rbac:groups=training.loom.dev,resources=trainingjobs/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch;delete
