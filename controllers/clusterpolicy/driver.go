@@ -28,7 +28,11 @@ import (
 // maxNamed caps the node names a component message lists.
 const maxNamed = 5
 
-var nameUnsafeRE = regexp.MustCompile(`[^a-z0-9.-]+`)
+var (
+	nameUnsafeRE = regexp.MustCompile(`[^a-z0-9.-]+`)
+	// imageTagRE is what an image reference's tag may be.
+	imageTagRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
+)
 
 // driverGroup is one driver DaemonSet: its target, image tag and nodes.
 type driverGroup struct {
@@ -64,10 +68,13 @@ func driverGroups(cp *gpuv1alpha1.ClusterPolicy, nodes []corev1.Node) (groups []
 		if cp.Spec.Driver.UsePrecompiled {
 			target, tag = o.OS+"-"+o.Kernel, branch+"-"+o.Kernel+"-"+o.OS
 		}
-		target = dnsSafe(target)
+		if !imageTagRE.MatchString(tag) {
+			noDriver = append(noDriver, fmt.Sprintf("%s (kernel %.80q makes no image tag: %s-<kernel>-%s may hold letters, digits, '_', '.' and '-', at most 128 characters)", nodes[i].Name, o.Kernel, branch, o.OS))
+			continue
+		}
 		g := byTarget[target]
 		if g == nil {
-			g = &driverGroup{target: target, tag: tag}
+			g = &driverGroup{tag: tag}
 			byTarget[target] = g
 		}
 		// Precompiled groups go by name: a kernel label lags an upgrade.
@@ -78,11 +85,30 @@ func driverGroups(cp *gpuv1alpha1.ClusterPolicy, nodes []corev1.Node) (groups []
 			g.names = addSorted(g.names, nodes[i].Name)
 		}
 	}
-	for _, t := range sortedKeys(byTarget) {
-		groups = append(groups, *byTarget[t])
-	}
+	groups = nameGroups(byTarget)
 	sort.Strings(noDriver)
 	return groups, noDriver
+}
+
+// nameGroups names each group's DaemonSet target: its OS (and kernel) made
+// dnsSafe, and where two kernels make one name (they differ only in what a
+// name cannot hold: case, '+', '_', or past its length), each of those
+// with a hash of its own, so that no node is given another kernel's driver.
+func nameGroups(byTarget map[string]*driverGroup) []driverGroup {
+	named := map[string]int{}
+	for raw := range byTarget {
+		named[dnsSafe(raw)]++
+	}
+	groups := make([]driverGroup, 0, len(byTarget))
+	for raw, g := range byTarget {
+		g.target = dnsSafe(raw)
+		if named[g.target] > 1 {
+			g.target = strings.Trim(g.target[:min(len(g.target), 41)], "-.") + "-" + apply.Hash(raw)[:8]
+		}
+		groups = append(groups, *g)
+	}
+	sort.Slice(groups, func(i, j int) bool { return groups[i].target < groups[j].target })
+	return groups
 }
 
 // terms are the node terms of a group: NFD labels, node names.
@@ -144,15 +170,6 @@ func addSorted(s []string, v string) []string {
 		return s
 	}
 	return slices.Insert(s, i, v)
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 func operandByName(name string) operand {

@@ -33,7 +33,13 @@ var (
 	// rhcosBuildRE is RHCOS's own numbering (416.94.202405291527-0): 416 is
 	// OpenShift 4.16.
 	rhcosBuildRE = regexp.MustCompile(`^4([0-9]{2})\.`)
+	// kernelRE is a kernel version a precompiled driver's image tag can
+	// hold: <branch>-<kernel>-<os> is at most 128 characters of these.
+	kernelRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,` + fmt.Sprint(maxKernel) + `}$`)
 )
+
+// maxKernel leaves a tag's 128 characters room for a branch and an OS.
+const maxKernel = 100
 
 // OS is a GPU node's OS as the driver image names it (ubuntu22.04), its
 // kernel, whether NFD's labels said so, and why it has no driver image
@@ -70,8 +76,12 @@ func Of(n *corev1.Node, precompiled bool) OS {
 			out.Why = fmt.Sprintf("%s version %q not understood", id, version)
 		}
 	}
-	if out.Why == "" && precompiled && out.Kernel == "" {
+	switch {
+	case out.Why != "" || !precompiled:
+	case out.Kernel == "":
 		out.Why = "kernel version unknown"
+	case !kernelRE.MatchString(out.Kernel):
+		out.Why = fmt.Sprintf("kernel %.80q makes no image tag (<branch>-<kernel>-<os>): letters, digits, '_', '.' and '-', at most %d characters", out.Kernel, maxKernel)
 	}
 	return out
 }

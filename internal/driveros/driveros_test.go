@@ -1,6 +1,7 @@
 package driveros
 
 import (
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -37,6 +38,25 @@ func TestOf(t *testing.T) {
 			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{OSImage: tt.osImage}}}, false)
 		if got.OS != tt.os || got.Why != tt.why || got.NFD != tt.fromNFD {
 			t.Errorf("%q %v: %+v, want os %q why %q nfd %v", tt.osImage, tt.labels, got, tt.os, tt.why, tt.fromNFD)
+		}
+	}
+}
+
+// A precompiled driver needs the node's kernel in its image tag: a kernel
+// the tag cannot hold is a reason for no driver, as a missing one is.
+func TestOfPrecompiledKernel(t *testing.T) {
+	for kernel, why := range map[string]string{
+		"5.15.0-105-generic":           "",
+		"5.14.0-427.13.1.el9_4.x86_64": "",
+		"":                             "kernel version unknown",
+		"6.1.21-v8+":                   `kernel "6.1.21-v8+" makes no image tag`,
+		"6.1.0 rc1":                    `kernel "6.1.0 rc1" makes no image tag`,
+		"../../etc":                    `kernel "../../etc" makes no image tag`,
+		strings.Repeat("5", 101):       `kernel "5555`,
+	} {
+		got := Of(&corev1.Node{Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{OSImage: "Ubuntu 22.04.4 LTS", KernelVersion: kernel}}}, true)
+		if !strings.HasPrefix(got.Why, why) || (why == "") != (got.Why == "") {
+			t.Errorf("kernel %q: why %q, want %q", kernel, got.Why, why)
 		}
 	}
 }
