@@ -64,6 +64,7 @@ func TestClusterPolicyValidation(t *testing.T) {
 		{"both configs", `{devicePlugin: {config: {configMapName: cfg, timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 4}]}}}}`, "set either timeSlicing or configMapName, not both"},
 		{"default without map", `{devicePlugin: {config: {defaultConfig: a100}}}`, "defaultConfig names a key of configMapName, which is not set"},
 		{"bad MIG strategy", `{mig: {strategy: sometimes}}`, "strategy"},
+		{"a priority class no PriorityClass can be named", `{daemonsets: {priorityClassName: "System_Node_Critical"}}`, "spec.daemonsets.priorityClassName"},
 	}
 	ok := []string{
 		`{driver: {upgradePolicy: {maxUnavailable: "100%", maxParallelUpgrades: 0}}}`,

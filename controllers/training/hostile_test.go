@@ -57,6 +57,12 @@ func TestHostileSpecsAreRejectedNamingTheField(t *testing.T) {
 			j.Spec.ReplicaSpecs.Worker.Template.Spec.NodeName = "gpu-node-0"
 		},
 			[]string{"spec.replicaSpecs.worker", "template.spec.nodeName must not be set"}},
+		{"a priority class no PriorityClass can be named", func(j *trainingv1alpha1.TrainingJob) { j.Spec.Gang.PriorityClassName = "High Priority" },
+			[]string{"spec.gang.priorityClassName"}},
+		{"a priority class past a name's length", func(j *trainingv1alpha1.TrainingJob) { j.Spec.Gang.PriorityClassName = strings.Repeat("p", 254) },
+			[]string{"spec.gang.priorityClassName", "253"}},
+		{"a queue no Volcano Queue can be named", func(j *trainingv1alpha1.TrainingJob) { j.Spec.Gang.Queue = "Team_A" },
+			[]string{"spec.gang.queue"}},
 		{"65 containers", func(j *trainingv1alpha1.TrainingJob) {
 			cs := &j.Spec.ReplicaSpecs.Worker.Template.Spec.Containers
 			for i := range 64 {
@@ -84,6 +90,7 @@ func TestHostileSpecsAreRejectedNamingTheField(t *testing.T) {
 	ok := newJob(ns, "whole", 1, 8, trainingv1alpha1.GangNone)
 	ok.Spec.RunPolicy.ActiveDeadlineSeconds = ptr(int64(trainingv1alpha1.MaxSeconds))
 	ok.Spec.RunPolicy.TTLSecondsAfterFinished = ptr(int32(trainingv1alpha1.MaxSeconds))
+	ok.Spec.Gang.PriorityClassName, ok.Spec.Gang.Queue = "team-a.high", "team-a"
 	ok.Spec.ReplicaSpecs.Master.Template.Spec.Containers[0].Resources.Requests = corev1.ResourceList{inventory.GPUResource: resource.MustParse("8000m"), corev1.ResourceCPU: resource.MustParse("500m")}
 	ok.Spec.ReplicaSpecs.Worker.Template.Spec.Containers[0].Resources.Limits = corev1.ResourceList{"nvidia.com/mig-1g.10gb": resource.MustParse("2")}
 	create(t, ok)

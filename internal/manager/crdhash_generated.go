@@ -5,7 +5,7 @@ package manager
 // crdHashes are the packed CRD manifests' content hashes
 // (crdinstall.Hash of their JSON), by name.
 var crdHashes = map[string]string{
-	"gpu.loom.dev_clusterpolicies":   "e00ded4e71fa058a",
+	"gpu.loom.dev_clusterpolicies":   "a46fe4a6f32e5033",
 	"gpu.loom.dev_gpunodes":          "cdc76af8e86c11ae",
-	"training.loom.dev_trainingjobs": "2fe7868390daad2f",
+	"training.loom.dev_trainingjobs": "29748beb178d382c",
 }

@@ -60,8 +60,11 @@ type OperandSpec struct {
 type DaemonSetsSpec struct {
 	// +optional
 	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+	// PriorityClassName is every operand pod's PriorityClass.
 	// +optional
 	// +kubebuilder:default=system-node-critical
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	PriorityClassName string `json:"priorityClassName,omitempty"`
 	// +optional
 	Labels map[string]string `json:"labels,omitempty"`

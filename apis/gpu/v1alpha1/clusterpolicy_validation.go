@@ -102,6 +102,11 @@ func (s *ClusterPolicySpec) Validate() field.ErrorList {
 	if k := s.Driver.KernelModuleType; k != "" && !slices.Contains(KernelModuleTypes, k) {
 		errs = append(errs, field.NotSupported(spec.Child("driver", "kernelModuleType"), k, KernelModuleTypes))
 	}
+	if pc := s.DaemonSets.PriorityClassName; pc != "" {
+		for _, msg := range validation.IsDNS1123Subdomain(pc) {
+			errs = append(errs, field.Invalid(spec.Child("daemonsets", "priorityClassName"), pc, msg))
+		}
+	}
 	errs = append(errs, validateLabels(s.DaemonSets.Labels, spec.Child("daemonsets", "labels"))...)
 	for _, k := range slices.Sorted(maps.Keys(s.DaemonSets.Annotations)) {
 		for _, msg := range validation.IsQualifiedName(k) {

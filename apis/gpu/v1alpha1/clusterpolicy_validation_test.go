@@ -139,6 +139,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		Drain:               &DrainSpec{PodSelector: "a,,b"},
 		PodDeletion:         &PodDeletionSpec{TimeoutSeconds: -5},
 	}
+	spec.DaemonSets.PriorityClassName = "System Node Critical"
 	spec.DaemonSets.Labels = map[string]string{"bad key!": "v", "ok": "bad value!"}
 	spec.DaemonSets.Annotations = map[string]string{"no/no/no": ""}
 	spec.DCGMExporter.NodeSelector = map[string]string{"nvidia.com/gpu.product": "H100 80GB"}
@@ -150,7 +151,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		"spec.driver.upgradePolicy.maxParallelUpgrades", "spec.driver.upgradePolicy.maxUnavailable",
 		"spec.driver.upgradePolicy.waitForCompletion.podSelector", "spec.driver.upgradePolicy.waitForCompletion.timeoutSeconds",
 		"spec.driver.upgradePolicy.podDeletion.timeoutSeconds", "spec.driver.upgradePolicy.drain.podSelector",
-		"spec.driver.image.version", "spec.driver.kernelModuleType", "spec.daemonsets.labels[bad key!]", "spec.daemonsets.labels[ok]",
+		"spec.driver.image.version", "spec.driver.kernelModuleType", "spec.daemonsets.priorityClassName", "spec.daemonsets.labels[bad key!]", "spec.daemonsets.labels[ok]",
 		"spec.daemonsets.annotations[no/no/no]", "spec.dcgmExporter.nodeSelector[nvidia.com/gpu.product]",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {

@@ -153,13 +153,18 @@ type GangPolicy struct {
 	// Scheduler: volcano or none. Unset: the manager's --gang-scheduler.
 	// +optional
 	Scheduler GangScheduler `json:"scheduler,omitempty"`
-	// Queue is the Volcano queue.
+	// Queue is the Volcano queue: the name of a Volcano Queue object.
 	// +optional
 	// +kubebuilder:default=default
 	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	Queue string `json:"queue,omitempty"`
-	// PriorityClassName is the gang's priority (PodGroup and pods).
+	// PriorityClassName is the gang's priority (PodGroup and pods): the
+	// name of a PriorityClass.
 	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	PriorityClassName string `json:"priorityClassName,omitempty"`
 	// MinAvailable is how many pods must be placed together (master first).
 	// Unset: every pod.
