@@ -7,6 +7,8 @@
 package nodelabels
 
 import (
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -162,8 +164,11 @@ func singleMIGLabels(l map[string]string, mig map[string]migProfile, uniform boo
 // profile, named as the device plugin's resource (a '+' written '.':
 // nvidia.com/mig-1g.10gb.me.count).
 func mixedMIGLabels(l map[string]string, mig map[string]migProfile) {
-	for profile, m := range mig {
-		// The key's name part (mig-<profile>.memory) must fit 63 characters.
+	// Profiles that make one label (they differ only past its length or in
+	// what a label cannot hold) add up, the first by name giving the
+	// memory: whatever the map's order, the labels are the same.
+	for _, profile := range slices.Sorted(maps.Keys(mig)) {
+		m := mig[profile]
 		p := LabelValue(inventory.MIGProfileName(profile))
 		if len(p) > 52 {
 			p = LabelValue(p[:52])
@@ -171,7 +176,12 @@ func mixedMIGLabels(l map[string]string, mig map[string]migProfile) {
 		if p == "" {
 			continue
 		}
-		l[gpuv1alpha1.LabelPrefix+"mig-"+p+".count"] = strconv.FormatInt(m.count, 10)
+		count := gpuv1alpha1.LabelPrefix + "mig-" + p + ".count"
+		if n, err := strconv.ParseInt(l[count], 10, 64); err == nil {
+			l[count] = strconv.FormatInt(n+m.count, 10)
+			continue
+		}
+		l[count] = strconv.FormatInt(m.count, 10)
 		if m.memoryMiB > 0 {
 			l[gpuv1alpha1.LabelPrefix+"mig-"+p+".memory"] = strconv.FormatInt(m.memoryMiB, 10)
 		}

@@ -1,6 +1,8 @@
 package nodelabels
 
 import (
+	"maps"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -175,5 +177,31 @@ func TestLabelsForMIGStrategy(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// MIG profiles a GPUNode reports that make one label (1g.10gb+me and
+// 1g.10gb.me; two long ones alike in their first 52 characters) add up,
+// the first by name giving the memory: the labels do not follow the map's
+// order, so the node is not relabelled on every pass.
+func TestMixedMIGLabelsOfProfilesThatMakeOneLabel(t *testing.T) {
+	long := strings.Repeat("7g.80gb", 8)
+	dev := func(profile string, mem int64) gpuv1alpha1.MIGDevice {
+		return gpuv1alpha1.MIGDevice{Profile: profile, MemoryMiB: mem}
+	}
+	st := gpuv1alpha1.GPUNodeStatus{GPUs: []gpuv1alpha1.GPU{{Product: "NVIDIA A100", MIG: &gpuv1alpha1.MIGStatus{Capable: true, CurrentMode: gpuv1alpha1.MIGEnabled,
+		Devices: []gpuv1alpha1.MIGDevice{dev("1g.10gb+me", 9856), dev("1g.10gb.me", 1), dev("1g.10gb.me", 1), dev(long+"-a", 80), dev(long+"-b", 81), dev("2g.20gb", 19968)}}}}}
+	first := LabelsFor(st, "mixed")
+	p := gpuv1alpha1.LabelPrefix + "mig-"
+	for k, want := range map[string]string{p + "1g.10gb.me.count": "3", p + "1g.10gb.me.memory": "9856", p + "2g.20gb.count": "1",
+		p + LabelValue(long[:52]) + ".count": "2", p + LabelValue(long[:52]) + ".memory": "80"} {
+		if first[k] != want {
+			t.Errorf("%s = %q, want %q", k, first[k], want)
+		}
+	}
+	for range 50 {
+		if got := LabelsFor(st, "mixed"); !maps.Equal(got, first) {
+			t.Fatalf("labels changed between passes:\n%v\n%v", first, got)
+		}
 	}
 }
