@@ -5,7 +5,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/manager"
@@ -77,4 +80,20 @@ func until(start time.Time, n int64, now time.Time) time.Duration {
 		return math.MaxInt64
 	}
 	return seconds(n - elapsed)
+}
+
+// templateErrors is what the API server would refuse in the roles' pod
+// template labels and annotations, which every pod of the role copies.
+func templateErrors(job *trainingv1alpha1.TrainingJob) field.ErrorList {
+	var errs field.ErrorList
+	for _, role := range roles {
+		rs := replicaSpec(job, role)
+		if rs == nil {
+			continue
+		}
+		m := field.NewPath("spec", "replicaSpecs", string(role), "template", "metadata")
+		errs = append(errs, metav1validation.ValidateLabels(rs.Template.Labels, m.Child("labels"))...)
+		errs = append(errs, apivalidation.ValidateAnnotations(rs.Template.Annotations, m.Child("annotations"))...)
+	}
+	return errs
 }

@@ -101,6 +101,7 @@ const (
 	ReasonResumed             = "Resumed"
 	ReasonRestartDone         = "GangRestarted"
 	ReasonTooManyPods         = "TooManyPods"
+	ReasonInvalidSpec         = "InvalidSpec"
 	ReasonNameConflict        = "NameConflict"
 	ReasonQueuedInKueue       = "QueuedInKueue"
 	ReasonEvictedByKueue      = "EvictedByKueue"
@@ -162,6 +163,7 @@ var phases = []func(*pass) bool{
 	deadline,
 	outcome,
 	limit,
+	invalid,
 	volcano,
 	neverFits,
 	children,
@@ -382,6 +384,36 @@ func limit(p *pass) bool {
 	p.set(trainingv1alpha1.ConditionCreated, metav1.ConditionFalse, ReasonTooManyPods, msg)
 	p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, ReasonTooManyPods, msg)
 	p.ready(metav1.ConditionFalse, ReasonTooManyPods, msg)
+	return true
+}
+
+// invalid holds a job whose pod templates carry metadata no pod may have
+// (a label key or value, an annotation key or size the API server
+// rejects), which the CRD's schema cannot check: no pods, PodGroup or
+// Service are created, and Created, Scheduled and Ready name the fields, as
+// a RayCluster's spec-validity condition does.
+func invalid(p *pass) bool {
+	errs := templateErrors(p.job)
+	if len(errs) == 0 {
+		return false
+	}
+	const most = 3
+	var list []string
+	for _, e := range errs[:min(len(errs), most)] {
+		list = append(list, e.Error())
+	}
+	if len(errs) > most {
+		list = append(list, fmt.Sprintf("and %d more", len(errs)-most))
+	}
+	st := &p.d.status
+	st.State = trainingv1alpha1.StateHeld
+	msg := "no pod can carry the template's metadata: " + strings.Join(list, "; ") + ": no pods are created; suspend the job (runPolicy.suspend) to change its templates"
+	if c := meta.FindStatusCondition(st.Conditions, trainingv1alpha1.ConditionReady); c == nil || c.Reason != ReasonInvalidSpec {
+		p.event(true, ReasonInvalidSpec, msg)
+	}
+	p.set(trainingv1alpha1.ConditionCreated, metav1.ConditionFalse, ReasonInvalidSpec, msg)
+	p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, ReasonInvalidSpec, msg)
+	p.ready(metav1.ConditionFalse, ReasonInvalidSpec, msg)
 	return true
 }
 

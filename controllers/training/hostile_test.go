@@ -119,6 +119,37 @@ func TestAJobOverThePodLimitIsHeld(t *testing.T) {
 	}
 }
 
+// A job whose pod template carries a label or annotation no pod may have
+// (the CRD's schema cannot check a map's keys) is held without pods or a
+// Service, Stalled, naming the fields, instead of every pod's create
+// failing.
+func TestAJobWhosePodsCannotCarryItsTemplateMetadataIsHeld(t *testing.T) {
+	ns := namespace(t, "badmeta")
+	startManager(t)
+	job := newJob(ns, "badmeta", 2, 0, trainingv1alpha1.GangNone)
+	job.Spec.ReplicaSpecs.Worker.Template.Labels = map[string]string{"team": strings.Repeat("a", 64)}
+	job.Spec.ReplicaSpecs.Master.Template.Annotations = map[string]string{"not a key": "x"}
+	create(t, job)
+	got := waitState(t, job, trainingv1alpha1.StateHeld)
+	for _, typ := range []string{trainingv1alpha1.ConditionReady, trainingv1alpha1.ConditionScheduled, trainingv1alpha1.ConditionCreated, trainingv1alpha1.ConditionStalled} {
+		c := cond(got, typ)
+		if want := typ == trainingv1alpha1.ConditionStalled; (c.Status == metav1.ConditionTrue) != want {
+			t.Fatalf("%s = %+v", typ, c)
+		}
+		if c.Reason != ReasonInvalidSpec || !strings.Contains(c.Message, "spec.replicaSpecs.worker.template.metadata.labels: Invalid value") ||
+			!strings.Contains(c.Message, "spec.replicaSpecs.master.template.metadata.annotations: Invalid value: \"not a key\"") {
+			t.Fatalf("%s = %+v", typ, c)
+		}
+	}
+	time.Sleep(time.Second)
+	if pods := jobPods(t, job); len(pods) != 0 {
+		t.Fatalf("a held job created pods %v", names(pods))
+	}
+	if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(job), &corev1.Service{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a held job's Service: %v", err)
+	}
+}
+
 // A pod name the job wants, taken by a pod someone else created, says
 // NameConflict naming the pod; the stranger's pod is left exactly as it
 // was, and once it is gone the job proceeds. A user's Service of the job's
