@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -186,6 +187,9 @@ type kueuePriority struct {
 // by, everything, and keep that priority once the class appears).
 func (k *kueueJobs) priority(ctx context.Context, job *trainingv1alpha1.TrainingJob) (_ *kueuePriority, missing string, _ error) {
 	if name := job.Labels[kueue.PriorityClassLabel]; name != "" {
+		if !nameable(name) {
+			return nil, "WorkloadPriorityClass " + name, nil
+		}
 		u := &unstructured.Unstructured{}
 		u.SetGroupVersionKind(kueue.WorkloadPriorityClassGVK)
 		if err := k.live.Get(ctx, client.ObjectKey{Name: name}, u); err != nil {
@@ -201,6 +205,9 @@ func (k *kueueJobs) priority(ctx context.Context, job *trainingv1alpha1.Training
 		return &kueuePriority{ref: kueue.PriorityClassRef{Group: kueue.Group, Kind: "WorkloadPriorityClass", Name: name}, value: int32(v)}, "", nil
 	}
 	if name := podPriorityClass(job); name != "" {
+		if !nameable(name) {
+			return nil, "PriorityClass " + name, nil
+		}
 		pc := &schedulingv1.PriorityClass{}
 		if err := k.live.Get(ctx, client.ObjectKey{Name: name}, pc); err != nil {
 			if apierrors.IsNotFound(err) {
@@ -226,6 +233,12 @@ func (k *kueueJobs) priority(ctx context.Context, job *trainingv1alpha1.Training
 	}
 	return podPriority(def), "", nil
 }
+
+// nameable: some object can have the name. One that none can (a pod
+// template's priorityClassName "a/b", which the CRD does not check) does
+// not exist, and is not asked for: the client refuses to build its path,
+// an error on every pass instead of a job held saying so.
+func nameable(name string) bool { return len(validation.IsDNS1123Subdomain(name)) == 0 }
 
 func podPriority(pc *schedulingv1.PriorityClass) *kueuePriority {
 	return &kueuePriority{ref: kueue.PriorityClassRef{Group: schedulingv1.GroupName, Kind: "PriorityClass", Name: pc.Name}, value: pc.Value}

@@ -112,3 +112,20 @@ func TestMissingPriorityClassHoldsTheJob(t *testing.T) {
 		t.Fatal("no recheck for the class")
 	}
 }
+
+// A pod template's priorityClassName no object can have (the CRD does not
+// check it) is a PriorityClass that does not exist, which holds the
+// Workload saying so, read from the real API server: not an error on
+// every pass because the client refuses to build the name's path.
+func TestKueuePriorityOfANameNoObjectCanHave(t *testing.T) {
+	k := &kueueJobs{live: env.Client}
+	for _, name := range []string{"a/b", "..", "50%"} {
+		job := newJob("ns", "job", 1, 0, trainingv1alpha1.GangNone)
+		job.Labels = map[string]string{kueue.QueueLabel: "team"}
+		job.Spec.ReplicaSpecs.Master.Template.Spec.PriorityClassName = name
+		p, missing, err := k.priority(context.Background(), job)
+		if err != nil || p != nil || missing != "PriorityClass "+name {
+			t.Errorf("priorityClassName %q: %+v, missing %q, error %v", name, p, missing, err)
+		}
+	}
+}
