@@ -136,14 +136,23 @@ func decide(o observed) decision {
 // RayJob whose deadline is watched (Initializing, Running): a longer wait
 // (an unreachable dashboard's backoff, up to a minute) would fail it late.
 func untilDeadline(o observed, d *decision) {
-	st, ads := d.status, o.job.Spec.ActiveDeadlineSeconds
-	if ads == nil || st.StartTime == nil || d.requeue == 0 ||
+	if d.requeue != 0 {
+		d.requeue = nextLook(o, d.status, d.requeue)
+	}
+}
+
+// nextLook is wait, or less when the RayJob's activeDeadlineSeconds comes
+// first while its deadline is watched (Initializing, Running).
+func nextLook(o observed, st rayv1.RayJobStatus, wait time.Duration) time.Duration {
+	ads := o.job.Spec.ActiveDeadlineSeconds
+	if ads == nil || st.StartTime == nil ||
 		(st.JobDeploymentStatus != rayv1.JobDeploymentStatusInitializing && st.JobDeploymentStatus != rayv1.JobDeploymentStatusRunning) {
-		return
+		return wait
 	}
-	if left := st.StartTime.Add(time.Duration(*ads)*time.Second).Sub(o.now) + time.Second; left < d.requeue {
-		d.requeue = max(left, time.Second)
+	if left := st.StartTime.Add(time.Duration(*ads)*time.Second).Sub(o.now) + time.Second; left < wait {
+		return max(left, time.Second)
 	}
+	return wait
 }
 
 // initStatus names the Ray job and the cluster before anything is created

@@ -317,7 +317,8 @@ func TestFinishedRayJobIgnoresAnInvalidEdit(t *testing.T) {
 }
 
 // An unreachable dashboard's backoff does not carry a RayJob past its
-// deadline: it is looked at again when the deadline comes.
+// deadline: it is looked at again when the deadline comes, and the status
+// message says when that is.
 func TestDecideLooksAgainAtTheDeadline(t *testing.T) {
 	o := observed{job: baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning), cluster: readyCluster(), now: t0,
 		dash: dashObs{asked: true, err: errors.New("connection refused"), failures: 9, since: t0.Add(-5 * time.Minute)}}
@@ -325,8 +326,8 @@ func TestDecideLooksAgainAtTheDeadline(t *testing.T) {
 		t.Fatalf("no deadline: requeue %s, want the backoff's minute", d.requeue)
 	}
 	o.job.Spec.ActiveDeadlineSeconds = ptr.To[int32](70) // 10 s left
-	if d := decide(o); d.requeue != 11*time.Second {
-		t.Fatalf("10 s before the deadline: requeue %s, want 11s", d.requeue)
+	if d := decide(o); d.requeue != 11*time.Second || !strings.HasSuffix(d.status.Message, "asking again in 11s") {
+		t.Fatalf("10 s before the deadline: requeue %s, message %q; want 11s, and the message saying so", d.requeue, d.status.Message)
 	}
 }
 

@@ -64,7 +64,7 @@ func followDashboard(o observed, d *decision, finishedAt *time.Time) {
 	case !o.dash.asked:
 		return
 	case o.dash.err != nil:
-		wait := dashboardBackoff(o.dash.failures)
+		wait := nextLook(o, *st, dashboardBackoff(o.dash.failures))
 		st.Message = fmt.Sprintf("cannot reach the Ray dashboard at %s (%d failed requests since %s): %v; asking again in %s",
 			st.DashboardURL, o.dash.failures, o.dash.since.UTC().Format(time.RFC3339), o.dash.err, wait)
 		d.requeue = wait
