@@ -139,10 +139,29 @@ func validate(j *rayv1.RayJob) error {
 	if selectorMode(j) && j.Spec.BackoffLimit != nil && *j.Spec.BackoffLimit > 0 {
 		return fmt.Errorf("backoffLimit is incompatible with clusterSelector: a retry starts over on a new RayCluster, and a selected one is never replaced")
 	}
+	// Ray refuses a job without an entrypoint (`ray job submit` and the
+	// Jobs API both): said before a cluster comes up for nothing. A
+	// submitter template with its own command does not use it.
+	if strings.TrimSpace(j.Spec.Entrypoint) == "" && usesEntrypoint(j) {
+		return fmt.Errorf("spec.entrypoint must be set in %s: it is the command the Ray job runs", j.Spec.SubmissionMode)
+	}
 	// Refused here rather than by the API server when the submitter Job is
 	// created, after a cluster has come up for nothing.
 	if c := j.Spec.SubmitterConfig; j.Spec.SubmissionMode == rayv1.K8sJobMode && c != nil && c.BackoffLimit != nil && *c.BackoffLimit < 0 {
 		return fmt.Errorf("spec.submitterConfig.backoffLimit must not be negative, got %d", *c.BackoffLimit)
 	}
 	return nil
+}
+
+// usesEntrypoint reports whether Loom submits spec.entrypoint: in HTTPMode,
+// and in K8sJobMode unless the submitter template runs its own command.
+func usesEntrypoint(j *rayv1.RayJob) bool {
+	switch j.Spec.SubmissionMode {
+	case rayv1.HTTPMode:
+		return true
+	case rayv1.K8sJobMode:
+		t := j.Spec.SubmitterPodTemplate
+		return t == nil || len(t.Spec.Containers) == 0 || len(t.Spec.Containers[utils.RayContainerIndex].Command) == 0
+	}
+	return false
 }

@@ -109,6 +109,9 @@ func TestValidateKubeRaySamples(t *testing.T) {
 		"retries on a selected cluster": func(j *rayv1.RayJob) {
 			j.Spec.ClusterSelector, j.Spec.BackoffLimit = map[string]string{"ray.io/cluster": "theirs"}, ptr.To[int32](1)
 		},
+		"no entrypoint":           func(j *rayv1.RayJob) { j.Spec.Entrypoint = "" },
+		"a blank entrypoint":      func(j *rayv1.RayJob) { j.Spec.Entrypoint = " \n\t" },
+		"HTTPMode, no entrypoint": func(j *rayv1.RayJob) { j.Spec.SubmissionMode, j.Spec.Entrypoint = rayv1.HTTPMode, "" },
 	} {
 		j := baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusNew)
 		edit(j)
@@ -120,6 +123,20 @@ func TestValidateKubeRaySamples(t *testing.T) {
 	j.Spec.ClusterSelector, j.Spec.BackoffLimit = map[string]string{"ray.io/cluster": "theirs"}, ptr.To[int32](0)
 	if err := validate(j); err != nil {
 		t.Errorf("a selected cluster with backoffLimit 0: %v", err)
+	}
+	// No entrypoint is needed where Loom submits none: the user does
+	// (InteractiveMode), or the submitter template's own command does.
+	j = baseJob(rayv1.InteractiveMode, rayv1.JobDeploymentStatusNew)
+	j.Spec.Entrypoint = ""
+	if err := validate(j); err != nil {
+		t.Errorf("InteractiveMode without an entrypoint: %v", err)
+	}
+	j = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusNew)
+	j.Spec.Entrypoint = ""
+	j.Spec.SubmitterPodTemplate = &corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{
+		{Name: "submit", Image: "rayproject/ray:2.46.0", Command: []string{"ray", "job", "submit", "--", "python", "x.py"}}}}}
+	if err := validate(j); err != nil {
+		t.Errorf("a submitter template with its own command, without an entrypoint: %v", err)
 	}
 }
 

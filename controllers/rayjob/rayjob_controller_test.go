@@ -672,30 +672,55 @@ func TestASubmitterNameTakenByAStrangerIsReported(t *testing.T) {
 // A submission the dashboard refuses (HTTPMode) is said on the RayJob: its
 // status message quotes the dashboard's answer and a Warning event names
 // it, instead of the RayJob reading Running with nothing said while the
-// manager's log fills; once the entrypoint is fixed, the job is submitted
+// manager's log fills; once the dashboard takes it, the job is submitted
 // and the message is the Ray job's.
 func TestARefusedSubmissionIsReported(t *testing.T) {
+	const refusal = "runtime_env: pip package torch==0.0.0 cannot be installed"
 	fake := newFake(t, time.Hour)
+	fake.SetRefuse(refusal)
 	startManager(t, fake)
 	rj := sampleJob(t, "ray-job.sample.yaml", "rj-refused")
 	rj.Spec.SubmissionMode = rayv1.HTTPMode
-	rj.Spec.Entrypoint = ""
 	create(t, rj)
 	rc, _ := waitCluster(t, rj)
 	bringUp(t, rc, true)
 	got := waitJob(t, rj, "saying the dashboard refused the submission", func(j *rayv1.RayJob) bool {
-		return strings.Contains(j.Status.Message, "entrypoint must be set")
+		return strings.Contains(j.Status.Message, refusal)
 	})
 	if !strings.Contains(got.Status.Message, "submitting Ray job "+got.Status.JobId) || got.Status.JobDeploymentStatus != rayv1.JobDeploymentStatusRunning {
 		t.Fatalf("status %+v", got.Status)
 	}
 	warned(t, rj, ReasonFailedToSubmit)
 
-	updateJob(t, rj, func(j *rayv1.RayJob) { j.Spec.Entrypoint = "python /home/ray/samples/sample_code.py" })
+	fake.SetRefuse("")
 	got = waitJob(t, rj, "running its Ray job", func(j *rayv1.RayJob) bool { return j.Status.JobStatus == rayv1.JobStatusRunning })
-	if strings.Contains(got.Status.Message, "entrypoint") {
+	if strings.Contains(got.Status.Message, refusal) {
 		t.Fatalf("the refusal is still said: %q", got.Status.Message)
 	}
+}
+
+// A RayJob without an entrypoint, where Loom would submit it (HTTPMode;
+// K8sJobMode with KubeRay's submitter), is ValidationFailed before any
+// cluster comes up: Ray refuses such a job, after the cluster came up for
+// nothing. Given one, it starts over and runs.
+func TestARayJobWithoutAnEntrypointMakesNoCluster(t *testing.T) {
+	fake := newFake(t, time.Hour)
+	startManager(t, fake)
+	rj := sampleJob(t, "ray-job.sample.yaml", "rj-no-entrypoint")
+	rj.Spec.Entrypoint = "  "
+	create(t, rj)
+	got := waitJob(t, rj, "ValidationFailed", deploymentStatus(rayv1.JobDeploymentStatusValidationFailed))
+	if !strings.Contains(got.Status.Message, "spec.entrypoint must be set") || got.Status.RayClusterName != "" {
+		t.Fatalf("status %+v", got.Status)
+	}
+	var list rayv1.RayClusterList
+	if err := env.Client.List(context.Background(), &list, client.InNamespace(rj.Namespace)); err != nil || len(list.Items) != 0 {
+		t.Fatalf("RayClusters %d (%v), want none", len(list.Items), err)
+	}
+	updateJob(t, rj, func(j *rayv1.RayJob) { j.Spec.Entrypoint = "python /home/ray/samples/sample_code.py" })
+	rc, _ := waitCluster(t, rj)
+	bringUp(t, rc, true)
+	waitJob(t, rj, "Running", deploymentStatus(rayv1.JobDeploymentStatusRunning))
 }
 
 // A running Ray job whose state does not change writes nothing: the

@@ -30,6 +30,7 @@ type Server struct {
 	jobs     map[string]*job
 	submits  map[string]int
 	down     bool
+	refuse   string
 	requests int
 	srv      *httptest.Server
 }
@@ -58,6 +59,14 @@ func (s *Server) SetDown(down bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.down = down
+}
+
+// SetRefuse makes every submission answer 400 with msg, as a dashboard
+// refusing the job would ("": accept them again).
+func (s *Server) SetRefuse(msg string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refuse = msg
 }
 
 // Submissions is how many times id was submitted (accepted or not).
@@ -97,6 +106,9 @@ func (s *Server) Submit(req utiltypes.RayJobRequest) (string, error) {
 	s.submits[req.SubmissionId]++
 	if strings.TrimSpace(req.Entrypoint) == "" {
 		return "", fmt.Errorf("entrypoint must be set")
+	}
+	if s.refuse != "" {
+		return "", fmt.Errorf("%s", s.refuse)
 	}
 	if _, ok := s.jobs[req.SubmissionId]; ok {
 		return "", fmt.Errorf("job with submission_id %s already exists, please use a different submission_id", req.SubmissionId)
