@@ -183,8 +183,9 @@ const conflictRecheck = 30 * time.Second
 // delete, an HTTPMode submission) on the RayJob: a Warning event (KubeRay's
 // reason for the step) and, while the RayJob has not finished, the status
 // as it was with a message saying what failed. No state or name of this
-// pass is recorded, as its steps were not all done. A finished RayJob keeps
-// its message (the Ray job's result). A child's name taken by an object
+// pass is recorded, as its steps were not all done; observedGeneration is,
+// since the spec was read. A finished RayJob keeps its message (the Ray
+// job's result). A child's name taken by an object
 // the RayJob does not control (the submitter Job's, the cluster's), which
 // Loom leaves alone, is looked at again later; any other failure is
 // returned, so the pass is tried again with backoff.
@@ -202,11 +203,11 @@ func (r *Reconciler) writeFailed(ctx context.Context, job *rayv1.RayJob, err err
 		res, ret = ctrl.Result{RequeueAfter: conflictRecheck}, nil
 	}
 	r.event(job, corev1.EventTypeWarning, reason, "%s", msg)
-	if rayv1.IsJobDeploymentTerminal(job.Status.JobDeploymentStatus) {
-		return res, ret
-	}
 	st := job.Status.DeepCopy()
-	st.Message = msg
+	st.ObservedGeneration = job.Generation
+	if !rayv1.IsJobDeploymentTerminal(job.Status.JobDeploymentStatus) {
+		st.Message = msg
+	}
 	if _, err := r.writer.Status(ctx, job, &job.Status, st, apply.Guarded()); err != nil {
 		if apierrors.IsConflict(err) {
 			return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil

@@ -633,7 +633,8 @@ func TestAServiceNameTakenByAStrangerDoesNotStopTheJob(t *testing.T) {
 // A Job of the submitter's name (the RayJob's) that the RayJob does not
 // control is left alone; the RayJob says so in its status message and a
 // Warning event, instead of failing each pass with nothing on the object,
-// and goes on once that Job is gone.
+// its observedGeneration following edits meanwhile, and goes on once that
+// Job is gone.
 func TestASubmitterNameTakenByAStrangerIsReported(t *testing.T) {
 	ctx := context.Background()
 	fake := newFake(t, time.Hour)
@@ -650,6 +651,11 @@ func TestASubmitterNameTakenByAStrangerIsReported(t *testing.T) {
 		return strings.Contains(j.Status.Message, "Job "+rj.Namespace+"/"+rj.Name+" exists")
 	})
 	warned(t, rj, "NameConflict")
+	// An edit while held is seen: observedGeneration follows the spec.
+	updateJob(t, rj, func(j *rayv1.RayJob) { j.Spec.ActiveDeadlineSeconds = ptr.To[int32](3600) })
+	waitJob(t, rj, "observing its edited spec", func(j *rayv1.RayJob) bool {
+		return j.Status.ObservedGeneration == j.Generation && strings.Contains(j.Status.Message, "Job "+rj.Namespace+"/"+rj.Name+" exists")
+	})
 	after := &batchv1.Job{}
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(stranger), after); err != nil {
 		t.Fatal(err)
