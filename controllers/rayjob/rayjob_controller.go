@@ -83,6 +83,9 @@ type Reconciler struct {
 	mu     sync.Mutex
 	// unreachable counts each RayJob's failed dashboard requests in a row.
 	unreachable map[types.NamespacedName]dashFailures
+	// conflicts is the name conflict each RayJob last warned of and that
+	// still stands (the status does not carry it), so it is said once.
+	conflicts map[types.NamespacedName]string
 }
 
 type dashFailures struct {
@@ -223,9 +226,29 @@ func (r *Reconciler) writeFailed(ctx context.Context, job *rayv1.RayJob, err err
 func (r *Reconciler) forget(key types.NamespacedName) {
 	r.mu.Lock()
 	delete(r.unreachable, key)
+	delete(r.conflicts, key)
 	r.mu.Unlock()
 	forgetMetrics(key)
 	if r.writer != nil {
 		r.writer.Forget(&rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}})
 	}
+}
+
+// newConflict records msg as the RayJob's standing name conflict ("":
+// none) and reports whether it is new, to be warned of.
+func (r *Reconciler) newConflict(key types.NamespacedName, msg string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.conflicts[key] == msg {
+		return false
+	}
+	if r.conflicts == nil {
+		r.conflicts = map[types.NamespacedName]string{}
+	}
+	if msg == "" {
+		delete(r.conflicts, key)
+	} else {
+		r.conflicts[key] = msg
+	}
+	return msg != ""
 }

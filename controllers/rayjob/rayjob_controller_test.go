@@ -466,17 +466,27 @@ func runUntilSubmitted(t *testing.T, rj *rayv1.RayJob, fake *rayfake.Server) *ra
 func warned(t *testing.T, rj *rayv1.RayJob, reason rayv1.JobFailedReason) {
 	t.Helper()
 	testenv.Eventually(t, 30*time.Second, func() error {
-		list := &eventsv1.EventList{}
-		if err := env.Client.List(context.Background(), list, client.InNamespace(rj.Namespace)); err != nil {
-			return err
+		if len(eventsOf(t, rj, corev1.EventTypeWarning, string(reason))) != 0 {
+			return nil
 		}
-		for _, e := range list.Items {
-			if e.Regarding.Kind == "RayJob" && e.Regarding.Name == rj.Name && e.Type == corev1.EventTypeWarning && e.Reason == string(reason) {
-				return nil
-			}
-		}
-		return fmt.Errorf("no %s Warning on RayJob %s among %d events", reason, rj.Name, len(list.Items))
+		return fmt.Errorf("no %s Warning on RayJob %s", reason, rj.Name)
 	})
+}
+
+// eventsOf lists the RayJob's events of type and reason.
+func eventsOf(t *testing.T, rj *rayv1.RayJob, typ, reason string) []eventsv1.Event {
+	t.Helper()
+	list := &eventsv1.EventList{}
+	if err := env.Client.List(context.Background(), list, client.InNamespace(rj.Namespace)); err != nil {
+		t.Fatal(err)
+	}
+	var out []eventsv1.Event
+	for _, e := range list.Items {
+		if e.Regarding.Kind == "RayJob" && e.Regarding.Name == rj.Name && e.Type == typ && e.Reason == reason {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // neverFitsMsg is the raycluster controller's loom.dev/GPUInventory
@@ -599,10 +609,11 @@ func getCluster(t *testing.T, rc *rayv1.RayCluster) *rayv1.RayCluster {
 // RayCluster named as the RayJob in the same namespace, is left alone and
 // does not stop the job: that Service is a convenience, not part of the
 // run. The RayJob follows its Ray job to Complete, cleans up its cluster,
-// and a Warning event names the Service in the way.
+// and a Warning event names the Service in the way, once, not on every
+// poll of the dashboard.
 func TestAServiceNameTakenByAStrangerDoesNotStopTheJob(t *testing.T) {
 	ctx := context.Background()
-	fake := newFake(t, 300*time.Millisecond)
+	fake := newFake(t, 3*requeueRunning)
 	startManager(t, fake)
 	rj := sampleJob(t, "ray-job.sample.yaml", "rj-svc-clash")
 	rj.Spec.SubmissionMode = rayv1.HTTPMode
@@ -621,6 +632,10 @@ func TestAServiceNameTakenByAStrangerDoesNotStopTheJob(t *testing.T) {
 	}
 	clusterGone(t, rc)
 	warned(t, rj, "NameConflict")
+	time.Sleep(time.Second) // the recorder sends a repeat in the background
+	if evs := eventsOf(t, rj, corev1.EventTypeWarning, "NameConflict"); len(evs) != 1 || evs[0].Series != nil {
+		t.Fatalf("NameConflict events %+v, want one, said once", evs)
+	}
 	after := &corev1.Service{}
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(stranger), after); err != nil {
 		t.Fatal(err)

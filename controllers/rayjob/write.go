@@ -72,12 +72,18 @@ func (r *Reconciler) write(ctx context.Context, o observed, d decision) error {
 		// The RayJob-level Service is a convenience, a name that follows
 		// the job from cluster to cluster: one of that name the RayJob
 		// does not control (the head Service of a RayCluster named as the
-		// RayJob) is left alone, said in a Warning, and the job goes on
-		// without it.
-		if err := r.writer.Ensure(ctx, owner, svc); apply.IsForeign(err) {
-			r.event(owner, corev1.EventTypeWarning, ReasonNameConflict, "%s: the RayJob runs without its own head Service; rename the RayJob or that Service to have it", err)
-		} else if err != nil {
+		// RayJob) is left alone, said in a Warning once while it stands,
+		// and the job goes on without it.
+		err = r.writer.Ensure(ctx, owner, svc)
+		if err != nil && !apply.IsForeign(err) {
 			return failed(utils.FailedToCreateService, err)
+		}
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+		}
+		if r.newConflict(client.ObjectKeyFromObject(owner), msg) {
+			r.event(owner, corev1.EventTypeWarning, ReasonNameConflict, "%s: the RayJob runs without its own head Service; rename the RayJob or that Service to have it", msg)
 		}
 	}
 	if d.warn.reason != "" {
