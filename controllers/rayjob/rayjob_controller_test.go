@@ -20,12 +20,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/yaml"
 
 	"github.com/loom-dev/loom/controllers/rayjob/rayfake"
+	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/manager"
 	"github.com/loom-dev/loom/internal/testenv"
 )
@@ -832,4 +834,47 @@ func TestDeleteWorkersKeepsTheClusterAsItRuns(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// behindCache is a manager's cache that has not seen the RayJob's cluster
+// and submitter Job yet.
+type behindCache struct{ client.Client }
+
+func (c behindCache) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	switch obj.(type) {
+	case *rayv1.RayCluster, *batchv1.Job:
+		return apierrors.NewNotFound(rayv1.Resource("rayclusters"), key.Name)
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
+}
+
+// A pass on a cache behind the pass that created the cluster and the
+// submitter finds them made and records no second Created event.
+func TestCreatedEventsOnceWhenTheCacheIsBehind(t *testing.T) {
+	ctx := context.Background()
+	startManager(t, newFake(t, time.Hour)) // installs the CRDs
+	rj := sampleJob(t, "ray-job.sample.yaml", "rj-created-once")
+	rj.Spec.ManagedBy = ptr.To("kueue.x-k8s.io/multikueue") // the manager's reconciler leaves it to this test
+	create(t, rj)
+	rec := events.NewFakeRecorder(10)
+	r := &Reconciler{Client: behindCache{env.Client}, APIReader: env.Client, Recorder: rec}
+	r.writer = apply.NewWriter(r.Client, FieldOwner, apply.Options{Live: r.APIReader})
+	j := normalized(getJob(t, rj))
+	j.Status.JobId, j.Status.RayClusterName, j.Status.DashboardURL = "rayjob-sample-abcde", "rayjob-sample-fghij", "rayjob-sample-fghij-head-svc:8265"
+	o := observed{job: j, cluster: readyCluster(), now: time.Now()}
+	o.cluster.Name, o.cluster.Spec = j.Status.RayClusterName, *j.Spec.RayClusterSpec.DeepCopy()
+	d := decision{status: j.Status, createCluster: true, createSubmitter: true}
+	for pass := 1; pass <= 2; pass++ {
+		if err := r.write(ctx, o, d); err != nil {
+			t.Fatalf("pass %d: %v", pass, err)
+		}
+	}
+	close(rec.Events)
+	var got []string
+	for e := range rec.Events {
+		got = append(got, e)
+	}
+	if len(got) != 2 || !strings.Contains(got[0], "CreatedRayCluster") || !strings.Contains(got[1], "CreatedRayJobSubmitter") {
+		t.Fatalf("events %q, want one CreatedRayCluster and one CreatedRayJobSubmitter", got)
+	}
 }

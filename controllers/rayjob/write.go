@@ -48,21 +48,29 @@ func failed(reason utils.K8sEventType, err error) error {
 // write makes the children what the decision says, then submits.
 func (r *Reconciler) write(ctx context.Context, o observed, d decision) error {
 	owner := o.job
+	// A create that finds the child made (the cache behind an earlier
+	// pass's create) records no second Created event.
 	if d.createCluster {
-		if err := r.writer.Ensure(ctx, owner, desiredCluster(o.job, d.status.RayClusterName)); err != nil {
+		created, err := r.writer.EnsureNew(ctx, owner, desiredCluster(o.job, d.status.RayClusterName))
+		if err != nil {
 			return failed(utils.FailedToCreateRayCluster, err)
 		}
-		r.event(owner, corev1.EventTypeNormal, "CreatedRayCluster", "Created RayCluster %s/%s", owner.Namespace, d.status.RayClusterName)
+		if created {
+			r.event(owner, corev1.EventTypeNormal, "CreatedRayCluster", "Created RayCluster %s/%s", owner.Namespace, d.status.RayClusterName)
+		}
 	}
 	if d.createSubmitter && o.cluster != nil {
 		sj, err := desiredSubmitter(o.job, d.status, o.cluster)
 		if err != nil {
 			return failed(utils.FailedToCreateRayJobSubmitter, err)
 		}
-		if err := r.writer.Ensure(ctx, owner, sj); err != nil {
+		created, err := r.writer.EnsureNew(ctx, owner, sj)
+		if err != nil {
 			return failed(utils.FailedToCreateRayJobSubmitter, err)
 		}
-		r.event(owner, corev1.EventTypeNormal, "CreatedRayJobSubmitter", "Created Kubernetes Job %s/%s", sj.Namespace, sj.Name)
+		if created {
+			r.event(owner, corev1.EventTypeNormal, "CreatedRayJobSubmitter", "Created Kubernetes Job %s/%s", sj.Namespace, sj.Name)
+		}
 	}
 	if d.ensureService && o.cluster != nil {
 		svc, err := desiredService(ctx, o.job, o.cluster)

@@ -131,14 +131,22 @@ func IsForeign(err error) bool {
 // another writer since; an object of the name that Loom does not control is
 // a ForeignError and is not touched.
 func (w *Writer) Ensure(ctx context.Context, owner, want client.Object) error {
+	_, err := w.EnsureNew(ctx, owner, want)
+	return err
+}
+
+// EnsureNew is Ensure, reporting whether this call created the child: a
+// create that finds it made already (a cache behind an earlier pass's
+// create) is not one, so a "Created" event is recorded once.
+func (w *Writer) EnsureNew(ctx context.Context, owner, want client.Object) (created bool, err error) {
 	gvk, err := apiutil.GVKForObject(want, w.c.Scheme())
 	if err != nil {
-		return err
+		return false, err
 	}
 	if owner != nil {
 		ref, err := controllerRef(w.c, owner)
 		if err != nil {
-			return err
+			return false, err
 		}
 		want.SetOwnerReferences([]metav1.OwnerReference{ref})
 	}
@@ -160,12 +168,12 @@ func (w *Writer) Ensure(ctx context.Context, owner, want client.Object) error {
 	ck := childKey{gk: gvk.GroupKind(), key: client.ObjectKeyFromObject(want)}
 	u, err := ToUnstructured(want)
 	if err != nil {
-		return err
+		return false, err
 	}
 	u.SetGroupVersionKind(gvk)
 	cur, err := w.read(ctx, w.c, gvk, ck.key)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if cur == nil && w.opts.Live != nil {
 		var done bool
@@ -173,35 +181,35 @@ func (w *Writer) Ensure(ctx context.Context, owner, want client.Object) error {
 			if err == nil {
 				w.remember(ck, gvk, owner, hash, u)
 			}
-			return err
+			return err == nil, err
 		}
 	}
 	why := "create"
 	if cur != nil {
 		if err := predecessors(gvk, ck.key, cur, want); err != nil {
-			return err
+			return false, err
 		}
 		if reason := foreign(cur, owner); reason != "" {
-			return &ForeignError{Kind: gvk.Kind, Key: ck.key.String(), Reason: reason}
+			return false, &ForeignError{Kind: gvk.Kind, Key: ck.key.String(), Reason: reason}
 		}
 		if why = w.stale(ctx, ck, cur, u, owner, hash); why == "" {
 			count(gvk.Kind, w.fieldOwner, "apply", "skipped")
-			return nil
+			return false, nil
 		}
 		if cur.GetAnnotations()[AnnotationHash] != hash {
 			if err := w.upgradeCreated(ctx, gvk, ck.key); err != nil {
-				return err
+				return false, err
 			}
 		}
 	}
 	log.FromContext(ctx).V(1).Info("apply", "kind", gvk.Kind, "object", ck.key, "fieldOwner", w.fieldOwner, "why", why)
 	if err := w.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(w.fieldOwner), client.ForceOwnership); err != nil {
 		count(gvk.Kind, w.fieldOwner, "apply", "error")
-		return fmt.Errorf("applying %s %s: %w", gvk.Kind, ck.key, err)
+		return false, fmt.Errorf("applying %s %s: %w", gvk.Kind, ck.key, err)
 	}
 	count(gvk.Kind, w.fieldOwner, "apply", "written")
 	w.remember(ck, gvk, owner, hash, u)
-	return nil
+	return cur == nil, nil
 }
 
 // remember records what the server answered (u) to a write of a child.

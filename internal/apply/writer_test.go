@@ -609,6 +609,28 @@ func TestLiveReadFindsWhatTheCacheHides(t *testing.T) {
 	}
 }
 
+// staleCache is a cache that has not seen any ConfigMap yet.
+type staleCache struct{ client.Client }
+
+func (c staleCache) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	return apierrors.NewNotFound(corev1.Resource("configmaps"), key.Name)
+}
+
+// EnsureNew reports a create only when its call made the child: a cache
+// behind an earlier create that finds the child made already is no
+// second one.
+func TestEnsureNewReportsOnlyItsOwnCreate(t *testing.T) {
+	ctx := context.Background()
+	o := owner(t, "new-owner")
+	w := apply.NewWriter(staleCache{env.Client}, "test-new", apply.Options{Live: env.Client})
+	for i, want := range []bool{true, false} {
+		created, err := w.EnsureNew(ctx, o, child("made-once", "v1"))
+		if err != nil || created != want {
+			t.Fatalf("call %d: created %v (%v), want %v", i+1, created, err, want)
+		}
+	}
+}
+
 // countingReader counts the reads that go around the cache.
 type countingReader struct {
 	client.Reader
