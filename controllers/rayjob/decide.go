@@ -86,12 +86,22 @@ func decide(o observed) decision {
 	d := decision{status: *old.DeepCopy(), requeue: requeueRunning}
 	st := &d.status
 	st.ObservedGeneration = o.job.Generation
-	// A finished RayJob stays finished whatever its spec becomes: an
-	// invalid edit moving it to ValidationFailed would, once mended, start
-	// it over from New and run the finished Ray job again.
-	if o.invalid != nil && !rayv1.IsJobDeploymentTerminal(old.JobDeploymentStatus) {
+	// An invalid spec is ValidationFailed only while nothing of the RayJob
+	// runs. A finished RayJob stays finished whatever its spec becomes
+	// (once mended, ValidationFailed would start it over and run the
+	// finished Ray job again); a started one holds (invalidEdit); one
+	// releasing its cluster (Suspending, Retrying) finishes that first.
+	switch {
+	case o.invalid == nil || rayv1.IsJobDeploymentTerminal(old.JobDeploymentStatus):
+	case validatedIn(old.JobDeploymentStatus):
 		st.JobDeploymentStatus, st.Reason, st.Message = rayv1.JobDeploymentStatusValidationFailed, rayv1.ValidationFailed, o.invalid.Error()
 		d.requeue = 0
+		if old.Message != st.Message {
+			d.warn = warning{reason: string(utils.InvalidRayJobSpec), msg: st.Message}
+		}
+		return d
+	case old.JobDeploymentStatus != rayv1.JobDeploymentStatusSuspending && old.JobDeploymentStatus != rayv1.JobDeploymentStatusRetrying:
+		invalidEdit(o, &d)
 		return d
 	}
 	switch st.JobDeploymentStatus {
@@ -104,6 +114,7 @@ func decide(o observed) decision {
 		initializing(o, &d)
 	case rayv1.JobDeploymentStatusWaiting:
 		if o.job.Spec.JobId == "" {
+			st.Message = waitingForJobID(st.DashboardURL)
 			return d
 		}
 		st.JobId, st.JobDeploymentStatus, st.Message = o.job.Spec.JobId, rayv1.JobDeploymentStatusRunning, ""
@@ -130,6 +141,38 @@ func decide(o observed) decision {
 	}
 	untilDeadline(o, &d)
 	return d
+}
+
+// validatedIn reports whether a RayJob in jds, of which nothing runs (New,
+// Suspended), goes to ValidationFailed when its spec is invalid.
+func validatedIn(jds rayv1.JobDeploymentStatus) bool {
+	return jds == rayv1.JobDeploymentStatusNew || jds == rayv1.JobDeploymentStatusValidationFailed || jds == rayv1.JobDeploymentStatusSuspended
+}
+
+// invalidEdit holds a started RayJob (Initializing, Waiting, Running)
+// whose spec was edited into an invalid one where it is: nothing is
+// created, deleted, submitted or stopped on the strength of that spec, and
+// no state is left for another, so its cluster stays owned and its Ray job
+// runs on, followed (status.jobStatus). The message and a Warning say why;
+// once the spec is mended, the RayJob goes on from where it held.
+// (KubeRay v1.5 moves it to ValidationFailed and follows it no more.)
+func invalidEdit(o observed, d *decision) {
+	st := &d.status
+	d.requeue = 0
+	if o.dash.asked {
+		d.requeue = requeueRunning
+	}
+	if o.dash.info != nil {
+		st.JobStatus = o.dash.info.JobStatus
+	}
+	st.Message = fmt.Sprintf("the RayJob holds as it is until its spec is mended (nothing is created, deleted or submitted; Ray job %s is followed): %v", st.JobId, o.invalid)
+	if o.job.Status.Message != st.Message {
+		d.warn = warning{reason: string(utils.InvalidRayJobSpec), msg: st.Message}
+	}
+}
+
+func waitingForJobID(dashboard string) string {
+	return fmt.Sprintf("waiting for spec.jobId: submit the Ray job to the dashboard at %s and set spec.jobId to its submission id", dashboard)
 }
 
 // untilDeadline looks again no later than the activeDeadlineSeconds of a
@@ -234,7 +277,7 @@ func initializing(o observed, d *decision) {
 	switch o.job.Spec.SubmissionMode {
 	case rayv1.InteractiveMode:
 		st.JobDeploymentStatus = rayv1.JobDeploymentStatusWaiting
-		st.Message = fmt.Sprintf("waiting for spec.jobId: submit the Ray job to the dashboard at %s and set spec.jobId to its submission id", st.DashboardURL)
+		st.Message = waitingForJobID(st.DashboardURL)
 		return
 	case rayv1.K8sJobMode:
 		d.createSubmitter = o.submitter == nil

@@ -178,7 +178,10 @@ func TestDecide(t *testing.T) {
 		}, want{jds: rayv1.JobDeploymentStatusSuspended}},
 		{"suspended: resumed", func(o *observed) { o.job.Status.JobDeploymentStatus = rayv1.JobDeploymentStatusSuspended },
 			want{jds: rayv1.JobDeploymentStatusNew}},
-		{"invalid spec", func(o *observed) { o.invalid = errors.New("The RayJob spec is invalid: x") },
+		{"invalid spec", func(o *observed) {
+			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusNew)
+			o.invalid = errors.New("The RayJob spec is invalid: x")
+		},
 			want{jds: rayv1.JobDeploymentStatusValidationFailed, reason: rayv1.ValidationFailed, msg: "spec is invalid"}},
 	}
 	for _, tc := range cases {
@@ -312,6 +315,63 @@ func TestFinishedRayJobIgnoresAnInvalidEdit(t *testing.T) {
 		j.Status, o.invalid, o.cluster = d.status, nil, nil
 		if d := decide(o); d.status.JobDeploymentStatus != jds || d.createCluster || d.createSubmitter || d.submit {
 			t.Fatalf("%s, mended: status %q, actions %+v", jds, d.status.JobDeploymentStatus, d)
+		}
+	}
+}
+
+// A started RayJob (Initializing, Waiting, Running) whose spec is edited
+// into an invalid one holds where it is, its Ray job followed: nothing is
+// created, deleted, submitted or stopped, and no state is left, so its
+// cluster stays owned and followed; a Warning says why, once. One
+// releasing its cluster goes on releasing it; one of which nothing runs is
+// ValidationFailed.
+func TestAStartedRayJobHoldsOnAnInvalidEdit(t *testing.T) {
+	invalid := errors.New("The RayJob spec is invalid: x")
+	for _, tc := range []struct {
+		name string
+		o    observed
+		js   rayv1.JobStatus
+	}{
+		{"initializing, its cluster missing", observed{job: baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusInitializing)}, ""},
+		{"waiting for spec.jobId", observed{job: baseJob(rayv1.InteractiveMode, rayv1.JobDeploymentStatusWaiting), cluster: readyCluster()}, ""},
+		{"running, its Ray job done", observed{job: baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning), cluster: readyCluster(),
+			dash: info(rayv1.JobStatusSucceeded, "done")}, rayv1.JobStatusSucceeded},
+		{"running, the Ray job unknown", observed{job: baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning), cluster: readyCluster(),
+			dash: dashObs{asked: true, notFound: true}}, ""},
+		{"running past its deadline", observed{job: func() *rayv1.RayJob {
+			j := baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
+			j.Spec.ActiveDeadlineSeconds = ptr.To[int32](1)
+			return j
+		}(), cluster: readyCluster(), dash: info(rayv1.JobStatusRunning, "")}, rayv1.JobStatusRunning},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := tc.o
+			o.now, o.invalid = t0, invalid
+			d := decide(o)
+			st := d.status
+			if st.JobDeploymentStatus != o.job.Status.JobDeploymentStatus || st.JobStatus != tc.js || !strings.Contains(st.Message, "holds as it is until its spec is mended") ||
+				!strings.Contains(st.Message, invalid.Error()) || st.ObservedGeneration != 3 {
+				t.Fatalf("status %+v, want %q held, job status %q, saying why", st, o.job.Status.JobDeploymentStatus, tc.js)
+			}
+			if d.createCluster || d.createSubmitter || d.ensureService || d.submit || d.deleteCluster || d.deleteSubmitter || d.suspendWorkers || d.stopJob || d.deleteSelf {
+				t.Fatalf("actions on an invalid spec: %+v", d)
+			}
+			if d.warn.reason != "InvalidRayJobSpec" {
+				t.Fatalf("warning %+v", d.warn)
+			}
+			o.job.Status = st
+			if d := decide(o); d.warn.reason != "" {
+				t.Fatalf("warned again: %+v", d.warn)
+			}
+		})
+	}
+	suspending := baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusSuspending)
+	if d := decide(observed{job: suspending, cluster: readyCluster(), now: t0, invalid: invalid}); !d.deleteCluster || d.status.JobDeploymentStatus != rayv1.JobDeploymentStatusSuspending {
+		t.Fatalf("suspending, edited invalid: %+v", d)
+	}
+	for _, jds := range []rayv1.JobDeploymentStatus{rayv1.JobDeploymentStatusNew, rayv1.JobDeploymentStatusSuspended} {
+		if d := decide(observed{job: baseJob(rayv1.K8sJobMode, jds), now: t0, invalid: invalid}); d.status.JobDeploymentStatus != rayv1.JobDeploymentStatusValidationFailed {
+			t.Fatalf("%q, edited invalid: %q", jds, d.status.JobDeploymentStatus)
 		}
 	}
 }

@@ -31,8 +31,8 @@ func normalized(j *rayv1.RayJob) *rayv1.RayJob {
 func (r *Reconciler) observe(ctx context.Context, job *rayv1.RayJob, now time.Time) (observed, error) {
 	j := normalized(job)
 	o := observed{job: j, now: now, newJobID: utils.GenerateRayJobId(j.Name), newCluster: utils.GenerateRayClusterName(j.Name), invalid: validate(j)}
-	if o.invalid != nil && !rayv1.IsJobDeploymentTerminal(j.Status.JobDeploymentStatus) {
-		return o, nil // a finished RayJob's clean-up still runs (decide)
+	if o.invalid != nil && validatedIn(j.Status.JobDeploymentStatus) {
+		return o, nil // ValidationFailed: a started or finished RayJob is still followed (decide)
 	}
 	st := j.Status
 	if st.RayClusterName != "" {

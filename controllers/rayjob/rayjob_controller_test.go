@@ -878,3 +878,37 @@ func TestCreatedEventsOnceWhenTheCacheIsBehind(t *testing.T) {
 		t.Fatalf("events %q, want one CreatedRayCluster and one CreatedRayJobSubmitter", got)
 	}
 }
+
+// A running RayJob edited into an invalid spec holds where it is: Running,
+// its cluster owned and up, its Ray job running on and followed, the
+// message and an InvalidRayJobSpec Warning saying why, instead of
+// ValidationFailed with its cluster and Ray job running on unfollowed.
+// Mended, it follows its Ray job as before, submitted once.
+func TestAnInvalidEditHoldsARunningRayJob(t *testing.T) {
+	fake := newFake(t, time.Hour)
+	startManager(t, fake)
+	rj := sampleJob(t, "ray-job.sample.yaml", "rj-invalid-edit")
+	rj.Spec.SubmissionMode = rayv1.HTTPMode
+	create(t, rj)
+	rc, _ := waitCluster(t, rj)
+	bringUp(t, rc, true)
+	running := waitJob(t, rj, "running its Ray job", func(j *rayv1.RayJob) bool { return j.Status.JobStatus == rayv1.JobStatusRunning })
+	updateJob(t, rj, func(j *rayv1.RayJob) { j.Spec.TTLSecondsAfterFinished = 7 }) // without shutdownAfterJobFinishes
+	got := waitJob(t, rj, "held on its invalid spec", func(j *rayv1.RayJob) bool {
+		return j.Status.ObservedGeneration == j.Generation && strings.Contains(j.Status.Message, "TTLSecondsAfterFinished")
+	})
+	if got.Status.JobDeploymentStatus != rayv1.JobDeploymentStatusRunning || got.Status.JobStatus != rayv1.JobStatusRunning || got.Status.RayClusterName != rc.Name {
+		t.Fatalf("status %+v, want Running, held", got.Status)
+	}
+	warned(t, rj, "InvalidRayJobSpec")
+	if live := getCluster(t, rc); !metav1.IsControlledBy(live, got) || live.DeletionTimestamp != nil {
+		t.Fatalf("the cluster of the held RayJob: %+v", live.ObjectMeta)
+	}
+	updateJob(t, rj, func(j *rayv1.RayJob) { j.Spec.TTLSecondsAfterFinished = 0 })
+	got = waitJob(t, rj, "following its Ray job again", func(j *rayv1.RayJob) bool {
+		return j.Status.ObservedGeneration == j.Generation && !strings.Contains(j.Status.Message, "TTLSecondsAfterFinished")
+	})
+	if got.Status.JobDeploymentStatus != rayv1.JobDeploymentStatusRunning || got.Status.JobStatus != rayv1.JobStatusRunning || fake.Submissions(running.Status.JobId) != 1 {
+		t.Fatalf("mended: status %+v, %d submissions", got.Status, fake.Submissions(running.Status.JobId))
+	}
+}
