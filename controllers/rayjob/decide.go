@@ -38,6 +38,9 @@ type observed struct {
 	newJobID   string
 	newCluster string
 	invalid    error
+	// submitterTrouble is why the submitter's pod does not run, asked
+	// while the Ray job is not on the cluster yet ("": none said).
+	submitterTrouble string
 }
 
 // dashObs is one dashboard read: asked is false when the pass did not need

@@ -117,6 +117,13 @@ func TestDecide(t *testing.T) {
 			o.submitter = &batchv1.Job{}
 			o.dash = dashObs{asked: true, notFound: true}
 		}, want{jds: rayv1.JobDeploymentStatusRunning, ensureService: true, msg: "waiting for the submitter Job rj"}},
+		{"running: the submitter pod's trouble is said", func(o *observed) {
+			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
+			o.submitter = &batchv1.Job{}
+			o.dash = dashObs{asked: true, notFound: true}
+			o.submitterTrouble = "pod rj-x7k2p not placed: 0/3 nodes are available"
+		}, want{jds: rayv1.JobDeploymentStatusRunning, ensureService: true,
+			msg: "waiting for the submitter Job rj to submit Ray job rj-abcde: pod rj-x7k2p not placed: 0/3 nodes are available"}},
 		{"running: K8sJobMode terminal job waits for the submitter", func(o *observed) {
 			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
 			o.submitter = &batchv1.Job{}

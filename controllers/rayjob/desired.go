@@ -94,6 +94,14 @@ func desiredSubmitter(j *rayv1.RayJob, st rayv1.RayJobStatus, rc *rayv1.RayClust
 	if j.Spec.SubmitterConfig != nil && j.Spec.SubmitterConfig.BackoffLimit != nil {
 		limit = j.Spec.SubmitterConfig.BackoffLimit
 	}
+	// The pods carry the RayJob's origin labels, for the status to find
+	// them in the pod cache (which keeps only such Job pods whole).
+	if tmpl.Labels == nil {
+		tmpl.Labels = map[string]string{}
+	}
+	for k, v := range originLabels(j) {
+		tmpl.Labels[k] = v
+	}
 	labels := originLabels(j)
 	labels[utils.KubernetesCreatedByLabelKey] = utils.ComponentName
 	return &batchv1.Job{

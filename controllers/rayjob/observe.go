@@ -8,12 +8,14 @@ import (
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/podset"
 )
 
 // normalized is the RayJob with the defaults its CRD would give (a RayJob
@@ -65,7 +67,37 @@ func (r *Reconciler) observe(ctx context.Context, job *rayv1.RayJob, now time.Ti
 	if st.JobDeploymentStatus == rayv1.JobDeploymentStatusRunning && st.DashboardURL != "" && st.JobId != "" && o.cluster != nil {
 		o.dash = r.askDashboard(ctx, client.ObjectKeyFromObject(j), st, now)
 	}
+	if o.dash.notFound && o.submitter != nil {
+		if at, _ := submitterFinished(o.submitter); at == nil {
+			trouble, err := r.submitterTrouble(ctx, o.submitter)
+			if err != nil {
+				return o, err
+			}
+			o.submitterTrouble = trouble
+		}
+	}
 	return o, nil
+}
+
+// submitterTrouble is why a pod of the submitter Job, which has not
+// submitted the Ray job yet, does not run (not placed, an image that
+// cannot be pulled, a crash loop), "" when none says. It reads the pod
+// cache, and only while the RayJob waits for the submission.
+func (r *Reconciler) submitterTrouble(ctx context.Context, sj *batchv1.Job) (string, error) {
+	var pods corev1.PodList
+	if err := r.List(ctx, &pods, client.InNamespace(sj.Namespace), client.MatchingLabels(originLabels(&rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Name: sj.Name}}))); err != nil {
+		return "", err
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if !metav1.IsControlledBy(p, sj) || p.DeletionTimestamp != nil {
+			continue
+		}
+		if why := podset.WaitingWhy(p); why != "" {
+			return "pod " + p.Name + " " + why, nil
+		}
+	}
+	return "", nil
 }
 
 // headURL is the dashboard address of a ready cluster's head Service, ""

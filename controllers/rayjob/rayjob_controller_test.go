@@ -912,3 +912,40 @@ func TestAnInvalidEditHoldsARunningRayJob(t *testing.T) {
 		t.Fatalf("mended: status %+v, %d submissions", got.Status, fake.Submissions(running.Status.JobId))
 	}
 }
+
+// A submitter pod that cannot run (its image cannot be pulled) is quoted in
+// the status of the RayJob waiting for its submission, read from the pod
+// cache (envtest runs no job controller: the test makes the Job's pod as
+// it would, from the Job's template).
+func TestASubmitterPodThatCannotRunIsSaid(t *testing.T) {
+	ctx := context.Background()
+	fake := newFake(t, time.Hour)
+	startManager(t, fake)
+	rj := sampleJob(t, "ray-job.sample.yaml", "rj-submitter-pod")
+	create(t, rj)
+	rc, _ := waitCluster(t, rj)
+	bringUp(t, rc, true)
+	var sj batchv1.Job
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if all := submitters(t, rj.Namespace); len(all) == 1 {
+			sj = all[0]
+			return nil
+		}
+		return fmt.Errorf("no submitter Job yet")
+	})
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: sj.Name + "-x7k2p", Namespace: sj.Namespace, Labels: sj.Spec.Template.Labels,
+		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(&sj, batchv1.SchemeGroupVersion.WithKind("Job"))}},
+		Spec: *sj.Spec.Template.Spec.DeepCopy()}
+	pod.Spec.NodeName = "node-1"
+	create(t, pod)
+	const pull = `Back-off pulling image "rayproject/ray:2.46.0"`
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: pod.Spec.Containers[0].Name, Image: pod.Spec.Containers[0].Image,
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: pull}}}}
+	if err := env.Client.Status().Update(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	waitJob(t, rj, "quoting its submitter pod", func(j *rayv1.RayJob) bool {
+		return strings.Contains(j.Status.Message, "waiting for the submitter Job") &&
+			strings.HasSuffix(j.Status.Message, "pod "+pod.Name+" container "+pod.Spec.Containers[0].Name+" waits: ImagePullBackOff: "+pull)
+	})
+}

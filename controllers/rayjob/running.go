@@ -79,6 +79,9 @@ func followDashboard(o observed, d *decision, finishedAt *time.Time) {
 			st.Message = "Submitter completed but Ray job not found in RayCluster."
 		case o.job.Spec.SubmissionMode == rayv1.K8sJobMode:
 			st.Message = fmt.Sprintf("waiting for the submitter Job %s to submit Ray job %s", o.job.Name, st.JobId)
+			if o.submitterTrouble != "" {
+				st.Message += ": " + o.submitterTrouble
+			}
 		default:
 			st.Message = fmt.Sprintf("Ray job %s is not on RayCluster %s yet", st.JobId, st.RayClusterName)
 		}

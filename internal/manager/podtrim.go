@@ -14,7 +14,8 @@ import (
 const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
 
 // workloadOwners are the kinds whose reconcilers read their pods from the
-// cache: they list them by label and act only on those they control.
+// cache: they list them by label and act only on those they control. A
+// RayJob's submitter pods are kept too (controlledByWorkload).
 var workloadOwners = []schema.GroupKind{
 	{Group: trainingv1alpha1.GroupVersion.Group, Kind: "TrainingJob"},
 	{Group: "ray.io", Kind: "RayCluster"},
@@ -74,8 +75,18 @@ func controlledByWorkload(p *corev1.Pod) bool {
 			return true
 		}
 	}
-	return false
+	// A RayJob's submitter pods, which its status quotes while they
+	// cannot run; the cluster's other Jobs' pods stay skeletons.
+	return gv.Group == "batch" && c.Kind == "Job" && p.Labels[SubmitterPodLabel] == SubmitterPodLabelValue
 }
+
+// SubmitterPodLabel, with SubmitterPodLabelValue, marks the pods of a
+// RayJob's submitter Job (KubeRay's ray.io/originated-from-crd label):
+// the pod cache keeps them whole enough to say why they do not run.
+const (
+	SubmitterPodLabel      = "ray.io/originated-from-crd"
+	SubmitterPodLabelValue = "RayJob"
+)
 
 // gpuSkeleton is what the inventory reads of a pod: where it runs, whether
 // it has finished, and the GPU requests and limits of its containers (init

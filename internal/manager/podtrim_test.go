@@ -76,6 +76,24 @@ func TestTrimPodKeepsWhatWorkloadReconcilersRead(t *testing.T) {
 	}
 }
 
+// A RayJob's submitter pod (a Job's, carrying KubeRay's origin label)
+// keeps its labels, conditions and container states: the RayJob's status
+// quotes why it does not run. Another Job's pod is a skeleton (below).
+func TestTrimPodKeepsRayJobSubmitterPods(t *testing.T) {
+	p := bigPod(metav1.OwnerReference{APIVersion: "batch/v1", Kind: "Job", Name: "rayjob", Controller: ptr.To(true)})
+	p.Labels[SubmitterPodLabel] = SubmitterPodLabelValue
+	p.Status.ContainerStatuses[0].State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: "Back-off pulling image"}}
+	o, err := TrimPod(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := o.(*corev1.Pod)
+	if got.Labels[SubmitterPodLabel] != SubmitterPodLabelValue || len(got.OwnerReferences) != 1 || len(got.Status.Conditions) != 1 ||
+		got.Status.ContainerStatuses[0].State.Waiting == nil || got.Status.ContainerStatuses[0].State.Waiting.Reason != "ImagePullBackOff" {
+		t.Fatalf("the submitter pod lost what the RayJob reads: %+v", got)
+	}
+}
+
 // Every other pod keeps only what the inventory reads: name, node, phase and
 // GPU requests, sidecars included.
 func TestTrimPodReducesOtherPodsToTheirGPUs(t *testing.T) {
