@@ -55,11 +55,17 @@ func desiredCluster(j *rayv1.RayJob, name string) *rayv1.RayCluster {
 			}
 		}
 	}
-	return &rayv1.RayCluster{
+	rc := &rayv1.RayCluster{
 		TypeMeta:   metav1.TypeMeta{APIVersion: rayv1.GroupVersion.String(), Kind: "RayCluster"},
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: j.Namespace, Labels: labels, Annotations: annotations},
-		Spec:       *j.Spec.RayClusterSpec.DeepCopy(),
 	}
+	// A finished RayJob is not validated again: its rayClusterSpec may
+	// have been edited away since (DeleteWorkers then takes the running
+	// cluster's spec).
+	if j.Spec.RayClusterSpec != nil {
+		rc.Spec = *j.Spec.RayClusterSpec.DeepCopy()
+	}
+	return rc
 }
 
 // desiredSubmitter is KubeRay's submitter Job for the RayJob whose status

@@ -69,6 +69,17 @@ func TestDesiredClusterAndService(t *testing.T) {
 	}
 }
 
+// A finished RayJob, not validated again, whose rayClusterSpec was edited
+// away still gets its metadata for DeleteWorkers (which takes the running
+// cluster's spec), instead of a nil dereference.
+func TestDesiredClusterWithoutARayClusterSpec(t *testing.T) {
+	j := baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusComplete)
+	j.Spec.RayClusterSpec = nil
+	if rc := desiredCluster(j, "rj-fghij"); rc.Name != "rj-fghij" || rc.Labels["ray.io/originated-from-cr-name"] != "rj" {
+		t.Fatalf("cluster %+v", rc)
+	}
+}
+
 // KubeRay's own RayJob samples pass validation (SidecarMode ones are
 // refused with a message saying so).
 func TestValidateKubeRaySamples(t *testing.T) {
