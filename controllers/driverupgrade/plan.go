@@ -145,28 +145,11 @@ func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, res
 		case k == upgrading:
 			out.todo = append(out.todo, work{node: v.node.Name})
 		case k == failed:
-			failedOn := v.node.Annotations[gpuv1alpha1.AnnotationFailedTemplate]
-			// A failed node retries on a new template, and a node lost
-			// (NotReady too long) on its own: its failure was its
-			// kubelet's, not yet the driver's. Either only once Ready: an
-			// upgrade started without a kubelet would hold its slot until
-			// lost again.
-			lost := v.node.Annotations[gpuv1alpha1.AnnotationFailedNotReady] != ""
-			retry := p.AutoUpgradeEnabled() && (lost || outdated && failedOn != tmpl)
-			back := lost && retry && ready(v.node)
-			switch {
-			case runsWanted(v.driver, tmpl):
-				out.todo = append(out.todo, work{node: v.node.Name})
-			case retry && !ready(v.node):
-				out.awaitsReady = true
-			case retry:
+			candidate, failure := planFailed(v, p, tmpl, outdated, &out)
+			if candidate {
 				candidates = append(candidates, v.node.Name)
-			case v.driver != nil && v.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == tmpl:
-				// Its new driver may yet be ready (a crash loop ends, the
-				// image is pushed): the node then finishes.
-				out.awaitsReady = true
 			}
-			if failedOn == tmpl && v.node.Annotations[gpuv1alpha1.AnnotationFailureAcknowledged] == "" && !back {
+			if failure {
 				failures = append(failures, v.node.Name)
 			}
 		}
@@ -198,6 +181,35 @@ func plan(nodes []nodeView, p gpuv1alpha1.DriverUpgradePolicy, claim string, res
 	out.summary.waiting, out.summary.inProgress = len(candidates)-start, out.summary.inProgress+start
 	out.more = len(out.todo) > 0 || len(candidates) > start
 	return out
+}
+
+// planFailed plans a failed node: advanced when its wanted driver runs
+// ready after all, a candidate to retry (on a new template, or when it was
+// lost and is Ready again), or awaited. failure: it counts towards
+// maxFailures (failed on the current template, not acknowledged, not a
+// lost node back).
+func planFailed(v nodeView, p gpuv1alpha1.DriverUpgradePolicy, tmpl string, outdated bool, out *planned) (candidate, failure bool) {
+	failedOn := v.node.Annotations[gpuv1alpha1.AnnotationFailedTemplate]
+	// A failed node retries on a new template, and a node lost (NotReady
+	// too long) on its own: its failure was its kubelet's, not yet the
+	// driver's. Either only once Ready: an upgrade started without a
+	// kubelet would hold its slot until lost again.
+	lost := v.node.Annotations[gpuv1alpha1.AnnotationFailedNotReady] != ""
+	retry := p.AutoUpgradeEnabled() && (lost || outdated && failedOn != tmpl)
+	back := lost && retry && ready(v.node)
+	switch {
+	case runsWanted(v.driver, tmpl):
+		out.todo = append(out.todo, work{node: v.node.Name})
+	case retry && !ready(v.node):
+		out.awaitsReady = true
+	case retry:
+		candidate = true
+	case v.driver != nil && v.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == tmpl:
+		// Its new driver may yet be ready (a crash loop ends, the image is
+		// pushed): the node then finishes.
+		out.awaitsReady = true
+	}
+	return candidate, failedOn == tmpl && v.node.Annotations[gpuv1alpha1.AnnotationFailureAcknowledged] == "" && !back
 }
 
 // starting picks the candidates to start within parallel slots and both
