@@ -11,7 +11,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -34,14 +33,7 @@ func TestKueueEvictionAndDeletedWorkloadStopTheGang(t *testing.T) {
 	startManager(t)
 	ctx := context.Background()
 	workload := func(job *trainingv1alpha1.TrainingJob) (*kueue.Workload, *unstructured.Unstructured, error) {
-		u := &unstructured.Unstructured{}
-		u.SetGroupVersionKind(kueue.WorkloadGVK)
-		got := getJob(t, job)
-		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}, u); err != nil {
-			return nil, nil, err
-		}
-		w := &kueue.Workload{}
-		return w, u, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, w)
+		return parsedWorkloadOf(t, job)
 	}
 	statusPatch := func(u *unstructured.Unstructured, patch string) {
 		t.Helper()
@@ -196,18 +188,8 @@ func TestKueueLabelOnARunningJob(t *testing.T) {
 	ns := namespace(t, "kueue-running")
 	startManager(t)
 	ctx := context.Background()
-	workload := func(job *trainingv1alpha1.TrainingJob) (*unstructured.Unstructured, error) {
-		u := &unstructured.Unstructured{}
-		u.SetGroupVersionKind(kueue.WorkloadGVK)
-		got := getJob(t, job)
-		return u, env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}, u)
-	}
-	label := func(job *trainingv1alpha1.TrainingJob, value string) {
-		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, kueue.QueueLabel, value)
-		if err := env.Client.Patch(ctx, getJob(t, job), client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
-			t.Fatal(err)
-		}
-	}
+	workload := func(job *trainingv1alpha1.TrainingJob) (*unstructured.Unstructured, error) { return workloadOf(t, job) }
+	label := func(job *trainingv1alpha1.TrainingJob, value string) { setQueueLabel(t, job, value) }
 	job := newJob(ns, "relabelled", 1, 0, trainingv1alpha1.GangNone)
 	create(t, job)
 	setPods(t, waitPods(t, job, 2, 0), corev1.PodRunning, 0)
@@ -260,14 +242,7 @@ func TestKueueQueueMoveOfARunningJobWaits(t *testing.T) {
 	startManager(t)
 	ctx := context.Background()
 	workload := func(job *trainingv1alpha1.TrainingJob) (*kueue.Workload, *unstructured.Unstructured, error) {
-		u := &unstructured.Unstructured{}
-		u.SetGroupVersionKind(kueue.WorkloadGVK)
-		got := getJob(t, job)
-		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}, u); err != nil {
-			return nil, nil, err
-		}
-		w := &kueue.Workload{}
-		return w, u, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, w)
+		return parsedWorkloadOf(t, job)
 	}
 	statusPatch := func(u *unstructured.Unstructured, patch string) {
 		t.Helper()

@@ -72,12 +72,7 @@ func TestKueueLabelEdits(t *testing.T) {
 	ns := namespace(t, "kueue-label")
 	startManager(t)
 	ctx := context.Background()
-	workload := func(job *trainingv1alpha1.TrainingJob) (*unstructured.Unstructured, error) {
-		wl := &unstructured.Unstructured{}
-		wl.SetGroupVersionKind(kueue.WorkloadGVK)
-		got := getJob(t, job)
-		return wl, env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}, wl)
-	}
+	workload := func(job *trainingv1alpha1.TrainingJob) (*unstructured.Unstructured, error) { return workloadOf(t, job) }
 	label := func(job *trainingv1alpha1.TrainingJob, value string) {
 		got := getJob(t, job)
 		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, kueue.QueueLabel, value)
@@ -138,12 +133,7 @@ func TestKueueAdmissionFollowsTheEditedPodSets(t *testing.T) {
 	ns := namespace(t, "kueue-edit")
 	startManager(t)
 	ctx := context.Background()
-	workload := func(job *trainingv1alpha1.TrainingJob) (*unstructured.Unstructured, error) {
-		wl := &unstructured.Unstructured{}
-		wl.SetGroupVersionKind(kueue.WorkloadGVK)
-		got := getJob(t, job)
-		return wl, env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}, wl)
-	}
+	workload := func(job *trainingv1alpha1.TrainingJob) (*unstructured.Unstructured, error) { return workloadOf(t, job) }
 	admit := func(job *trainingv1alpha1.TrainingJob) {
 		wl, err := workload(job)
 		if err != nil {
@@ -234,16 +224,7 @@ func TestKueuePodsReadyFollowsTheGang(t *testing.T) {
 	job := newJob(ns, "ready", 1, 0, trainingv1alpha1.GangNone)
 	job.Labels = map[string]string{kueue.QueueLabel: "team-a"}
 	create(t, job)
-	workload := func() (*kueue.Workload, *unstructured.Unstructured, error) {
-		u := &unstructured.Unstructured{}
-		u.SetGroupVersionKind(kueue.WorkloadGVK)
-		got := getJob(t, job)
-		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}, u); err != nil {
-			return nil, nil, err
-		}
-		w := &kueue.Workload{}
-		return w, u, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, w)
-	}
+	workload := func() (*kueue.Workload, *unstructured.Unstructured, error) { return parsedWorkloadOf(t, job) }
 	testenv.Eventually(t, 20*time.Second, func() error { _, _, err := workload(); return err })
 	_, u, err := workload()
 	if err != nil {
@@ -563,5 +544,37 @@ func TestDesiredWorkloadCopiesLabelKeys(t *testing.T) {
 				t.Errorf("Workload labels %v, want %v", got, want)
 			}
 		})
+	}
+}
+
+// workloadOf reads the Workload of job as it is now (its name follows the
+// job's UID).
+func workloadOf(t *testing.T, job *trainingv1alpha1.TrainingJob) (*unstructured.Unstructured, error) {
+	t.Helper()
+	got := getJob(t, job)
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(kueue.WorkloadGVK)
+	key := types.NamespacedName{Namespace: got.Namespace, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}
+	return u, env.Client.Get(context.Background(), key, u)
+}
+
+// parsedWorkloadOf is workloadOf's Workload, parsed too.
+func parsedWorkloadOf(t *testing.T, job *trainingv1alpha1.TrainingJob) (*kueue.Workload, *unstructured.Unstructured, error) {
+	t.Helper()
+	u, err := workloadOf(t, job)
+	if err != nil {
+		return nil, nil, err
+	}
+	w := &kueue.Workload{}
+	return w, u, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, w)
+}
+
+// setQueueLabel sets job's queue label to value, a JSON value (null
+// removes it).
+func setQueueLabel(t *testing.T, job *trainingv1alpha1.TrainingJob, value string) {
+	t.Helper()
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, kueue.QueueLabel, value)
+	if err := env.Client.Patch(context.Background(), getJob(t, job), client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatal(err)
 	}
 }

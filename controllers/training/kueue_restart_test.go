@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -34,14 +33,7 @@ func TestKueueRestartWritesNothing(t *testing.T) {
 	m := startManager(t)
 	ctx := context.Background()
 	workload := func(job *trainingv1alpha1.TrainingJob) (*kueue.Workload, *unstructured.Unstructured, error) {
-		u := &unstructured.Unstructured{}
-		u.SetGroupVersionKind(kueue.WorkloadGVK)
-		got := getJob(t, job)
-		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: kueue.WorkloadName(got.Name, got.UID, trainingJobGVK)}, u); err != nil {
-			return nil, nil, err
-		}
-		w := &kueue.Workload{}
-		return w, u, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, w)
+		return parsedWorkloadOf(t, job)
 	}
 	var jobs []*trainingv1alpha1.TrainingJob
 	for _, name := range []string{"running", "waiting"} {
