@@ -35,23 +35,14 @@ func TestKueueEvictionAndDeletedWorkloadStopTheGang(t *testing.T) {
 	workload := func(job *trainingv1alpha1.TrainingJob) (*kueue.Workload, *unstructured.Unstructured, error) {
 		return parsedWorkloadOf(t, job)
 	}
-	statusPatch := func(u *unstructured.Unstructured, patch string) {
-		t.Helper()
-		if err := env.Client.Status().Patch(ctx, u, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
-			t.Fatal(err)
-		}
-	}
 	now := metav1.Now().UTC().Format(time.RFC3339)
-	admitted := fmt.Sprintf(`{"status":{"admission":{"clusterQueue":"cq","podSetAssignments":[{"name":"master"},{"name":"worker"}]},"conditions":[`+
-		`{"type":"QuotaReserved","status":"True","reason":"QuotaReserved","message":"reserved","lastTransitionTime":%q},`+
-		`{"type":"Admitted","status":"True","reason":"Admitted","message":"admitted","lastTransitionTime":%q}]}}`, now, now)
 	run := func(name string) (*trainingv1alpha1.TrainingJob, *unstructured.Unstructured) {
 		job := newJob(ns, name, 1, 0, trainingv1alpha1.GangNone)
 		job.Labels = map[string]string{kueue.QueueLabel: "team-a"}
 		create(t, job)
 		var u *unstructured.Unstructured
 		testenv.Eventually(t, 20*time.Second, func() (err error) { _, u, err = workload(job); return err })
-		statusPatch(u, admitted)
+		admitWorkload(t, u)
 		setPods(t, waitPods(t, job, 2, 1), corev1.PodRunning, 0)
 		waitState(t, job, trainingv1alpha1.StateRunning)
 		_, u, err := workload(job)
@@ -83,7 +74,7 @@ func TestKueueEvictionAndDeletedWorkloadStopTheGang(t *testing.T) {
 
 	evicted, u := run("evicted")
 	later := metav1.Now().UTC().Format(time.RFC3339)
-	statusPatch(u, fmt.Sprintf(`{"status":{"conditions":[`+
+	statusPatch(t, u, fmt.Sprintf(`{"status":{"conditions":[`+
 		`{"type":"QuotaReserved","status":"True","reason":"QuotaReserved","message":"reserved","lastTransitionTime":%q},`+
 		`{"type":"Admitted","status":"True","reason":"Admitted","message":"admitted","lastTransitionTime":%q},`+
 		`{"type":"Evicted","status":"True","reason":"Preempted","message":"Preempted to accommodate a workload (UID: x) due to prioritization in the ClusterQueue","lastTransitionTime":%q}]}}`,
@@ -187,7 +178,6 @@ func TestKueueLabelOnARunningJob(t *testing.T) {
 	installWorkloadCRD(t)
 	ns := namespace(t, "kueue-running")
 	startManager(t)
-	ctx := context.Background()
 	workload := func(job *trainingv1alpha1.TrainingJob) (*unstructured.Unstructured, error) { return workloadOf(t, job) }
 	label := func(job *trainingv1alpha1.TrainingJob, value string) { setQueueLabel(t, job, value) }
 	job := newJob(ns, "relabelled", 1, 0, trainingv1alpha1.GangNone)
@@ -203,13 +193,7 @@ func TestKueueLabelOnARunningJob(t *testing.T) {
 	}
 	var u *unstructured.Unstructured
 	testenv.Eventually(t, 20*time.Second, func() (err error) { u, err = workload(job); return err })
-	now := metav1.Now().UTC().Format(time.RFC3339)
-	patch := fmt.Sprintf(`{"status":{"admission":{"clusterQueue":"cq","podSetAssignments":[{"name":"master"},{"name":"worker"}]},"conditions":[`+
-		`{"type":"QuotaReserved","status":"True","reason":"QuotaReserved","message":"reserved","lastTransitionTime":%q},`+
-		`{"type":"Admitted","status":"True","reason":"Admitted","message":"admitted","lastTransitionTime":%q}]}}`, now, now)
-	if err := env.Client.Status().Patch(ctx, u, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
-		t.Fatal(err)
-	}
+	admitWorkload(t, u)
 	pods := waitPods(t, job, 2, 1)
 	setPods(t, pods, corev1.PodRunning, 0)
 	waitState(t, job, trainingv1alpha1.StateRunning)
@@ -244,21 +228,13 @@ func TestKueueQueueMoveOfARunningJobWaits(t *testing.T) {
 	workload := func(job *trainingv1alpha1.TrainingJob) (*kueue.Workload, *unstructured.Unstructured, error) {
 		return parsedWorkloadOf(t, job)
 	}
-	statusPatch := func(u *unstructured.Unstructured, patch string) {
-		t.Helper()
-		if err := env.Client.Status().Patch(ctx, u, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
-			t.Fatal(err)
-		}
-	}
 	job := newJob(ns, "moved", 1, 0, trainingv1alpha1.GangNone)
 	job.Labels = map[string]string{kueue.QueueLabel: "team-a"}
 	create(t, job)
 	var u *unstructured.Unstructured
 	testenv.Eventually(t, 20*time.Second, func() (err error) { _, u, err = workload(job); return err })
 	now := metav1.Now().UTC().Format(time.RFC3339)
-	statusPatch(u, fmt.Sprintf(`{"status":{"admission":{"clusterQueue":"cq","podSetAssignments":[{"name":"master"},{"name":"worker"}]},"conditions":[`+
-		`{"type":"QuotaReserved","status":"True","reason":"QuotaReserved","message":"reserved","lastTransitionTime":%q},`+
-		`{"type":"Admitted","status":"True","reason":"Admitted","message":"admitted","lastTransitionTime":%q}]}}`, now, now))
+	admitWorkload(t, u)
 	pods := waitPods(t, job, 2, 1)
 	setPods(t, pods, corev1.PodRunning, 0)
 	waitState(t, job, trainingv1alpha1.StateRunning)
@@ -286,7 +262,7 @@ func TestKueueQueueMoveOfARunningJobWaits(t *testing.T) {
 	}
 
 	later := metav1.Now().UTC().Format(time.RFC3339)
-	statusPatch(u, fmt.Sprintf(`{"status":{"conditions":[`+
+	statusPatch(t, u, fmt.Sprintf(`{"status":{"conditions":[`+
 		`{"type":"QuotaReserved","status":"True","reason":"QuotaReserved","message":"reserved","lastTransitionTime":%q},`+
 		`{"type":"Admitted","status":"True","reason":"Admitted","message":"admitted","lastTransitionTime":%q},`+
 		`{"type":"Evicted","status":"True","reason":"Preempted","message":"preempted","lastTransitionTime":%q}]}}`, now, now, later))

@@ -578,3 +578,21 @@ func setQueueLabel(t *testing.T, job *trainingv1alpha1.TrainingJob, value string
 		t.Fatal(err)
 	}
 }
+
+// statusPatch merge-patches the status of Workload u, as Kueue does.
+func statusPatch(t *testing.T, u *unstructured.Unstructured, patch string) {
+	t.Helper()
+	if err := env.Client.Status().Patch(context.Background(), u, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// admitWorkload admits Workload u (its pod sets master and worker) in
+// ClusterQueue cq, as Kueue does: quota reserved, admitted.
+func admitWorkload(t *testing.T, u *unstructured.Unstructured) {
+	t.Helper()
+	now := metav1.Now().UTC().Format(time.RFC3339)
+	statusPatch(t, u, fmt.Sprintf(`{"status":{"admission":{"clusterQueue":"cq","podSetAssignments":[{"name":"master"},{"name":"worker"}]},"conditions":[`+
+		`{"type":"QuotaReserved","status":"True","reason":"QuotaReserved","message":"reserved","lastTransitionTime":%q},`+
+		`{"type":"Admitted","status":"True","reason":"Admitted","message":"admitted","lastTransitionTime":%q}]}}`, now, now))
+}
