@@ -43,6 +43,19 @@ func totalPods(job *trainingv1alpha1.TrainingJob) int64 {
 	return n
 }
 
+// cannotRun says why the job, as written, can never run (more pods than
+// the manager allows, pod templates whose metadata no pod may carry: the
+// limit and invalid phases hold it); "" when nothing in the job does.
+func cannotRun(job *trainingv1alpha1.TrainingJob, limit int) string {
+	switch {
+	case totalPods(job) > int64(maxPods(limit)):
+		return "it asks for more pods than --max-workload-pods allows"
+	case len(templateErrors(job)) > 0:
+		return "its pod templates carry metadata no pod may have"
+	}
+	return ""
+}
+
 // maxPods is the limit in effect: the manager's, or its default when unset.
 func maxPods(n int) int {
 	if n <= 0 {

@@ -221,7 +221,9 @@ func finished(p *pass) bool {
 // job (or evicted it), the gang's pods and PodGroup are deleted and the job
 // says Suspended.
 func suspend(p *pass) bool {
-	byKueue := !p.job.Spec.RunPolicy.Suspend && p.obs.kueue.holds()
+	// A job that cannot run as written and has no pod has nothing for
+	// Kueue to hold: limit or invalid says why it is held.
+	byKueue := !p.job.Spec.RunPolicy.Suspend && p.obs.kueue.holds() && (p.obs.kueue.cannotRun == "" || len(p.obs.pods) > 0)
 	if !p.job.Spec.RunPolicy.Suspend && !byKueue {
 		return false
 	}

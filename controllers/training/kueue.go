@@ -75,6 +75,11 @@ type kueueObs struct {
 	// counts or requests were edited while the job was suspended), so its
 	// admission does not cover the gang the job would run now.
 	stale bool
+	// cannotRun says why the job as written can never run (cannotRun):
+	// it gets no Workload, and one it has goes once no pod of it is
+	// left, so that it takes no quota from jobs that can run (Kueue's
+	// jobframework makes no Workload for a job that fails validation).
+	cannotRun string
 }
 
 // holds: the gang may not run now (not admitted, evicted, admitted for
@@ -139,7 +144,8 @@ func (k *kueueJobs) observe(ctx context.Context, job *trainingv1alpha1.TrainingJ
 	if err := k.workload(ctx, job, obs); err != nil {
 		return err
 	}
-	if readPriority(obs.kueue.wl, job) {
+	obs.kueue.cannotRun = cannotRun(job, obs.maxPods)
+	if obs.kueue.cannotRun == "" && readPriority(obs.kueue.wl, job) {
 		if obs.kueue.priority, obs.kueue.missingClass, err = k.priority(ctx, job); err != nil {
 			return err
 		}
@@ -432,8 +438,8 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 		return remove("the job's " + kueue.QueueLabel + " label was removed: it no longer waits for Kueue")
 	case k.deleting():
 		return nil // its deletion wakes the job, whose next Workload is then created
-	case wl == nil && k.missingClass != "":
-		return nil // held until the class exists (kueueHold says so)
+	case wl == nil && (k.missingClass != "" || k.cannotRun != ""):
+		return nil // held until the class exists (kueueHold says so), or the job is mended (limit, invalid)
 	case wl == nil && !d.status.Finished():
 		return r.writer.Ensure(ctx, job, desiredWorkload(job, k.priority, r.kueue.labelKeys))
 	case wl == nil || wl.Finished():
@@ -441,6 +447,10 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 	case d.status.Finished():
 		msg := "the TrainingJob " + string(d.status.State)
 		return r.patchWorkloadStatus(ctx, wl, kueue.FinishStatus(wl, d.status.State == trainingv1alpha1.StateSucceeded, msg, now), "the job ended")
+	case k.cannotRun != "" && len(ownPods(job, obs.pods)) == 0:
+		// Admitted or not, it would hold quota (or queue) for a gang
+		// that never starts; a new one is made once the job is mended.
+		return remove("the job cannot run as written (" + k.cannotRun + "): its Workload goes, and its quota with it, until the job is mended")
 	case wl.Evicted() != nil && wl.QuotaReserved() && len(ownPods(job, obs.pods)) == 0:
 		return r.patchWorkloadStatus(ctx, wl, kueue.ReleaseStatus(wl, now), "evicted and the gang is gone: release the quota")
 	case k.stale && wl.QuotaReserved() && len(ownPods(job, obs.pods)) == 0:
