@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -103,6 +104,13 @@ type kueueJobs struct {
 	// labelKeys are the keys of the job labels copied to a new Workload
 	// (--kueue-label-keys-to-copy, Kueue's labelKeysToCopy).
 	labelKeys []string
+
+	// absent are the priority classes last read missing, and when: one is
+	// not read again for kueueCRDRetry (the held jobs' recheck), so the
+	// jobs held on it cost one live read a period between them, whatever
+	// else wakes them (their pods, the inventory).
+	mu     sync.Mutex
+	absent map[string]time.Time
 }
 
 func newKueueJobs(c client.Client, live client.Reader, ca cache.Cache, ctl controller.Controller, scheme *runtime.Scheme, labelKeys []string) *kueueJobs {
@@ -146,7 +154,7 @@ func (k *kueueJobs) observe(ctx context.Context, job *trainingv1alpha1.TrainingJ
 	}
 	obs.kueue.cannotRun = cannotRun(job, obs.maxPods)
 	if obs.kueue.cannotRun == "" && readPriority(obs.kueue.wl, job) {
-		if obs.kueue.priority, obs.kueue.missingClass, err = k.priority(ctx, job); err != nil {
+		if obs.kueue.priority, obs.kueue.missingClass, err = k.priority(ctx, job, obs.now); err != nil {
 			return err
 		}
 	}
@@ -191,16 +199,18 @@ type kueuePriority struct {
 // not exist is returned as missing: Kueue makes no Workload for its own
 // jobs then (a Workload at priority 0 would queue behind, and be preempted
 // by, everything, and keep that priority once the class appears).
-func (k *kueueJobs) priority(ctx context.Context, job *trainingv1alpha1.TrainingJob) (_ *kueuePriority, missing string, _ error) {
+func (k *kueueJobs) priority(ctx context.Context, job *trainingv1alpha1.TrainingJob, now time.Time) (_ *kueuePriority, missing string, _ error) {
 	if name := job.Labels[kueue.PriorityClassLabel]; name != "" {
-		if !nameable(name) {
-			return nil, "WorkloadPriorityClass " + name, nil
+		missing := "WorkloadPriorityClass " + name
+		if !nameable(name) || k.absentSince(missing, now) {
+			return nil, missing, nil
 		}
 		u := &unstructured.Unstructured{}
 		u.SetGroupVersionKind(kueue.WorkloadPriorityClassGVK)
 		if err := k.live.Get(ctx, client.ObjectKey{Name: name}, u); err != nil {
 			if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
-				return nil, "WorkloadPriorityClass " + name, nil
+				k.noteAbsent(missing, now)
+				return nil, missing, nil
 			}
 			return nil, "", err
 		}
@@ -211,13 +221,15 @@ func (k *kueueJobs) priority(ctx context.Context, job *trainingv1alpha1.Training
 		return &kueuePriority{ref: kueue.PriorityClassRef{Group: kueue.Group, Kind: "WorkloadPriorityClass", Name: name}, value: int32(v)}, "", nil
 	}
 	if name := podPriorityClass(job); name != "" {
-		if !nameable(name) {
-			return nil, "PriorityClass " + name, nil
+		missing := "PriorityClass " + name
+		if !nameable(name) || k.absentSince(missing, now) {
+			return nil, missing, nil
 		}
 		pc := &schedulingv1.PriorityClass{}
 		if err := k.live.Get(ctx, client.ObjectKey{Name: name}, pc); err != nil {
 			if apierrors.IsNotFound(err) {
-				return nil, "PriorityClass " + name, nil
+				k.noteAbsent(missing, now)
+				return nil, missing, nil
 			}
 			return nil, "", err
 		}
@@ -238,6 +250,30 @@ func (k *kueueJobs) priority(ctx context.Context, job *trainingv1alpha1.Training
 		return nil, "", nil
 	}
 	return podPriority(def), "", nil
+}
+
+// absentSince: class was read missing less than kueueCRDRetry ago.
+func (k *kueueJobs) absentSince(class string, now time.Time) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	at, ok := k.absent[class]
+	return ok && now.Sub(at) < kueueCRDRetry
+}
+
+// noteAbsent remembers that class was read missing now, forgetting the
+// classes read missing longer ago than kueueCRDRetry.
+func (k *kueueJobs) noteAbsent(class string, now time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for c, at := range k.absent {
+		if now.Sub(at) >= kueueCRDRetry {
+			delete(k.absent, c)
+		}
+	}
+	if k.absent == nil {
+		k.absent = map[string]time.Time{}
+	}
+	k.absent[class] = now
 }
 
 // nameable: some object can have the name. One that none can (a pod

@@ -18,6 +18,7 @@ import (
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/kueue"
+	"github.com/loom-dev/loom/internal/testenv"
 )
 
 // A queued job's Workload carries the priority Kueue's jobframework gives
@@ -74,7 +75,7 @@ func TestKueueWorkloadPriority(t *testing.T) {
 				tt.edit(job)
 			}
 			k := &kueueJobs{live: fake.NewClientBuilder().WithScheme(scheme).WithObjects(tt.objs...).Build()}
-			p, missing, err := k.priority(context.Background(), job)
+			p, missing, err := k.priority(context.Background(), job, time.Now())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -123,9 +124,66 @@ func TestKueuePriorityOfANameNoObjectCanHave(t *testing.T) {
 		job := newJob("ns", "job", 1, 0, trainingv1alpha1.GangNone)
 		job.Labels = map[string]string{kueue.QueueLabel: "team"}
 		job.Spec.ReplicaSpecs.Master.Template.Spec.PriorityClassName = name
-		p, missing, err := k.priority(context.Background(), job)
+		p, missing, err := k.priority(context.Background(), job, time.Now())
 		if err != nil || p != nil || missing != "PriorityClass "+name {
 			t.Errorf("priorityClassName %q: %+v, missing %q, error %v", name, p, missing, err)
 		}
+	}
+}
+
+// A priority class that does not exist is read once a recheck period
+// (kueueCRDRetry), not on every pass of every job held on it: their pods,
+// the inventory, any event wakes the held jobs, and each pass read the
+// class live, around the cache. Once the period is over it is read again,
+// and found once it exists.
+func TestAMissingPriorityClassIsNotReadOnEveryPass(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	wpc := &unstructured.Unstructured{}
+	wpc.SetGroupVersionKind(kueue.WorkloadPriorityClassGVK)
+	wpc.SetName("urgent")
+	wpc.Object["value"] = int64(5000)
+	classes := []struct {
+		name, missing string
+		edit          func(*trainingv1alpha1.TrainingJob)
+		class         client.Object
+	}{
+		{"WorkloadPriorityClass", "WorkloadPriorityClass urgent", func(j *trainingv1alpha1.TrainingJob) { j.Labels[kueue.PriorityClassLabel] = "urgent" }, wpc},
+		{"PriorityClass", "PriorityClass high", func(j *trainingv1alpha1.TrainingJob) { j.Spec.Gang.PriorityClassName = "high" },
+			&schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "high"}, Value: 1000}},
+	}
+	for _, tt := range classes {
+		t.Run(tt.name, func(t *testing.T) {
+			c := fake.NewClientBuilder().WithScheme(scheme).Build()
+			live := testenv.CountReads(c)
+			k := &kueueJobs{live: live}
+			now := time.Now()
+			for pass := range 5 {
+				for _, name := range []string{"a", "b", "c"} {
+					job := newJob("ns", name, 1, 0, trainingv1alpha1.GangNone)
+					job.Labels = map[string]string{kueue.QueueLabel: "team"}
+					tt.edit(job)
+					p, missing, err := k.priority(context.Background(), job, now.Add(time.Duration(pass)*time.Second))
+					if err != nil || p != nil || missing != tt.missing {
+						t.Fatalf("pass %d: %+v, missing %q, error %v", pass, p, missing, err)
+					}
+				}
+			}
+			if reads := live.Reads(); len(reads) != 1 {
+				t.Fatalf("15 passes of 3 held jobs read %d times: %v", len(reads), reads)
+			}
+			if err := c.Create(context.Background(), tt.class); err != nil {
+				t.Fatal(err)
+			}
+			job := newJob("ns", "a", 1, 0, trainingv1alpha1.GangNone)
+			job.Labels = map[string]string{kueue.QueueLabel: "team"}
+			tt.edit(job)
+			p, missing, err := k.priority(context.Background(), job, now.Add(kueueCRDRetry))
+			if err != nil || p == nil || missing != "" {
+				t.Fatalf("after the recheck period, with the class: %+v, missing %q, error %v", p, missing, err)
+			}
+		})
 	}
 }
