@@ -271,6 +271,9 @@ func kueueHold(p *pass) (reason, msg string) {
 		reason, msg = ReasonQueuedInKueue, "its Kueue Workload "+k.wl.Name+" is being deleted: the gang is stopped, and a new Workload is queued once it is gone"
 	case k.wl.Evicted() != nil:
 		reason, msg = ReasonEvictedByKueue, "suspended by Kueue: "+k.wl.Waiting()
+	case k.wl.Uncovered() != "":
+		reason, msg = ReasonQueuedInKueue, "Kueue's admission of Workload "+k.wl.Name+" covered part of the gang ("+k.wl.Uncovered()+
+			"), and a gang runs whole: it is not started, and the admission is released for Kueue to admit it whole"
 	case k.stale && k.wl.QuotaReserved():
 		reason, msg = ReasonQueuedInKueue, "the job's pod sets (replicas or requests) changed since Kueue admitted Workload "+k.wl.Name+
 			": the gang is stopped and the Workload replaced, to be admitted again"

@@ -73,8 +73,9 @@ type kueueObs struct {
 	// not exist: no Workload is made until it does (as Kueue's jobs).
 	missingClass string
 	// stale: the Workload no longer asks for the job's pod sets (their
-	// counts or requests were edited while the job was suspended), so its
-	// admission does not cover the gang the job would run now.
+	// counts or requests were edited while the job was suspended), or its
+	// admission covers part of them (Uncovered), so its admission does not
+	// cover the gang the job would run now.
 	stale bool
 	// cannotRun says why the job as written can never run (cannotRun):
 	// it gets no Workload, and one it has goes once no pod of it is
@@ -159,7 +160,7 @@ func (k *kueueJobs) observe(ctx context.Context, job *trainingv1alpha1.TrainingJ
 		}
 	}
 	if wl := obs.kueue.wl; wl != nil && !wl.Finished() {
-		obs.kueue.stale = !wl.SamePodSets(podSets(job))
+		obs.kueue.stale = !wl.SamePodSets(podSets(job)) || wl.Uncovered() != ""
 	}
 	if !obs.kueue.wl.Admitted() {
 		return nil
@@ -488,12 +489,16 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 		// that never starts; a new one is made once the job is mended.
 		return remove("the job cannot run as written (" + k.cannotRun + "): its Workload goes, and its quota with it, until the job is mended")
 	case wl.Evicted() != nil && wl.QuotaReserved() && len(ownPods(job, obs.pods)) == 0:
-		return r.patchWorkloadStatus(ctx, wl, kueue.ReleaseStatus(wl, now), "evicted and the gang is gone: release the quota")
+		return r.patchWorkloadStatus(ctx, wl, kueue.ReleaseStatus(wl, "", now), "evicted and the gang is gone: release the quota")
 	case k.stale && wl.QuotaReserved() && len(ownPods(job, obs.pods)) == 0:
 		// As jobframework with a job no longer equivalent to its
 		// Workload: the gang stopped, the admission goes, and the
 		// Workload is replaced (below, once it holds no quota).
-		return r.patchWorkloadStatus(ctx, wl, kueue.ReleaseStatus(wl, now), "the job's pod sets changed since the admission and the gang is gone: release the quota")
+		why := "the job's pod sets changed since the admission"
+		if u := wl.Uncovered(); u != "" {
+			why = "the admission covered part of the gang (" + u + "), and a gang runs whole"
+		}
+		return r.patchWorkloadStatus(ctx, wl, kueue.ReleaseStatus(wl, why, now), why+", and the gang is gone: release the quota")
 	case !wl.QuotaReserved() && !wl.SamePodSets(podSets(job)):
 		return remove("the job's pod sets changed")
 	case !wl.QuotaReserved() && wl.Spec.QueueName != job.Labels[kueue.QueueLabel]:

@@ -242,6 +242,27 @@ func (w *Workload) SamePodSets(want []PodSet) bool {
 	return true
 }
 
+// Uncovered names a pod set the Workload's admission does not cover whole:
+// one without an assignment, or assigned fewer pods than it has (a partial
+// admission, which Kueue makes only of a pod set with a minCount, which a
+// gang's never has). "" when the admission covers every pod set, or there
+// is none.
+func (w *Workload) Uncovered() string {
+	if !w.QuotaReserved() {
+		return ""
+	}
+	for _, ps := range w.Spec.PodSets {
+		i := slices.IndexFunc(w.Status.Admission.PodSetAssignments, func(a PodSetAssignment) bool { return a.Name == ps.Name })
+		switch {
+		case i < 0:
+			return fmt.Sprintf("pod set %s not assigned", ps.Name)
+		case w.Status.Admission.PodSetAssignments[i].Count != nil && *w.Status.Admission.PodSetAssignments[i].Count < ps.Count:
+			return fmt.Sprintf("pod set %s: %d of %d pods", ps.Name, *w.Status.Admission.PodSetAssignments[i].Count, ps.Count)
+		}
+	}
+	return ""
+}
+
 // sameResources: both lists' containers, pairwise, have the same limits
 // and the same requests, a request left out where a limit is set counting
 // as that limit (as the API server defaults a pod's, and Kueue's webhook a
@@ -274,10 +295,11 @@ func requests(r *corev1.ResourceRequirements) corev1.ResourceList {
 // ReleaseStatus is the status patch that gives back an evicted Workload's
 // quota once its job stopped, as jobframework does: no admission,
 // QuotaReserved and Admitted False, and Requeued (True after a preemption
-// or node failures, so that Kueue queues it again at once).
-func ReleaseStatus(w *Workload, now time.Time) map[string]any {
+// or node failures, so that Kueue queues it again at once). why is the
+// message of a release without an eviction.
+func ReleaseStatus(w *Workload, why string, now time.Time) map[string]any {
 	ev := w.Evicted()
-	reason, msg := "Pending", "the job was stopped"
+	reason, msg := "Pending", why
 	requeue := false
 	if ev != nil {
 		msg = ev.Message

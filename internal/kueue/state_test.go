@@ -121,7 +121,7 @@ func TestReleaseStatusResetsPodsReady(t *testing.T) {
 		{Type: CondEvicted, Status: metav1.ConditionTrue, Reason: reasonPreempted},
 		{Type: CondPodsReady, Status: metav1.ConditionTrue, Reason: reasonStarted},
 	}}}
-	conds := ReleaseStatus(w, time.Now())["status"].(map[string]any)["conditions"].([]metav1.Condition)
+	conds := ReleaseStatus(w, "the job was stopped", time.Now())["status"].(map[string]any)["conditions"].([]metav1.Condition)
 	if c := meta.FindStatusCondition(conds, CondPodsReady); c == nil || c.Status != metav1.ConditionFalse || c.Reason != reasonWaitForStart {
 		t.Fatalf("PodsReady after the release = %+v, want False %s", c, reasonWaitForStart)
 	}
@@ -170,5 +170,35 @@ func TestPlacementAddsAdmissionCheckUpdates(t *testing.T) {
 	}
 	if len(pod.Spec.Tolerations) != 1 || pod.Spec.Tolerations[0].Key != "booked" {
 		t.Errorf("tolerations = %v, want the check's", pod.Spec.Tolerations)
+	}
+}
+
+// An admission covers a gang only whole: every pod set assigned, none
+// with fewer pods than it has.
+func TestUncovered(t *testing.T) {
+	n := func(v int32) *int32 { return &v }
+	reserved := []metav1.Condition{{Type: CondQuotaReserved, Status: metav1.ConditionTrue}}
+	sets := []PodSet{{Name: "master", Count: 1}, {Name: "worker", Count: 3}}
+	tests := []struct {
+		name  string
+		conds []metav1.Condition
+		as    []PodSetAssignment
+		want  string
+	}{
+		{"whole", reserved, []PodSetAssignment{{Name: "master", Count: n(1)}, {Name: "worker", Count: n(3)}}, ""},
+		{"no counts (older Workloads): the pod sets'", reserved, []PodSetAssignment{{Name: "master"}, {Name: "worker"}}, ""},
+		{"a partial admission", reserved, []PodSetAssignment{{Name: "master", Count: n(1)}, {Name: "worker", Count: n(1)}}, "pod set worker: 1 of 3 pods"},
+		{"a pod set left out", reserved, []PodSetAssignment{{Name: "master", Count: n(1)}}, "pod set worker not assigned"},
+		{"no quota, nothing to cover", nil, []PodSetAssignment{{Name: "master", Count: n(1)}}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := &Workload{Spec: WorkloadSpec{PodSets: sets}}
+			w.Status.Conditions = tt.conds
+			w.Status.Admission = &Admission{ClusterQueue: "cq", PodSetAssignments: tt.as}
+			if got := w.Uncovered(); got != tt.want {
+				t.Errorf("Uncovered() = %q, want %q", got, tt.want)
+			}
+		})
 	}
 }
