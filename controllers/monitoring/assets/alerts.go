@@ -55,6 +55,11 @@ const (
 	// NodeUnhealthyFor and NodeAgentDownFor ignore one failed collection.
 	NodeUnhealthyFor = "5m"
 	NodeAgentDownFor = "10m"
+	// NodeAgentStaleSeconds: an agent whose last successful collection is
+	// older (five of its default 60 s intervals) is not reporting.
+	NodeAgentStaleSeconds = "300"
+	// NodeAgentAbsentFor leaves time for a first rollout and first scrape.
+	NodeAgentAbsentFor = "15m"
 	// OperandNotReadyFor leaves a driver rollout, which restarts the
 	// operands of a node one after another, time to finish.
 	OperandNotReadyFor = "30m"
@@ -96,6 +101,10 @@ const xidLabels = xidID + ", namespace, pod"
 const xidID = gpuID + ", err_code, err_msg"
 
 const xid = `DCGM_FI_DEV_XID_ERRORS{` + exporter + `}`
+
+// agentLastSuccess is when the node agent of a node (its PodMonitor's
+// node label) last collected and published the inventory.
+const agentLastSuccess = `loom_node_agent_last_success_timestamp_seconds`
 
 // xidIs selects the Xid series whose value is one of codes.
 func xidIs(codes []int) string {
@@ -256,14 +265,44 @@ func inventoryAlerts() []alert {
 		runbook: `kubectl get gpunodes {{ $labels.node }} -o yaml names the GPUs and why; check the node's GPU alerts ` +
 			`(Xid, ECC) and dmesg. ` + drainNode + ` and reset the GPUs or reboot it; RMA a GPU that stays unhealthy.`,
 	}, {
-		name:        "LoomGPUNodeAgentNotReporting",
-		severity:    SeverityWarning,
-		expr:        `max by (node) (loom_gpunode_ready) == 0`,
-		holdFor:     NodeAgentDownFor,
-		summary:     `Loom's node agent on {{ $labels.node }} is not reporting.`,
-		description: `Loom's node agent on node {{ $labels.node }} has failed to collect the GPU inventory for ` + NodeAgentDownFor + `; the node's GPU health is unknown to Loom.`,
-		runbook: `Read the agent pod's logs on the node: NVML failing to initialise usually means the driver is not loaded ` +
-			`(check the driver pod, lsmod | grep nvidia); API errors, its RBAC or the API server.`,
+		name:     "LoomGPUNodeAgentNotReporting",
+		severity: SeverityWarning,
+		// The GPUNode says Ready=False (the agent failed to collect), or
+		// still says what a gone agent last wrote: no agent of the node is
+		// scraped, or its last success is old (its writes refused). The
+		// second part waits for some agent to be scraped, so that a
+		// PodMonitor no Prometheus selects is LoomGPUNodeAgentAbsent's.
+		expr: `max by (node) (loom_gpunode_ready) == 0
+or
+(
+  max by (node) (loom_gpunode_ready)
+  unless on (node)
+  (time() - max by (node) (` + agentLastSuccess + `) < ` + NodeAgentStaleSeconds + `)
+)
+and on ()
+group(` + agentLastSuccess + `)`,
+		holdFor: NodeAgentDownFor,
+		summary: `Loom's node agent on {{ $labels.node }} is not reporting.`,
+		description: `Loom's node agent on node {{ $labels.node }} has not collected the GPU inventory for ` + NodeAgentDownFor +
+			` (it failed, its pod is not running or not scraped, or its writes are refused); the node's GPUNode is stale ` +
+			`and its GPU health unknown to Loom.`,
+		runbook: `kubectl get pods -A -l app.kubernetes.io/component=node-agent --field-selector spec.nodeName={{ $labels.node }}: ` +
+			`no pod, read the DaemonSet's events (taints, resources); a pod, read its logs: NVML failing to initialise usually ` +
+			`means the driver is not loaded (check the driver pod, lsmod | grep nvidia); API errors, its RBAC or the API server.`,
+	}, {
+		name:     "LoomGPUNodeAgentAbsent",
+		severity: SeverityWarning,
+		expr: `absent(` + agentLastSuccess + `)
+and on ()
+(count(loom_gpunode_ready) > 0)`,
+		holdFor: NodeAgentAbsentFor,
+		summary: `Prometheus scrapes no Loom node agent although GPU nodes have an inventory.`,
+		description: `Loom's manager lists GPU nodes, but no node agent has been scraped for ` + NodeAgentAbsentFor +
+			`: whether the inventory is current is unknown.`,
+		runbook: `kubectl get pods -A -l app.kubernetes.io/component=node-agent: no pods, read the node agent DaemonSet's events. ` +
+			`Pods running: read the status of the ClusterPolicy (its Monitoring condition) and of the Prometheus CR: its ` +
+			`podMonitorSelector must match the labels of the loom-node-agent PodMonitor, and its podMonitorNamespaceSelector ` +
+			`Loom's namespace.`,
 	}, {
 		name:     "LoomGPUOperandNotReady",
 		severity: SeverityWarning,

@@ -339,13 +339,70 @@ var alertCases = []alertCase{
 		series:      []string{loomSeries("loom_gpunode_ready", `node="gpu-a"`, "1 0x15"), loomSeries("loom_gpunode_ready", `node="gpu-b"`, "1x16")},
 		at:          12 * time.Minute,
 		want:        []map[string]string{{"severity": assets.SeverityWarning, "node": "gpu-a"}},
-		description: []string{"node agent on node gpu-a has failed to collect the GPU inventory for 10m"},
+		description: []string{"node agent on node gpu-a has not collected the GPU inventory for 10m"},
 	},
 	{
 		name:   "one failed collection",
 		alert:  "LoomGPUNodeAgentNotReporting",
 		series: []string{loomSeries("loom_gpunode_ready", `node="gpu-a"`, "1x5 0x5 1 0x5")},
 		at:     16 * time.Minute,
+	},
+	{
+		// The GPUNode keeps the Ready its agent last wrote: an agent
+		// evicted, crash-looping or never placed writes nothing more.
+		name:  "the agent's pod is gone",
+		alert: "LoomGPUNodeAgentNotReporting",
+		series: []string{
+			loomSeries("loom_gpunode_ready", `node="gpu-a"`, "1x25"), loomSeries("loom_gpunode_ready", `node="gpu-b"`, "1x25"),
+			agentSeries("gpu-a", "0+60x3"), agentSeries("gpu-b", "0+60x25"),
+		},
+		at:          20 * time.Minute,
+		want:        []map[string]string{{"severity": assets.SeverityWarning, "node": "gpu-a"}},
+		description: []string{"node agent on node gpu-a has not collected the GPU inventory for"},
+	},
+	{
+		// Running and scraped, but no collection succeeds (its writes
+		// refused): the GPUNode still says Ready.
+		name:  "the agent's last success gets old",
+		alert: "LoomGPUNodeAgentNotReporting",
+		series: []string{
+			loomSeries("loom_gpunode_ready", `node="gpu-a"`, "1x25"), loomSeries("loom_gpunode_ready", `node="gpu-b"`, "1x25"),
+			agentSeries("gpu-a", "0+60x4 240x21"), agentSeries("gpu-b", "0+60x25"),
+		},
+		at:          22 * time.Minute,
+		want:        []map[string]string{{"severity": assets.SeverityWarning, "node": "gpu-a"}},
+		description: []string{"node agent on node gpu-a has not collected the GPU inventory for"},
+	},
+	{
+		name:  "the agent restarts",
+		alert: "LoomGPUNodeAgentNotReporting",
+		series: []string{
+			loomSeries("loom_gpunode_ready", `node="gpu-a"`, "1x25"),
+			agentSeries("gpu-a", "0+60x5 _x3 480+60x17"),
+		},
+		at: 25 * time.Minute,
+	},
+	{
+		// Not one agent scraped is LoomGPUNodeAgentAbsent's: the
+		// PodMonitor unselected would make every node alert here.
+		name:   "no agent is scraped",
+		alert:  "LoomGPUNodeAgentNotReporting",
+		series: []string{loomSeries("loom_gpunode_ready", `node="gpu-a"`, "1x25"), loomSeries("loom_gpunode_ready", `node="gpu-b"`, "1x25")},
+		at:     25 * time.Minute,
+	},
+	{
+		name:        "no agent is scraped, though GPU nodes report",
+		alert:       "LoomGPUNodeAgentAbsent",
+		series:      []string{loomSeries("loom_gpunode_ready", `node="gpu-a"`, "1x25")},
+		at:          25 * time.Minute,
+		want:        []map[string]string{{"severity": assets.SeverityWarning}},
+		description: []string{"no node agent has been scraped for 15m"},
+	},
+	{
+		name:   "agents are scraped",
+		alert:  "LoomGPUNodeAgentAbsent",
+		series: []string{loomSeries("loom_gpunode_ready", `node="gpu-a"`, "1x25"), agentSeries("gpu-a", "0+60x25")},
+		at:     25 * time.Minute,
 	},
 	{
 		name:  "the driver is not ready on one of four nodes",

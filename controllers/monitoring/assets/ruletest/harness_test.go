@@ -224,6 +224,13 @@ func upSeries(node, values string) string {
 		assets.ExporterJob, node[len(node)-1:], node, assets.ExporterJob, values)
 }
 
+// agentSeries is the node agent's last successful collection on node, as
+// Loom's PodMonitor scrapes it (the target's node; values in seconds).
+func agentSeries(node, values string) string {
+	return fmt.Sprintf(`loom_node_agent_last_success_timestamp_seconds{job="loom-system/loom-node-agent", instance="10.1.0.%s:8090", node=%q, pod="loom-node-agent-%s", namespace="loom-system"} %s`,
+		node[len(node)-1:], node, node, values)
+}
+
 // loomSeries is a metric of Loom's manager.
 func loomSeries(metric, labels, values string) string {
 	if labels != "" {
