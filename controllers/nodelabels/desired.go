@@ -122,7 +122,7 @@ func sharingLabels(l map[string]string, in Input) {
 	l[gpuv1alpha1.LabelSharingStrategy] = string(r.Strategy)
 	// A product NVML names with nothing a label value keeps has no label
 	// to suffix ("-SHARED" alone is no valid value).
-	if p := l[gpuv1alpha1.LabelProduct]; r.Shared() && !r.Renamed() && p != "" && !strings.HasSuffix(p, "-MIG-INVALID") {
+	if p := l[gpuv1alpha1.LabelProduct]; r.Shared() && !r.Renamed() && p != "" && !strings.HasSuffix(p, migInvalidSuffix) {
 		l[gpuv1alpha1.LabelProduct] = sharedProduct(p)
 	}
 }
@@ -141,16 +141,8 @@ func keepSharingLabels(l, node map[string]string) {
 	}
 }
 
-// sharedProduct is product with GFD's -SHARED suffix, within a label
-// value's 63 characters.
-func sharedProduct(product string) string {
-	if len(product)+len(sharedSuffix) > validationMaxLabelValue {
-		product = strings.TrimRight(product[:validationMaxLabelValue-len(sharedSuffix)], "-_.")
-	}
-	return product + sharedSuffix
-}
-
-const validationMaxLabelValue = 63
+// sharedProduct is product with GFD's -SHARED suffix.
+func sharedProduct(product string) string { return withSuffix(product, sharedSuffix) }
 
 // UnhealthyTaint is the taint a node gets while a GPU of its GPUNode is
 // unhealthy and the policy asks for it: nvidia.com/gpu.unhealthy=<the

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/sharing"
@@ -147,12 +149,12 @@ func anyInMIGMode(gpus []gpuv1alpha1.GPU) bool {
 // <product>-MIG-INVALID with no GPUs.
 func singleMIGLabels(l map[string]string, mig map[string]migProfile, uniform bool) {
 	if len(mig) != 1 || !uniform {
-		l[gpuv1alpha1.LabelProduct] = LabelValue(l[gpuv1alpha1.LabelProduct] + "-MIG-INVALID")
+		l[gpuv1alpha1.LabelProduct] = withSuffix(l[gpuv1alpha1.LabelProduct], migInvalidSuffix)
 		l[gpuv1alpha1.LabelCount] = "0"
 		return
 	}
 	for profile, p := range mig {
-		l[gpuv1alpha1.LabelProduct] = LabelValue(l[gpuv1alpha1.LabelProduct] + "-MIG-" + profile)
+		l[gpuv1alpha1.LabelProduct] = withSuffix(l[gpuv1alpha1.LabelProduct], "-MIG-"+LabelValue(profile))
 		l[gpuv1alpha1.LabelCount] = strconv.FormatInt(p.count, 10)
 		if p.memoryMiB > 0 {
 			l[gpuv1alpha1.LabelMemory] = strconv.FormatInt(p.memoryMiB, 10)
@@ -201,6 +203,20 @@ func versionLabels(l map[string]string, st gpuv1alpha1.GPUNodeStatus) {
 		l[gpuv1alpha1.LabelRuntimeMajor], l[gpuv1alpha1.LabelRuntimeMinor] = LabelValue(major), LabelValue(minor)
 		l[gpuv1alpha1.LabelRuntimeFull] = LabelValue(st.CUDADriverVersion)
 	}
+}
+
+// migInvalidSuffix marks the product of a node the single strategy cannot
+// use.
+const migInvalidSuffix = "-MIG-INVALID"
+
+// withSuffix is product (a label value) with suffix, within a label value's
+// 63 characters: the product is cut, never the suffix, which is what tells
+// a MIG, invalid or shared node's product from a plain one.
+func withSuffix(product, suffix string) string {
+	if room := max(validation.LabelValueMaxLength-len(suffix), 0); len(product) > room {
+		product = strings.TrimRight(product[:room], "-_.")
+	}
+	return LabelValue(product + suffix)
 }
 
 // LabelValue makes s a valid label value the way GFD does for product

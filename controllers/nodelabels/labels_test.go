@@ -205,3 +205,35 @@ func TestMixedMIGLabelsOfProfilesThatMakeOneLabel(t *testing.T) {
 		}
 	}
 }
+
+// A product long enough that <product>-MIG-<profile> passes a label
+// value's 63 characters keeps its suffix whole, the product cut instead:
+// the suffix is what tells a MIG or an invalid MIG node from a plain one.
+func TestMIGProductKeepsItsSuffix(t *testing.T) {
+	long := "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition" // 55 characters
+	uniform := collected(t, collect.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "1g.5gb:7"})
+	mixed := collected(t, collect.SimOptions{System: "dgx-a100", GPUs: intPtr(2), MIG: "3g.20gb:1,1g.5gb:4"})
+	for _, st := range []*gpuv1alpha1.GPUNodeStatus{&uniform, &mixed} {
+		for i := range st.GPUs {
+			st.GPUs[i].Product = long
+		}
+	}
+	for _, tt := range []struct {
+		name string
+		st   gpuv1alpha1.GPUNodeStatus
+		want string
+	}{
+		{"one profile", uniform, "NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation-Edit-MIG-1g.5gb"},
+		{"invalid", mixed, "NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation-Edi-MIG-INVALID"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := LabelsFor(tt.st, "single")[gpuv1alpha1.LabelProduct]
+			if got != tt.want {
+				t.Errorf("product = %q (%d characters), want %q", got, len(got), tt.want)
+			}
+			if errs := validation.IsValidLabelValue(got); len(errs) > 0 {
+				t.Errorf("%q: %v", got, errs)
+			}
+		})
+	}
+}
