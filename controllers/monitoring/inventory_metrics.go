@@ -7,8 +7,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
@@ -23,8 +25,9 @@ var (
 	readyDesc     = prometheus.NewDesc("loom_gpunode_ready", "1 when the node agent's last inventory collection succeeded, else 0.", []string{"node"}, nil)
 )
 
-// inventoryCollector reads the GPUNodes from the cache at scrape time.
-type inventoryCollector struct{ cache atomic.Pointer[cache.Cache] }
+// inventoryCollector reads the GPUNodes, and the Nodes' metadata, from the
+// cache at scrape time.
+type inventoryCollector struct{ cache atomic.Pointer[client.Reader] }
 
 func (c *inventoryCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- gpusDesc
@@ -43,8 +46,22 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 	if err := (*cp).List(ctx, &list); err != nil {
 		return
 	}
+	// Only GPUNodes whose Node exists, as the index counts them: one left
+	// behind by a deleted node is no GPU missing and no agent silent.
+	nodes := &metav1.PartialObjectMetadataList{}
+	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
+	if err := (*cp).List(ctx, nodes); err != nil {
+		return
+	}
+	exists := make(map[string]bool, len(nodes.Items))
+	for _, n := range nodes.Items {
+		exists[n.Name] = true
+	}
 	for i := range list.Items {
 		n := &list.Items[i]
+		if !exists[n.Name] {
+			continue
+		}
 		unhealthy := 0
 		for _, g := range n.Status.GPUs {
 			if g.Health.State == gpuv1alpha1.GPUUnhealthy {
@@ -68,7 +85,7 @@ var (
 
 // registerInventoryMetrics registers the collector once per process and
 // points it at the newest manager's cache (tests start several).
-func registerInventoryMetrics(c cache.Cache) {
+func registerInventoryMetrics(c client.Reader) {
 	registerInventoryOne.Do(func() { ctrlmetrics.Registry.MustRegister(inventoryMetrics) })
 	inventoryMetrics.cache.Store(&c)
 }

@@ -1,0 +1,58 @@
+package monitoring
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+)
+
+// The inventory metrics count a GPUNode only while its Node exists, as the
+// index does: one left behind by a deleted node (its agent wrote it after
+// the garbage collector took the old one) would otherwise report GPUs
+// that dcgm-exporter never shows (LoomGPUMissing) and an agent that never
+// reports (LoomGPUNodeAgentNotReporting), for a node that is gone.
+func TestInventoryMetricsCountOnlyGPUNodesWithANode(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := gpuv1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	ready := []metav1.Condition{{Type: gpuv1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Collected"}}
+	gpuNode := func(name string) *gpuv1alpha1.GPUNode {
+		return &gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Status: gpuv1alpha1.GPUNodeStatus{GPUCount: 8, Product: "NVIDIA-H100-80GB-HBM3", Conditions: ready}}
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-a"}}, gpuNode("gpu-a"), gpuNode("gone"),
+	).Build()
+	col := &inventoryCollector{}
+	var r client.Reader = c
+	col.cache.Store(&r)
+	want := `
+# HELP loom_gpunode_gpus GPUs the node agent found through NVML.
+# TYPE loom_gpunode_gpus gauge
+loom_gpunode_gpus{node="gpu-a",product="NVIDIA-H100-80GB-HBM3"} 8
+# HELP loom_gpunode_ready 1 when the node agent's last inventory collection succeeded, else 0.
+# TYPE loom_gpunode_ready gauge
+loom_gpunode_ready{node="gpu-a"} 1
+# HELP loom_gpunode_unhealthy_gpus GPUs the node agent marks Unhealthy (0 when all are healthy).
+# TYPE loom_gpunode_unhealthy_gpus gauge
+loom_gpunode_unhealthy_gpus{node="gpu-a"} 0
+`
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(col)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
+	}
+}
