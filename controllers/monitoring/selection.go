@@ -126,9 +126,15 @@ func describeSelector(sel *metav1.LabelSelector) string {
 
 // learnable returns the labels that make sel select an object, when sel
 // is plain matchLabels (kube-prometheus-stack's release: <name>), and
-// false when no set of labels can be derived (expressions).
+// false when no set of labels can be derived (expressions), or none an
+// object can carry: the Prometheus CRD stores a selector of any strings,
+// and labels learned from one the API server refuses would fail every
+// monitor's write.
 func learnable(sel *metav1.LabelSelector) (map[string]string, bool) {
 	if sel == nil || len(sel.MatchExpressions) > 0 {
+		return nil, false
+	}
+	if _, err := metav1.LabelSelectorAsSelector(sel); err != nil {
 		return nil, false
 	}
 	return sel.MatchLabels, true

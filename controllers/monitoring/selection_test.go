@@ -60,6 +60,9 @@ func selectTests() []selectTest {
 	ignoring.IgnoreNamespaceSelectors = true
 	teamNS := kpsSpec("kps")
 	teamNS.PodMonitorNamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"team": "infra"}}
+	// The Prometheus CRD does not validate selectors: a value no label can
+	// have is stored, and the operator fails on it.
+	broken := kpsSpec("my release")
 
 	return []selectTest{
 		{name: "no Prometheus", obj: sm},
@@ -116,6 +119,17 @@ func selectTests() []selectTest {
 			name: "a PrometheusAgent evaluates no rules: left out for them", obj: Object{Kind: KindPrometheusRule, Namespace: "loom-system"},
 			proms:      []*monitoringv1.Prometheus{agent("monitoring", "agent", 2*time.Hour, "agent"), prom("monitoring", "kps", time.Hour, kpsSpec("kps"))},
 			wantLabels: map[string]string{"release": "kps"}, wantBy: []string{"Prometheus monitoring/kps"}, learned: "Prometheus monitoring/kps",
+		},
+		{
+			name: "a selector no label can satisfy is not learned", obj: sm,
+			proms: []*monitoringv1.Prometheus{prom("monitoring", "broken", time.Hour, broken)},
+			why:   []string{"Prometheus monitoring/broken: its serviceMonitorSelector is invalid"},
+		},
+		{
+			name: "an older broken Prometheus gives no labels: the next learnable one does", obj: pm,
+			proms:      []*monitoringv1.Prometheus{prom("monitoring", "broken", 2*time.Hour, broken), prom("monitoring", "kps", time.Hour, teamNS)},
+			wantLabels: map[string]string{"release": "kps"}, learned: "Prometheus monitoring/kps",
+			why: []string{"Prometheus monitoring/broken: its podMonitorSelector is invalid", "does not select namespace ml"},
 		},
 		{
 			name: "namespace not selected is named, even with the label", obj: pm,
