@@ -6,6 +6,6 @@ package manager
 // (crdinstall.Hash of their JSON), by name.
 var crdHashes = map[string]string{
 	"gpu.loom.dev_clusterpolicies":   "a46fe4a6f32e5033",
-	"gpu.loom.dev_gpunodes":          "cdc76af8e86c11ae",
+	"gpu.loom.dev_gpunodes":          "d9f449d1039a29e5",
 	"training.loom.dev_trainingjobs": "29748beb178d382c",
 }

@@ -84,9 +84,11 @@ type GPUHealth struct {
 	State GPUHealthState `json:"state"`
 	// Reason is a CamelCase cause when unhealthy, e.g. XidCriticalError.
 	// +optional
+	// +kubebuilder:validation:MaxLength=256
 	Reason string `json:"reason,omitempty"`
 	// Message explains the reason, e.g. "Xid 79: GPU has fallen off the bus".
 	// +optional
+	// +kubebuilder:validation:MaxLength=1024
 	Message string `json:"message,omitempty"`
 	// Xid is the last critical Xid error code seen on this GPU, if any.
 	// +optional
@@ -103,27 +105,36 @@ type GPUHealth struct {
 // driver needed.
 type PCIDevice struct {
 	// BusID is the PCI address, e.g. 0000:18:00.0.
+	// +kubebuilder:validation:MaxLength=64
 	BusID string `json:"busID"`
 	// DeviceID is the PCI device ID, e.g. 0x2330.
+	// +kubebuilder:validation:MaxLength=64
 	DeviceID string `json:"deviceID"`
 	// Class is the PCI class, e.g. 0x030200 (3D controller).
 	// +optional
+	// +kubebuilder:validation:MaxLength=64
 	Class string `json:"class,omitempty"`
 	// Product is the product name when the device ID is known, e.g.
 	// "NVIDIA H100 80GB HBM3".
 	// +optional
+	// +kubebuilder:validation:MaxLength=256
 	Product string `json:"product,omitempty"`
 }
 
 // MIGDevice is one MIG device (a GPU instance with a compute instance).
 type MIGDevice struct {
 	// Profile is the MIG profile name, e.g. 1g.10gb.
+	// +kubebuilder:validation:MaxLength=64
 	Profile string `json:"profile"`
 	// +optional
-	UUID              string `json:"uuid,omitempty"`
-	MemoryMiB         int64  `json:"memoryMiB"`
-	GPUInstanceID     int32  `json:"gpuInstanceID"`
-	ComputeInstanceID int32  `json:"computeInstanceID"`
+	// +kubebuilder:validation:MaxLength=256
+	UUID string `json:"uuid,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	MemoryMiB int64 `json:"memoryMiB"`
+	// +kubebuilder:validation:Minimum=0
+	GPUInstanceID int32 `json:"gpuInstanceID"`
+	// +kubebuilder:validation:Minimum=0
+	ComputeInstanceID int32 `json:"computeInstanceID"`
 }
 
 // MIGStatus is a GPU's MIG capability, mode and devices.
@@ -134,8 +145,11 @@ type MIGStatus struct {
 	// PendingMode differs from CurrentMode until the GPU is reset.
 	// +optional
 	PendingMode MIGMode `json:"pendingMode,omitempty"`
+	// A GPU has at most 7 GPU instances, each of at most 8 compute
+	// instances.
 	// +optional
 	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
 	Devices []MIGDevice `json:"devices,omitempty"`
 }
 
@@ -143,19 +157,25 @@ type MIGStatus struct {
 type GPU struct {
 	// Index is NVML's device index.
 	// +kubebuilder:validation:Minimum=0
-	Index int32  `json:"index"`
-	UUID  string `json:"uuid"`
+	Index int32 `json:"index"`
+	// +kubebuilder:validation:MaxLength=256
+	UUID string `json:"uuid"`
 	// Product is NVML's device name, e.g. "NVIDIA H100 80GB HBM3".
+	// +kubebuilder:validation:MaxLength=256
 	Product string `json:"product"`
 	// Architecture, e.g. Hopper.
 	// +optional
+	// +kubebuilder:validation:MaxLength=64
 	Architecture string `json:"architecture,omitempty"`
 	// MemoryMiB is the framebuffer size.
+	// +kubebuilder:validation:Minimum=0
 	MemoryMiB int64 `json:"memoryMiB"`
 	// ComputeCapability is the CUDA compute capability, e.g. "9.0".
 	// +optional
+	// +kubebuilder:validation:MaxLength=64
 	ComputeCapability string `json:"computeCapability,omitempty"`
 	// +optional
+	// +kubebuilder:validation:MaxLength=64
 	PCIBusID string `json:"pciBusID,omitempty"`
 	// +optional
 	MIG    *MIGStatus `json:"mig,omitempty"`
@@ -167,24 +187,32 @@ type GPU struct {
 // utilisation are metrics.
 type GPUNodeStatus struct {
 	// +optional
+	// +kubebuilder:validation:MaxLength=128
 	DriverVersion string `json:"driverVersion,omitempty"`
 	// CUDADriverVersion is the CUDA version the driver supports, e.g. "12.4".
 	// +optional
+	// +kubebuilder:validation:MaxLength=128
 	CUDADriverVersion string `json:"cudaDriverVersion,omitempty"`
 	// +optional
+	// +kubebuilder:validation:MaxLength=128
 	NVMLVersion string `json:"nvmlVersion,omitempty"`
 	// GPUCount is the number of physical GPUs.
 	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=64
 	GPUCount int32 `json:"gpuCount"`
 	// Product is the GPUs' product name, or "mixed" when they differ.
 	// +optional
+	// +kubebuilder:validation:MaxLength=256
 	Product string `json:"product,omitempty"`
 	// MIG summarises the GPUs' MIG modes: Enabled, Disabled or Mixed.
 	// +optional
+	// +kubebuilder:validation:MaxLength=64
 	MIG string `json:"mig,omitempty"`
 	// Simulated names the simulated system (e.g. dgx-h100) when the agent
 	// runs in simulation mode; empty on real hardware.
 	// +optional
+	// +kubebuilder:validation:MaxLength=64
 	Simulated string `json:"simulated,omitempty"`
 	// PCIDevices are the node's NVIDIA GPUs on the PCI bus, read without the
 	// driver: they say the node has GPUs before NVML can.
@@ -196,6 +224,7 @@ type GPUNodeStatus struct {
 	// +optional
 	// +listType=map
 	// +listMapKey=index
+	// +kubebuilder:validation:MaxItems=64
 	GPUs []GPU `json:"gpus,omitempty"`
 	// +optional
 	// +listType=map
