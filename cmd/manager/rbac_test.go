@@ -212,3 +212,10 @@ func TestChartRBACSuffices(t *testing.T) {
 		t.Errorf("the chart's RBAC refused:\n%s", strings.Join(got, "\n"))
 	}
 }
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

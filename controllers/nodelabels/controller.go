@@ -27,20 +27,12 @@ import (
 	"github.com/loom-dev/loom/internal/sharing"
 )
 
-// FieldOwner is the labeller's server-side-apply field manager: on Nodes it
-// owns exactly the labels it set, so applying a smaller set removes the
-// rest of its own and never touches anyone else's.
-const FieldOwner = "loom-gpu-labels"
-
-// AnnotationManagedLabels lists the label keys the labeller set on a Node.
-// The cache strips managedFields, so this is how a pass tells, from the
-// cache alone, whether an apply would change anything.
-const AnnotationManagedLabels = "gpu.loom.dev/managed-labels"
-
-// AnnotationTaint records the value of the nvidia.com/gpu.unhealthy taint
-// the labeller set on a Node (the cache holds Nodes' metadata only, not
-// their taints).
-const AnnotationTaint = "gpu.loom.dev/unhealthy-taint"
+// The labeller's field manager and Node annotations (see gpuv1alpha1).
+const (
+	FieldOwner              = gpuv1alpha1.FieldOwnerGPULabels
+	AnnotationManagedLabels = gpuv1alpha1.AnnotationManagedLabels
+	AnnotationTaint         = gpuv1alpha1.AnnotationUnhealthyTaint
+)
 
 // ReasonInvalidConfig is the reason of the Warning event on the
 // ClusterPolicy when a node's device plugin config cannot be used.

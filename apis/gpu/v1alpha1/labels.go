@@ -62,6 +62,24 @@ const (
 	AnnotationTemplateHash = "gpu.loom.dev/template-hash"
 )
 
+// What Loom's GPU labeller (the gpu-labels controller) records on a Node
+// beside its nvidia.com/* labels; its uninstall cleanup removes them.
+const (
+	// FieldOwnerGPULabels is the labeller's server-side-apply field
+	// manager: on Nodes it owns exactly the labels it set, so applying a
+	// smaller set removes the rest of its own and never touches anyone
+	// else's.
+	FieldOwnerGPULabels = "loom-gpu-labels"
+	// AnnotationManagedLabels lists the label keys the labeller set on a
+	// Node. The cache strips managedFields, so this is how a pass tells,
+	// from the cache alone, whether an apply would change anything.
+	AnnotationManagedLabels = "gpu.loom.dev/managed-labels"
+	// AnnotationUnhealthyTaint records the value of the
+	// nvidia.com/gpu.unhealthy taint the labeller set on a Node (the cache
+	// holds Nodes' metadata only, not their taints).
+	AnnotationUnhealthyTaint = "gpu.loom.dev/unhealthy-taint"
+)
+
 // The per-node driver upgrade state, in GPU Operator's label and values.
 const (
 	LabelUpgradeState = "nvidia.com/gpu-driver-upgrade-state"

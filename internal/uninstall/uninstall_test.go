@@ -1,4 +1,4 @@
-package main
+package uninstall
 
 import (
 	"bytes"
@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
-	"github.com/loom-dev/loom/controllers/nodelabels"
 	"github.com/loom-dev/loom/internal/testenv"
 )
 
@@ -39,7 +38,7 @@ func cleanupFixture(t *testing.T, ctx context.Context, c client.Client) {
 	must(t, c.Create(ctx, &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}}))
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1",
 		Labels:      map[string]string{"nvidia.com/gpu.deploy.driver": "false"},
-		Annotations: map[string]string{gpuv1alpha1.AnnotationClaim: "default", nodelabels.AnnotationTaint: "xid-79"}},
+		Annotations: map[string]string{gpuv1alpha1.AnnotationClaim: "default", gpuv1alpha1.AnnotationUnhealthyTaint: "xid-79"}},
 		Spec: corev1.NodeSpec{Unschedulable: true, Taints: []corev1.Taint{
 			{Key: gpuv1alpha1.TaintUnhealthy, Value: "xid-79", Effect: corev1.TaintEffectNoSchedule},
 			{Key: "team", Value: "ml", Effect: corev1.TaintEffectNoSchedule}}}}
@@ -49,8 +48,8 @@ func cleanupFixture(t *testing.T, ctx context.Context, c client.Client) {
 	labels.SetKind("Node")
 	labels.SetName("gpu-1")
 	labels.SetLabels(map[string]string{gpuv1alpha1.LabelPresent: "true", gpuv1alpha1.LabelProduct: "NVIDIA-H100-80GB-HBM3"})
-	labels.SetAnnotations(map[string]string{nodelabels.AnnotationManagedLabels: gpuv1alpha1.LabelPresent + "," + gpuv1alpha1.LabelProduct})
-	must(t, c.Apply(ctx, client.ApplyConfigurationFromUnstructured(labels), client.FieldOwner(nodelabels.FieldOwner), client.ForceOwnership))
+	labels.SetAnnotations(map[string]string{gpuv1alpha1.AnnotationManagedLabels: gpuv1alpha1.LabelPresent + "," + gpuv1alpha1.LabelProduct})
+	must(t, c.Apply(ctx, client.ApplyConfigurationFromUnstructured(labels), client.FieldOwner(gpuv1alpha1.FieldOwnerGPULabels), client.ForceOwnership))
 	must(t, c.Create(ctx, &gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}}))
 	sel := &metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}}
 	tmpl := corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: sel.MatchLabels},
@@ -111,9 +110,9 @@ func TestUninstallCleanup(t *testing.T) {
 	go fakeManager(ctx, c)
 
 	var out bytes.Buffer
-	cfg := cleanupConfig{namespace: "loom-system", managerDeployment: "loom-manager", agentDaemonSet: "loom-node-agent",
-		lease: "loom-manager", rayJobs: true, timeout: 30 * time.Second, poll: 100 * time.Millisecond}
-	if err := cleanup(ctx, c, cfg, &out); err != nil {
+	cfg := Config{Namespace: "loom-system", ManagerDeployment: "loom-manager", AgentDaemonSet: "loom-node-agent",
+		Lease: "loom-manager", RayJobs: true, Timeout: 30 * time.Second, Poll: 100 * time.Millisecond}
+	if err := Run(ctx, c, cfg, &out); err != nil {
 		t.Fatalf("cleanup: %v\n%s", err, out.String())
 	}
 	t.Log(out.String())
@@ -128,7 +127,7 @@ func TestUninstallCleanup(t *testing.T) {
 	if n.Labels["nvidia.com/gpu.deploy.driver"] != "false" {
 		t.Errorf("the user's label was removed: %v", n.Labels)
 	}
-	for _, k := range []string{nodelabels.AnnotationManagedLabels, nodelabels.AnnotationTaint, gpuv1alpha1.AnnotationClaim} {
+	for _, k := range []string{gpuv1alpha1.AnnotationManagedLabels, gpuv1alpha1.AnnotationUnhealthyTaint, gpuv1alpha1.AnnotationClaim} {
 		if _, ok := n.Annotations[k]; ok {
 			t.Errorf("annotation %s left on the node", k)
 		}
@@ -179,8 +178,8 @@ func TestUninstallCleanupTimesOutNamingWhatIsLeft(t *testing.T) {
 	defer func() { _ = env.Stop() }()
 	cleanupFixture(t, ctx, env.Client)
 	var out bytes.Buffer
-	cfg := cleanupConfig{namespace: "loom-system", lease: "loom-manager", timeout: 2 * time.Second, poll: 100 * time.Millisecond}
-	err = cleanup(ctx, env.Client, cfg, &out)
+	cfg := Config{Namespace: "loom-system", Lease: "loom-manager", Timeout: 2 * time.Second, Poll: 100 * time.Millisecond}
+	err = Run(ctx, env.Client, cfg, &out)
 	if err == nil || !bytes.Contains([]byte(err.Error()), []byte("node gpu-1 (claimed by the driver upgrade)")) {
 		t.Fatalf("cleanup error %v, want one naming the claimed node\n%s", err, out.String())
 	}
@@ -206,11 +205,11 @@ func TestUninstallCleanupWithoutLoomCRDs(t *testing.T) {
 	labels.SetKind("Node")
 	labels.SetName("gpu-1")
 	labels.SetLabels(map[string]string{gpuv1alpha1.LabelPresent: "true"})
-	must(t, c.Apply(ctx, client.ApplyConfigurationFromUnstructured(labels), client.FieldOwner(nodelabels.FieldOwner), client.ForceOwnership))
+	must(t, c.Apply(ctx, client.ApplyConfigurationFromUnstructured(labels), client.FieldOwner(gpuv1alpha1.FieldOwnerGPULabels), client.ForceOwnership))
 
 	var out bytes.Buffer
-	cfg := cleanupConfig{namespace: "loom-system", lease: "loom-manager", rayJobs: true, timeout: 5 * time.Second, poll: 100 * time.Millisecond}
-	if err := cleanup(ctx, c, cfg, &out); err != nil {
+	cfg := Config{Namespace: "loom-system", Lease: "loom-manager", RayJobs: true, Timeout: 5 * time.Second, Poll: 100 * time.Millisecond}
+	if err := Run(ctx, c, cfg, &out); err != nil {
 		t.Fatalf("cleanup without Loom's CRDs: %v\n%s", err, out.String())
 	}
 	n := &corev1.Node{}

@@ -1,0 +1,318 @@
+// Package uninstall removes what Loom put on a cluster outside its Helm
+// release: the chart's pre-delete hook (`loom uninstall-cleanup`) and
+// `kubectl loom uninstall-cleanup` run the same code.
+package uninstall
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	rayutils "github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
+	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
+)
+
+// Config is what Run removes, and how long it waits for each step.
+type Config struct {
+	Namespace         string // Loom's namespace
+	ManagerDeployment string // the chart's manager Deployment ("": none to stop)
+	AgentDaemonSet    string // the chart's node agent DaemonSet ("": none to stop)
+	Lease             string // the manager's leader-election Lease
+	RayJobs           bool   // Loom's rayjob controller ran: its stop-job finalizers go
+	Timeout           time.Duration
+	Poll              time.Duration
+	out               io.Writer // progress lines
+}
+
+// Run removes what Loom put on the cluster outside its Helm release, in
+// this order:
+//
+//  1. every ClusterPolicy, then it waits until the garbage collector has
+//     removed the operands (DaemonSets, RuntimeClass) and the running
+//     manager's driver-upgrade controller has released (uncordoned) every
+//     node it claimed: the manager must still run;
+//  2. the manager Deployment and the node agent DaemonSet, waiting until
+//     the leader Lease is free and the agent's pods are gone, so that
+//     nothing writes GPUNodes or labels again;
+//  3. every GPUNode, and on every Node the labels the GPU labeller set
+//     (field manager loom-gpu-labels) and its unhealthy taint; labels
+//     anyone else set stay;
+//  4. with cfg.RayJobs, KubeRay's stop-job finalizer on every RayJob: with
+//     no manager left to remove it, deleting a RayJob (or its namespace)
+//     would hang for ever. A RayJob deleted later takes its cluster, and so
+//     its Ray job, with it (owner reference).
+func Run(ctx context.Context, c client.Client, cfg Config, out io.Writer) error {
+	cfg.out = out
+	policies, err := deletePolicies(ctx, c, out)
+	if err != nil {
+		return err
+	}
+	if err := waitFor(ctx, cfg, "operands removed and claimed nodes released", func(ctx context.Context) (string, error) {
+		return pendingRelease(ctx, c, cfg.Namespace, policies)
+	}); err != nil {
+		return err
+	}
+	if err := stopWriters(ctx, c, cfg, out); err != nil {
+		return err
+	}
+	if err := removeNodeState(ctx, c, out); err != nil {
+		return err
+	}
+	if !cfg.RayJobs {
+		return nil
+	}
+	return removeRayJobFinalizers(ctx, c, out)
+}
+
+// removeRayJobFinalizers takes KubeRay's stop-job finalizer (which Loom's
+// rayjob controller adds) off every RayJob; other finalizers stay. No
+// RayJob CRD is nothing to do.
+func removeRayJobFinalizers(ctx context.Context, c client.Client, out io.Writer) error {
+	list := &rayv1.RayJobList{}
+	if err := c.List(ctx, list); meta.IsNoMatchError(err) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("listing RayJobs: %w", err)
+	}
+	var errs []error
+	for i := range list.Items {
+		job := &list.Items[i]
+		if !controllerutil.ContainsFinalizer(job, rayutils.RayJobStopJobFinalizer) {
+			continue
+		}
+		patch := client.MergeFromWithOptions(job.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		controllerutil.RemoveFinalizer(job, rayutils.RayJobStopJobFinalizer)
+		if err := c.Patch(ctx, job, patch); client.IgnoreNotFound(err) != nil {
+			errs = append(errs, fmt.Errorf("removing the stop-job finalizer of RayJob %s/%s: %w", job.Namespace, job.Name, err))
+			continue
+		}
+		fmt.Fprintf(out, "removed the stop-job finalizer of RayJob %s/%s\n", job.Namespace, job.Name)
+	}
+	return errors.Join(errs...)
+}
+
+// deletePolicies deletes every ClusterPolicy; without the CRD (deleted
+// before the uninstall) there is none.
+func deletePolicies(ctx context.Context, c client.Client, out io.Writer) ([]string, error) {
+	list := &gpuv1alpha1.ClusterPolicyList{}
+	if err := c.List(ctx, list); meta.IsNoMatchError(err) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("listing ClusterPolicies: %w", err)
+	}
+	var names []string
+	for i := range list.Items {
+		cp := &list.Items[i]
+		if err := c.Delete(ctx, cp); client.IgnoreNotFound(err) != nil {
+			return nil, fmt.Errorf("deleting ClusterPolicy %s: %w", cp.Name, err)
+		}
+		fmt.Fprintf(out, "deleted ClusterPolicy %s\n", cp.Name)
+		names = append(names, cp.Name)
+	}
+	return names, nil
+}
+
+// pendingRelease says what is left of the deleted policies: the policies
+// themselves, their operand DaemonSets, and nodes still claimed by a
+// driver upgrade. "" means nothing.
+func pendingRelease(ctx context.Context, c client.Client, namespace string, policies []string) (string, error) {
+	var left []string
+	cps := &gpuv1alpha1.ClusterPolicyList{}
+	if err := c.List(ctx, cps); err != nil && !meta.IsNoMatchError(err) {
+		return "", err
+	}
+	for _, cp := range cps.Items {
+		left = append(left, "ClusterPolicy "+cp.Name)
+	}
+	dss := &appsv1.DaemonSetList{}
+	if err := c.List(ctx, dss, client.InNamespace(namespace), client.MatchingLabels{apply.LabelManagedBy: apply.ManagedBy}); err != nil {
+		return "", err
+	}
+	for _, ds := range dss.Items {
+		left = append(left, "DaemonSet "+ds.Name)
+	}
+	nodes := &corev1.NodeList{}
+	if err := c.List(ctx, nodes); err != nil {
+		return "", err
+	}
+	for _, n := range nodes.Items {
+		if claim := n.Annotations[gpuv1alpha1.AnnotationClaim]; claim != "" && slices.Contains(policies, claim) {
+			left = append(left, "node "+n.Name+" (claimed by the driver upgrade)")
+		}
+	}
+	return strings.Join(left, ", "), nil
+}
+
+// stopWriters deletes the manager Deployment and the node agent DaemonSet
+// and waits until the manager no longer leads and the agent's pods are gone.
+func stopWriters(ctx context.Context, c client.Client, cfg Config, out io.Writer) error {
+	var agentUID types.UID
+	kinds := []string{"Deployment", "DaemonSet"}
+	for i, obj := range []client.Object{
+		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: cfg.Namespace, Name: cfg.ManagerDeployment}},
+		&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: cfg.Namespace, Name: cfg.AgentDaemonSet}},
+	} {
+		if obj.GetName() == "" {
+			continue
+		}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); apierrors.IsNotFound(err) {
+			continue
+		} else if err != nil {
+			return err
+		}
+		if _, ds := obj.(*appsv1.DaemonSet); ds {
+			agentUID = obj.GetUID()
+		}
+		if err := c.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("deleting %s: %w", obj.GetName(), err)
+		}
+		fmt.Fprintf(out, "deleted %s %s/%s\n", kinds[i], cfg.Namespace, obj.GetName())
+	}
+	return waitFor(ctx, cfg, "the manager and the node agents stopped", func(ctx context.Context) (string, error) {
+		var left []string
+		if holder, err := leaseHolder(ctx, c, cfg.Namespace, cfg.Lease); err != nil {
+			return "", err
+		} else if holder != "" {
+			left = append(left, "the manager "+holder+" still leads")
+		}
+		if agentUID == "" {
+			return strings.Join(left, ", "), nil
+		}
+		pods := &corev1.PodList{}
+		if err := c.List(ctx, pods, client.InNamespace(cfg.Namespace)); err != nil {
+			return "", err
+		}
+		for _, p := range pods.Items {
+			if metav1.IsControlledBy(&p, &metav1.ObjectMeta{UID: agentUID}) {
+				left = append(left, "node agent pod "+p.Name)
+			}
+		}
+		return strings.Join(left, ", "), nil
+	})
+}
+
+// leaseHolder is who holds the Lease now: "" when no one does or the
+// holder stopped renewing it.
+func leaseHolder(ctx context.Context, c client.Client, namespace, name string) (string, error) {
+	l := &coordinationv1.Lease{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, l); err != nil {
+		return "", client.IgnoreNotFound(err)
+	}
+	holder := ""
+	if l.Spec.HolderIdentity != nil {
+		holder = *l.Spec.HolderIdentity
+	}
+	if holder == "" || l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
+		return holder, nil
+	}
+	if time.Since(l.Spec.RenewTime.Time) > time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second {
+		return "", nil
+	}
+	return holder, nil
+}
+
+// removeNodeState deletes every GPUNode (none without the CRD) and takes
+// the labeller's labels, annotation and taint off every Node.
+func removeNodeState(ctx context.Context, c client.Client, out io.Writer) error {
+	gns := &gpuv1alpha1.GPUNodeList{}
+	if err := c.List(ctx, gns); err != nil && !meta.IsNoMatchError(err) {
+		return fmt.Errorf("listing GPUNodes: %w", err)
+	}
+	for i := range gns.Items {
+		if err := c.Delete(ctx, &gns.Items[i]); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("deleting GPUNode %s: %w", gns.Items[i].Name, err)
+		}
+	}
+	fmt.Fprintf(out, "deleted %d GPUNodes\n", len(gns.Items))
+	// The ClusterPolicy's RuntimeClass, when Loom's (not the toolkit's).
+	rc := &nodev1.RuntimeClass{}
+	if err := c.Get(ctx, client.ObjectKey{Name: "nvidia"}, rc); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("reading RuntimeClass nvidia: %w", err)
+	} else if err == nil && rc.Labels[apply.LabelManagedBy] == apply.ManagedBy {
+		if err := c.Delete(ctx, rc, client.Preconditions{UID: &rc.UID}); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("deleting RuntimeClass nvidia: %w", err)
+		}
+		fmt.Fprintln(out, "deleted RuntimeClass nvidia")
+	}
+	nodes := &corev1.NodeList{}
+	if err := c.List(ctx, nodes); err != nil {
+		return fmt.Errorf("listing Nodes: %w", err)
+	}
+	var errs []error
+	for i := range nodes.Items {
+		errs = append(errs, unlabelNode(ctx, c, &nodes.Items[i], out))
+	}
+	return errors.Join(errs...)
+}
+
+// unlabelNode applies an empty Node as the labeller's field manager, which
+// removes exactly the fields that manager owns (its labels and its
+// managed-labels annotation), then lifts the unhealthy taint if the
+// labeller set it.
+func unlabelNode(ctx context.Context, c client.Client, n *corev1.Node, out io.Writer) error {
+	if slices.ContainsFunc(n.ManagedFields, func(m metav1.ManagedFieldsEntry) bool { return m.Manager == gpuv1alpha1.FieldOwnerGPULabels }) {
+		u := &unstructured.Unstructured{}
+		u.SetAPIVersion("v1")
+		u.SetKind("Node")
+		u.SetName(n.Name)
+		if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(gpuv1alpha1.FieldOwnerGPULabels), client.ForceOwnership); err != nil {
+			return fmt.Errorf("removing Loom's labels from node %s: %w", n.Name, err)
+		}
+		fmt.Fprintf(out, "removed Loom's labels from node %s\n", n.Name)
+	}
+	if _, tainted := n.Annotations[gpuv1alpha1.AnnotationUnhealthyTaint]; !tainted {
+		return nil
+	}
+	fresh := &corev1.Node{}
+	if err := c.Get(ctx, client.ObjectKey{Name: n.Name}, fresh); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	base := fresh.DeepCopy()
+	fresh.Spec.Taints = slices.DeleteFunc(fresh.Spec.Taints, func(t corev1.Taint) bool { return t.Key == gpuv1alpha1.TaintUnhealthy })
+	delete(fresh.Annotations, gpuv1alpha1.AnnotationUnhealthyTaint)
+	if err := c.Patch(ctx, fresh, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("removing Loom's taint from node %s: %w", n.Name, err)
+	}
+	fmt.Fprintf(out, "removed Loom's taint from node %s\n", n.Name)
+	return nil
+}
+
+// waitFor polls pending until it reports nothing left, printing what is
+// left when it changes.
+func waitFor(ctx context.Context, cfg Config, what string, pending func(context.Context) (string, error)) error {
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, cfg.Poll, cfg.Timeout, true, func(ctx context.Context) (bool, error) {
+		left, err := pending(ctx)
+		if err != nil {
+			return false, err
+		}
+		if left != "" && left != last {
+			fmt.Fprintf(cfg.out, "waiting for %s: %s\n", what, left)
+		}
+		last = left
+		return left == "", nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for %s (left: %s): %w", what, last, err)
+	}
+	return nil
+}
