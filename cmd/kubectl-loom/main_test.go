@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
@@ -44,7 +45,12 @@ func TestMain(m *testing.M) {
 // kubeconfig writes a kubeconfig for the test API server.
 func kubeconfig(t *testing.T) string {
 	t.Helper()
-	cfg := env.Config
+	return kubeconfigFor(t, env.Config)
+}
+
+// kubeconfigFor writes a kubeconfig for the API server of cfg.
+func kubeconfigFor(t *testing.T, cfg *rest.Config) string {
+	t.Helper()
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
 	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}

@@ -24,7 +24,13 @@ import (
 // only the rights RBAC gives that name.
 func runAs(t *testing.T, user string, args ...string) (string, error) {
 	t.Helper()
-	kc, err := clientcmd.LoadFromFile(kubeconfig(t))
+	return runAsOn(t, kubeconfig(t), user, args...)
+}
+
+// runAsOn is runAs against the API server of the kubeconfig file.
+func runAsOn(t *testing.T, kubeconfig, user string, args ...string) (string, error) {
+	t.Helper()
+	kc, err := clientcmd.LoadFromFile(kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,7 +48,8 @@ func newRootCommand(streams genericiooptions.IOStreams) *cobra.Command {
 
   kubectl loom why trainingjob/<name>   why a job is pending or failed, and what to do
   kubectl loom gpus                     every GPU node: GPUs allocated, free, unhealthy; MIG layout
-  kubectl loom upgrades                 the driver upgrade's progress, node by node`,
+  kubectl loom upgrades                 the driver upgrade's progress, node by node
+  kubectl loom uninstall-cleanup -n NS  remove what Loom leaves outside its Helm release`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl loom"},
@@ -57,7 +58,7 @@ func newRootCommand(streams genericiooptions.IOStreams) *cobra.Command {
 	root.SetErr(streams.ErrOut)
 	root.PersistentFlags().StringVar(&o.loading.ExplicitPath, clientcmd.RecommendedConfigPathFlag, "", "Path to the kubeconfig file to use")
 	clientcmd.BindOverrideFlags(o.overrides, root.PersistentFlags(), clientcmd.RecommendedConfigOverrideFlags(""))
-	root.AddCommand(newWhyCommand(o), newGPUsCommand(o), newUpgradesCommand(o))
+	root.AddCommand(newWhyCommand(o), newGPUsCommand(o), newUpgradesCommand(o), newUninstallCleanupCommand(o))
 	return root
 }
 

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	rayutils "github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
+	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/testenv"
+)
+
+// After `helm uninstall --no-hooks`, kubectl loom uninstall-cleanup
+// removes what Loom left (GPUNodes, its node labels, annotations and
+// taint, its RuntimeClass, the RayJobs' stop-job finalizer), with no more
+// rights than the chart gives its own cleanup hook.
+func TestUninstallCleanupCommand(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	own, err := testenv.StartWithout(ctx, "training.loom.dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = own.Stop() }()
+	c := own.Client
+	for _, ns := range []string{"loom-system", "ml"} {
+		if err := own.CreateNamespace(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	objs, err := testenv.RenderChart("loom-system", "uninstall.cleanup=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs = slices.DeleteFunc(objs, func(o *unstructured.Unstructured) bool {
+		return o.GetName() != "loom-uninstall-cleanup" || !strings.HasPrefix(o.GetAPIVersion(), "rbac.authorization.k8s.io/")
+	})
+	if len(objs) != 4 {
+		t.Fatalf("the chart rendered %d of the cleanup hook's roles and bindings, want 4", len(objs))
+	}
+	create := func(obj client.Object) {
+		t.Helper()
+		if err := c.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := testenv.Apply(ctx, own.Config, c, objs); err != nil {
+		t.Fatal(err)
+	}
+	create(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1", Labels: map[string]string{"team": "ml"},
+		Annotations: map[string]string{gpuv1alpha1.AnnotationUnhealthyTaint: "xid-79"}},
+		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: gpuv1alpha1.TaintUnhealthy, Value: "xid-79", Effect: corev1.TaintEffectNoSchedule}}}})
+	labels := &unstructured.Unstructured{}
+	labels.SetAPIVersion("v1")
+	labels.SetKind("Node")
+	labels.SetName("gpu-1")
+	labels.SetLabels(map[string]string{gpuv1alpha1.LabelPresent: "true", gpuv1alpha1.LabelProduct: "NVIDIA-H100-80GB-HBM3"})
+	labels.SetAnnotations(map[string]string{gpuv1alpha1.AnnotationManagedLabels: gpuv1alpha1.LabelPresent + "," + gpuv1alpha1.LabelProduct})
+	if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(labels), client.FieldOwner(gpuv1alpha1.FieldOwnerGPULabels), client.ForceOwnership); err != nil {
+		t.Fatal(err)
+	}
+	create(&gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}})
+	create(&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "nvidia", Labels: map[string]string{apply.LabelManagedBy: apply.ManagedBy}}, Handler: "nvidia"})
+	create(&rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "job", Finalizers: []string{rayutils.RayJobStopJobFinalizer}},
+		Spec: rayv1.RayJobSpec{Entrypoint: "python train.py"}})
+
+	kc := kubeconfigFor(t, own.Config)
+	if _, err := runAsOn(t, kc, "nobody", "uninstall-cleanup", "--timeout=10s"); err == nil || !strings.Contains(err.Error(), "name Loom's namespace with -n") {
+		t.Errorf("without -n: %v", err)
+	}
+	out, err := runAsOn(t, kc, "system:serviceaccount:loom-system:loom-uninstall-cleanup", "uninstall-cleanup", "-n", "loom-system",
+		"--rayjob-finalizers", "--timeout=10s")
+	if err != nil {
+		t.Fatalf("uninstall-cleanup as the chart's hook: %v\n%s", err, out)
+	}
+	for _, want := range []string{"deleted 1 GPUNodes", "deleted RuntimeClass nvidia", "removed Loom's labels from node gpu-1",
+		"removed Loom's taint from node gpu-1", "removed the stop-job finalizer of RayJob ml/job"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	n := &corev1.Node{}
+	if err := c.Get(ctx, client.ObjectKey{Name: "gpu-1"}, n); err != nil {
+		t.Fatal(err)
+	}
+	unhealthy := slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == gpuv1alpha1.TaintUnhealthy })
+	if len(n.Labels) != 1 || n.Labels["team"] != "ml" || unhealthy || len(n.Annotations) != 0 {
+		t.Errorf("node left with labels %v annotations %v taints %v, want only the user's label", n.Labels, n.Annotations, n.Spec.Taints)
+	}
+	if err := c.Get(ctx, client.ObjectKey{Name: "gpu-1"}, &gpuv1alpha1.GPUNode{}); !apierrors.IsNotFound(err) {
+		t.Errorf("GPUNode left (%v)", err)
+	}
+	job := &rayv1.RayJob{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "ml", Name: "job"}, job); err != nil || len(job.Finalizers) != 0 {
+		t.Errorf("RayJob finalizers %v (%v)", job.Finalizers, err)
+	}
+}
