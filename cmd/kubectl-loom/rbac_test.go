@@ -119,3 +119,14 @@ func TestWhyWaitingJobAsNamespaceUser(t *testing.T) {
 		t.Errorf("why without rights on events: %v\n%s", err, out)
 	}
 }
+
+// A Forbidden error names the one right the API server refused; the
+// plugin adds every right the command needs.
+func TestForbiddenSaysWhatTheCommandNeeds(t *testing.T) {
+	for _, args := range [][]string{{"gpus"}, {"upgrades"}, {"why", "cp/default"}} {
+		_, err := runAs(t, "nobody", args...)
+		if err == nil || !strings.Contains(err.Error(), "is forbidden") || !strings.Contains(err.Error(), "kubectl loom "+args[0]+" needs "+rights[args[0]]) {
+			t.Errorf("kubectl loom %v as a user without rights: %v", args, err)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
@@ -59,7 +60,39 @@ func newRootCommand(streams genericiooptions.IOStreams) *cobra.Command {
 	root.PersistentFlags().StringVar(&o.loading.ExplicitPath, clientcmd.RecommendedConfigPathFlag, "", "Path to the kubeconfig file to use")
 	clientcmd.BindOverrideFlags(o.overrides, root.PersistentFlags(), clientcmd.RecommendedConfigOverrideFlags(""))
 	root.AddCommand(newWhyCommand(o), newGPUsCommand(o), newUpgradesCommand(o), newUninstallCleanupCommand(o))
+	for _, cmd := range root.Commands() {
+		if run, needs := cmd.RunE, rights[cmd.Name()]; run != nil && needs != "" {
+			cmd.RunE = func(cmd *cobra.Command, args []string) error {
+				return explainForbidden(run(cmd, args), cmd.Name(), needs)
+			}
+		}
+	}
 	return root
+}
+
+// rights are the rights each command needs (README: "Rights each command
+// needs"); what it can do without is said in the answer instead.
+var rights = map[string]string{
+	"why": "get on the object (trainingjobs, rayclusters or rayjobs in its namespace; clusterpolicies, gpunodes or nodes); " +
+		"for a node, get gpunodes too. Left out of the answer without them: list events, list clusterpolicies and daemonsets " +
+		"and get configmaps (the GPU resource names a ClusterPolicy renames), list nodes, gpunodes and pods (a waiting job's GPUs now)",
+	"gpus": "list nodes, gpunodes and pods (every namespace). Left out without them: list clusterpolicies and daemonsets, get configmaps " +
+		"(the GPU resource names a ClusterPolicy renames)",
+	"upgrades": "list clusterpolicies and nodes. Left out without them: list daemonsets, get configmaps (the GPU resource names a ClusterPolicy renames)",
+	"uninstall-cleanup": "those of the chart's <release>-uninstall-cleanup ClusterRole and Role (uninstall.cleanup=true): list and delete " +
+		"clusterpolicies and gpunodes; list, get and patch nodes; get and delete runtimeclass nvidia; in Loom's namespace list daemonsets " +
+		"and pods, get and delete the manager's Deployment and the node agent's DaemonSet, get the leader Lease; " +
+		"with --rayjob-finalizers, list and patch rayjobs",
+}
+
+// explainForbidden adds to a Forbidden error, which names one missing
+// right, every right the command needs, so that one request for access is
+// enough.
+func explainForbidden(err error, command, needs string) error {
+	if !apierrors.IsForbidden(err) {
+		return err
+	}
+	return fmt.Errorf("%w\nkubectl loom %s needs %s", err, command, needs)
 }
 
 // scheme holds every kind the plugin reads.

@@ -79,6 +79,10 @@ func TestUninstallCleanupCommand(t *testing.T) {
 	if _, err := runAsOn(t, kc, "nobody", "uninstall-cleanup", "--timeout=10s"); err == nil || !strings.Contains(err.Error(), "name Loom's namespace with -n") {
 		t.Errorf("without -n: %v", err)
 	}
+	_, err = runAsOn(t, kc, "nobody", "uninstall-cleanup", "-n", "loom-system", "--timeout=10s")
+	if err == nil || !strings.Contains(err.Error(), "kubectl loom uninstall-cleanup needs ") {
+		t.Errorf("as a user without rights: %v", err)
+	}
 	out, err := runAsOn(t, kc, "system:serviceaccount:loom-system:loom-uninstall-cleanup", "uninstall-cleanup", "-n", "loom-system",
 		"--rayjob-finalizers", "--timeout=10s")
 	if err != nil {
