@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net/http"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -21,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -85,8 +88,9 @@ const rbacNS = "loom-system"
 // manager` does, CRD check included) and a node agent with exactly the
 // rights the chart gives their ServiceAccounts, its admission policies
 // judging their writes, drives one object of each kind through its happy
-// path, and fails on any request the API server refuses as Forbidden: a
-// rule missing from the chart shows here instead of only end to end.
+// path, has a scraper read its metrics, and fails on any request the API
+// server refuses as Forbidden: a rule missing from the chart shows here
+// instead of only end to end.
 func TestChartRBACSuffices(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -206,6 +210,25 @@ func TestChartRBACSuffices(t *testing.T) {
 		}
 		return nil
 	})
+	// A scraper the chart's metrics-reader role is bound to reads
+	// /metrics: the manager reviews its token and its access.
+	must(t, c.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: rbacNS, Name: "prometheus"}}))
+	must(t, c.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "prometheus-loom-metrics"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "loom-metrics-reader"},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: rbacNS, Name: "prometheus"}}}))
+	token, err := kubernetes.NewForConfigOrDie(env.Config).CoreV1().ServiceAccounts(rbacNS).CreateToken(ctx, "prometheus",
+		&authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	must(t, err)
+	scrape := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the manager's self-signed certificate
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+opts.MetricsAddr+"/metrics", nil)
+	must(t, err)
+	req.Header.Set("Authorization", "Bearer "+token.Status.Token)
+	resp, err := scrape.Do(req)
+	must(t, err)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("scraping /metrics as the metrics reader: %s", resp.Status)
+	}
 	// A few passes more, for writes that follow the first (status, events).
 	time.Sleep(2 * time.Second)
 	if got := refused.list(); len(got) > 0 {
