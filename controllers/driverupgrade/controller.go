@@ -469,5 +469,11 @@ func (r *Reconciler) advance(ctx context.Context, v nodeView, t target, released
 		log.FromContext(ctx).Info("driver upgrade", "node", v.node.Name, "from", from, "to", state, "released", released)
 		r.event(v.node, from, state, released)
 	}
+	for _, a := range actions {
+		if a.warning != "" {
+			log.FromContext(ctx).Info("driver upgrade: "+a.warning, "node", v.node.Name, "state", from)
+			r.warn(v.node, a.warning)
+		}
+	}
 	return nil
 }

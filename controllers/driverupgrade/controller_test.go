@@ -471,3 +471,48 @@ func TestReconcileKeepsNodesWhileTheirOSDaemonSetIsRecreated(t *testing.T) {
 		t.Errorf("recreate-u, its DaemonSet back: state %q", got.Labels[gpuv1alpha1.LabelUpgradeState])
 	}
 }
+
+// A claimed node whose time annotations Loom cannot count from (a
+// careless edit, a clock far ahead) is not failed at once nor stalled:
+// its step's clock restarts from the pass that finds them, and its
+// timeout counts from there.
+func TestReconcileRestartsUnusableClocks(t *testing.T) {
+	ctx := context.Background()
+	const name = "clocks"
+	_, ds := envDriver(t, name, gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](1), MaxUnavailable: ptr.To(intstr.FromInt32(10))}, corev1.PodSpec{})
+	n := envNode(t, "clocks-a", true, map[string]string{gpuv1alpha1.LabelPresent: "true", gpuv1alpha1.LabelUpgradeState: gpuv1alpha1.ValidationRequired})
+	envDriverPod(t, ds, n.Name, "old-template")
+	setReady(t, n.Name, corev1.ConditionTrue, t0.Add(-time.Hour))
+	n = getNode(t, n.Name)
+	n.Annotations = map[string]string{gpuv1alpha1.AnnotationClaim: name, gpuv1alpha1.AnnotationTarget: wanted,
+		gpuv1alpha1.AnnotationPhaseStarted: "last tuesday", gpuv1alpha1.AnnotationUpgradeStarted: "2999-01-01T00:00:00Z"}
+	if err := env.Client.Update(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	now := t0
+	r := New(env.Client, env.Client, loomNS)
+	r.Now = func() time.Time { return now }
+	pass := func() {
+		t.Helper()
+		if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKey{Name: name}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pass()
+	got := getNode(t, n.Name)
+	if s := got.Labels[gpuv1alpha1.LabelUpgradeState]; s != gpuv1alpha1.ValidationRequired ||
+		got.Annotations[gpuv1alpha1.AnnotationPhaseStarted] != t0.Format(time.RFC3339) || got.Annotations[gpuv1alpha1.AnnotationUpgradeStarted] != t0.Format(time.RFC3339) {
+		t.Fatalf("state %q, annotations %v: want validation-required, both clocks restarted at %s", s, got.Annotations, t0.Format(time.RFC3339))
+	}
+	now = t0.Add(10 * time.Minute)
+	pass()
+	if s := getNode(t, n.Name).Labels[gpuv1alpha1.LabelUpgradeState]; s != gpuv1alpha1.ValidationRequired {
+		t.Fatalf("10 minutes after the restart: state %q", s)
+	}
+	now = t0.Add(10*time.Minute + time.Second)
+	pass()
+	if got := getNode(t, n.Name); got.Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.UpgradeFailed ||
+		!strings.Contains(got.Annotations[gpuv1alpha1.AnnotationFailure], "still runs the old driver") {
+		t.Errorf("past the timeout from the restart: state %q, annotations %v", got.Labels[gpuv1alpha1.LabelUpgradeState], got.Annotations)
+	}
+}

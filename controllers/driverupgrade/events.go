@@ -40,6 +40,14 @@ func (r *Reconciler) event(node *corev1.Node, from, to, released string) {
 	}
 }
 
+// warn records what Loom made of a node's upgrade annotations it cannot
+// use, as a Warning.
+func (r *Reconciler) warn(node *corev1.Node, msg string) {
+	if r.Recorder != nil {
+		r.Recorder.Eventf(node, nil, corev1.EventTypeWarning, EventReason, "Upgrade", "%s", msg)
+	}
+}
+
 // upgradeNodes is the rollout by node, as the last pass of each policy
 // counted it.
 var upgradeNodes = prometheus.NewGaugeVec(prometheus.GaugeOpts{

@@ -60,6 +60,9 @@ type action struct {
 	pods        []*corev1.Pod
 	state       string
 	annotations map[string]*string
+	// warning, on a setState, is what the reconciler records as a Warning
+	// event on the node: what Loom made of annotations it cannot use.
+	warning string
 }
 
 // target is what the rollout wants of one node.
@@ -105,6 +108,9 @@ func next(node *corev1.Node, driver *corev1.Pod, pods []corev1.Pod, t target, no
 	case !claimed && s.state() != "" && s.state() != gpuv1alpha1.UpgradeDone:
 		return s.stay()
 	case inFlight(s.state()):
+		if state, acts, ok := s.restamp(); ok {
+			return state, acts
+		}
 		if d := s.notReadyFor(); d > notReadyTimeout {
 			return s.lost(d)
 		}
@@ -146,14 +152,59 @@ func (s transition) claimed() bool {
 
 func (s transition) nowString() *string { return ptr.To(s.now.UTC().Format(time.RFC3339)) }
 
-// inPhase is how long the node has been in its state.
+// stamp is the time the node's annotation key holds, if it is one Loom
+// can count from: an RFC 3339 time not after now. A value that is not (a
+// person's, another tool's, a later version's format, a clock far ahead)
+// counts as none: a time in the future would stall the state until then,
+// a time that cannot be read would fail it at once.
+func (s transition) stamp(key string) (time.Time, bool) {
+	t, err := time.Parse(time.RFC3339, s.node.Annotations[key])
+	return t, err == nil && !t.After(s.now)
+}
+
+// since is how long ago t was; false when t is in the future (a kubelet's
+// clock ahead of Loom's), which counts as unknown.
+func (s transition) since(t time.Time) (time.Duration, bool) {
+	return s.now.Sub(t), !t.After(s.now)
+}
+
+// inPhase is how long the node has been in its state: since its phase's
+// stamp, or its upgrade's without one (restamp makes sure one is valid).
 func (s transition) inPhase() time.Duration {
-	started, _ := time.Parse(time.RFC3339, s.node.Annotations[gpuv1alpha1.AnnotationUpgradeStarted])
-	phase, err := time.Parse(time.RFC3339, s.node.Annotations[gpuv1alpha1.AnnotationPhaseStarted])
-	if err != nil {
-		phase = started
+	phase, ok := s.stamp(gpuv1alpha1.AnnotationPhaseStarted)
+	if !ok {
+		phase, _ = s.stamp(gpuv1alpha1.AnnotationUpgradeStarted)
 	}
 	return s.now.Sub(phase)
+}
+
+// restamp restarts the clocks of a node in an upgrade step whose time
+// annotations Loom cannot count from (see stamp): a value that is there
+// but unusable, or no phase start at all. Its phase (and its upgrade, for
+// the NotReady bound) counts from now, in a pass of its own, and the
+// warning says which annotation held what; false when the clocks are fine.
+func (s transition) restamp() (string, []action, bool) {
+	ann := map[string]*string{}
+	var bad []string
+	for _, key := range []string{gpuv1alpha1.AnnotationUpgradeStarted, gpuv1alpha1.AnnotationPhaseStarted} {
+		if v, ok := s.node.Annotations[key]; ok {
+			if _, valid := s.stamp(key); !valid {
+				ann[key] = s.nowString()
+				bad = append(bad, fmt.Sprintf("%s=%q", key, v))
+			}
+		}
+	}
+	_, phase := s.stamp(gpuv1alpha1.AnnotationPhaseStarted)
+	_, started := s.stamp(gpuv1alpha1.AnnotationUpgradeStarted)
+	if !phase && !started && len(bad) == 0 {
+		ann[gpuv1alpha1.AnnotationPhaseStarted] = s.nowString()
+		bad = append(bad, "no "+gpuv1alpha1.AnnotationPhaseStarted)
+	}
+	if len(bad) == 0 {
+		return "", nil, false
+	}
+	warning := fmt.Sprintf("%s: not an RFC 3339 time in the past; the %s step's timeouts count from now", strings.Join(bad, ", "), s.state())
+	return s.state(), []action{{kind: setState, state: s.state(), annotations: ann, warning: warning}}, true
 }
 
 // overdue reports whether the node has been in its state longer than
@@ -167,7 +218,11 @@ func (s transition) overdue(timeout time.Duration) bool {
 	if ready == nil || ready.Status != corev1.ConditionTrue {
 		return false
 	}
-	return min(s.inPhase(), s.now.Sub(ready.LastTransitionTime.Time)) > timeout
+	in := s.inPhase()
+	if d, ok := s.since(ready.LastTransitionTime.Time); ok {
+		in = min(in, d)
+	}
+	return in > timeout
 }
 
 // inFlight reports whether state is one of an upgrade's steps, between
@@ -187,16 +242,21 @@ func (s transition) notReadyFor() time.Duration {
 	if c != nil && c.Status == corev1.ConditionTrue {
 		return 0
 	}
-	started, err := time.Parse(time.RFC3339, s.node.Annotations[gpuv1alpha1.AnnotationUpgradeStarted])
+	started, ok := s.stamp(gpuv1alpha1.AnnotationUpgradeStarted)
+	var since time.Duration
+	sinceOK := c != nil
+	if sinceOK {
+		since, sinceOK = s.since(c.LastTransitionTime.Time)
+	}
 	switch {
-	case err != nil && c == nil:
+	case !ok && !sinceOK:
 		return 0
-	case err != nil:
-		return s.now.Sub(c.LastTransitionTime.Time)
-	case c == nil:
+	case !ok:
+		return since
+	case !sinceOK:
 		return s.now.Sub(started)
 	}
-	return min(s.now.Sub(started), s.now.Sub(c.LastTransitionTime.Time))
+	return min(s.now.Sub(started), since)
 }
 
 // lost fails a node NotReady for d, longer than notReadyTimeout, saying so

@@ -222,13 +222,13 @@ func TestNext(t *testing.T) {
 			pods: []corev1.Pod{pod("a", gpus)}, want: gpuv1alpha1.DrainRequired},
 		{name: "foreign: upgrade-required without claim", node: node(gpuv1alpha1.UpgradeRequired, false, "claim", ""), driver: old, start: true,
 			want: gpuv1alpha1.UpgradeRequired},
-		{name: "foreign: uncordon-required without claim", node: node(gpuv1alpha1.UncordonRequired, true, "claim", "", "started", "x"), driver: ready,
+		{name: "foreign: uncordon-required without claim", node: node(gpuv1alpha1.UncordonRequired, true, "claim", "", "started", t0.Format(time.RFC3339)), driver: ready,
 			want: gpuv1alpha1.UncordonRequired},
 		{name: "foreign: another policy's claim", node: node(gpuv1alpha1.PodRestartRequired, true, "claim", "other"), driver: old,
 			want: gpuv1alpha1.PodRestartRequired},
 		{name: "foreign: failed without claim, started", node: node(gpuv1alpha1.UpgradeFailed, true, "claim", ""), driver: old, start: true,
 			want: gpuv1alpha1.UpgradeFailed},
-		{name: "foreign: released, untouched", node: node(gpuv1alpha1.DrainRequired, true, "claim", "", "started", "x"), release: true,
+		{name: "foreign: released, untouched", node: node(gpuv1alpha1.DrainRequired, true, "claim", "", "started", t0.Format(time.RFC3339)), release: true,
 			want: gpuv1alpha1.DrainRequired},
 		{name: "unknown state", node: node("something-else", false), driver: old, start: true, want: "something-else"},
 		{name: "unknown state, unclaimed", node: node("Upgrade-Done", true, "claim", ""), driver: old, start: true, want: "Upgrade-Done"},
@@ -425,29 +425,29 @@ func TestNext(t *testing.T) {
 			want: gpuv1alpha1.UncordonRequired, actions: []string{"state uncordon-required"}},
 
 		// uncordon-required finishes, lifting only Loom's own cordon.
-		{name: "uncordon", node: node(gpuv1alpha1.UncordonRequired, true, "started", "x", "target", wanted), driver: ready,
+		{name: "uncordon", node: node(gpuv1alpha1.UncordonRequired, true, "started", t0.Format(time.RFC3339), "target", wanted), driver: ready,
 			want: gpuv1alpha1.UpgradeDone, actions: []string{"uncordon", "state upgrade-done -phase-started -started -target -was-cordoned"}},
 		{name: "uncordon: cordoned by someone else", node: node(gpuv1alpha1.UncordonRequired, true, "was-cordoned", "true"), driver: ready,
 			want: gpuv1alpha1.UpgradeDone, actions: []string{"state upgrade-done -phase-started -started -target -was-cordoned"}},
-		{name: "uncordon: a person re-cordoned during the upgrade", node: with(node(gpuv1alpha1.UncordonRequired, true, "started", "x"), cordonedBy("kubectl-cordon")),
+		{name: "uncordon: a person re-cordoned during the upgrade", node: with(node(gpuv1alpha1.UncordonRequired, true, "started", t0.Format(time.RFC3339)), cordonedBy("kubectl-cordon")),
 			driver: ready, want: gpuv1alpha1.UpgradeDone, actions: []string{"state upgrade-done -phase-started -started -target -was-cordoned"}},
-		{name: "uncordon: a person uncordoned during the upgrade", node: with(node(gpuv1alpha1.UncordonRequired, false, "started", "x"), cordonedBy("kubectl-cordon")),
+		{name: "uncordon: a person uncordoned during the upgrade", node: with(node(gpuv1alpha1.UncordonRequired, false, "started", t0.Format(time.RFC3339)), cordonedBy("kubectl-cordon")),
 			driver: ready, want: gpuv1alpha1.UpgradeDone, actions: []string{"state upgrade-done -phase-started -started -target -was-cordoned"}},
 
 		// A release (policy deleted, driver disabled) lets go of every
 		// claimed node in any state, lifting only Loom's own cordon.
-		{name: "release: draining", node: node(gpuv1alpha1.DrainRequired, true, "started", "x"), release: true, pods: []corev1.Pod{pod("a")},
+		{name: "release: draining", node: node(gpuv1alpha1.DrainRequired, true, "started", t0.Format(time.RFC3339)), release: true, pods: []corev1.Pod{pod("a")},
 			want: "", actions: []string{"uncordon", released}},
-		{name: "release: someone else's cordon stays", node: node(gpuv1alpha1.ValidationRequired, true, "started", "x", "was-cordoned", "true"), release: true,
+		{name: "release: someone else's cordon stays", node: node(gpuv1alpha1.ValidationRequired, true, "started", t0.Format(time.RFC3339), "was-cordoned", "true"), release: true,
 			want: "", actions: []string{released + " -was-cordoned"}},
-		{name: "release: a person re-cordoned", node: with(node(gpuv1alpha1.WaitForJobsRequired, true, "started", "x"), cordonedBy("kubectl-cordon")), release: true,
+		{name: "release: a person re-cordoned", node: with(node(gpuv1alpha1.WaitForJobsRequired, true, "started", t0.Format(time.RFC3339)), cordonedBy("kubectl-cordon")), release: true,
 			want: "", actions: []string{released}},
-		{name: "release: failed", node: node(gpuv1alpha1.UpgradeFailed, true, "started", "x", "failure", "f", "failed-template", wanted), release: true,
+		{name: "release: failed", node: node(gpuv1alpha1.UpgradeFailed, true, "started", t0.Format(time.RFC3339), "failure", "f", "failed-template", wanted), release: true,
 			want: "", actions: []string{"uncordon", "state  -claim -failed-template -failure -phase-started -started"}},
 		{name: "release: done", node: node(gpuv1alpha1.UpgradeDone, false), release: true, want: "", actions: []string{"state  -claim -phase-started"}},
 		{name: "release: an unknown state keeps its label", node: node("something-else", false), release: true,
 			want: "something-else", actions: []string{"state something-else -claim -phase-started"}},
-		{name: "claimed, its label removed by a person: let go", node: node("", true, "claim", policy, "started", "x"), driver: old, start: true,
+		{name: "claimed, its label removed by a person: let go", node: node("", true, "claim", policy, "started", t0.Format(time.RFC3339)), driver: old, start: true,
 			want: "", actions: []string{"uncordon", "state  -claim -phase-started -started"}},
 	}
 	for _, tt := range tests {
@@ -470,4 +470,75 @@ func TestNext(t *testing.T) {
 
 func equalNodes(a, b *corev1.Node) bool {
 	return a.Spec.Unschedulable == b.Spec.Unschedulable && maps.Equal(a.Labels, b.Labels) && maps.Equal(a.Annotations, b.Annotations)
+}
+
+// Time annotations Loom cannot count from (unreadable, or in the future:
+// a person's, another tool's, a clock far ahead) restart the step's clock
+// in a pass of their own, with a warning naming them, instead of failing
+// the node at once or stalling it until then; a Ready condition that
+// changed in the future (a kubelet's clock ahead) is no stall either.
+func TestNextRestartsUnusableClocks(t *testing.T) {
+	future := t0.Add(10 * 365 * 24 * time.Hour).Format(time.RFC3339)
+	const phase, started = gpuv1alpha1.AnnotationPhaseStarted, gpuv1alpha1.AnnotationUpgradeStarted
+	notReadySince := func(since time.Duration) func(*corev1.Node) { return readiness(corev1.ConditionFalse, since) }
+	tests := []struct {
+		name    string
+		node    *corev1.Node
+		elapsed time.Duration
+		want    string
+		// restamped are the annotations set to now ("": none, the node
+		// steps as usual to want), and warning a part of the warning.
+		restamped []string
+		warning   string
+	}{
+		{name: "unreadable phase start, Ready for long", node: node(gpuv1alpha1.ValidationRequired, true, "target", wanted, "phase-started", "yesterday"),
+			want: gpuv1alpha1.ValidationRequired, restamped: []string{phase}, warning: phase + `="yesterday": not an RFC 3339 time in the past; the validation-required step's timeouts count from now`},
+		{name: "phase start in the future", node: node(gpuv1alpha1.DrainRequired, true, "phase-started", future),
+			want: gpuv1alpha1.DrainRequired, restamped: []string{phase}, warning: phase + `="` + future + `"`},
+		{name: "empty phase start", node: node(gpuv1alpha1.WaitForJobsRequired, true, "phase-started", ""),
+			want: gpuv1alpha1.WaitForJobsRequired, restamped: []string{phase}, warning: phase + `=""`},
+		{name: "no phase start, none of the upgrade either", node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted), func(n *corev1.Node) { delete(n.Annotations, phase) }),
+			want: gpuv1alpha1.ValidationRequired, restamped: []string{phase}, warning: "no " + phase},
+		{name: "no phase start, the upgrade's counts", node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted, "started", t0.Format(time.RFC3339)),
+			func(n *corev1.Node) { delete(n.Annotations, phase) }), elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed},
+		{name: "upgrade start unreadable, NotReady", node: with(node(gpuv1alpha1.PodDeletionRequired, true, "started", "1.5.2026"), notReadySince(0)), elapsed: time.Minute,
+			want: gpuv1alpha1.PodDeletionRequired, restamped: []string{started}, warning: started + `="1.5.2026"`},
+		{name: "both in the future", node: node(gpuv1alpha1.UncordonRequired, true, "started", future, "phase-started", future),
+			want: gpuv1alpha1.UncordonRequired, restamped: []string{phase, started}},
+		{name: "valid clocks: a step as usual", node: node(gpuv1alpha1.ValidationRequired, true, "target", wanted, "started", t0.Format(time.RFC3339)), elapsed: 11 * time.Minute,
+			want: gpuv1alpha1.UpgradeFailed},
+		{name: "Ready since a time in the future: the phase's time counts", node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted), readiness(corev1.ConditionTrue, 365*24*time.Hour)),
+			elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed},
+		{name: "NotReady since a time in the future: the upgrade's time counts", node: with(node(gpuv1alpha1.DrainRequired, true, "started", t0.Format(time.RFC3339)), notReadySince(365*24*time.Hour)),
+			elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed},
+		{name: "failed: its clocks are not read", node: node(gpuv1alpha1.UpgradeFailed, true, "phase-started", "x", "failed-template", wanted), want: gpuv1alpha1.UpgradeFailed},
+		{name: "foreign: untouched", node: node(gpuv1alpha1.DrainRequired, true, "claim", "", "phase-started", "x"), want: gpuv1alpha1.DrainRequired},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			now := t0.Add(tt.elapsed)
+			state, acts := next(tt.node, nil, nil, target{claim: policy, template: wanted, namespace: loomNS}, now)
+			if state != tt.want {
+				t.Fatalf("state %q, want %q (%v)", state, tt.want, show(acts, now))
+			}
+			var restamped []string
+			var warning string
+			for _, a := range acts {
+				warning += a.warning
+				if a.warning == "" {
+					continue
+				}
+				for k, v := range a.annotations {
+					if v == nil || *v != now.Format(time.RFC3339) {
+						t.Errorf("restamp sets %s to %v", k, v)
+					}
+					restamped = append(restamped, k)
+				}
+			}
+			slices.Sort(restamped)
+			if !slices.Equal(restamped, tt.restamped) || !strings.Contains(warning, tt.warning) || (warning == "") != (tt.warning == "" && tt.restamped == nil) {
+				t.Errorf("restamped %v, warning %q; want %v, %q", restamped, warning, tt.restamped, tt.warning)
+			}
+		})
+	}
 }
