@@ -516,3 +516,77 @@ func TestReconcileRestartsUnusableClocks(t *testing.T) {
 		t.Errorf("past the timeout from the restart: state %q, annotations %v", got.Labels[gpuv1alpha1.LabelUpgradeState], got.Annotations)
 	}
 }
+
+// A node lost in its driver step (NotReady too long while its new driver
+// is validated: the driver may be what takes it down) is retried once
+// Ready, once per driver version: lost there again on the same version,
+// it stays failed, counting towards maxFailures, and Ready again it is not
+// retried.
+func TestReconcileNodeLostTwiceInItsDriverStepStaysFailed(t *testing.T) {
+	ctx := context.Background()
+	const name = "lost-twice"
+	cp, ds := envDriver(t, name, gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](1), MaxUnavailable: ptr.To(intstr.FromInt32(10)),
+		MaxFailures: ptr.To[int32](0)}, corev1.PodSpec{})
+	n := envNode(t, "lost-twice-a", false, map[string]string{gpuv1alpha1.LabelPresent: "true"})
+	envDriverPod(t, ds, n.Name, "old-template")
+	now := t0
+	r := New(env.Client, env.Client, loomNS)
+	r.Now = func() time.Time { return now }
+	pass := func() {
+		t.Helper()
+		if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKey{Name: name}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// toValidation passes until the node validates its new driver (the
+	// old driver pod deleted; no DaemonSet controller makes the new one).
+	toValidation := func() {
+		t.Helper()
+		for i := 0; getNode(t, n.Name).Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.ValidationRequired; i++ {
+			if i == 10 {
+				t.Fatalf("not in validation after 10 passes: %v", getNode(t, n.Name).Labels)
+			}
+			pass()
+		}
+	}
+	lose := func() *corev1.Node {
+		t.Helper()
+		setReady(t, n.Name, corev1.ConditionFalse, now)
+		now = now.Add(11 * time.Minute)
+		pass()
+		got := getNode(t, n.Name)
+		if got.Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.UpgradeFailed {
+			t.Fatalf("NotReady for 11 minutes in validation: state %q", got.Labels[gpuv1alpha1.LabelUpgradeState])
+		}
+		setReady(t, n.Name, corev1.ConditionTrue, now)
+		now = now.Add(time.Minute)
+		pass()
+		return got
+	}
+	toValidation()
+	if got := lose(); got.Annotations[gpuv1alpha1.AnnotationFailedNotReady] != "true" || got.Annotations[gpuv1alpha1.AnnotationLostInDriver] != wanted {
+		t.Fatalf("lost the first time: annotations %v", got.Annotations)
+	}
+	if s := getNode(t, n.Name).Labels[gpuv1alpha1.LabelUpgradeState]; s != gpuv1alpha1.UpgradeRequired {
+		t.Fatalf("lost the first time, Ready again: state %q, want a retry", s)
+	}
+	toValidation()
+	got := lose()
+	if got.Annotations[gpuv1alpha1.AnnotationFailedNotReady] != "" ||
+		!strings.Contains(got.Annotations[gpuv1alpha1.AnnotationFailure], "the second time in its driver step on this driver version: it stays failed") {
+		t.Fatalf("lost the second time: annotations %v", got.Annotations)
+	}
+	for range 3 {
+		now = now.Add(time.Minute)
+		pass()
+	}
+	if s := getNode(t, n.Name).Labels[gpuv1alpha1.LabelUpgradeState]; s != gpuv1alpha1.UpgradeFailed {
+		t.Errorf("lost the second time, Ready again: state %q, want it to stay failed", s)
+	}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
+		t.Fatal(err)
+	}
+	if c := meta.FindStatusCondition(cp.Status.Conditions, gpuv1alpha1.ConditionDriverUpgrade); c == nil || !strings.Contains(c.Message, "failed (1): lost-twice-a") {
+		t.Errorf("condition %+v", c)
+	}
+}

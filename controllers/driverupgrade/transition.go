@@ -269,9 +269,28 @@ func (s transition) lost(d time.Duration) (string, []action) {
 			ready += " (" + c.Reason + ")"
 		}
 	}
-	state, acts := s.fail(fmt.Sprintf("node %s was NotReady for %s (%s) in %s, longer than %s: its upgrade slot is freed, and it retries once Ready",
-		s.node.Name, d.Round(time.Second), ready, s.state(), notReadyTimeout))
+	why := fmt.Sprintf("node %s was NotReady for %s (%s) in %s, longer than %s", s.node.Name, d.Round(time.Second), ready, s.state(), notReadyTimeout)
+	inDriver := s.state() == gpuv1alpha1.PodRestartRequired || s.state() == gpuv1alpha1.ValidationRequired
+	if inDriver && s.driver != nil && s.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == s.t.template {
+		if why2 := podset.WaitingWhy(s.driver); why2 != "" {
+			why += fmt.Sprintf("; its new driver pod %s: %s", s.driver.Name, why2)
+		}
+	}
+	if inDriver && s.node.Annotations[gpuv1alpha1.AnnotationLostInDriver] == s.t.template {
+		// Lost a second time with this driver: the driver may well be
+		// what takes the node down; a new driver version retries it.
+		return s.fail(why + ", the second time in its driver step on this driver version: it stays failed until a new driver version " +
+			"(or its wanted driver runs ready after all)")
+	}
+	why += ": its upgrade slot is freed, and it retries once Ready"
+	if inDriver {
+		why += " (once on this driver version: lost again in its driver step, it stays failed)"
+	}
+	state, acts := s.fail(why)
 	acts[len(acts)-1].annotations[gpuv1alpha1.AnnotationFailedNotReady] = ptr.To("true")
+	if inDriver {
+		acts[len(acts)-1].annotations[gpuv1alpha1.AnnotationLostInDriver] = ptr.To(s.t.template)
+	}
 	return state, acts
 }
 
@@ -309,6 +328,9 @@ func (s transition) begin() (string, []action) {
 	ann := map[string]*string{gpuv1alpha1.AnnotationClaim: ptr.To(s.t.claim), gpuv1alpha1.AnnotationTarget: ptr.To(s.t.template),
 		gpuv1alpha1.AnnotationUpgradeStarted: s.nowString(), gpuv1alpha1.AnnotationFailure: nil, gpuv1alpha1.AnnotationFailedTemplate: nil,
 		gpuv1alpha1.AnnotationFailureAcknowledged: nil, gpuv1alpha1.AnnotationFailedNotReady: nil, gpuv1alpha1.AnnotationWasCordoned: nil}
+	if v, ok := s.node.Annotations[gpuv1alpha1.AnnotationLostInDriver]; ok && v != s.t.template {
+		ann[gpuv1alpha1.AnnotationLostInDriver] = nil // another driver version: a fresh retry
+	}
 	var acts []action
 	switch {
 	case !s.node.Spec.Unschedulable:
@@ -466,8 +488,12 @@ func (s transition) uncordon() (string, []action) {
 	if loomCordoned(s.node, s.t.claim) {
 		acts = append(acts, action{kind: uncordon})
 	}
-	return s.to(gpuv1alpha1.UpgradeDone, map[string]*string{gpuv1alpha1.AnnotationWasCordoned: nil, gpuv1alpha1.AnnotationTarget: nil,
-		gpuv1alpha1.AnnotationUpgradeStarted: nil, gpuv1alpha1.AnnotationPhaseStarted: nil}, acts...)
+	ann := map[string]*string{gpuv1alpha1.AnnotationWasCordoned: nil, gpuv1alpha1.AnnotationTarget: nil,
+		gpuv1alpha1.AnnotationUpgradeStarted: nil, gpuv1alpha1.AnnotationPhaseStarted: nil}
+	if _, ok := s.node.Annotations[gpuv1alpha1.AnnotationLostInDriver]; ok {
+		ann[gpuv1alpha1.AnnotationLostInDriver] = nil
+	}
+	return s.to(gpuv1alpha1.UpgradeDone, ann, acts...)
 }
 
 // letGo ends Loom's hold on a claimed node (a clean exit): it lifts

@@ -187,6 +187,11 @@ func TestNext(t *testing.T) {
 	const enrolled = "state upgrade-required -failed-not-ready -failed-template -failure -failure-acknowledged -was-cordoned claim=default started=2026-03-01T12:00:00Z target=" + wanted
 	const enrolledCordoned = "state upgrade-required -failed-not-ready -failed-template -failure -failure-acknowledged claim=default started=2026-03-01T12:00:00Z target=" + wanted + " was-cordoned=true"
 	const released = "state  -claim -phase-started -started"
+	const onceMore = "(once on this driver version: lost again in its driver step, it stays failed)"
+	crashing := driverPod(wanted, false)
+	crashing.Spec.NodeName = "gpu-0"
+	crashing.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "nvidia-driver",
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff", Message: "back-off 5m0s"}}}}
 	renamesSmall := sharing.NamesOf(sharing.Source{Policy: &gpuv1alpha1.DevicePluginConfig{ConfigMapName: "dp"}, Data: map[string]string{
 		"small": "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      rename: small\n      replicas: 4\n"}})
 	tests := []struct {
@@ -389,7 +394,37 @@ func TestNext(t *testing.T) {
 			node:    with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted, "started", t0.Format(time.RFC3339)), func(n *corev1.Node) { n.Status.Conditions = nil }),
 			elapsed: time.Hour, want: gpuv1alpha1.UpgradeFailed,
 			actions: []string{"state upgrade-failed failed-not-ready=true " + failedTmpl + " failure=node gpu-0 was NotReady for 1h0m0s (no Ready condition) " +
-				"in validation-required, longer than 10m0s: its upgrade slot is freed, and it retries once Ready"}},
+				"in validation-required, longer than 10m0s: its upgrade slot is freed, and it retries once Ready " + onceMore + " lost-in-driver=" + wanted}},
+		// Lost in its driver step (the new driver replaced or validated:
+		// it may be what took the node down), a node retries once per
+		// driver version; lost there again, it stays failed.
+		{name: "validate: lost with a crash-looping driver, retried once", node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted, "started", t0.Format(time.RFC3339)),
+			readiness(corev1.ConditionFalse, 0)), driver: crashing, elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{"state upgrade-failed failed-not-ready=true " + failedTmpl + " failure=node gpu-0 was NotReady for 11m0s (Ready False) in validation-required, longer than 10m0s; " +
+				"its new driver pod loom-driver-x: container nvidia-driver waits: CrashLoopBackOff: back-off 5m0s: its upgrade slot is freed, and it retries once Ready " + onceMore + " lost-in-driver=" + wanted}},
+		{name: "validate: lost again on the same driver version stays failed", node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted, "started", t0.Format(time.RFC3339),
+			"lost-in-driver", wanted), readiness(corev1.ConditionFalse, 0)), driver: crashing, elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{"state upgrade-failed " + failedTmpl + " failure=node gpu-0 was NotReady for 11m0s (Ready False) in validation-required, longer than 10m0s; " +
+				"its new driver pod loom-driver-x: container nvidia-driver waits: CrashLoopBackOff: back-off 5m0s, the second time in its driver step on this driver version: " +
+				"it stays failed until a new driver version (or its wanted driver runs ready after all)"}},
+		{name: "restart: lost again on the same driver version stays failed", node: with(node(gpuv1alpha1.PodRestartRequired, true, "started", t0.Format(time.RFC3339),
+			"lost-in-driver", wanted), readiness(corev1.ConditionFalse, 0)), driver: old, elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{"state upgrade-failed " + failedTmpl + " failure=node gpu-0 was NotReady for 11m0s (Ready False) in pod-restart-required, longer than 10m0s, " +
+				"the second time in its driver step on this driver version: it stays failed until a new driver version (or its wanted driver runs ready after all)"}},
+		{name: "validate: lost on an older driver version before, retried once on this one", node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted,
+			"started", t0.Format(time.RFC3339), "lost-in-driver", "older"), readiness(corev1.ConditionFalse, 0)), elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{"state upgrade-failed failed-not-ready=true " + failedTmpl + " failure=node gpu-0 was NotReady for 11m0s (Ready False) in validation-required, longer than 10m0s: " +
+				"its upgrade slot is freed, and it retries once Ready " + onceMore + " lost-in-driver=" + wanted}},
+		{name: "drain: lost again outside the driver step is retried", node: with(node(gpuv1alpha1.DrainRequired, true, "started", t0.Format(time.RFC3339),
+			"lost-in-driver", wanted), readiness(corev1.ConditionFalse, 0)), policy: drain("", 60), elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{"state upgrade-failed failed-not-ready=true " + failedTmpl + " failure=node gpu-0 was NotReady for 11m0s (Ready False) in drain-required, longer than 10m0s: " +
+				"its upgrade slot is freed, and it retries once Ready"}},
+		{name: "lost in the driver step, Ready: retried, remembering it", node: node(gpuv1alpha1.UpgradeFailed, true, "failed-not-ready", "true", "failed-template", wanted,
+			"lost-in-driver", wanted), driver: old, start: true, want: gpuv1alpha1.UpgradeRequired, actions: []string{enrolled}},
+		{name: "lost in the driver step of an older version, retried on a new one: forgotten", node: node(gpuv1alpha1.UpgradeFailed, true, "failed-template", "older",
+			"lost-in-driver", "older"), driver: old, start: true, want: gpuv1alpha1.UpgradeRequired, actions: []string{strings.Replace(enrolled, "-failure-acknowledged", "-failure-acknowledged -lost-in-driver", 1)}},
+		{name: "uncordon: a finished upgrade forgets a loss", node: node(gpuv1alpha1.UncordonRequired, true, "was-cordoned", "true", "lost-in-driver", wanted), driver: ready,
+			want: gpuv1alpha1.UpgradeDone, actions: []string{"state upgrade-done -lost-in-driver -phase-started -started -target -was-cordoned"}},
 		{name: "lost, still NotReady: stays failed", node: with(node(gpuv1alpha1.UpgradeFailed, true, "failed-not-ready", "true", "failed-template", wanted),
 			readiness(corev1.ConditionFalse, -time.Hour)), elapsed: time.Hour, want: gpuv1alpha1.UpgradeFailed},
 		{name: "validate: no Ready condition past the timeout waits", node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted), func(n *corev1.Node) { n.Status.Conditions = nil }),

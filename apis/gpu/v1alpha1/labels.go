@@ -112,6 +112,11 @@ const (
 	// stayed NotReady or unreachable too long: once Ready again it retries
 	// (the same template) as soon as the budget allows.
 	AnnotationFailedNotReady = "gpu.loom.dev/driver-upgrade-failed-not-ready"
+	// AnnotationLostInDriver is the driver template hash a node was lost
+	// on (NotReady too long) while its driver was being replaced or
+	// validated: the new driver may be what took the node down, so it
+	// retries that template once only; lost there again, it stays failed.
+	AnnotationLostInDriver = "gpu.loom.dev/driver-upgrade-lost-in-driver"
 	// AnnotationClaim names the ClusterPolicy whose driver upgrade enrolled
 	// the node. Loom writes it in the same patch as the node's first state
 	// and its cordon, and steps, cordons and uncordons only nodes that carry
