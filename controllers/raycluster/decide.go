@@ -226,7 +226,7 @@ func begin(p *pass) bool {
 func validate(p *pass) bool {
 	st := &p.d.status
 	reason, msg := "", ""
-	if err := validateCluster(p.rc); err != nil {
+	if err := validateCluster(p.rc, p.sched); err != nil {
 		reason, msg = ReasonInvalidSpec, err.Error()
 	} else if msg = podLimit(p.rc, p.obs.maxPods); msg != "" {
 		reason = ReasonTooManyPods

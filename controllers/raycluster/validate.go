@@ -8,6 +8,7 @@ import (
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
+	corev1 "k8s.io/api/core/v1"
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 
+	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/manager"
 )
 
@@ -130,7 +132,7 @@ func quoted(s string) string {
 // validateCluster says what in the (normalized) cluster KubeRay's
 // validators, the API server or its children's creates would reject, each
 // problem with its field; nil when nothing.
-func validateCluster(rc *rayv1.RayCluster) error {
+func validateCluster(rc *rayv1.RayCluster, sched string) error {
 	var ps problems
 	if err := utils.ValidateRayClusterMetadata(rc.ObjectMeta); err != nil {
 		ps.add(field.NewPath("metadata", "name"), "%s", err.Error())
@@ -140,7 +142,214 @@ func validateCluster(rc *rayv1.RayCluster) error {
 	replicaBounds(rc, &ps)
 	serviceNames(rc, &ps)
 	templateMeta(rc, &ps)
+	templateScheduling(rc, &ps)
+	gangLabels(rc, sched, &ps)
 	return ps.err()
+}
+
+// gangLabels: a cluster gang-scheduled through Volcano (sched) names, in
+// its ray.io/priority-class-name label, a name a PriorityClass can have
+// (a DNS-1123 subdomain: a label value may hold capitals, or start with a
+// dot or an underscore, which no PriorityClass name can): its PodGroup
+// would ask Volcano for a priority that can never exist.
+func gangLabels(rc *rayv1.RayCluster, sched string, ps *problems) {
+	if sched != gang.SchedulerName {
+		return
+	}
+	if v := rc.Labels[LabelPriorityClass]; v != "" {
+		if errs := validation.IsDNS1123Subdomain(v); len(errs) > 0 {
+			ps.add(field.NewPath("metadata", "labels").Key(LabelPriorityClass), "%s is no PriorityClass name: %s", quoted(v), strings.Join(errs, "; "))
+		}
+	}
+}
+
+// templateScheduling: the pod templates' tolerations and affinity are what
+// the API server admits in a pod (its rules, less those behind feature
+// gates), so that a template every pod copies is refused before any pod
+// or Service is made, naming its field, instead of each pod's create
+// failing. Each template stops at its first problems (see problems).
+func templateScheduling(rc *rayv1.RayCluster, ps *problems) {
+	check := func(path *field.Path, spec *corev1.PodSpec) {
+		for i := range spec.Tolerations {
+			if ps.full() {
+				return
+			}
+			toleration(path.Child("tolerations").Index(i), &spec.Tolerations[i], ps)
+		}
+		if a := spec.Affinity; a != nil {
+			affinity(path.Child("affinity"), a, ps)
+		}
+	}
+	check(field.NewPath("spec", "headGroupSpec", "template", "spec"), &rc.Spec.HeadGroupSpec.Template.Spec)
+	for i := range rc.Spec.WorkerGroupSpecs {
+		if ps.full() {
+			return
+		}
+		check(field.NewPath("spec", "workerGroupSpecs").Index(i).Child("template", "spec"), &rc.Spec.WorkerGroupSpecs[i].Template.Spec)
+	}
+}
+
+// toleration holds t to the API server's rules for a pod's toleration.
+func toleration(path *field.Path, t *corev1.Toleration, ps *problems) {
+	if t.Key != "" {
+		ps.addList(metav1validation.ValidateLabelName(t.Key, path.Child("key")))
+	}
+	switch t.Operator {
+	case corev1.TolerationOpExists:
+		if t.Value != "" {
+			ps.add(path.Child("value"), "must be empty when operator is Exists (got %s)", quoted(t.Value))
+		}
+	case corev1.TolerationOpEqual, "", corev1.TolerationOpLt, corev1.TolerationOpGt:
+		if t.Key == "" {
+			ps.add(path.Child("operator"), "must be Exists when key is empty (got %s)", quoted(string(t.Operator)))
+		}
+		if errs := validation.IsValidLabelValue(t.Value); len(errs) > 0 {
+			ps.add(path.Child("value"), "%s: %s", quoted(t.Value), strings.Join(errs, "; "))
+		}
+	default:
+		ps.add(path.Child("operator"), "unsupported value %s: supported values: \"Equal\", \"Exists\"", quoted(string(t.Operator)))
+	}
+	switch t.Effect {
+	case "", corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute:
+	default:
+		ps.add(path.Child("effect"), "unsupported value %s: supported values: \"NoExecute\", \"NoSchedule\", \"PreferNoSchedule\"", quoted(string(t.Effect)))
+	}
+	if t.TolerationSeconds != nil && t.Effect != corev1.TaintEffectNoExecute {
+		ps.add(path.Child("effect"), "must be NoExecute when tolerationSeconds is set (got %s)", quoted(string(t.Effect)))
+	}
+}
+
+// affinity holds a to the API server's rules for a pod's node affinity
+// and pod (anti-)affinity.
+func affinity(path *field.Path, a *corev1.Affinity, ps *problems) {
+	if na := a.NodeAffinity; na != nil {
+		p := path.Child("nodeAffinity")
+		if r := na.RequiredDuringSchedulingIgnoredDuringExecution; r != nil {
+			rp := p.Child("requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
+			if len(r.NodeSelectorTerms) == 0 {
+				ps.add(rp, "must have at least one node selector term")
+			}
+			for i := range r.NodeSelectorTerms {
+				if ps.full() {
+					return
+				}
+				nodeSelectorTerm(rp.Index(i), &r.NodeSelectorTerms[i], ps)
+			}
+		}
+		for i, t := range na.PreferredDuringSchedulingIgnoredDuringExecution {
+			if ps.full() {
+				return
+			}
+			tp := p.Child("preferredDuringSchedulingIgnoredDuringExecution").Index(i)
+			weight(tp.Child("weight"), t.Weight, ps)
+			nodeSelectorTerm(tp.Child("preference"), &t.Preference, ps)
+		}
+	}
+	for _, pa := range []struct {
+		name      string
+		required  []corev1.PodAffinityTerm
+		preferred []corev1.WeightedPodAffinityTerm
+	}{
+		{"podAffinity", podAffinity(a.PodAffinity).RequiredDuringSchedulingIgnoredDuringExecution, podAffinity(a.PodAffinity).PreferredDuringSchedulingIgnoredDuringExecution},
+		{"podAntiAffinity", podAntiAffinity(a.PodAntiAffinity).RequiredDuringSchedulingIgnoredDuringExecution, podAntiAffinity(a.PodAntiAffinity).PreferredDuringSchedulingIgnoredDuringExecution},
+	} {
+		p := path.Child(pa.name)
+		for i := range pa.required {
+			if ps.full() {
+				return
+			}
+			podAffinityTerm(p.Child("requiredDuringSchedulingIgnoredDuringExecution").Index(i), &pa.required[i], ps)
+		}
+		for i := range pa.preferred {
+			if ps.full() {
+				return
+			}
+			tp := p.Child("preferredDuringSchedulingIgnoredDuringExecution").Index(i)
+			weight(tp.Child("weight"), pa.preferred[i].Weight, ps)
+			podAffinityTerm(tp.Child("podAffinityTerm"), &pa.preferred[i].PodAffinityTerm, ps)
+		}
+	}
+}
+
+func podAffinity(a *corev1.PodAffinity) corev1.PodAffinity {
+	if a == nil {
+		return corev1.PodAffinity{}
+	}
+	return *a
+}
+
+func podAntiAffinity(a *corev1.PodAntiAffinity) corev1.PodAntiAffinity {
+	if a == nil {
+		return corev1.PodAntiAffinity{}
+	}
+	return *a
+}
+
+func weight(path *field.Path, w int32, ps *problems) {
+	if w < 1 || w > 100 {
+		ps.add(path, "%d is not in the range 1-100", w)
+	}
+}
+
+// nodeSelectorTerm holds a node selector term's requirements to the API
+// server's rules: a label key, an operator, and the values it takes.
+func nodeSelectorTerm(path *field.Path, t *corev1.NodeSelectorTerm, ps *problems) {
+	for i, r := range t.MatchExpressions {
+		if ps.full() {
+			return
+		}
+		p := path.Child("matchExpressions").Index(i)
+		ps.addList(metav1validation.ValidateLabelName(r.Key, p.Child("key")))
+		switch r.Operator {
+		case corev1.NodeSelectorOpIn, corev1.NodeSelectorOpNotIn:
+			if len(r.Values) == 0 {
+				ps.add(p.Child("values"), "must be specified when operator is %s", r.Operator)
+			}
+		case corev1.NodeSelectorOpExists, corev1.NodeSelectorOpDoesNotExist:
+			if len(r.Values) > 0 {
+				ps.add(p.Child("values"), "may not be specified when operator is %s", r.Operator)
+			}
+		case corev1.NodeSelectorOpGt, corev1.NodeSelectorOpLt:
+			if len(r.Values) != 1 {
+				ps.add(p.Child("values"), "must be one value when operator is %s", r.Operator)
+			}
+		default:
+			ps.add(p.Child("operator"), "unsupported value %s: supported values: \"DoesNotExist\", \"Exists\", \"Gt\", \"In\", \"Lt\", \"NotIn\"", quoted(string(r.Operator)))
+		}
+	}
+	for i, r := range t.MatchFields {
+		if ps.full() {
+			return
+		}
+		p := path.Child("matchFields").Index(i)
+		if r.Key != "metadata.name" {
+			ps.add(p.Child("key"), "unsupported value %s: supported values: \"metadata.name\"", quoted(r.Key))
+		}
+		if r.Operator != corev1.NodeSelectorOpIn && r.Operator != corev1.NodeSelectorOpNotIn {
+			ps.add(p.Child("operator"), "unsupported value %s: supported values: \"In\", \"NotIn\"", quoted(string(r.Operator)))
+		}
+		if len(r.Values) != 1 {
+			ps.add(p.Child("values"), "must have one element")
+		}
+	}
+}
+
+// podAffinityTerm holds a pod affinity term to the API server's rules: a
+// topology key, and label selectors that parse.
+func podAffinityTerm(path *field.Path, t *corev1.PodAffinityTerm, ps *problems) {
+	if t.TopologyKey == "" {
+		ps.add(path.Child("topologyKey"), "can not be empty")
+	} else {
+		ps.addList(metav1validation.ValidateLabelName(t.TopologyKey, path.Child("topologyKey")))
+	}
+	opts := metav1validation.LabelSelectorValidationOptions{}
+	ps.addList(metav1validation.ValidateLabelSelector(t.LabelSelector, opts, path.Child("labelSelector")))
+	ps.addList(metav1validation.ValidateLabelSelector(t.NamespaceSelector, opts, path.Child("namespaceSelector")))
+	for i, ns := range t.Namespaces {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			ps.add(path.Child("namespaces").Index(i), "%s: %s", quoted(ns), strings.Join(errs, "; "))
+		}
+	}
 }
 
 // kubeRaySpec runs KubeRay's spec validator and, when it fails, finds the

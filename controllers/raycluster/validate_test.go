@@ -81,6 +81,28 @@ func TestValidationNamesTheField(t *testing.T) {
 		}, ReasonInvalidSpec, []string{"spec.headGroupSpec.headService.metadata.labels: Invalid value: \"bad key!\""}},
 		{"head pod name from its template", func(rc *rayv1.RayCluster) { rc.Spec.HeadGroupSpec.Template.Name = "Head" },
 			ReasonInvalidSpec, []string{`spec.headGroupSpec.template.metadata.name: "Head" is not a valid pod name`}},
+		{"toleration operator and effect", func(rc *rayv1.RayCluster) {
+			rc.Spec.WorkerGroupSpecs[0].Template.Spec.Tolerations = []corev1.Toleration{{Key: "gpu", Operator: "Foo", Effect: "Bad"}}
+		}, ReasonInvalidSpec, []string{`spec.workerGroupSpecs[0].template.spec.tolerations[0].operator: unsupported value "Foo"`,
+			`spec.workerGroupSpecs[0].template.spec.tolerations[0].effect: unsupported value "Bad"`}},
+		{"head toleration without a key", func(rc *rayv1.RayCluster) {
+			rc.Spec.HeadGroupSpec.Template.Spec.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpEqual, Value: "x"}}
+		}, ReasonInvalidSpec, []string{`spec.headGroupSpec.template.spec.tolerations[0].operator: must be Exists when key is empty`}},
+		{"thousands of bad tolerations: the first five named", func(rc *rayv1.RayCluster) {
+			for range 5000 {
+				rc.Spec.WorkerGroupSpecs[0].Template.Spec.Tolerations = append(rc.Spec.WorkerGroupSpecs[0].Template.Spec.Tolerations, corev1.Toleration{Key: "k", Effect: "Bad"})
+			}
+		}, ReasonInvalidSpec, []string{"tolerations[0].effect", "tolerations[4].effect"}},
+		{"node affinity operator", func(rc *rayv1.RayCluster) {
+			rc.Spec.WorkerGroupSpecs[0].Template.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+				RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+					MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "gpu", Operator: "Foo"}}}}}}}
+		}, ReasonInvalidSpec, []string{`spec.workerGroupSpecs[0].template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator: unsupported value "Foo"`}},
+		{"pod anti-affinity without a topology key, weight out of range", func(rc *rayv1.RayCluster) {
+			rc.Spec.HeadGroupSpec.Template.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+				PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{Weight: 1000}}}}
+		}, ReasonInvalidSpec, []string{"podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight: 1000 is not in the range 1-100",
+			"podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].podAffinityTerm.topologyKey: can not be empty"}},
 		{"more pods than --max-workload-pods", func(rc *rayv1.RayCluster) {
 			rc.Spec.WorkerGroupSpecs[0].Replicas, rc.Spec.WorkerGroupSpecs[0].MaxReplicas = ptr.To[int32](100000), ptr.To[int32](100000)
 		}, ReasonTooManyPods, []string{"asks for 100001 pods", "spec.workerGroupSpecs[0] (group \"workergroup\"): 100000 replicas × 1 hosts", "more than the 5000 pods", "--max-workload-pods"}},
@@ -280,5 +302,33 @@ func TestDeterministicHeadPodName(t *testing.T) {
 	p := buildHeadPod(context.Background(), rc, "")
 	if p.Name != rc.Name+"-head" || p.GenerateName != "" {
 		t.Fatalf("name %q generateName %q", p.Name, p.GenerateName)
+	}
+}
+
+// A cluster gang-scheduled through Volcano whose ray.io/priority-class-name
+// label no PriorityClass can be named (capitals, a leading dot) is held
+// naming the label: nothing is made, no PodGroup asks Volcano for it.
+// Without Volcano the label is read by nothing, and holds nothing.
+func TestPriorityClassLabelIsAName(t *testing.T) {
+	ctx := context.Background()
+	for _, tt := range []struct {
+		value, sched string
+		held         bool
+	}{{"High", "volcano", true}, {".high", "volcano", true}, {"high-priority", "volcano", false}, {"High", "none", false}} {
+		rc := unitCluster(t, func(rc *rayv1.RayCluster) { rc.Labels = map[string]string{LabelPriorityClass: tt.value} })
+		d := decide(ctx, rc, observed{volcano: true, now: time.Now()}, tt.sched)
+		c := validCondition(d)
+		if !tt.held {
+			if c != nil || len(d.create) == 0 {
+				t.Errorf("%q under %s: condition %+v, creates %d", tt.value, tt.sched, c, len(d.create))
+			}
+			continue
+		}
+		if c == nil || c.Reason != ReasonInvalidSpec || !strings.Contains(c.Message, "metadata.labels[ray.io/priority-class-name]: "+fmt.Sprintf("%q", tt.value)+" is no PriorityClass name") {
+			t.Errorf("%q: condition %+v", tt.value, c)
+		}
+		if len(d.create) != 0 || len(d.children) != 0 || d.podGroup != nil {
+			t.Errorf("%q: held cluster makes %d pods, %d children, PodGroup %v", tt.value, len(d.create), len(d.children), d.podGroup)
+		}
 	}
 }
