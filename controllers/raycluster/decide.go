@@ -469,20 +469,33 @@ func scaleGroup(p *pass, g *group, holdRollout bool) {
 
 // build builds the pods the groups lack, at most what one pass creates
 // (the executor's cap, less this pass's deletes), shared by the groups in
-// rollout order; the rest are deferred to the next pass, so that how many
-// pods one pass holds in memory never grows with the cluster's size.
+// rollout order, and at most buildBytes of pods (by their encoded size:
+// a template with thousands of tolerations or env entries makes pods of
+// hundreds of kilobytes, which the API server admits); the rest are
+// deferred to the next pass, so that what one pass holds in memory grows
+// neither with the cluster's size nor with its templates'. A pass builds
+// at least one pod.
 func build(p *pass) bool {
 	room := int64(podset.PerPass - min(len(p.d.remove), podset.PerPass))
+	bytes := int64(buildBytes)
 	for _, s := range p.missing {
-		n := min(s.n, room)
+		size := max(int64(s.g.pod.Size()), 1)
+		n := min(s.n, room, bytes/size)
+		if n == 0 && len(p.d.create) == 0 && room > 0 {
+			n = 1
+		}
 		for range n {
 			p.d.create = append(p.d.create, s.g.pod.DeepCopy())
 		}
 		room -= n
+		bytes = max(bytes-n*size, 0)
 		p.d.deferred = add(p.d.deferred, s.n-n)
 	}
 	return false
 }
+
+// buildBytes bounds the encoded size of the pods one pass builds.
+const buildBytes = 64 << 20
 
 // byUsefulness orders pods not ready first, then newest first.
 func byUsefulness(pods []*corev1.Pod) []*corev1.Pod {

@@ -206,6 +206,34 @@ func TestBuildIsBoundedPerPass(t *testing.T) {
 	}
 }
 
+// A template the API server admits but that makes big pods (thousands of
+// tolerations) builds at most buildBytes of pods a pass, at least one; the
+// rest are deferred.
+func TestBuildIsBoundedInBytes(t *testing.T) {
+	for _, tolerations := range []int{20000, 200000} {
+		rc := unitCluster(t, func(rc *rayv1.RayCluster) {
+			g := &rc.Spec.WorkerGroupSpecs[0]
+			g.Replicas, g.MaxReplicas = ptr.To[int32](1000), ptr.To[int32](1000)
+			for i := range tolerations {
+				g.Template.Spec.Tolerations = append(g.Template.Spec.Tolerations, corev1.Toleration{Key: fmt.Sprintf("example.com/taint-%d", i), Operator: corev1.TolerationOpExists})
+			}
+		})
+		d := decide(context.Background(), rc, observed{now: time.Now()}, "none")
+		var total int64
+		workers := 0
+		for _, p := range d.create {
+			total += int64(p.Size())
+			if groupOf(p) != headGroup {
+				workers++
+			}
+		}
+		size := int64(d.create[len(d.create)-1].Size())
+		if len(d.create) == 0 || (len(d.create) > 1 && total > buildBytes) || workers >= 1000 || d.deferred != int64(1000-workers) {
+			t.Fatalf("%d tolerations (pods of %d bytes): built %d pods (%d bytes), deferred %d", tolerations, size, len(d.create), total, d.deferred)
+		}
+	}
+}
+
 // Status counts are computed in 64 bits and capped: KubeRay's helpers
 // overflow (maxReplicas' default × numOfHosts is negative in int32).
 func TestStatusCountsDoNotOverflow(t *testing.T) {
