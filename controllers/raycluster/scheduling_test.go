@@ -115,3 +115,70 @@ func TestInvalidTolerationHoldsTheCluster(t *testing.T) {
 		t.Fatalf("a held cluster made %d pod groups and %d Services", len(pods), len(svcs.Items))
 	}
 }
+
+// FuzzTemplateScheduling feeds the template checks any toleration, any
+// node selector requirement and pod affinity term, each part nil, empty or
+// set, and any priority-class label. Invariants: no panic; a cluster they
+// refuse is held (nothing created, no child, no PodGroup).
+func FuzzTemplateScheduling(f *testing.F) {
+	base, err := testenv.KubeRaySample("ray-cluster.sample.yaml", "fuzz")
+	if err != nil {
+		f.Fatal(err)
+	}
+	base.UID = "u-fuzz"
+	f.Add("gpu", "Foo", "v", "Bad", "In", "", "zone", "High", uint8(0xff), int32(0))
+	f.Add("", "Exists", "", "NoExecute", "Gt", "1", "", "", uint8(0x55), int32(100))
+	f.Add("a b", "", "a b", "", "", "x", "kubernetes.io/hostname", "high", uint8(0xaa), int32(-1))
+	f.Fuzz(func(t *testing.T, key, op, value, effect, nodeOp, nodeValue, topology, priority string, flags uint8, weight int32) {
+		rc := base.DeepCopy()
+		rc.Labels = map[string]string{LabelPriorityClass: priority}
+		spec := &rc.Spec.WorkerGroupSpecs[0].Template.Spec
+		if flags&1 != 0 {
+			tol := corev1.Toleration{Key: key, Operator: corev1.TolerationOperator(op), Value: value, Effect: corev1.TaintEffect(effect)}
+			if flags&2 != 0 {
+				tol.TolerationSeconds = ptr.To(int64(weight))
+			}
+			spec.Tolerations = []corev1.Toleration{tol}
+		}
+		if flags&4 != 0 {
+			a := &corev1.Affinity{}
+			if flags&8 != 0 {
+				a.NodeAffinity = &corev1.NodeAffinity{}
+				req := corev1.NodeSelectorRequirement{Key: key, Operator: corev1.NodeSelectorOperator(nodeOp)}
+				if nodeValue != "" {
+					req.Values = []string{nodeValue}
+				}
+				if flags&16 != 0 {
+					a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{}
+					if flags&32 != 0 {
+						a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms = []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{req}},
+							{MatchFields: []corev1.NodeSelectorRequirement{req}}}
+					}
+				}
+				a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution = []corev1.PreferredSchedulingTerm{{Weight: weight}}
+			}
+			if flags&64 != 0 {
+				term := corev1.PodAffinityTerm{TopologyKey: topology, Namespaces: []string{value}}
+				if flags&128 != 0 {
+					term.LabelSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: key, Operator: metav1.LabelSelectorOperator(op)}}}
+					term.NamespaceSelector = &metav1.LabelSelector{}
+				}
+				a.PodAffinity = &corev1.PodAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{term}}
+				a.PodAntiAffinity = &corev1.PodAntiAffinity{PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{Weight: weight, PodAffinityTerm: term}}}
+			}
+			spec.Affinity = a
+		}
+		rc = normalized(rc)
+		sched := "none"
+		if flags&2 != 0 {
+			sched = "volcano"
+		}
+		if validateCluster(rc, sched) == nil {
+			return
+		}
+		d := decide(context.Background(), rc, observed{volcano: true, now: time.Now()}, sched)
+		if len(d.create) != 0 || len(d.children) != 0 || d.podGroup != nil {
+			t.Fatalf("a refused cluster makes %d pods, %d children, PodGroup %v", len(d.create), len(d.children), d.podGroup)
+		}
+	})
+}
