@@ -149,7 +149,7 @@ func checkNext(t *testing.T, n *corev1.Node, driver *corev1.Pod, pods []corev1.P
 		t.Fatalf("release of a node (claimed %v): %v", claimed, show(acts, now))
 	}
 	if v, ok := n.Annotations[gpuv1alpha1.AnnotationPhaseStarted]; ok && claimed && inFlight(from) && !tg.release && state != from {
-		if at, err := time.Parse(time.RFC3339, v); err != nil || at.After(now) {
+		if at, err := time.Parse(time.RFC3339, v); err != nil || at.After(now.Add(clockSkew)) {
 			t.Fatalf("a node whose phase-started %q is unusable moved from %q to %q: %v", v, from, state, show(acts, now))
 		}
 	}

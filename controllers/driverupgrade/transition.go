@@ -153,14 +153,19 @@ func (s transition) claimed() bool {
 func (s transition) nowString() *string { return ptr.To(s.now.UTC().Format(time.RFC3339)) }
 
 // stamp is the time the node's annotation key holds, if it is one Loom
-// can count from: an RFC 3339 time not after now. A value that is not (a
-// person's, another tool's, a later version's format, a clock far ahead)
-// counts as none: a time in the future would stall the state until then,
-// a time that cannot be read would fail it at once.
+// can count from: an RFC 3339 time not after now (give or take clockSkew,
+// a manager replica's clock behind the one that wrote it). A value that is
+// not (a person's, another tool's, a later version's format, a clock far
+// ahead) counts as none: a time in the future would stall the state until
+// then, a time that cannot be read would fail it at once.
 func (s transition) stamp(key string) (time.Time, bool) {
 	t, err := time.Parse(time.RFC3339, s.node.Annotations[key])
-	return t, err == nil && !t.After(s.now)
+	return t, err == nil && !t.After(s.now.Add(clockSkew))
 }
+
+// clockSkew is how far ahead of this manager's clock a time it wrote (or
+// another replica wrote) may be and still count.
+const clockSkew = time.Minute
 
 // since is how long ago t was; false when t is in the future (a kubelet's
 // clock ahead of Loom's), which counts as unknown.

@@ -530,6 +530,8 @@ func TestNextRestartsUnusableClocks(t *testing.T) {
 			want: gpuv1alpha1.ValidationRequired, restamped: []string{phase}, warning: phase + `="yesterday": not an RFC 3339 time in the past; the validation-required step's timeouts count from now`},
 		{name: "phase start in the future", node: node(gpuv1alpha1.DrainRequired, true, "phase-started", future),
 			want: gpuv1alpha1.DrainRequired, restamped: []string{phase}, warning: phase + `="` + future + `"`},
+		{name: "phase start 30 s ahead (another replica's clock): kept", node: node(gpuv1alpha1.ValidationRequired, true, "target", wanted,
+			"phase-started", t0.Add(30*time.Second).Format(time.RFC3339)), want: gpuv1alpha1.ValidationRequired},
 		{name: "empty phase start", node: node(gpuv1alpha1.WaitForJobsRequired, true, "phase-started", ""),
 			want: gpuv1alpha1.WaitForJobsRequired, restamped: []string{phase}, warning: phase + `=""`},
 		{name: "no phase start, none of the upgrade either", node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted), func(n *corev1.Node) { delete(n.Annotations, phase) }),
