@@ -104,7 +104,13 @@ func decide(o observed) decision {
 		}
 		return d
 	case old.JobDeploymentStatus != rayv1.JobDeploymentStatusSuspending && old.JobDeploymentStatus != rayv1.JobDeploymentStatusRetrying:
-		invalidEdit(o, &d)
+		// The deadline is kept whatever the spec became: a held RayJob
+		// past it fails (and its Ray job is stopped) as any other.
+		if !pastDeadline(o, &d) {
+			invalidEdit(o, &d)
+			return d
+		}
+		settle(o, &d)
 		return d
 	}
 	switch st.JobDeploymentStatus {
@@ -138,12 +144,20 @@ func decide(o observed) decision {
 		st.Message = fmt.Sprintf("unknown jobDeploymentStatus %q", st.JobDeploymentStatus)
 		return d
 	}
+	settle(o, &d)
+	return d
+}
+
+// settle counts the pass's outcome (and retries a failure with retries
+// left), stamps the end of a RayJob that has just finished and looks
+// again no later than its deadline.
+func settle(o observed, d *decision) {
+	st := &d.status
 	countAndRetry(o.job, st)
-	if rayv1.IsJobDeploymentTerminal(st.JobDeploymentStatus) && !rayv1.IsJobDeploymentTerminal(old.JobDeploymentStatus) {
+	if rayv1.IsJobDeploymentTerminal(st.JobDeploymentStatus) && !rayv1.IsJobDeploymentTerminal(o.job.Status.JobDeploymentStatus) {
 		st.EndTime = &metav1.Time{Time: o.now}
 	}
-	untilDeadline(o, &d)
-	return d
+	d.requeue = nextLook(o, *st, d.requeue)
 }
 
 // validatedIn reports whether a RayJob in jds, of which nothing runs (New,
@@ -157,7 +171,9 @@ func validatedIn(jds rayv1.JobDeploymentStatus) bool {
 // created, deleted, submitted or stopped on the strength of that spec, and
 // no state is left for another, so its cluster stays owned and its Ray job
 // runs on, followed (status.jobStatus). The message and a Warning say why;
-// once the spec is mended, the RayJob goes on from where it held.
+// once the spec is mended, the RayJob goes on from where it held. Only its
+// deadline (pastDeadline, in decide) still ends it; it is looked at again
+// then.
 // (KubeRay v1.5 moves it to ValidationFailed and follows it no more.)
 func invalidEdit(o observed, d *decision) {
 	st := &d.status
@@ -172,30 +188,24 @@ func invalidEdit(o observed, d *decision) {
 	if o.job.Status.Message != st.Message {
 		d.warn = warning{reason: string(utils.InvalidRayJobSpec), msg: st.Message}
 	}
+	d.requeue = nextLook(o, *st, d.requeue)
 }
 
 func waitingForJobID(dashboard string) string {
 	return fmt.Sprintf("waiting for spec.jobId: submit the Ray job to the dashboard at %s and set spec.jobId to its submission id", dashboard)
 }
 
-// untilDeadline looks again no later than the activeDeadlineSeconds of a
-// RayJob whose deadline is watched (Initializing, Running): a longer wait
-// (an unreachable dashboard's backoff, up to a minute) would fail it late.
-func untilDeadline(o observed, d *decision) {
-	if d.requeue != 0 {
-		d.requeue = nextLook(o, d.status, d.requeue)
-	}
-}
-
-// nextLook is wait, or less when the RayJob's activeDeadlineSeconds comes
-// first while its deadline is watched (Initializing, Running).
+// nextLook is wait (0: only on a change), or less when the RayJob's
+// activeDeadlineSeconds comes first while its deadline is watched
+// (Initializing, Running): a longer wait (an unreachable
+// dashboard's backoff, a RayJob held on an invalid edit) would fail it
+// late.
 func nextLook(o observed, st rayv1.RayJobStatus, wait time.Duration) time.Duration {
 	ads := o.job.Spec.ActiveDeadlineSeconds
-	if ads == nil || st.StartTime == nil ||
-		(st.JobDeploymentStatus != rayv1.JobDeploymentStatusInitializing && st.JobDeploymentStatus != rayv1.JobDeploymentStatusRunning) {
+	if ads == nil || *ads <= 0 || st.StartTime == nil || !deadlineWatched(st.JobDeploymentStatus) {
 		return wait
 	}
-	if left := st.StartTime.Add(time.Duration(*ads)*time.Second).Sub(o.now) + time.Second; left < wait {
+	if left := st.StartTime.Add(time.Duration(*ads)*time.Second).Sub(o.now) + time.Second; wait == 0 || left < wait {
 		return max(left, time.Second)
 	}
 	return wait
@@ -223,20 +233,37 @@ func initStatus(o observed, st *rayv1.RayJobStatus) {
 	st.Reason, st.Message = "", ""
 }
 
+// deadlineWatched reports whether a RayJob in jds fails at its
+// activeDeadlineSeconds.
+func deadlineWatched(jds rayv1.JobDeploymentStatus) bool {
+	return jds == rayv1.JobDeploymentStatusInitializing || jds == rayv1.JobDeploymentStatusRunning
+}
+
 // suspendOrDeadline moves a RayJob asked to suspend to Suspending, and one
 // past its activeDeadlineSeconds to Failed; it reports whether it did.
-func suspendOrDeadline(o observed, st *rayv1.RayJobStatus) bool {
+func suspendOrDeadline(o observed, d *decision) bool {
 	if o.job.Spec.Suspend {
-		st.JobDeploymentStatus = rayv1.JobDeploymentStatusSuspending
+		d.status.JobDeploymentStatus = rayv1.JobDeploymentStatusSuspending
 		return true
 	}
+	return pastDeadline(o, d)
+}
+
+// pastDeadline fails a RayJob past its activeDeadlineSeconds
+// (DeadlineExceeded) and reports whether it did. Its Ray job, if it may
+// still run, is stopped, as a batch Job's pods are: the cluster may stay
+// (no shutdownAfterJobFinishes, a selected cluster), and the job would run
+// on with it. A deadline that is not positive (an invalid edit) is none.
+func pastDeadline(o observed, d *decision) bool {
+	st := &d.status
 	ads := o.job.Spec.ActiveDeadlineSeconds
-	if ads == nil || st.StartTime == nil || o.now.Before(st.StartTime.Add(time.Duration(*ads)*time.Second)) {
+	if ads == nil || *ads <= 0 || st.StartTime == nil || o.now.Before(st.StartTime.Add(time.Duration(*ads)*time.Second)) {
 		return false
 	}
 	st.JobDeploymentStatus, st.Reason = rayv1.JobDeploymentStatusFailed, rayv1.DeadlineExceeded
 	st.Message = fmt.Sprintf("The RayJob has passed the activeDeadlineSeconds. StartTime: %s. ActiveDeadlineSeconds: %d",
 		st.StartTime.UTC().Format(time.RFC3339), *ads)
+	d.stopJob = st.JobId != "" && st.DashboardURL != "" && !rayv1.IsJobTerminal(st.JobStatus)
 	return true
 }
 
@@ -263,7 +290,7 @@ func initializing(o observed, d *decision) {
 	if isVerdict(st.Reason) {
 		st.Reason = "" // said again below while it stands
 	}
-	if suspendOrDeadline(o, st) || !clusterPresent(o, d) || heldByCluster(o, d) {
+	if suspendOrDeadline(o, d) || !clusterPresent(o, d) || heldByCluster(o, d) {
 		return
 	}
 	if st.DashboardURL == "" {

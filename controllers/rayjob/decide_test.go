@@ -345,11 +345,6 @@ func TestAStartedRayJobHoldsOnAnInvalidEdit(t *testing.T) {
 			dash: info(rayv1.JobStatusSucceeded, "done")}, rayv1.JobStatusSucceeded},
 		{"running, the Ray job unknown", observed{job: baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning), cluster: readyCluster(),
 			dash: dashObs{asked: true, notFound: true}}, ""},
-		{"running past its deadline", observed{job: func() *rayv1.RayJob {
-			j := baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
-			j.Spec.ActiveDeadlineSeconds = ptr.To[int32](1)
-			return j
-		}(), cluster: readyCluster(), dash: info(rayv1.JobStatusRunning, "")}, rayv1.JobStatusRunning},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := tc.o
@@ -379,6 +374,34 @@ func TestAStartedRayJobHoldsOnAnInvalidEdit(t *testing.T) {
 	for _, jds := range []rayv1.JobDeploymentStatus{rayv1.JobDeploymentStatusNew, rayv1.JobDeploymentStatusSuspended} {
 		if d := decide(observed{job: baseJob(rayv1.K8sJobMode, jds), now: t0, invalid: invalid}); d.status.JobDeploymentStatus != rayv1.JobDeploymentStatusValidationFailed {
 			t.Fatalf("%q, edited invalid: %q", jds, d.status.JobDeploymentStatus)
+		}
+	}
+}
+
+// The deadline is kept while a started RayJob holds on an invalid edit: past
+// it, the RayJob fails (DeadlineExceeded, counted, its end stamped) and its
+// Ray job is stopped, as without the edit; before it, the held RayJob is
+// looked at again when it comes, even with nothing to poll.
+func TestAHeldRayJobFailsAtItsDeadline(t *testing.T) {
+	invalid := errors.New("The RayJob spec is invalid: x")
+	running := baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
+	running.Spec.ActiveDeadlineSeconds, running.Status.JobStatus = ptr.To[int32](30), rayv1.JobStatusRunning
+	d := decide(observed{job: running, cluster: readyCluster(), now: t0, invalid: invalid, dash: info(rayv1.JobStatusRunning, "")})
+	st := d.status
+	if st.JobDeploymentStatus != rayv1.JobDeploymentStatusFailed || st.Reason != rayv1.DeadlineExceeded || !d.stopJob ||
+		ptr.Deref(st.Failed, 0) != 1 || st.EndTime == nil || !st.EndTime.Time.Equal(t0) {
+		t.Fatalf("held past its deadline: status %+v, stopJob %v; want Failed (DeadlineExceeded), counted, ended, its Ray job stopped", st, d.stopJob)
+	}
+	for _, jds := range []rayv1.JobDeploymentStatus{rayv1.JobDeploymentStatusInitializing} {
+		j := baseJob(rayv1.InteractiveMode, jds)
+		j.Spec.ActiveDeadlineSeconds = ptr.To[int32](70) // 10 s left
+		o := observed{job: j, cluster: readyCluster(), now: t0, invalid: invalid}
+		if d := decide(o); d.status.JobDeploymentStatus != jds || d.requeue != 11*time.Second {
+			t.Fatalf("%s, held 10 s before its deadline: %q, requeue %s; want held, looked at again at the deadline", jds, d.status.JobDeploymentStatus, d.requeue)
+		}
+		o.now = t0.Add(11 * time.Second)
+		if d := decide(o); d.status.JobDeploymentStatus != rayv1.JobDeploymentStatusFailed || d.status.Reason != rayv1.DeadlineExceeded {
+			t.Fatalf("%s, held past its deadline: %+v", jds, d.status)
 		}
 	}
 }

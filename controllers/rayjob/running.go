@@ -15,11 +15,7 @@ import (
 // submitter Job) until both say it is over.
 func running(o observed, d *decision) {
 	st := &d.status
-	if suspendOrDeadline(o, st) {
-		// Past its deadline, the Ray job is stopped, as a batch Job's pods
-		// are: the cluster may stay (no shutdownAfterJobFinishes, a
-		// selected cluster), and the job would run on with it.
-		d.stopJob = st.Reason == rayv1.DeadlineExceeded && st.JobId != "" && st.DashboardURL != "" && !rayv1.IsJobTerminal(st.JobStatus)
+	if suspendOrDeadline(o, d) {
 		return
 	}
 	if terminalTooLong(o, st) || !clusterPresent(o, d) {
