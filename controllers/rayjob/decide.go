@@ -122,6 +122,12 @@ func decide(o observed) decision {
 	case rayv1.JobDeploymentStatusInitializing:
 		initializing(o, &d)
 	case rayv1.JobDeploymentStatusWaiting:
+		// KubeRay v1.5 waits for spec.jobId whatever suspend and the
+		// deadline say: Kueue could not take the cluster back, nor the
+		// deadline end the wait.
+		if suspendOrDeadline(o, &d) {
+			break
+		}
 		if o.job.Spec.JobId == "" {
 			st.Message = waitingForJobID(st.DashboardURL)
 			return d
@@ -197,7 +203,7 @@ func waitingForJobID(dashboard string) string {
 
 // nextLook is wait (0: only on a change), or less when the RayJob's
 // activeDeadlineSeconds comes first while its deadline is watched
-// (Initializing, Running): a longer wait (an unreachable
+// (Initializing, Waiting, Running): a longer wait (an unreachable
 // dashboard's backoff, a RayJob held on an invalid edit) would fail it
 // late.
 func nextLook(o observed, st rayv1.RayJobStatus, wait time.Duration) time.Duration {
@@ -234,9 +240,10 @@ func initStatus(o observed, st *rayv1.RayJobStatus) {
 }
 
 // deadlineWatched reports whether a RayJob in jds fails at its
-// activeDeadlineSeconds.
+// activeDeadlineSeconds: once started, until it finishes or releases its
+// cluster.
 func deadlineWatched(jds rayv1.JobDeploymentStatus) bool {
-	return jds == rayv1.JobDeploymentStatusInitializing || jds == rayv1.JobDeploymentStatusRunning
+	return jds == rayv1.JobDeploymentStatusInitializing || jds == rayv1.JobDeploymentStatusWaiting || jds == rayv1.JobDeploymentStatusRunning
 }
 
 // suspendOrDeadline moves a RayJob asked to suspend to Suspending, and one

@@ -392,7 +392,7 @@ func TestAHeldRayJobFailsAtItsDeadline(t *testing.T) {
 		ptr.Deref(st.Failed, 0) != 1 || st.EndTime == nil || !st.EndTime.Time.Equal(t0) {
 		t.Fatalf("held past its deadline: status %+v, stopJob %v; want Failed (DeadlineExceeded), counted, ended, its Ray job stopped", st, d.stopJob)
 	}
-	for _, jds := range []rayv1.JobDeploymentStatus{rayv1.JobDeploymentStatusInitializing} {
+	for _, jds := range []rayv1.JobDeploymentStatus{rayv1.JobDeploymentStatusInitializing, rayv1.JobDeploymentStatusWaiting} {
 		j := baseJob(rayv1.InteractiveMode, jds)
 		j.Spec.ActiveDeadlineSeconds = ptr.To[int32](70) // 10 s left
 		o := observed{job: j, cluster: readyCluster(), now: t0, invalid: invalid}
@@ -403,6 +403,24 @@ func TestAHeldRayJobFailsAtItsDeadline(t *testing.T) {
 		if d := decide(o); d.status.JobDeploymentStatus != rayv1.JobDeploymentStatusFailed || d.status.Reason != rayv1.DeadlineExceeded {
 			t.Fatalf("%s, held past its deadline: %+v", jds, d.status)
 		}
+	}
+}
+
+// An InteractiveMode RayJob waiting for spec.jobId is suspended (Kueue takes
+// its cluster back) and fails at its deadline, looked at again then; KubeRay
+// v1.5 waits on whatever they say.
+func TestAWaitingRayJobHonoursSuspendAndItsDeadline(t *testing.T) {
+	j := baseJob(rayv1.InteractiveMode, rayv1.JobDeploymentStatusWaiting)
+	j.Status.JobId, j.Status.DashboardURL = "", "rj-fghij-head-svc.ns.svc.cluster.local:8265" // the user submits it
+	j.Spec.Suspend, j.Spec.ShutdownAfterJobFinishes = true, true
+	o := observed{job: j, cluster: readyCluster(), now: t0}
+	if d := decide(o); d.status.JobDeploymentStatus != rayv1.JobDeploymentStatusSuspending {
+		t.Fatalf("waiting, suspended: %q, want Suspending", d.status.JobDeploymentStatus)
+	}
+	j.Spec.Suspend = false
+	j.Spec.ActiveDeadlineSeconds = ptr.To[int32](30)
+	if d := decide(o); d.status.JobDeploymentStatus != rayv1.JobDeploymentStatusFailed || d.status.Reason != rayv1.DeadlineExceeded || d.stopJob {
+		t.Fatalf("waiting past its deadline: %+v stopJob %v, want Failed (DeadlineExceeded), no Ray job to stop", d.status, d.stopJob)
 	}
 }
 
