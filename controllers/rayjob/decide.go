@@ -66,9 +66,10 @@ type decision struct {
 	ensureService   bool
 	submit          bool
 	deleteSelf      bool
-	// stopJob asks the dashboard to stop the Ray job (a deadline passed
-	// while it ran: the cluster may stay, and the job with it).
-	stopJob bool
+	// stopJob, when not "", asks the dashboard to stop the Ray job of a
+	// RayJob that gives up on it, saying why (past its deadline, its
+	// submission failed): the cluster may stay, and the job with it.
+	stopJob string
 	// warn is a Warning event to record on the RayJob (reason "": none).
 	warn warning
 	// requeue is when to look again (0: only on a change).
@@ -258,9 +259,7 @@ func suspendOrDeadline(o observed, d *decision) bool {
 
 // pastDeadline fails a RayJob past its activeDeadlineSeconds
 // (DeadlineExceeded) and reports whether it did. Its Ray job, if it may
-// still run, is stopped, as a batch Job's pods are: the cluster may stay
-// (no shutdownAfterJobFinishes, a selected cluster), and the job would run
-// on with it. A deadline that is not positive (an invalid edit) is none.
+// still run, is stopped, as a batch Job's pods are. A deadline that is not positive (an invalid edit) is none.
 func pastDeadline(o observed, d *decision) bool {
 	st := &d.status
 	ads := o.job.Spec.ActiveDeadlineSeconds
@@ -270,8 +269,18 @@ func pastDeadline(o observed, d *decision) bool {
 	st.JobDeploymentStatus, st.Reason = rayv1.JobDeploymentStatusFailed, rayv1.DeadlineExceeded
 	st.Message = fmt.Sprintf("The RayJob has passed the activeDeadlineSeconds. StartTime: %s. ActiveDeadlineSeconds: %d",
 		st.StartTime.UTC().Format(time.RFC3339), *ads)
-	d.stopJob = st.JobId != "" && st.DashboardURL != "" && !rayv1.IsJobTerminal(st.JobStatus)
+	stopRayJob(o, d, "past the activeDeadlineSeconds")
 	return true
+}
+
+// stopRayJob asks to stop the Ray job of a RayJob that gives up on it (why)
+// while it may still run: submitted (its id and dashboard known) and not
+// known to have finished.
+func stopRayJob(o observed, d *decision, why string) {
+	st := d.status
+	if st.JobId != "" && st.DashboardURL != "" && !rayv1.IsJobTerminal(o.job.Status.JobStatus) && !o.dashTerminal() {
+		d.stopJob = why
+	}
 }
 
 // clusterPresent asks for the cluster when it is missing (or says that the

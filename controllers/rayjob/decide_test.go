@@ -134,10 +134,23 @@ func TestDecide(t *testing.T) {
 			o.submitter = finishedSubmitter(false)
 			o.dash = info(rayv1.JobStatusSucceeded, "ok")
 		}, want{jds: rayv1.JobDeploymentStatusComplete, js: rayv1.JobStatusSucceeded, ensureService: true, msg: "ok", succeeded: 1}},
-		{"running: submitter failed before the job", func(o *observed) {
+		{"running: submitter failed, the Ray job it may have submitted is stopped", func(o *observed) {
 			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
 			o.submitter = finishedSubmitter(true)
-		}, want{jds: rayv1.JobDeploymentStatusFailed, reason: rayv1.SubmissionFailed, ensureService: true, msg: "BackoffLimitExceeded", failed: 1}},
+		}, want{jds: rayv1.JobDeploymentStatusFailed, reason: rayv1.SubmissionFailed, ensureService: true, msg: "BackoffLimitExceeded", stopJob: true, failed: 1}},
+		{"running: submitter failed after the Ray job failed", func(o *observed) {
+			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
+			o.job.Status.JobStatus = rayv1.JobStatusFailed
+			o.submitter = finishedSubmitter(true)
+		}, want{jds: rayv1.JobDeploymentStatusFailed, js: rayv1.JobStatusFailed, reason: rayv1.AppFailed, ensureService: true, failed: 1}},
+		{"running: a Ray job still running long after its submitter finished is stopped", func(o *observed) {
+			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
+			o.job.Status.JobStatus = rayv1.JobStatusRunning
+			o.submitter = finishedSubmitter(false)
+			o.submitter.Status.Conditions[0].LastTransitionTime = metav1.Time{Time: t0.Add(-time.Minute)}
+			o.dash = info(rayv1.JobStatusRunning, "")
+		}, want{jds: rayv1.JobDeploymentStatusFailed, js: rayv1.JobStatusFailed, reason: rayv1.JobDeploymentStatusTransitionGracePeriodExceeded,
+			ensureService: true, msg: "did not reach a terminal state", stopJob: true, failed: 1}},
 		{"running: submitter done, job unknown", func(o *observed) {
 			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
 			o.submitter = finishedSubmitter(false)
@@ -202,7 +215,7 @@ func TestDecide(t *testing.T) {
 				t.Errorf("status %q/%q reason %q message %q, want %q/%q %q containing %q", st.JobDeploymentStatus, st.JobStatus, st.Reason, st.Message, w.jds, w.js, w.reason, w.msg)
 			}
 			if d.createCluster != w.createCluster || d.createSubmitter != w.createSubmitter || d.submit != w.submit || d.deleteCluster != w.deleteC ||
-				d.deleteSubmitter != w.deleteSubmitter || d.ensureService != w.ensureService || d.deleteSelf != w.deleteSelf || d.stopJob != w.stopJob {
+				d.deleteSubmitter != w.deleteSubmitter || d.ensureService != w.ensureService || d.deleteSelf != w.deleteSelf || (d.stopJob != "") != w.stopJob {
 				t.Errorf("actions %+v, want %+v", d, w)
 			}
 			if w.jds != rayv1.JobDeploymentStatusValidationFailed && w.jds != rayv1.JobDeploymentStatusSuspended && w.jds != rayv1.JobDeploymentStatusNew &&
@@ -355,7 +368,7 @@ func TestAStartedRayJobHoldsOnAnInvalidEdit(t *testing.T) {
 				!strings.Contains(st.Message, invalid.Error()) || st.ObservedGeneration != 3 {
 				t.Fatalf("status %+v, want %q held, job status %q, saying why", st, o.job.Status.JobDeploymentStatus, tc.js)
 			}
-			if d.createCluster || d.createSubmitter || d.ensureService || d.submit || d.deleteCluster || d.deleteSubmitter || d.suspendWorkers || d.stopJob || d.deleteSelf {
+			if d.createCluster || d.createSubmitter || d.ensureService || d.submit || d.deleteCluster || d.deleteSubmitter || d.suspendWorkers || d.stopJob != "" || d.deleteSelf {
 				t.Fatalf("actions on an invalid spec: %+v", d)
 			}
 			if d.warn.reason != "InvalidRayJobSpec" {
@@ -388,7 +401,7 @@ func TestAHeldRayJobFailsAtItsDeadline(t *testing.T) {
 	running.Spec.ActiveDeadlineSeconds, running.Status.JobStatus = ptr.To[int32](30), rayv1.JobStatusRunning
 	d := decide(observed{job: running, cluster: readyCluster(), now: t0, invalid: invalid, dash: info(rayv1.JobStatusRunning, "")})
 	st := d.status
-	if st.JobDeploymentStatus != rayv1.JobDeploymentStatusFailed || st.Reason != rayv1.DeadlineExceeded || !d.stopJob ||
+	if st.JobDeploymentStatus != rayv1.JobDeploymentStatusFailed || st.Reason != rayv1.DeadlineExceeded || d.stopJob == "" ||
 		ptr.Deref(st.Failed, 0) != 1 || st.EndTime == nil || !st.EndTime.Time.Equal(t0) {
 		t.Fatalf("held past its deadline: status %+v, stopJob %v; want Failed (DeadlineExceeded), counted, ended, its Ray job stopped", st, d.stopJob)
 	}
@@ -419,7 +432,7 @@ func TestAWaitingRayJobHonoursSuspendAndItsDeadline(t *testing.T) {
 	}
 	j.Spec.Suspend = false
 	j.Spec.ActiveDeadlineSeconds = ptr.To[int32](30)
-	if d := decide(o); d.status.JobDeploymentStatus != rayv1.JobDeploymentStatusFailed || d.status.Reason != rayv1.DeadlineExceeded || d.stopJob {
+	if d := decide(o); d.status.JobDeploymentStatus != rayv1.JobDeploymentStatusFailed || d.status.Reason != rayv1.DeadlineExceeded || d.stopJob != "" {
 		t.Fatalf("waiting past its deadline: %+v stopJob %v, want Failed (DeadlineExceeded), no Ray job to stop", d.status, d.stopJob)
 	}
 }

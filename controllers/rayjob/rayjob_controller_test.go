@@ -806,6 +806,55 @@ func TestADeadlineStopsTheRayJob(t *testing.T) {
 	}
 }
 
+// A RayJob whose submitter Job failed after submitting (its log follower
+// evicted, say) fails with SubmissionFailed and stops its Ray job, which
+// would otherwise run on the cluster (kept: no shutdownAfterJobFinishes),
+// followed by no one; a StoppedRayJob event says so.
+func TestAFailedSubmitterStopsItsRayJob(t *testing.T) {
+	fake := newFake(t, time.Hour)
+	startManager(t, fake)
+	rj := sampleJob(t, "ray-job.sample.yaml", "rj-submitter-failed")
+	create(t, rj)
+	rc, _ := waitCluster(t, rj)
+	bringUp(t, rc, true)
+	got := waitJob(t, rj, "Running", deploymentStatus(rayv1.JobDeploymentStatusRunning))
+	var sj batchv1.Job
+	testenv.Eventually(t, 10*time.Second, func() error { return env.Client.Get(context.Background(), client.ObjectKeyFromObject(rj), &sj) })
+	if _, err := fake.Submit(utiltypes.RayJobRequest{SubmissionId: got.Status.JobId, Entrypoint: rj.Spec.Entrypoint}); err != nil {
+		t.Fatal(err)
+	}
+	waitJob(t, rj, "running its Ray job", func(j *rayv1.RayJob) bool { return j.Status.JobStatus == rayv1.JobStatusRunning })
+	failSubmitter(t, &sj)
+	got = waitJob(t, rj, "Failed", deploymentStatus(rayv1.JobDeploymentStatusFailed))
+	if got.Status.Reason != rayv1.SubmissionFailed {
+		t.Fatalf("status %+v, want SubmissionFailed", got.Status)
+	}
+	info, err := NewHTTPDashboard(fake.URL(), DashboardTimeout).Get(context.Background(), got.Status.JobId)
+	if err != nil || info.JobStatus != rayv1.JobStatusStopped {
+		t.Fatalf("the Ray job of a RayJob whose submission failed: %+v %v, want STOPPED", info, err)
+	}
+	if evs := eventsOf(t, rj, corev1.EventTypeNormal, "StoppedRayJob"); len(evs) != 1 || !strings.Contains(evs[0].Note, "after its submitter Job failed") {
+		t.Fatalf("StoppedRayJob events %+v, want one saying why", evs)
+	}
+}
+
+// failSubmitter sets a submitter Job's status to Failed, as the job
+// controller would once its backoffLimit was reached (FailureTarget first,
+// as the API server asks).
+func failSubmitter(t *testing.T, sj *batchv1.Job) {
+	t.Helper()
+	now := metav1.Now()
+	started := metav1.NewTime(now.Add(-time.Second))
+	sj.Status.StartTime, sj.Status.Failed = &started, 3
+	sj.Status.Conditions = []batchv1.JobCondition{
+		{Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded", Message: "Job has reached the specified backoff limit", LastProbeTime: now, LastTransitionTime: now},
+		{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded", Message: "Job has reached the specified backoff limit", LastProbeTime: now, LastTransitionTime: now},
+	}
+	if err := env.Client.Status().Update(context.Background(), sj); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // DeleteWorkers suspends the worker groups of the cluster as it runs: an
 // edit of the RayJob's rayClusterSpec after the cluster was created, which
 // is disregarded, does not reach the cluster's head then.

@@ -34,6 +34,10 @@ func running(o observed, d *decision) {
 				if st.JobStatus != rayv1.JobStatusFailed {
 					st.Reason = rayv1.SubmissionFailed
 					st.Message = fmt.Sprintf("Job submission has failed. Reason: %s. Message: %s", failed.Reason, failed.Message)
+					// The submitter may have failed after the Ray job
+					// was submitted (its log follower evicted): the
+					// job would run on, followed by no one.
+					stopRayJob(o, d, "after its submitter Job failed")
 				}
 				return
 			}
@@ -42,6 +46,7 @@ func running(o observed, d *decision) {
 				st.Reason = rayv1.JobDeploymentStatusTransitionGracePeriodExceeded
 				st.Message = fmt.Sprintf("The RayJob submitter finished at %s but the Ray job did not reach a terminal state within %s",
 					finishedAt.UTC().Format(time.RFC3339), submitterFinishedTimeout)
+				stopRayJob(o, d, "still running after its submitter Job finished")
 				return
 			}
 		}

@@ -2,6 +2,7 @@ package rayjob
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -100,8 +101,8 @@ func (r *Reconciler) write(ctx context.Context, o observed, d decision) error {
 	if err := r.release(ctx, o, d); err != nil {
 		return err
 	}
-	if d.stopJob {
-		r.stopJob(ctx, o.job, d.status)
+	if d.stopJob != "" {
+		r.stopJob(ctx, o.job, d.status, d.stopJob)
 	}
 	if d.deleteSelf {
 		return failed("FailedToDeleteRayJob", r.writer.Delete(ctx, owner, "deletionStrategy DeleteSelf"))
@@ -164,17 +165,21 @@ func (r *Reconciler) submit(ctx context.Context, o observed, st rayv1.RayJobStat
 	return nil
 }
 
-// stopJob asks the dashboard to stop the Ray job of a RayJob past its
-// deadline, once: the RayJob fails whether the dashboard answers or not,
-// and a Warning says when it did not.
-func (r *Reconciler) stopJob(ctx context.Context, job *rayv1.RayJob, st rayv1.RayJobStatus) {
+// stopJob asks the dashboard to stop the Ray job of a RayJob that gives up
+// on it (why: past its deadline, after its submitter failed), once: the
+// RayJob fails whether the dashboard answers or not, and a Warning says
+// when it did not. A job the dashboard does not know was never submitted.
+func (r *Reconciler) stopJob(ctx context.Context, job *rayv1.RayJob, st rayv1.RayJobStatus, why string) {
 	cctx, cancel := context.WithTimeout(ctx, DashboardTimeout)
 	defer cancel()
-	if err := r.DashboardFor(st.DashboardURL).Stop(cctx, st.JobId); err != nil {
-		r.event(job, corev1.EventTypeWarning, "FailedToStopRayJob", "Could not stop Ray job %s past the activeDeadlineSeconds on RayCluster %s: %v", st.JobId, st.RayClusterName, err)
-		return
+	err := r.DashboardFor(st.DashboardURL).Stop(cctx, st.JobId)
+	switch {
+	case errors.Is(err, ErrJobNotFound):
+	case err != nil:
+		r.event(job, corev1.EventTypeWarning, "FailedToStopRayJob", "Could not stop Ray job %s %s on RayCluster %s: %v", st.JobId, why, st.RayClusterName, err)
+	default:
+		r.event(job, corev1.EventTypeNormal, "StoppedRayJob", "Stopped Ray job %s %s on RayCluster %s", st.JobId, why, st.RayClusterName)
 	}
-	r.event(job, corev1.EventTypeNormal, "StoppedRayJob", "Stopped Ray job %s past the activeDeadlineSeconds on RayCluster %s", st.JobId, st.RayClusterName)
 }
 
 // addFinalizer adds KubeRay's stop-job finalizer to a new RayJob, so that
