@@ -72,6 +72,9 @@ type decision struct {
 	stopJob string
 	// warn is a Warning event to record on the RayJob (reason "": none).
 	warn warning
+	// serviceConflict is said by the write: the RayJob-level Service's
+	// name is taken ("": it is not), which the status message keeps.
+	serviceConflict string
 	// requeue is when to look again (0: only on a change).
 	requeue time.Duration
 }

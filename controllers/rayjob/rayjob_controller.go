@@ -84,9 +84,6 @@ type Reconciler struct {
 	mu     sync.Mutex
 	// unreachable counts each RayJob's failed dashboard requests in a row.
 	unreachable map[types.NamespacedName]dashFailures
-	// conflicts is the name conflict each RayJob last warned of and that
-	// still stands (the status does not carry it), so it is said once.
-	conflicts map[types.NamespacedName]string
 }
 
 type dashFailures struct {
@@ -155,14 +152,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	obs, err := r.observe(ctx, job, time.Now())
 	if apply.IsForeign(err) {
-		return r.writeFailed(ctx, job, err)
+		return r.writeFailed(ctx, job, err, "")
 	}
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	d := decide(obs)
-	if err := r.write(ctx, obs, d); err != nil {
-		return r.writeFailed(ctx, job, err)
+	err = r.write(ctx, obs, &d)
+	if !rayv1.IsJobDeploymentTerminal(d.status.JobDeploymentStatus) {
+		d.status.Message = withConflict(d.status.Message, d.serviceConflict)
+	}
+	if err != nil {
+		return r.writeFailed(ctx, job, err, d.serviceConflict)
 	}
 	// Guarded: the status carries the names of the cluster and the Ray job
 	// of this attempt, drawn once; a pass on a cache copy older than the
@@ -189,11 +190,12 @@ const conflictRecheck = 30 * time.Second
 // as it was with a message saying what failed. No state or name of this
 // pass is recorded, as its steps were not all done; observedGeneration is,
 // since the spec was read. A finished RayJob keeps its message (the Ray
-// job's result). A child's name taken by an object
+// job's result), and the message keeps a name conflict of the RayJob-level
+// Service this pass found (conflict), which it is warned of once. A child's name taken by an object
 // the RayJob does not control (the submitter Job's, the cluster's), which
 // Loom leaves alone, is looked at again later; any other failure is
 // returned, so the pass is tried again with backoff.
-func (r *Reconciler) writeFailed(ctx context.Context, job *rayv1.RayJob, err error) (ctrl.Result, error) {
+func (r *Reconciler) writeFailed(ctx context.Context, job *rayv1.RayJob, err error, conflict string) (ctrl.Result, error) {
 	reason, msg, res, ret := "", err.Error(), ctrl.Result{}, err
 	var se *stepError
 	if errors.As(err, &se) {
@@ -210,7 +212,7 @@ func (r *Reconciler) writeFailed(ctx context.Context, job *rayv1.RayJob, err err
 	st := job.Status.DeepCopy()
 	st.ObservedGeneration = job.Generation
 	if !rayv1.IsJobDeploymentTerminal(job.Status.JobDeploymentStatus) {
-		st.Message = msg
+		st.Message = withConflict(msg, conflict)
 	}
 	if _, err := r.writer.Status(ctx, job, &job.Status, st, apply.Guarded()); err != nil {
 		if apierrors.IsConflict(err) {
@@ -227,29 +229,9 @@ func (r *Reconciler) writeFailed(ctx context.Context, job *rayv1.RayJob, err err
 func (r *Reconciler) forget(key types.NamespacedName) {
 	r.mu.Lock()
 	delete(r.unreachable, key)
-	delete(r.conflicts, key)
 	r.mu.Unlock()
 	forgetMetrics(key)
 	if r.writer != nil {
 		r.writer.Forget(&rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}})
 	}
-}
-
-// newConflict records msg as the RayJob's standing name conflict ("":
-// none) and reports whether it is new, to be warned of.
-func (r *Reconciler) newConflict(key types.NamespacedName, msg string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.conflicts[key] == msg {
-		return false
-	}
-	if r.conflicts == nil {
-		r.conflicts = map[types.NamespacedName]string{}
-	}
-	if msg == "" {
-		delete(r.conflicts, key)
-	} else {
-		r.conflicts[key] = msg
-	}
-	return msg != ""
 }

@@ -41,14 +41,14 @@ func TestMain(m *testing.M) { testenv.Main(m, &env) }
 // import each other: the tests play the raycluster controller's part
 // through the API, writing the RayCluster's status and head Service as it
 // does.
-func startManager(t *testing.T, fake *rayfake.Server) {
+func startManager(t *testing.T, fake *rayfake.Server) *testenv.Manager {
 	t.Helper()
 	t.Setenv(EnvDashboardOverride, fake.URL())
 	reg := &manager.Registry{}
 	reg.Add("rayjob", Setup)
 	opts := testenv.ManagerOptions(t)
 	opts.LeaderElect = false
-	env.StartManager(t, opts, reg)
+	return env.StartManager(t, opts, reg)
 }
 
 // newFake is a fake dashboard whose jobs run for runFor.
@@ -647,6 +647,41 @@ func TestAServiceNameTakenByAStrangerDoesNotStopTheJob(t *testing.T) {
 	}
 }
 
+// The RayJob-level Service's name conflict is in the status message while
+// it stands, and warned of when the stored message did not say it: a
+// manager restarted with nothing changed warns of nothing new.
+func TestAServiceNameConflictIsWarnedOnceAcrossARestart(t *testing.T) {
+	fake := newFake(t, time.Hour)
+	m := startManager(t, fake)
+	rj := sampleJob(t, "ray-job.sample.yaml", "rj-svc-clash-restart")
+	rj.Spec.SubmissionMode = rayv1.HTTPMode
+	create(t, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: rj.Name + "-head-svc", Namespace: rj.Namespace}, Spec: corev1.ServiceSpec{
+		Ports: []corev1.ServicePort{{Name: utils.DashboardPortName, Port: 8265}}}})
+	create(t, rj)
+	rc, _ := waitCluster(t, rj)
+	bringUp(t, rc, true)
+	waitJob(t, rj, "running its Ray job", func(j *rayv1.RayJob) bool { return j.Status.JobStatus == rayv1.JobStatusRunning })
+	warned(t, rj, "NameConflict")
+	if err := m.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	startManager(t, fake)
+	polled := fake.Requests()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if fake.Requests() < polled+2 {
+			return fmt.Errorf("the restarted manager has not polled the dashboard twice yet")
+		}
+		return nil
+	})
+	time.Sleep(time.Second) // the recorder sends in the background
+	if evs := eventsOf(t, rj, corev1.EventTypeWarning, "NameConflict"); len(evs) != 1 || evs[0].Series != nil {
+		t.Fatalf("NameConflict events %+v, want the one from before the restart", evs)
+	}
+	if got := getJob(t, rj); !strings.Contains(got.Status.Message, "runs without its own head Service") {
+		t.Fatalf("message %q does not say the RayJob runs without its Service", got.Status.Message)
+	}
+}
+
 // A Job of the submitter's name (the RayJob's) that the RayJob does not
 // control is left alone; the RayJob says so in its status message and a
 // Warning event, instead of failing each pass with nothing on the object,
@@ -914,7 +949,7 @@ func TestCreatedEventsOnceWhenTheCacheIsBehind(t *testing.T) {
 	o.cluster.Name, o.cluster.Spec = j.Status.RayClusterName, *j.Spec.RayClusterSpec.DeepCopy()
 	d := decision{status: j.Status, createCluster: true, createSubmitter: true}
 	for pass := 1; pass <= 2; pass++ {
-		if err := r.write(ctx, o, d); err != nil {
+		if err := r.write(ctx, o, &d); err != nil {
 			t.Fatalf("pass %d: %v", pass, err)
 		}
 	}

@@ -23,6 +23,22 @@ import (
 // the RayJob does not control, which Loom leaves alone.
 const ReasonNameConflict = "NameConflict"
 
+// serviceConflictNote follows the name conflict of the RayJob-level head
+// Service in the status message of a RayJob running without it.
+const serviceConflictNote = ": the RayJob runs without its own head Service; rename the RayJob or that Service to have it"
+
+// withConflict is a message with the RayJob-level Service's name conflict
+// (conflict, "" for none) said after it.
+func withConflict(msg, conflict string) string {
+	switch {
+	case conflict == "" || strings.Contains(msg, conflict):
+		return msg
+	case msg == "":
+		return conflict
+	}
+	return msg + "; " + conflict
+}
+
 // ReasonFailedToSubmit is the Warning of an HTTPMode submission the
 // dashboard refused or did not answer (KubeRay has no event for it).
 const ReasonFailedToSubmit = "FailedToSubmitRayJob"
@@ -47,7 +63,7 @@ func failed(reason utils.K8sEventType, err error) error {
 }
 
 // write makes the children what the decision says, then submits.
-func (r *Reconciler) write(ctx context.Context, o observed, d decision) error {
+func (r *Reconciler) write(ctx context.Context, o observed, d *decision) error {
 	owner := o.job
 	// A create that finds the child made (the cache behind an earlier
 	// pass's create) records no second Created event.
@@ -81,24 +97,25 @@ func (r *Reconciler) write(ctx context.Context, o observed, d decision) error {
 		// The RayJob-level Service is a convenience, a name that follows
 		// the job from cluster to cluster: one of that name the RayJob
 		// does not control (the head Service of a RayCluster named as the
-		// RayJob) is left alone, said in a Warning once while it stands,
-		// and the job goes on without it.
+		// RayJob) is left alone, and the job goes on without it. While it
+		// stands, the status message says so, and a Warning once: when
+		// the stored message did not say it yet, so a restart warns of
+		// nothing new.
 		err = r.writer.Ensure(ctx, owner, svc)
 		if err != nil && !apply.IsForeign(err) {
 			return failed(utils.FailedToCreateService, err)
 		}
-		msg := ""
 		if err != nil {
-			msg = err.Error()
-		}
-		if r.newConflict(client.ObjectKeyFromObject(owner), msg) {
-			r.event(owner, corev1.EventTypeWarning, ReasonNameConflict, "%s: the RayJob runs without its own head Service; rename the RayJob or that Service to have it", msg)
+			d.serviceConflict = err.Error() + serviceConflictNote
+			if !strings.Contains(o.job.Status.Message, d.serviceConflict) {
+				r.event(owner, corev1.EventTypeWarning, ReasonNameConflict, "%s", d.serviceConflict)
+			}
 		}
 	}
 	if d.warn.reason != "" {
 		r.event(owner, corev1.EventTypeWarning, d.warn.reason, "%s", d.warn.msg)
 	}
-	if err := r.release(ctx, o, d); err != nil {
+	if err := r.release(ctx, o, *d); err != nil {
 		return err
 	}
 	if d.stopJob != "" {
