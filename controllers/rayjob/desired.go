@@ -100,8 +100,8 @@ func desiredSubmitter(j *rayv1.RayJob, st rayv1.RayJobStatus, rc *rayv1.RayClust
 	if j.Spec.SubmitterConfig != nil && j.Spec.SubmitterConfig.BackoffLimit != nil {
 		limit = j.Spec.SubmitterConfig.BackoffLimit
 	}
-	// The pods carry the RayJob's origin labels, for the status to find
-	// them in the pod cache (which keeps only such Job pods whole).
+	// The pods carry the RayJob's origin labels, for kubectl to find them
+	// (the status finds them by the Job's selector).
 	if tmpl.Labels == nil {
 		tmpl.Labels = map[string]string{}
 	}

@@ -82,10 +82,20 @@ func (r *Reconciler) observe(ctx context.Context, job *rayv1.RayJob, now time.Ti
 // submitterTrouble is why a pod of the submitter Job, which has not
 // submitted the Ray job yet, does not run (not placed, an image that
 // cannot be pulled, a crash loop), "" when none says. It reads the pod
-// cache, and only while the RayJob waits for the submission.
+// cache, and only while the RayJob waits for the submission. The pods are
+// found by the Job's own selector (its controller-uid label, which the
+// API server sets), so those of a submitter made by an earlier Loom,
+// without the RayJob's origin labels, are found too.
 func (r *Reconciler) submitterTrouble(ctx context.Context, sj *batchv1.Job) (string, error) {
+	if sj.Spec.Selector == nil {
+		return "", nil // never so for a Job the API server admitted
+	}
+	sel, err := metav1.LabelSelectorAsSelector(sj.Spec.Selector)
+	if err != nil {
+		return "", err
+	}
 	var pods corev1.PodList
-	if err := r.List(ctx, &pods, client.InNamespace(sj.Namespace), client.MatchingLabels(originLabels(&rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Name: sj.Name}}))); err != nil {
+	if err := r.List(ctx, &pods, client.InNamespace(sj.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
 		return "", err
 	}
 	for i := range pods.Items {

@@ -1000,7 +1000,9 @@ func TestAnInvalidEditHoldsARunningRayJob(t *testing.T) {
 // A submitter pod that cannot run (its image cannot be pulled) is quoted in
 // the status of the RayJob waiting for its submission, read from the pod
 // cache (envtest runs no job controller: the test makes the Job's pod as
-// it would, from the Job's template).
+// it would, from the Job's template). The pod is found by the Job's
+// selector: here it lacks the RayJob's origin labels, as the submitter
+// pods of an earlier Loom did.
 func TestASubmitterPodThatCannotRunIsSaid(t *testing.T) {
 	ctx := context.Background()
 	fake := newFake(t, time.Hour)
@@ -1017,7 +1019,13 @@ func TestASubmitterPodThatCannotRunIsSaid(t *testing.T) {
 		}
 		return fmt.Errorf("no submitter Job yet")
 	})
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: sj.Name + "-x7k2p", Namespace: sj.Namespace, Labels: sj.Spec.Template.Labels,
+	labels := map[string]string{}
+	for k, v := range sj.Spec.Template.Labels {
+		if !strings.HasPrefix(k, "ray.io/originated-from") {
+			labels[k] = v
+		}
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: sj.Name + "-x7k2p", Namespace: sj.Namespace, Labels: labels,
 		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(&sj, batchv1.SchemeGroupVersion.WithKind("Job"))}},
 		Spec: *sj.Spec.Template.Spec.DeepCopy()}
 	pod.Spec.NodeName = "node-1"

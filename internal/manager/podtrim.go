@@ -1,6 +1,8 @@
 package manager
 
 import (
+	"strings"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -14,8 +16,7 @@ import (
 const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
 
 // workloadOwners are the kinds whose reconcilers read their pods from the
-// cache: they list them by label and act only on those they control. A
-// RayJob's submitter pods are kept too (controlledByWorkload).
+// cache: they list them by label and act only on those they control.
 var workloadOwners = []schema.GroupKind{
 	{Group: trainingv1alpha1.GroupVersion.Group, Kind: "TrainingJob"},
 	{Group: "ray.io", Kind: "RayCluster"},
@@ -30,6 +31,9 @@ var workloadOwners = []schema.GroupKind{
 //     volumes, security settings and CPU and memory requests are most of a
 //     pod's size and nobody reads them (a status's desired CPU and memory
 //     come from the workload's spec, not its pods);
+//   - a batch Job's pods keep, besides the skeleton below, what says why
+//     one does not run (jobPod): a RayJob's status quotes its submitter
+//     Job's, found by the Job's selector, whichever Loom made the Job;
 //   - every other pod (the operands' DaemonSet pods, the cluster's other
 //     workloads: nearly all of a big cluster's pods) keeps only its name,
 //     node, phase and the GPU resources its containers ask for. The driver upgrade,
@@ -41,6 +45,9 @@ func TrimPod(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil
+	}
+	if c := metav1.GetControllerOfNoCopy(p); c != nil && c.Kind == "Job" && strings.HasPrefix(c.APIVersion, "batch/") {
+		return jobPod(p, c), nil
 	}
 	if !controlledByWorkload(p) {
 		return gpuSkeleton(p), nil
@@ -75,18 +82,51 @@ func controlledByWorkload(p *corev1.Pod) bool {
 			return true
 		}
 	}
-	// A RayJob's submitter pods, which its status quotes while they
-	// cannot run; the cluster's other Jobs' pods stay skeletons.
-	return gv.Group == "batch" && c.Kind == "Job" && p.Labels[SubmitterPodLabel] == SubmitterPodLabelValue
+	return false
 }
 
-// SubmitterPodLabel, with SubmitterPodLabelValue, marks the pods of a
-// RayJob's submitter Job (KubeRay's ray.io/originated-from-crd label):
-// the pod cache keeps them whole enough to say why they do not run.
-const (
-	SubmitterPodLabel      = "ray.io/originated-from-crd"
-	SubmitterPodLabelValue = "RayJob"
-)
+// jobPod is a batch Job's pod as the cache keeps it: the skeleton, with
+// its controller, the labels the Job controller puts on it (the Job's
+// selector is one) and why it waits (unplaced, or a container waiting in
+// ImagePullBackOff, CrashLoopBackOff...), which podset.WaitingWhy reads.
+// The rest of its status is dropped: the cluster's other Jobs may have
+// many pods, and nothing reads them.
+func jobPod(p *corev1.Pod, controller *metav1.OwnerReference) *corev1.Pod {
+	s := gpuSkeleton(p)
+	s.OwnerReferences = []metav1.OwnerReference{*controller}
+	for k, v := range p.Labels {
+		if strings.HasPrefix(k, batchLabelPrefix) || k == "controller-uid" || k == "job-name" {
+			if s.Labels == nil {
+				s.Labels = map[string]string{}
+			}
+			s.Labels[k] = v
+		}
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+			s.Status.Conditions = append(s.Status.Conditions, corev1.PodCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message})
+		}
+	}
+	s.Status.InitContainerStatuses = waiting(p.Status.InitContainerStatuses)
+	s.Status.ContainerStatuses = waiting(p.Status.ContainerStatuses)
+	return s
+}
+
+// batchLabelPrefix is that of the labels the Job controller puts on its
+// pods (batch.kubernetes.io/controller-uid, job-name; before Kubernetes
+// 1.27, controller-uid and job-name alone).
+const batchLabelPrefix = "batch.kubernetes.io/"
+
+// waiting is the containers that wait, with only their name and why.
+func waiting(cs []corev1.ContainerStatus) []corev1.ContainerStatus {
+	var out []corev1.ContainerStatus
+	for _, c := range cs {
+		if c.State.Waiting != nil {
+			out = append(out, corev1.ContainerStatus{Name: c.Name, State: corev1.ContainerState{Waiting: c.State.Waiting}})
+		}
+	}
+	return out
+}
 
 // gpuSkeleton is what the inventory reads of a pod: where it runs, whether
 // it has finished, and the GPU requests and limits of its containers (init

@@ -76,21 +76,33 @@ func TestTrimPodKeepsWhatWorkloadReconcilersRead(t *testing.T) {
 	}
 }
 
-// A RayJob's submitter pod (a Job's, carrying KubeRay's origin label)
-// keeps its labels, conditions and container states: the RayJob's status
-// quotes why it does not run. Another Job's pod is a skeleton (below).
-func TestTrimPodKeepsRayJobSubmitterPods(t *testing.T) {
-	p := bigPod(metav1.OwnerReference{APIVersion: "batch/v1", Kind: "Job", Name: "rayjob", Controller: ptr.To(true)})
-	p.Labels[SubmitterPodLabel] = SubmitterPodLabelValue
-	p.Status.ContainerStatuses[0].State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: "Back-off pulling image"}}
+// A batch Job's pod keeps, besides the skeleton, its controller, the labels
+// the Job controller puts on it (the Job's selector) and why it waits: a
+// RayJob's status quotes its submitter's pods, found by the Job's selector
+// whether or not they carry the RayJob's labels (an earlier Loom's did
+// not). The rest of its status and labels go.
+func TestTrimPodKeepsWhyAJobPodWaits(t *testing.T) {
+	owner := metav1.OwnerReference{APIVersion: "batch/v1", Kind: "Job", Name: "rayjob", UID: "j1", Controller: ptr.To(true)}
+	p := bigPod(owner)
+	batch := map[string]string{"batch.kubernetes.io/controller-uid": "j1", "batch.kubernetes.io/job-name": "rayjob", "controller-uid": "j1", "job-name": "rayjob"}
+	for k, v := range batch {
+		p.Labels[k] = v
+	}
+	unplaced := corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: "Unschedulable", Message: "0/3 nodes are available"}
+	p.Status.Conditions = append(p.Status.Conditions, unplaced)
+	pull := &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: "Back-off pulling image"}
+	p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{Name: "log", Image: "fluent", State: corev1.ContainerState{Waiting: pull}})
 	o, err := TrimPod(p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := o.(*corev1.Pod)
-	if got.Labels[SubmitterPodLabel] != SubmitterPodLabelValue || len(got.OwnerReferences) != 1 || len(got.Status.Conditions) != 1 ||
-		got.Status.ContainerStatuses[0].State.Waiting == nil || got.Status.ContainerStatuses[0].State.Waiting.Reason != "ImagePullBackOff" {
-		t.Fatalf("the submitter pod lost what the RayJob reads: %+v", got)
+	want := gpuSkeleton(bigPod(owner))
+	want.Labels, want.OwnerReferences = batch, []metav1.OwnerReference{owner}
+	want.Status.Conditions = []corev1.PodCondition{unplaced}
+	want.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "log", State: corev1.ContainerState{Waiting: pull}}}
+	if !apiequality.Semantic.DeepEqual(got, want) {
+		t.Fatalf("the Job's pod: got %+v\nwant %+v", got, want)
 	}
 }
 
@@ -99,7 +111,7 @@ func TestTrimPodKeepsRayJobSubmitterPods(t *testing.T) {
 func TestTrimPodReducesOtherPodsToTheirGPUs(t *testing.T) {
 	for _, owner := range []metav1.OwnerReference{
 		{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "ds", Controller: ptr.To(true)},
-		{APIVersion: "batch/v1", Kind: "Job", Name: "TrainingJob", Controller: ptr.To(true)},
+		{APIVersion: "batch/v1", Kind: "Job", Name: "adopted-not"},                           // not its controller
 		{APIVersion: "training.loom.dev/v1alpha1", Kind: "TrainingJob", Name: "adopted-not"}, // not its controller
 		{APIVersion: "example.com/v1", Kind: "RayCluster", Name: "other-group", Controller: ptr.To(true)},
 	} {
