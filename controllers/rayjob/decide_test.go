@@ -179,6 +179,26 @@ func TestDecide(t *testing.T) {
 			o.job = baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
 			o.job.Spec.Suspend = true
 		}, want{jds: rayv1.JobDeploymentStatusSuspending}},
+		{"running: the cluster deleted by hand fails the attempt, not made again", func(o *observed) {
+			o.job = baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
+			o.job.Status.JobStatus = rayv1.JobStatusRunning
+			o.cluster = nil
+		}, want{jds: rayv1.JobDeploymentStatusFailed, js: rayv1.JobStatusFailed, reason: rayv1.AppFailed, msg: "RayCluster rj-fghij was deleted while the RayJob ran on it", failed: 1}},
+		{"running: the cluster being deleted by hand is retried on a new one", func(o *observed) {
+			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
+			o.job.Spec.BackoffLimit = ptr.To[int32](1)
+			o.cluster.DeletionTimestamp = &metav1.Time{Time: t0}
+		}, want{jds: rayv1.JobDeploymentStatusRetrying, js: rayv1.JobStatusFailed, reason: rayv1.AppFailed, msg: "attempt 1 of 2 failed", failed: 1}},
+		{"running: the cluster deleted after the Ray job succeeded", func(o *observed) {
+			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
+			o.job.Status.JobStatus = rayv1.JobStatusSucceeded
+			o.cluster = nil
+		}, want{jds: rayv1.JobDeploymentStatusComplete, js: rayv1.JobStatusSucceeded, msg: "ended SUCCEEDED", succeeded: 1}},
+		{"running: a selected cluster deleted is waited for", func(o *observed) {
+			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
+			o.job.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "rj-fghij"}
+			o.cluster = nil
+		}, want{jds: rayv1.JobDeploymentStatusRunning, msg: "does not exist"}},
 		{"retrying: deletes the cluster and the submitter first", func(o *observed) {
 			o.job.Status.JobDeploymentStatus = rayv1.JobDeploymentStatusRetrying
 			o.submitter = &batchv1.Job{}

@@ -18,7 +18,7 @@ func running(o observed, d *decision) {
 	if suspendOrDeadline(o, d) {
 		return
 	}
-	if terminalTooLong(o, st) || !clusterPresent(o, d) {
+	if terminalTooLong(o, st) || clusterLost(o, d) || !clusterPresent(o, d) {
 		return
 	}
 	d.ensureService = !selectorMode(o.job)
@@ -52,6 +52,30 @@ func running(o observed, d *decision) {
 		}
 	}
 	followDashboard(o, d, finishedAt)
+}
+
+// clusterLost ends the attempt of a RayJob whose created cluster was
+// deleted while it ran (by hand: Loom deletes it only once the RayJob
+// finished, or to suspend or retry): its Ray job went with it, Failed,
+// unless it had finished. KubeRay v1.5 creates the cluster again, which
+// runs the job a second time, uncounted, on the rayClusterSpec as edited
+// since; here, a retry (backoffLimit) starts over on a new cluster.
+func clusterLost(o observed, d *decision) bool {
+	if selectorMode(o.job) || (o.cluster != nil && o.cluster.DeletionTimestamp == nil) {
+		return false
+	}
+	st := &d.status
+	if rayv1.IsJobTerminal(st.JobStatus) {
+		st.JobDeploymentStatus, st.Reason = rayv1.JobDeploymentStatusComplete, ""
+		if st.JobStatus == rayv1.JobStatusFailed {
+			st.JobDeploymentStatus, st.Reason = rayv1.JobDeploymentStatusFailed, rayv1.AppFailed
+		}
+		st.Message = fmt.Sprintf("RayCluster %s was deleted after Ray job %s ended %s", st.RayClusterName, st.JobId, st.JobStatus)
+		return true
+	}
+	st.JobStatus, st.JobDeploymentStatus, st.Reason = rayv1.JobStatusFailed, rayv1.JobDeploymentStatusFailed, rayv1.AppFailed
+	st.Message = fmt.Sprintf("RayCluster %s was deleted while the RayJob ran on it: Ray job %s is lost with it", st.RayClusterName, st.JobId)
+	return true
 }
 
 func (o observed) dashTerminal() bool {
