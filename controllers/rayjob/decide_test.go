@@ -320,6 +320,22 @@ func TestFinished(t *testing.T) {
 				{Policy: rayv1.DeleteSelf, Condition: rayv1.DeletionCondition{JobStatus: rayv1.JobStatusSucceeded}},
 			}}
 		}, false, false, true, 0},
+		{"rules: past its deadline, its Ray job stopped while RUNNING, the RayJob failed", func(j *rayv1.RayJob, _ *observed) {
+			j.Status.JobDeploymentStatus, j.Status.Reason, j.Status.JobStatus = rayv1.JobDeploymentStatusFailed, rayv1.DeadlineExceeded, rayv1.JobStatusRunning
+			j.Spec.DeletionStrategy = &rayv1.DeletionStrategy{DeletionRules: []rayv1.DeletionRule{
+				{Policy: rayv1.DeleteCluster, Condition: rayv1.DeletionCondition{JobStatus: rayv1.JobStatusFailed}},
+			}}
+		}, true, false, false, 0},
+		{"legacy onFailure: a deadline in Initializing, nothing ran, the RayJob failed", func(j *rayv1.RayJob, _ *observed) {
+			j.Status.JobDeploymentStatus, j.Status.Reason, j.Status.JobStatus = rayv1.JobDeploymentStatusFailed, rayv1.DeadlineExceeded, ""
+			j.Spec.DeletionStrategy = &rayv1.DeletionStrategy{OnSuccess: policy(rayv1.DeleteNone), OnFailure: policy(rayv1.DeleteCluster)}
+		}, true, false, false, 0},
+		{"rules: a Ray job that SUCCEEDED is matched as such, whatever the RayJob", func(j *rayv1.RayJob, _ *observed) {
+			j.Status.JobDeploymentStatus, j.Status.Reason = rayv1.JobDeploymentStatusFailed, rayv1.DeadlineExceeded
+			j.Spec.DeletionStrategy = &rayv1.DeletionStrategy{DeletionRules: []rayv1.DeletionRule{
+				{Policy: rayv1.DeleteCluster, Condition: rayv1.DeletionCondition{JobStatus: rayv1.JobStatusFailed}},
+			}}
+		}, false, false, false, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -332,7 +348,7 @@ func TestFinished(t *testing.T) {
 			if d.deleteCluster != tc.deleteCluster || d.suspendWorkers != tc.suspend || d.deleteSelf != tc.deleteSelf || d.requeue != tc.requeue {
 				t.Fatalf("deleteCluster %v suspendWorkers %v deleteSelf %v requeue %s", d.deleteCluster, d.suspendWorkers, d.deleteSelf, d.requeue)
 			}
-			if d.status.JobDeploymentStatus != rayv1.JobDeploymentStatusComplete {
+			if d.status.JobDeploymentStatus != j.Status.JobDeploymentStatus {
 				t.Fatalf("status moved: %q", d.status.JobDeploymentStatus)
 			}
 		})

@@ -17,13 +17,13 @@ func finished(o observed, d *decision) {
 	if selectorMode(j) || d.status.EndTime == nil {
 		return
 	}
-	end := d.status.EndTime.Time
+	end, js := d.status.EndTime.Time, outcome(d.status)
 	switch ds := j.Spec.DeletionStrategy; {
 	case ds != nil && len(ds.DeletionRules) > 0:
-		deletionRules(o, d, end)
+		deletionRules(o, d, end, js)
 	case ds != nil && ds.OnSuccess != nil && ds.OnFailure != nil:
 		var p *rayv1.DeletionPolicyType
-		switch d.status.JobStatus {
+		switch js {
 		case rayv1.JobStatusSucceeded:
 			p = ds.OnSuccess.Policy
 		case rayv1.JobStatusFailed:
@@ -37,6 +37,20 @@ func finished(o observed, d *decision) {
 			execute(o, d, rayv1.DeleteCluster)
 		}
 	}
+}
+
+// outcome is the job status a finished RayJob's deletionStrategy matches:
+// its Ray job's, or FAILED when the RayJob failed without the Ray job
+// saying so (past its deadline, its submission failed, its cluster
+// deleted: the Ray job was stopped or lost while RUNNING, or never ran).
+// KubeRay v1.5 matches the Ray job's status alone, so such a RayJob's
+// onFailure policy and FAILED rules never ran (v1.6 adds a
+// jobDeploymentStatus condition for it).
+func outcome(st rayv1.RayJobStatus) rayv1.JobStatus {
+	if st.JobDeploymentStatus == rayv1.JobDeploymentStatusFailed && st.JobStatus != rayv1.JobStatusSucceeded {
+		return rayv1.JobStatusFailed
+	}
+	return st.JobStatus
 }
 
 func ttl(s int32) time.Duration { return time.Duration(s) * time.Second }
@@ -55,11 +69,11 @@ func due(o observed, d *decision, at time.Time) bool {
 
 // deletionRules runs the most impactful rule that is due and not done yet,
 // and asks to look again when the next one comes due.
-func deletionRules(o observed, d *decision, end time.Time) {
+func deletionRules(o observed, d *decision, end time.Time, js rayv1.JobStatus) {
 	order := map[rayv1.DeletionPolicyType]int{rayv1.DeleteSelf: 4, rayv1.DeleteCluster: 3, rayv1.DeleteWorkers: 2, rayv1.DeleteNone: 1}
 	var pick *rayv1.DeletionRule
 	for i, r := range o.job.Spec.DeletionStrategy.DeletionRules {
-		if r.Condition.JobStatus != d.status.JobStatus || !due(o, d, end.Add(ttl(r.Condition.TTLSeconds))) || done(o, r.Policy) {
+		if r.Condition.JobStatus != js || !due(o, d, end.Add(ttl(r.Condition.TTLSeconds))) || done(o, r.Policy) {
 			continue
 		}
 		if pick == nil || order[r.Policy] > order[pick.Policy] {
