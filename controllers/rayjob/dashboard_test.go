@@ -9,6 +9,8 @@ import (
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	utiltypes "github.com/ray-project/kuberay/ray-operator/controllers/ray/utils/types"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 
 	"github.com/loom-dev/loom/controllers/rayjob/rayfake"
 )
@@ -94,5 +96,40 @@ func TestHTTPDashboardUnreachable(t *testing.T) {
 	}
 	if time.Since(start) > 5*time.Second {
 		t.Fatalf("the request outlived its timeout")
+	}
+}
+
+// Stopping the Ray job of a RayJob that gives up on it says what happened:
+// a StoppedRayJob event naming why, a FailedToStopRayJob Warning with the
+// dashboard's error, and nothing for a job the dashboard never had (the
+// submitter failed before submitting).
+func TestStopJobSaysWhatHappened(t *testing.T) {
+	fake := rayfake.New()
+	defer fake.Close()
+	if _, err := fake.Submit(utiltypes.RayJobRequest{SubmissionId: "running", Entrypoint: "python x.py"}); err != nil {
+		t.Fatal(err)
+	}
+	job := &rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Name: "rj", Namespace: "ns"}}
+	for _, tc := range []struct {
+		id   string
+		down bool
+		want string
+	}{
+		{"running", false, "Normal StoppedRayJob Stopped Ray job running after its submitter Job failed on RayCluster rc"},
+		{"never-submitted", false, ""},
+		{"running", true, "Warning FailedToStopRayJob Could not stop Ray job running after its submitter Job failed on RayCluster rc"},
+	} {
+		fake.SetDown(tc.down)
+		rec := events.NewFakeRecorder(10)
+		r := &Reconciler{Recorder: rec, DashboardFor: func(a string) Dashboard { return NewHTTPDashboard(a, DashboardTimeout) }}
+		r.stopJob(context.Background(), job, rayv1.RayJobStatus{JobId: tc.id, DashboardURL: fake.URL(), RayClusterName: "rc"}, "after its submitter Job failed")
+		close(rec.Events)
+		got := ""
+		for e := range rec.Events {
+			got += e
+		}
+		if !strings.HasPrefix(got, tc.want) || (tc.want == "" && got != "") {
+			t.Errorf("stopping %s (dashboard down %v): events %q, want %q", tc.id, tc.down, got, tc.want)
+		}
 	}
 }
