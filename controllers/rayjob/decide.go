@@ -262,7 +262,8 @@ func suspendOrDeadline(o observed, d *decision) bool {
 
 // pastDeadline fails a RayJob past its activeDeadlineSeconds
 // (DeadlineExceeded) and reports whether it did. Its Ray job, if it may
-// still run, is stopped, as a batch Job's pods are. A deadline that is not positive (an invalid edit) is none.
+// still run, is stopped, as a batch Job's pods are. A deadline that is not
+// positive (an invalid edit) is none.
 func pastDeadline(o observed, d *decision) bool {
 	st := &d.status
 	ads := o.job.Spec.ActiveDeadlineSeconds

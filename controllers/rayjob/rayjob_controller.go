@@ -158,12 +158,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 	d := decide(obs)
-	err = r.write(ctx, obs, &d)
+	if err := r.write(ctx, obs, &d); err != nil {
+		return r.writeFailed(ctx, job, err, d.serviceConflict)
+	}
 	if !rayv1.IsJobDeploymentTerminal(d.status.JobDeploymentStatus) {
 		d.status.Message = withConflict(d.status.Message, d.serviceConflict)
-	}
-	if err != nil {
-		return r.writeFailed(ctx, job, err, d.serviceConflict)
 	}
 	// Guarded: the status carries the names of the cluster and the Ray job
 	// of this attempt, drawn once; a pass on a cache copy older than the
@@ -190,11 +189,12 @@ const conflictRecheck = 30 * time.Second
 // as it was with a message saying what failed. No state or name of this
 // pass is recorded, as its steps were not all done; observedGeneration is,
 // since the spec was read. A finished RayJob keeps its message (the Ray
-// job's result), and the message keeps a name conflict of the RayJob-level
-// Service this pass found (conflict), which it is warned of once. A child's name taken by an object
-// the RayJob does not control (the submitter Job's, the cluster's), which
-// Loom leaves alone, is looked at again later; any other failure is
-// returned, so the pass is tried again with backoff.
+// job's result); the message keeps the RayJob-level Service's name
+// conflict this pass found (conflict), so it is not warned of again. A
+// child's name taken by an object the RayJob does not control (the
+// submitter Job's, the cluster's), which Loom leaves alone, is looked at
+// again later; any other failure is returned, so the pass is tried again
+// with backoff.
 func (r *Reconciler) writeFailed(ctx context.Context, job *rayv1.RayJob, err error, conflict string) (ctrl.Result, error) {
 	reason, msg, res, ret := "", err.Error(), ctrl.Result{}, err
 	var se *stepError
