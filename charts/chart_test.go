@@ -549,7 +549,7 @@ func TestGPUNodeAdmissionPolicyOnAPIServer(t *testing.T) {
 		write func() error
 		want  string
 	}{
-		{"agent A publishes B", func() error { b := b.DeepCopy(); b.Status.GPUCount = 80; return agentA.Status().Update(ctx, b) },
+		{"agent A publishes B", func() error { b := b.DeepCopy(); b.Status.GPUCount = 7; return agentA.Status().Update(ctx, b) },
 			"the Loom node agent on node node-a may write only GPUNode node-a, not node-b"},
 		{"agent A creates C", func() error { return agentA.Create(ctx, gpuNode("node-c")) },
 			"the Loom node agent on node node-a may write only GPUNode node-a, not node-c"},
