@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"go.uber.org/zap/zapcore"
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -27,6 +29,7 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	schedulingv1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
@@ -88,11 +91,18 @@ const rbacNS = "loom-system"
 // manager` does, CRD check included) and a node agent with exactly the
 // rights the chart gives their ServiceAccounts, its admission policies
 // judging their writes, drives one object of each kind through its happy
-// path, has a scraper read its metrics, and fails on any request the API
-// server refuses as Forbidden: a rule missing from the chart shows here
-// instead of only end to end.
+// path, has a scraper read its metrics, then plays the cluster's other
+// actors until the later write paths have run (CRDs an older release
+// applied, a driver upgrade with its cordon, eviction and driver pod
+// delete, a RayJob on its ready cluster to the end, a Kueue Workload
+// released and deleted), and fails on any request the API server refuses
+// as Forbidden: a rule missing from the chart shows here instead of only
+// end to end.
 func TestChartRBACSuffices(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// The manager's errors, as testenv.Main prints them (controller-runtime
+	// dumps a stack of its own when no logger is set by 30 s).
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel), zap.UseDevMode(true)))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	env, err := testenv.Start(ctx)
 	if err != nil {
@@ -130,7 +140,11 @@ func TestChartRBACSuffices(t *testing.T) {
 	go func() { _ = a.Run(agentCtx) }()
 
 	mgrCfg := asServiceAccount(env.Config, "loom-manager", "", &refused)
+	olderCRDs(ctx, t, c)
 	must(t, applyCRDs(ctx, mgrCfg))
+	crdsApplied(ctx, t, c)
+	installWorkloadCRD(ctx, t, env)
+	ray := startRayDashboard(t)
 	opts := testenv.ManagerOptions(t)
 	opts.Namespace = rbacNS
 	mgr, _, err := manager.New(ctx, mgrCfg, opts, registry())
@@ -145,7 +159,10 @@ func TestChartRBACSuffices(t *testing.T) {
 		}
 	}()
 
-	must(t, c.Create(ctx, &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}}))
+	// A driver version naming its OS: one driver DaemonSet for every node.
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
+	cp.Spec.Driver.Image.Version = "570.172.08-ubuntu22.04"
+	must(t, c.Create(ctx, cp))
 	samples, err := testenv.ReadManifests(filepath.Join(env.Root, "config", "samples"))
 	must(t, err)
 	var rc *rayv1.RayCluster
@@ -158,7 +175,8 @@ func TestChartRBACSuffices(t *testing.T) {
 		}
 	}
 	must(t, c.Create(ctx, &rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "rayjob"},
-		Spec: rayv1.RayJobSpec{Entrypoint: "python -c 'print(1)'", RayClusterSpec: &rc.Spec}}))
+		Spec: rayv1.RayJobSpec{Entrypoint: "python -c 'print(1)'", RayClusterSpec: &rc.Spec, ShutdownAfterJobFinishes: true}}))
+	must(t, c.Create(ctx, queuedJob()))
 
 	// Each controller got as far as writing its children.
 	testenv.Eventually(t, 60*time.Second, func() error {
@@ -229,7 +247,19 @@ func TestChartRBACSuffices(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("scraping /metrics as the metrics reader: %s", resp.Status)
 	}
-	// A few passes more, for writes that follow the first (status, events).
+
+	// The later write paths, each as far as its end.
+	play := &actors{c: c, ray: ray, node: "gpu-0"}
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if got := refused.list(); len(got) > 0 {
+			t.Fatalf("the chart's RBAC refused:\n%s", strings.Join(got, "\n"))
+		}
+		if left := play.step(ctx, t); len(left) > 0 {
+			return fmt.Errorf("not yet: %s", strings.Join(left, "; "))
+		}
+		return nil
+	})
+	// A few passes more, for writes that follow the last (status, events).
 	time.Sleep(2 * time.Second)
 	if got := refused.list(); len(got) > 0 {
 		t.Errorf("the chart's RBAC refused:\n%s", strings.Join(got, "\n"))
