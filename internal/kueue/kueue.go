@@ -112,6 +112,16 @@ type WorkloadStatus struct {
 	Conditions      []metav1.Condition    `json:"conditions,omitempty"`
 	Admission       *Admission            `json:"admission,omitempty"`
 	AdmissionChecks []AdmissionCheckState `json:"admissionChecks,omitempty"`
+	// RequeueState is Kueue's backoff after an eviction for
+	// PodsReadyTimeout (or a retried admission check).
+	RequeueState *RequeueState `json:"requeueState,omitempty"`
+}
+
+// RequeueState says when Kueue queues an evicted Workload again, and how
+// many times it has.
+type RequeueState struct {
+	Count     *int32       `json:"count,omitempty"`
+	RequeueAt *metav1.Time `json:"requeueAt,omitempty"`
 }
 
 // AdmissionCheckState is one admission check's word on the Workload.

@@ -74,7 +74,7 @@ func (w *Workload) Waiting() string {
 	}
 	q := fmt.Sprintf("queued in Kueue LocalQueue %s/%s", w.Namespace, w.Spec.QueueName)
 	if c := w.Evicted(); c != nil {
-		return fmt.Sprintf("%s; evicted (%s): %s", q, c.Reason, c.Message)
+		return fmt.Sprintf("%s; evicted (%s): %s%s", q, c.Reason, c.Message, w.requeueAt())
 	}
 	if w.QuotaReserved() {
 		msg := fmt.Sprintf("%s; quota reserved in ClusterQueue %s, waiting for admission checks", q, w.Status.Admission.ClusterQueue)
@@ -93,6 +93,21 @@ func (w *Workload) Waiting() string {
 		return q + ": " + c.Message
 	}
 	return q + "; waiting for Kueue to consider it"
+}
+
+// requeueAt says when Kueue's backoff queues the evicted Workload again (a
+// time, not a countdown: the job's status does not change while it waits),
+// or "".
+func (w *Workload) requeueAt() string {
+	rs := w.Status.RequeueState
+	if rs == nil || rs.RequeueAt == nil {
+		return ""
+	}
+	msg := "; Kueue queues it again at " + rs.RequeueAt.UTC().Format(time.RFC3339)
+	if rs.Count != nil {
+		msg += fmt.Sprintf(" (requeue %d)", *rs.Count)
+	}
+	return msg
 }
 
 // AdmittedMessage says where Kueue admitted the Workload: its ClusterQueue
