@@ -16,6 +16,7 @@ import (
 	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/kueue"
 	"github.com/loom-dev/loom/internal/podset"
 )
 
@@ -105,6 +106,10 @@ const (
 	ReasonNameConflict        = "NameConflict"
 	ReasonQueuedInKueue       = "QueuedInKueue"
 	ReasonEvictedByKueue      = "EvictedByKueue"
+	// ReasonWorkloadDeactivated: the job's Kueue Workload was deactivated
+	// by a person or by Kueue (its requeuing limit, its maximum execution
+	// time), not for the job's suspension: only its reactivation resumes it.
+	ReasonWorkloadDeactivated = "WorkloadDeactivated"
 	// ReasonQueueAnnotationIgnored is the Warning event of a job that
 	// names its LocalQueue in Kueue's removed queue annotation.
 	ReasonQueueAnnotationIgnored = "QueueAnnotationIgnored"
@@ -241,6 +246,8 @@ func suspend(p *pass) bool {
 		reason, msg = kueueHold(p)
 	} else if note := queueAnnotationIgnored(p); note != "" {
 		msg += "; " + note
+	} else if note := workloadSuspended(p); note != "" {
+		msg += "; " + note
 	}
 	if c := meta.FindStatusCondition(st.Conditions, trainingv1alpha1.ConditionSuspended); c == nil || c.Status != metav1.ConditionTrue || c.Reason != reason {
 		p.set(trainingv1alpha1.ConditionRunning, metav1.ConditionFalse, reason, msg)
@@ -269,6 +276,11 @@ func kueueHold(p *pass) (reason, msg string) {
 		reason, msg = ReasonQueuedInKueue, "the job's priority names "+k.missingClass+", which does not exist: its Kueue Workload is made once it does"
 	case k.deleting():
 		reason, msg = ReasonQueuedInKueue, "its Kueue Workload "+k.wl.Name+" is being deleted: the gang is stopped, and a new Workload is queued once it is gone"
+	case k.suspendedByLoom():
+		reason, msg = ReasonQueuedInKueue, "the job resumed: its Kueue Workload "+k.wl.Name+" is reactivated, to be queued again"
+	case !k.wl.Active():
+		reason, msg = ReasonWorkloadDeactivated, "its Kueue Workload "+k.wl.Name+" is deactivated (spec.active is false"+evictedBy(k.wl)+
+			"): no pods are created until it is reactivated by setting its spec.active to true"
 	case k.wl.Evicted() != nil:
 		reason, msg = ReasonEvictedByKueue, "suspended by Kueue: "+k.wl.Waiting()
 	case k.wl.Uncovered() != "":
@@ -284,6 +296,38 @@ func kueueHold(p *pass) (reason, msg string) {
 		msg += "; the cluster: " + f.Message
 	}
 	return reason, msg
+}
+
+// evictedBy is Kueue's eviction reason and message for a deactivated
+// Workload ("; Kueue: DeactivatedDueToRequeuingLimitExceeded: The workload
+// is deactivated due to exceeding the maximum number of re-queuing
+// retries"), or "" before Kueue evicted it.
+func evictedBy(wl *kueue.Workload) string {
+	if c := wl.Evicted(); c != nil {
+		return "; Kueue: " + c.Reason + ": " + c.Message
+	}
+	return ""
+}
+
+// workloadSuspended says, for a queued job suspended by its runPolicy,
+// what became of its Kueue Workload: deactivated, so that it holds no
+// quota (syncWorkload), or deactivated by another party, which its
+// resumption does not undo. "" for any other job.
+func workloadSuspended(p *pass) string {
+	k := &p.obs.kueue
+	if !k.queued || k.wl == nil || k.deleting() || k.wl.Finished() {
+		return ""
+	}
+	wl := k.wl
+	switch {
+	case !wl.Active() && !k.suspendedByLoom():
+		return "its Kueue Workload " + wl.Name + " was deactivated by another party (spec.active is false" + evictedBy(wl) +
+			"): it stays deactivated when the job resumes, until its spec.active is set to true"
+	case wl.QuotaReserved():
+		return "its Kueue Workload " + wl.Name + " is deactivated: Kueue evicts it, and its quota is released once the gang is gone"
+	default:
+		return "its Kueue Workload " + wl.Name + " is deactivated and holds no quota: it is queued again when the job resumes"
+	}
 }
 
 // resume: a job leaving suspension starts a new attempt, afresh.

@@ -44,7 +44,11 @@ import (
 // added to the pods Loom builds, outside spec.replicaSpecs. An eviction
 // (preemption, a stopped queue) holds the whole gang again: its pods are
 // deleted, and once none is left the Workload's quota is released so that
-// Kueue can admit it again; the next admission starts a new attempt.
+// Kueue can admit it again; the next admission starts a new attempt. A
+// queued job its user suspends deactivates its Workload (Kueue's way to
+// stop a queued job: Kueue evicts it, and the quota is released), which
+// its resumption reactivates; a Workload deactivated by anyone else holds
+// the job until it is reactivated by hand.
 //
 // +kubebuilder:rbac:groups=kueue.x-k8s.io,resources=workloads,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=kueue.x-k8s.io,resources=workloads/status,verbs=get;patch
@@ -87,7 +91,14 @@ type kueueObs struct {
 // holds: the gang may not run now (not admitted, evicted, admitted for
 // pod sets the job no longer has, or its Workload is being deleted).
 func (k *kueueObs) holds() bool {
-	return k.queued && (!k.wl.Admitted() || k.wl.Evicted() != nil || k.stale || k.deleting())
+	return k.queued && (!k.wl.Admitted() || k.wl.Evicted() != nil || !k.wl.Active() || k.stale || k.deleting())
+}
+
+// suspendedByLoom: the Workload was deactivated by Loom for its job's
+// runPolicy.suspend (AnnotationWorkloadSuspended), to be reactivated when
+// the job resumes.
+func (k *kueueObs) suspendedByLoom() bool {
+	return !k.wl.Active() && k.wl.Annotations[trainingv1alpha1.AnnotationWorkloadSuspended] != ""
 }
 
 // deleting: the job's Workload is being deleted (another party's finalizer
@@ -382,6 +393,16 @@ func desiredWorkload(job *trainingv1alpha1.TrainingJob, priority *kueuePriority,
 	}
 	wl.Labels[kueue.JobUIDLabel] = string(job.UID)
 	wl.Annotations = kueue.ProvReqAnnotations(job.Annotations)
+	if job.Spec.RunPolicy.Suspend {
+		// A job suspended at creation is not queued, and takes no quota,
+		// until it resumes.
+		inactive := false
+		wl.Spec.Active = &inactive
+		if wl.Annotations == nil {
+			wl.Annotations = map[string]string{}
+		}
+		wl.Annotations[trainingv1alpha1.AnnotationWorkloadSuspended] = "true"
+	}
 	if priority != nil {
 		wl.Spec.PriorityClassRef = &priority.ref
 		wl.Spec.Priority = &priority.value
@@ -508,6 +529,18 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 		// to its job; one holding quota keeps the time it was admitted
 		// with (Kueue's webhook refuses the edit on a running job).
 		return remove("the job's " + kueue.MaxExecTimeLabel + " label changed")
+	case job.Spec.RunPolicy.Suspend && wl.Active():
+		// Kueue's answer to a person stopping a queued job: the Workload
+		// is deactivated, Kueue evicts it, and its quota is released
+		// (above) once the gang is gone, instead of held until Kueue
+		// evicts the stopped gang for another reason.
+		patch := map[string]any{"spec": map[string]any{"active": false},
+			"metadata": map[string]any{"annotations": map[string]any{trainingv1alpha1.AnnotationWorkloadSuspended: "true"}}}
+		return r.patchWorkload(ctx, wl, patch, false, "the job is suspended (runPolicy.suspend): deactivate its Workload to release its quota")
+	case !job.Spec.RunPolicy.Suspend && k.suspendedByLoom():
+		patch := map[string]any{"spec": map[string]any{"active": true},
+			"metadata": map[string]any{"annotations": map[string]any{trainingv1alpha1.AnnotationWorkloadSuspended: nil}}}
+		return r.patchWorkload(ctx, wl, patch, false, "the job resumed: reactivate the Workload Loom deactivated for its suspension")
 	case priorityRelabelled(wl, k.priority):
 		// As jobframework: the kueue.x-k8s.io/priority-class label is
 		// mutable, and a Workload without a priority or with a
@@ -564,7 +597,12 @@ func (r *Reconciler) patchWorkloadStatus(ctx context.Context, wl *kueue.Workload
 // patchWorkload merge-patches the Workload (its status subresource when
 // status is set), guarded by the resourceVersion read.
 func (r *Reconciler) patchWorkload(ctx context.Context, wl *kueue.Workload, patch map[string]any, status bool, why string) error {
-	patch["metadata"] = map[string]any{"resourceVersion": wl.ResourceVersion}
+	m, _ := patch["metadata"].(map[string]any)
+	if m == nil {
+		m = map[string]any{}
+	}
+	m["resourceVersion"] = wl.ResourceVersion
+	patch["metadata"] = m
 	b, err := json.Marshal(patch)
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package training
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -9,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/kueue"
@@ -43,6 +46,24 @@ func kueueEvicts(t *testing.T, u *unstructured.Unstructured, reason, msg, extra 
 		`{"type":"QuotaReserved","status":"True","reason":"QuotaReserved","message":"reserved","lastTransitionTime":%q},`+
 		`{"type":"Admitted","status":"True","reason":"Admitted","message":"admitted","lastTransitionTime":%q},`+
 		`{"type":"Evicted","status":"True","reason":%q,"message":%q,"lastTransitionTime":%q}]}}`, extra, now, now, reason, msg, now))
+}
+
+// setSpec merge-patches the job's spec.runPolicy.suspend.
+func setSuspend(t *testing.T, job *trainingv1alpha1.TrainingJob, suspend bool) {
+	t.Helper()
+	patch := fmt.Sprintf(`{"spec":{"runPolicy":{"suspend":%t}}}`, suspend)
+	if err := env.Client.Patch(context.Background(), getJob(t, job), client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// setActive sets the Workload's spec.active, as a person does.
+func setActive(t *testing.T, u *unstructured.Unstructured, active bool) {
+	t.Helper()
+	patch := fmt.Sprintf(`{"spec":{"active":%t}}`, active)
+	if err := env.Client.Patch(context.Background(), u, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // waitWorkload waits until the job's Workload passes check.
@@ -82,6 +103,110 @@ func waitSuspended(t *testing.T, job *trainingv1alpha1.TrainingJob, reason strin
 		return nil
 	})
 	return got
+}
+
+func active(w *kueue.Workload) error {
+	if !w.Active() || w.Annotations[trainingv1alpha1.AnnotationWorkloadSuspended] != "" {
+		return fmt.Errorf("spec.active %v, annotations %v: want active, unmarked", w.Spec.Active, w.Annotations)
+	}
+	return nil
+}
+
+func deactivatedByLoom(w *kueue.Workload) error {
+	if w.Active() || w.Annotations[trainingv1alpha1.AnnotationWorkloadSuspended] == "" {
+		return fmt.Errorf("spec.active %v, annotations %v: want deactivated by Loom", w.Spec.Active, w.Annotations)
+	}
+	return nil
+}
+
+// A queued job its user suspends (runPolicy.suspend) gives its quota back
+// as Kueue's own jobs do when stopped: its Workload is deactivated, Kueue
+// evicts it (Deactivated), and the quota is released once the gang is
+// gone, instead of held by a job with no pods until Kueue evicts it for
+// another reason. Resumed, the Workload is reactivated, queued and, once
+// admitted, runs a new gang. A job suspended at creation gets a deactivated
+// Workload: not queued, no quota, until it resumes.
+func TestKueueSuspendDeactivatesTheWorkload(t *testing.T) {
+	installWorkloadCRD(t)
+	ns := namespace(t, "kueue-suspend")
+	startManager(t)
+
+	job, _ := runAdmitted(t, ns, "stopped")
+	setSuspend(t, job, true)
+	u := waitWorkload(t, job, deactivatedByLoom)
+	waitSuspended(t, job, ReasonSuspended, "runPolicy.suspend", "is deactivated: Kueue evicts it")
+	kueueEvicts(t, u, "Deactivated", "The workload is deactivated", "")
+	waitWorkload(t, job, func(w *kueue.Workload) error {
+		if w.QuotaReserved() || w.Status.Admission != nil {
+			return fmt.Errorf("the suspended job's Workload still holds its quota: %+v", w.Status)
+		}
+		return nil
+	})
+	waitSuspended(t, job, ReasonSuspended, "is deactivated and holds no quota")
+
+	setSuspend(t, job, false)
+	u = waitWorkload(t, job, active)
+	waitSuspended(t, job, ReasonQueuedInKueue, "waiting for Kueue")
+	admitWorkload(t, u)
+	waitPods(t, job, 2, 2)
+
+	created := newJob(ns, "created-suspended", 1, 0, trainingv1alpha1.GangNone)
+	created.Labels = map[string]string{kueue.QueueLabel: "team-a"}
+	created.Spec.RunPolicy.Suspend = true
+	create(t, created)
+	waitWorkload(t, created, deactivatedByLoom)
+	waitSuspended(t, created, ReasonSuspended, "is deactivated and holds no quota")
+	setSuspend(t, created, false)
+	u = waitWorkload(t, created, active)
+	admitWorkload(t, u)
+	waitPods(t, created, 2, 1)
+}
+
+// A Workload deactivated by a person, or by Kueue past its requeuing
+// limit, holds the job (WorkloadDeactivated, naming the Workload and
+// Kueue's reason; Stalled, for only a person can undo it) and stays
+// deactivated, a suspend and resume of the job included; reactivated by
+// hand, the job is queued again and runs once admitted.
+func TestKueueDeactivatedWorkloadHoldsTheJob(t *testing.T) {
+	installWorkloadCRD(t)
+	ns := namespace(t, "kueue-deactivated")
+	startManager(t)
+
+	job, u := runAdmitted(t, ns, "parked")
+	setActive(t, u, false)
+	got := waitSuspended(t, job, ReasonWorkloadDeactivated, u.GetName(), "spec.active is false")
+	if c := cond(got, trainingv1alpha1.ConditionStalled); c.Status != metav1.ConditionTrue {
+		t.Errorf("Stalled %+v, want True: only a person reactivates the Workload", c)
+	}
+	u, err := workloadOf(t, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kueueEvicts(t, u, "DeactivatedDueToRequeuingLimitExceeded", "The workload is deactivated due to exceeding the maximum number of re-queuing retries", "")
+	waitSuspended(t, job, ReasonWorkloadDeactivated, u.GetName(), "RequeuingLimitExceeded", "re-queuing retries")
+	waitWorkload(t, job, func(w *kueue.Workload) error {
+		if w.QuotaReserved() {
+			return fmt.Errorf("the deactivated Workload still holds its quota")
+		}
+		return nil
+	})
+
+	setSuspend(t, job, true)
+	waitSuspended(t, job, ReasonSuspended, "was deactivated by another party")
+	setSuspend(t, job, false)
+	waitSuspended(t, job, ReasonWorkloadDeactivated, u.GetName())
+	if w, _, err := parsedWorkloadOf(t, job); err != nil || w.Active() {
+		t.Fatalf("the job's resumption reactivated a Workload Loom did not deactivate (%v)", err)
+	}
+
+	u, err = workloadOf(t, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setActive(t, u, true)
+	waitSuspended(t, job, ReasonQueuedInKueue, "waiting for Kueue")
+	admitWorkload(t, u)
+	waitPods(t, job, 2, 2)
 }
 
 // A job evicted for PodsReadyTimeout waits out Kueue's requeue backoff:

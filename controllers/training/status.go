@@ -277,8 +277,10 @@ func countsOnly(old, st *trainingv1alpha1.TrainingJobStatus) bool {
 
 // stalledReasons are Ready's reasons that only a person can clear: a job
 // over the manager's pod limit, a name taken by an object the job does not
-// control, a gang for Volcano where Volcano is not installed.
-var stalledReasons = map[string]bool{ReasonTooManyPods: true, ReasonInvalidSpec: true, ReasonNameConflict: true, ReasonVolcanoNotInstalled: true}
+// control, a gang for Volcano where Volcano is not installed, a Kueue
+// Workload deactivated by a person or by Kueue.
+var stalledReasons = map[string]bool{ReasonTooManyPods: true, ReasonInvalidSpec: true, ReasonNameConflict: true, ReasonVolcanoNotInstalled: true,
+	ReasonWorkloadDeactivated: true}
 
 // settle sets kstatus's Reconciling and Stalled from the state and Ready,
 // so that kstatus reads a pending, restarting or queued job InProgress, a

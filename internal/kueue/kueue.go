@@ -91,6 +91,11 @@ type WorkloadSpec struct {
 	// MaximumExecutionTimeSeconds: Kueue deactivates (evicts, without
 	// requeueing) the Workload once it has been admitted that long.
 	MaximumExecutionTimeSeconds *int32 `json:"maximumExecutionTimeSeconds,omitempty"`
+	// Active false deactivates the Workload: Kueue evicts it (reason
+	// Deactivated, or DeactivatedDueTo<cause> when Kueue deactivated it
+	// itself) and does not queue it until it is set true again. Unset is
+	// true.
+	Active *bool `json:"active,omitempty"`
 }
 
 // PriorityClassRef names the Workload's priority class.

@@ -18,6 +18,9 @@ import (
 const (
 	reasonPreempted    = "Preempted"
 	reasonNodeFailures = "NodeFailures"
+	// reasonDeactivated starts the reason of a deactivation's eviction
+	// (Deactivated, DeactivatedDueToRequeuingLimitExceeded, ...).
+	reasonDeactivated = "Deactivated"
 )
 
 // PodsReady condition reasons (Kueue's v1beta2 WorkloadWaitForStart,
@@ -52,12 +55,29 @@ func (w *Workload) QuotaReserved() bool {
 func (w *Workload) Admitted() bool { return w.QuotaReserved() && w.isTrue(CondAdmitted) }
 
 // Evicted is the Evicted condition while it is True, else nil: the job must
-// stop.
+// stop. A deactivation's eviction is over once the Workload is active again
+// and holds no quota (Kueue queues it again, and clears the condition only
+// at its next admission).
 func (w *Workload) Evicted() *metav1.Condition {
-	if c := w.Cond(CondEvicted); c != nil && c.Status == metav1.ConditionTrue {
+	if c := w.Cond(CondEvicted); c != nil && c.Status == metav1.ConditionTrue && w.reactivated() == nil {
 		return c
 	}
 	return nil
+}
+
+// reactivated is the Evicted condition of a deactivation since undone (the
+// Workload active again, holding no quota), or nil.
+func (w *Workload) reactivated() *metav1.Condition {
+	c := w.Cond(CondEvicted)
+	if c == nil || c.Status != metav1.ConditionTrue || !w.Active() || w.QuotaReserved() || !strings.HasPrefix(c.Reason, reasonDeactivated) {
+		return nil
+	}
+	return c
+}
+
+// Active: the Workload is not deactivated (spec.active unset or true).
+func (w *Workload) Active() bool {
+	return w == nil || w.Spec.Active == nil || *w.Spec.Active
 }
 
 // Finished: the Workload was marked finished.
@@ -90,7 +110,10 @@ func (w *Workload) Waiting() string {
 		return msg
 	}
 	if c := w.Cond(CondQuotaReserved); c != nil && c.Message != "" {
-		return q + ": " + c.Message
+		// Not the deactivation's word, which the release copied there.
+		if ev := w.reactivated(); ev == nil || ev.Message != c.Message {
+			return q + ": " + c.Message
+		}
 	}
 	return q + "; waiting for Kueue to consider it"
 }

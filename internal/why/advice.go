@@ -7,6 +7,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/kueue"
 	"github.com/loom-dev/loom/internal/sharing"
 )
 
@@ -29,6 +30,7 @@ const (
 	ReasonSuspended           = "Suspended"
 	ReasonTooManyPods         = "TooManyPods"
 	ReasonNameConflict        = "NameConflict"
+	ReasonWorkloadDeactivated = "WorkloadDeactivated"
 	// Volcano queues (internal/gang).
 	ReasonQueueNotFound = "QueueNotFound"
 	ReasonQueueClosed   = "QueueClosed"
@@ -84,6 +86,9 @@ func trainingAdvice(reason string, tj *trainingv1alpha1.TrainingJob, names shari
 		return "read the failed pod's logs (kubectl logs -n " + tj.Namespace + " <pod>): its exit code is permanent under spec.failurePolicy"
 	case ReasonDeadlineExceeded:
 		return "raise spec.runPolicy.activeDeadlineSeconds, or make the job shorter"
+	case ReasonWorkloadDeactivated:
+		return fmt.Sprintf("once what the message names is dealt with, reactivate the job's Kueue Workload: kubectl patch workload -n %s %s --type merge -p '{\"spec\":{\"active\":true}}'",
+			tj.Namespace, kueue.WorkloadName(tj.Name, tj.UID, trainingv1alpha1.GroupVersion.WithKind("TrainingJob")))
 	case ReasonSuspended:
 		return fmt.Sprintf("kubectl patch trainingjob -n %s %s --type merge -p '{\"spec\":{\"runPolicy\":{\"suspend\":false}}}' to resume", tj.Namespace, tj.Name)
 	case "NoStatus":

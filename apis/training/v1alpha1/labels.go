@@ -9,3 +9,10 @@ const (
 	LabelJobRole      = "training.loom.dev/job-role"
 	LabelAttempt      = "training.loom.dev/attempt"
 )
+
+// AnnotationWorkloadSuspended on a Kueue Workload says that Loom
+// deactivated it (spec.active false) because its TrainingJob is suspended
+// (runPolicy.suspend): Loom reactivates it when the job resumes. A
+// Workload deactivated without it (by a person, or by Kueue) stays so until
+// it is reactivated by hand.
+const AnnotationWorkloadSuspended = "training.loom.dev/deactivated-while-suspended"
