@@ -271,6 +271,9 @@ func kueueHold(p *pass) (reason, msg string) {
 	case !k.served:
 		p.d.requeue = kueueCRDRetry
 		return ReasonQueuedInKueue, "the job names Kueue LocalQueue " + p.job.Labels[kueueQueueLabel] + " but Kueue's Workload CRD is not installed: no pods are created until Kueue admits the job"
+	case k.wl == nil && k.badQueue != "":
+		reason, msg = ReasonInvalidSpec, "the job's "+kueueQueueLabel+" label "+strconv.Quote(p.job.Labels[kueueQueueLabel])+
+			" is no LocalQueue's name ("+k.badQueue+"): Kueue cannot queue the job, and it gets no Workload until the label names a LocalQueue"
 	case k.wl == nil && k.missingClass != "":
 		p.d.requeue = kueueCRDRetry
 		reason, msg = ReasonQueuedInKueue, "the job's priority names "+k.missingClass+", which does not exist: its Kueue Workload is made once it does"

@@ -76,6 +76,10 @@ type kueueObs struct {
 	// missingClass names the priority class the job asks for that does
 	// not exist: no Workload is made until it does (as Kueue's jobs).
 	missingClass string
+	// badQueue says why no LocalQueue can have the name the queue label
+	// gives (Kueue's webhook refuses such a label on its own jobs, and its
+	// Workload CRD such a spec.queueName): the job gets no Workload.
+	badQueue string
 	// stale: the Workload no longer asks for the job's pod sets (their
 	// counts or requests were edited while the job was suspended), or its
 	// admission covers part of them (Uncovered), so its admission does not
@@ -164,8 +168,11 @@ func (k *kueueJobs) observe(ctx context.Context, job *trainingv1alpha1.TrainingJ
 	if err := k.workload(ctx, job, obs); err != nil {
 		return err
 	}
+	if errs := validation.IsDNS1123Subdomain(job.Labels[kueue.QueueLabel]); len(errs) > 0 {
+		obs.kueue.badQueue = strings.Join(errs, "; ")
+	}
 	obs.kueue.cannotRun = cannotRun(job, obs.maxPods)
-	if obs.kueue.cannotRun == "" && readPriority(obs.kueue.wl, job) {
+	if obs.kueue.cannotRun == "" && obs.kueue.badQueue == "" && readPriority(obs.kueue.wl, job) {
 		if obs.kueue.priority, obs.kueue.missingClass, err = k.priority(ctx, job, obs.now); err != nil {
 			return err
 		}
@@ -496,8 +503,8 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 		return remove("the job's " + kueue.QueueLabel + " label was removed: it no longer waits for Kueue")
 	case k.deleting():
 		return nil // its deletion wakes the job, whose next Workload is then created
-	case wl == nil && (k.missingClass != "" || k.cannotRun != ""):
-		return nil // held until the class exists (kueueHold says so), or the job is mended (limit, invalid)
+	case wl == nil && (k.missingClass != "" || k.cannotRun != "" || k.badQueue != ""):
+		return nil // held until the class exists (kueueHold says so), or the job is mended (limit, invalid, its queue label)
 	case wl == nil && !d.status.Finished():
 		return r.writer.Ensure(ctx, job, desiredWorkload(job, k.priority, r.kueue.labelKeys))
 	case wl == nil || wl.Finished():

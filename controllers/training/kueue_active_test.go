@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -233,4 +234,34 @@ func TestKueueRequeueBackoffSaysWhen(t *testing.T) {
 	if again := getJob(t, job); again.ResourceVersion != got.ResourceVersion {
 		t.Errorf("the job was written while it waits out the backoff: %+v", again.Status.Conditions)
 	}
+}
+
+// A queue label no LocalQueue can be named by (a label value such as
+// Team_A, which Kueue's webhook refuses on its own jobs and its Workload
+// CRD refuses in spec.queueName) holds the job, InvalidSpec naming the
+// label, without a Workload, instead of a create the API server refuses on
+// every pass; mended, the job is queued.
+func TestKueueQueueNameNoLocalQueueCanHave(t *testing.T) {
+	installWorkloadCRD(t)
+	ns := namespace(t, "kueue-badqueue")
+	startManager(t)
+
+	job := newJob(ns, "misnamed", 1, 0, trainingv1alpha1.GangNone)
+	job.Labels = map[string]string{kueue.QueueLabel: "Team_A"}
+	create(t, job)
+	got := waitSuspended(t, job, ReasonInvalidSpec, kueue.QueueLabel, `"Team_A"`)
+	if c := cond(got, trainingv1alpha1.ConditionStalled); c.Status != metav1.ConditionTrue {
+		t.Errorf("Stalled %+v, want True", c)
+	}
+	if _, err := workloadOf(t, job); !apierrors.IsNotFound(err) {
+		t.Errorf("a Workload for a queue no LocalQueue can be named by (%v)", err)
+	}
+	setQueueLabel(t, job, `"team-a"`)
+	waitWorkload(t, job, func(w *kueue.Workload) error {
+		if w.Spec.QueueName != "team-a" {
+			return fmt.Errorf("queue %q", w.Spec.QueueName)
+		}
+		return nil
+	})
+	waitSuspended(t, job, ReasonQueuedInKueue, "waiting for Kueue")
 }

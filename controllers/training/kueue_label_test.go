@@ -24,26 +24,38 @@ import (
 	"github.com/loom-dev/loom/internal/testenv"
 )
 
-// installWorkloadCRD installs a schemaless stand-in for Kueue's Workload
-// CRD (v1beta2 with a status subresource): enough for Loom to write and
-// watch a job's Workload, with no Kueue to admit it. (The e2e tier runs the
-// real Kueue.)
+// installWorkloadCRD installs a stand-in for Kueue's Workload CRD (v1beta2
+// with a status subresource): enough for Loom to write and watch a job's
+// Workload, with no Kueue to admit it, and the checks of Kueue's schema a
+// job's Workload could fail (the queue name, at most 8 pod sets); the rest
+// is schemaless. (The e2e tier runs the real Kueue.)
 func installWorkloadCRD(t *testing.T) {
 	t.Helper()
-	installKueueCRD(t, "workloads", "Workload", apiextensionsv1.NamespaceScoped)
+	installKueueCRD(t, "workloads", "Workload", apiextensionsv1.NamespaceScoped, map[string]apiextensionsv1.JSONSchemaProps{
+		"queueName": {Type: "string", MaxLength: ptr(int64(253)), Pattern: `^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`},
+		"podSets": {Type: "array", MaxItems: ptr(int64(8)), MinItems: ptr(int64(1)),
+			Items: &apiextensionsv1.JSONSchemaPropsOrArray{Schema: &apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: ptr(true)}}},
+	})
 }
 
-// installKueueCRD installs a schemaless Kueue CRD (status subresource
-// included) and waits until it is served.
-func installKueueCRD(t *testing.T, plural, kind string, scope apiextensionsv1.ResourceScope) {
+// installKueueCRD installs a Kueue CRD (status subresource included),
+// schemaless but for the spec properties given, and waits until it is
+// served.
+func installKueueCRD(t *testing.T, plural, kind string, scope apiextensionsv1.ResourceScope, spec ...map[string]apiextensionsv1.JSONSchemaProps) {
 	t.Helper()
+	schema := &apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: ptr(true)}
+	if len(spec) > 0 {
+		schema.Properties = map[string]apiextensionsv1.JSONSchemaProps{
+			"spec": {Type: "object", XPreserveUnknownFields: ptr(true), Properties: spec[0]},
+		}
+	}
 	crd := &apiextensionsv1.CustomResourceDefinition{
 		ObjectMeta: metav1.ObjectMeta{Name: plural + "." + kueue.Group},
 		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
 			Group: kueue.Group, Scope: scope,
 			Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: plural, Singular: strings.ToLower(kind), Kind: kind, ListKind: kind + "List"},
 			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{Name: "v1beta2", Served: true, Storage: true,
-				Schema:       &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: ptr(true)}},
+				Schema:       &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: schema},
 				Subresources: &apiextensionsv1.CustomResourceSubresources{Status: &apiextensionsv1.CustomResourceSubresourceStatus{}}}},
 		},
 	}
