@@ -265,3 +265,28 @@ func TestKueueQueueNameNoLocalQueueCanHave(t *testing.T) {
 	})
 	waitSuspended(t, job, ReasonQueuedInKueue, "waiting for Kueue")
 }
+
+// A queued job deleted while its Workload is admitted gives the quota back
+// at once: its Workload is deleted by Loom, as Kueue's own integrations
+// do, not left to the garbage collector (which envtest does not run), both
+// when the job is gone and while a foreground deletion keeps it.
+func TestKueueDeletedJobReleasesItsWorkload(t *testing.T) {
+	installWorkloadCRD(t)
+	ns := namespace(t, "kueue-deleted")
+	startManager(t)
+	for _, policy := range []metav1.DeletionPropagation{metav1.DeletePropagationBackground, metav1.DeletePropagationForeground} {
+		job, u := runAdmitted(t, ns, strings.ToLower(string(policy)))
+		if err := env.Client.Delete(context.Background(), getJob(t, job), client.PropagationPolicy(policy)); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 20*time.Second, func() error {
+			got := &unstructured.Unstructured{}
+			got.SetGroupVersionKind(kueue.WorkloadGVK)
+			err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(u), got)
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return fmt.Errorf("%s deletion: the Workload of a deleted job is still there (%v)", policy, err)
+		})
+	}
+}
