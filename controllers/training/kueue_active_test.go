@@ -234,6 +234,30 @@ func TestKueueRequeueBackoffSaysWhen(t *testing.T) {
 	if again := getJob(t, job); again.ResourceVersion != got.ResourceVersion {
 		t.Errorf("the job was written while it waits out the backoff: %+v", again.Status.Conditions)
 	}
+
+	// The backoff over, Kueue clears requeueAt and sets Requeued.
+	u, err := workloadOf(t, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for i, c := range conds {
+		if m := c.(map[string]any); m["type"] == "Requeued" {
+			m["status"], m["reason"], m["message"] = "True", "BackoffFinished", "The workload backoff was finished"
+			conds[i] = m
+		}
+	}
+	if err := unstructured.SetNestedSlice(u.Object, conds, "status", "conditions"); err != nil {
+		t.Fatal(err)
+	}
+	unstructured.RemoveNestedField(u.Object, "status", "requeueState", "requeueAt")
+	if err := env.Client.Status().Update(context.Background(), u); err != nil {
+		t.Fatal(err)
+	}
+	got = waitSuspended(t, job, ReasonEvictedByKueue, "Exceeded the PodsReady timeout", "Kueue queued it again")
+	if strings.Contains(cond(got, trainingv1alpha1.ConditionSuspended).Message, "queues it again at") {
+		t.Errorf("Suspended %q still names the backoff's end", cond(got, trainingv1alpha1.ConditionSuspended).Message)
+	}
 }
 
 // A queue label no LocalQueue can be named by (a label value such as

@@ -18,6 +18,9 @@ import (
 const (
 	reasonPreempted    = "Preempted"
 	reasonNodeFailures = "NodeFailures"
+	// condRequeued True: Kueue queues the evicted Workload again (at once
+	// after a preemption, or once its backoff is over).
+	condRequeued = "Requeued"
 	// reasonDeactivated starts the reason of a deactivation's eviction
 	// (Deactivated, DeactivatedDueToRequeuingLimitExceeded, ...).
 	reasonDeactivated = "Deactivated"
@@ -94,7 +97,11 @@ func (w *Workload) Waiting() string {
 	}
 	q := fmt.Sprintf("queued in Kueue LocalQueue %s/%s", w.Namespace, w.Spec.QueueName)
 	if c := w.Evicted(); c != nil {
-		return fmt.Sprintf("%s; evicted (%s): %s%s", q, c.Reason, c.Message, w.requeueAt())
+		msg := fmt.Sprintf("%s; evicted (%s): %s%s", q, c.Reason, c.Message, w.requeueAt())
+		if rq := w.Cond(condRequeued); rq != nil && rq.Status == metav1.ConditionTrue && !w.QuotaReserved() {
+			msg += "; Kueue queued it again"
+		}
+		return msg
 	}
 	if w.QuotaReserved() {
 		msg := fmt.Sprintf("%s; quota reserved in ClusterQueue %s, waiting for admission checks", q, w.Status.Admission.ClusterQueue)
@@ -353,7 +360,7 @@ func ReleaseStatus(w *Workload, why string, now time.Time) map[string]any {
 	if requeue {
 		rq = metav1.ConditionTrue
 	}
-	set("Requeued", rq, reason, msg)
+	set(condRequeued, rq, reason, msg)
 	set(CondQuotaReserved, metav1.ConditionFalse, "Pending", msg)
 	set(CondAdmitted, metav1.ConditionFalse, "NoReservation", "The workload has no reservation")
 	if w.Cond(CondPodsReady) != nil {
