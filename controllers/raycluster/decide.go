@@ -84,6 +84,10 @@ type observed struct {
 	// maxPods is the most pods the cluster may ask for (the manager's
 	// --max-workload-pods; 0: its default).
 	maxPods int
+	// refused is why the API server refuses the pods of the groups that
+	// lack pods (the decision's preflight), naming the fields; "" when it
+	// admits them or was not asked.
+	refused string
 	now     time.Time
 }
 
@@ -111,6 +115,16 @@ type decision struct {
 	// guard: the status suspends or resumes the cluster, and must be
 	// written only over the copy it was computed from.
 	guard bool
+	// preflight are one pod of each group that lacks pods, for the API
+	// server to admit (a dry run) before anything is made.
+	preflight []prototype
+}
+
+// prototype is a pod as a group's pods are built, and where the group's
+// template is in the cluster's spec.
+type prototype struct {
+	path string
+	pod  *corev1.Pod
 }
 
 // event is a notable transition, recorded on the cluster.
@@ -121,7 +135,9 @@ type event struct {
 
 // group is one pod group of the cluster as decide sees it.
 type group struct {
-	name    string
+	name string
+	// path is where its template is in the cluster's spec.
+	path    string
 	desired int64
 	// pod is the group's pod as built now (without a name, when the name
 	// is generated); its template stamp is stamp.
@@ -219,7 +235,8 @@ func begin(p *pass) bool {
 }
 
 // validate holds a cluster whose spec KubeRay's validators or Loom's
-// reject, or that asks for more pods than the manager allows: no pod is
+// reject, whose pods the API server refuses (obs.refused), or that asks
+// for more pods than the manager allows: no pod is
 // created, and the condition names the fields. Its pods are deleted only
 // when it is suspended, which needs nothing of the spec: Kueue suspends a
 // cluster to take its quota back, and the pods must not outlive it.
@@ -230,6 +247,9 @@ func validate(p *pass) bool {
 		reason, msg = ReasonInvalidSpec, err.Error()
 	} else if msg = podLimit(p.rc, p.obs.maxPods); msg != "" {
 		reason = ReasonTooManyPods
+	}
+	if reason == "" && p.obs.refused != "" {
+		reason, msg = ReasonInvalidSpec, "the API server refuses the pods: "+p.obs.refused
 	}
 	if reason == "" {
 		meta.RemoveStatusCondition(&st.Conditions, ConditionValid)
@@ -383,11 +403,11 @@ func scale(p *pass) bool {
 		pg = p.d.podGroup.Name
 	}
 	head := buildHeadPod(p.ctx, rc, pg)
-	groups := []*group{{name: headGroup, desired: 1, pod: head, stamp: parseStamp(head.Annotations[AnnotationTemplateHash]), pods: p.byGroup[headGroup]}}
+	groups := []*group{{name: headGroup, path: "spec.headGroupSpec.template", desired: 1, pod: head, stamp: parseStamp(head.Annotations[AnnotationTemplateHash]), pods: p.byGroup[headGroup]}}
 	for i := range rc.Spec.WorkerGroupSpecs {
 		g := &rc.Spec.WorkerGroupSpecs[i]
 		w := buildWorkerPod(p.ctx, rc, g, pg)
-		groups = append(groups, &group{name: g.GroupName, desired: groupPods(g), pod: w, stamp: parseStamp(w.Annotations[AnnotationTemplateHash]), spec: g, pods: p.byGroup[g.GroupName]})
+		groups = append(groups, &group{name: g.GroupName, path: fmt.Sprintf("spec.workerGroupSpecs[%d].template", i), desired: groupPods(g), pod: w, stamp: parseStamp(w.Annotations[AnnotationTemplateHash]), spec: g, pods: p.byGroup[g.GroupName]})
 	}
 	known := map[string]bool{}
 	for _, g := range groups {
@@ -474,11 +494,15 @@ func scaleGroup(p *pass, g *group, holdRollout bool) {
 // hundreds of kilobytes, which the API server admits); the rest are
 // deferred to the next pass, so that what one pass holds in memory grows
 // neither with the cluster's size nor with its templates'. A pass builds
-// at least one pod.
+// at least one pod. Each group that lacks pods gives one for the preflight
+// (without its stamp, whose hash is the cluster's own).
 func build(p *pass) bool {
 	room := int64(podset.PerPass - min(len(p.d.remove), podset.PerPass))
 	bytes := int64(buildBytes)
 	for _, s := range p.missing {
+		proto := s.g.pod.DeepCopy()
+		delete(proto.Annotations, AnnotationTemplateHash)
+		p.d.preflight = append(p.d.preflight, prototype{path: s.g.path, pod: proto})
 		size := max(int64(s.g.pod.Size()), 1)
 		n := min(s.n, room, bytes/size)
 		if n == 0 && len(p.d.create) == 0 && room > 0 {

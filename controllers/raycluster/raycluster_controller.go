@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
@@ -47,6 +48,7 @@ import (
 	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/manager"
 	"github.com/loom-dev/loom/internal/podset"
+	"github.com/loom-dev/loom/internal/preflight"
 )
 
 // FieldOwner is the server-side-apply field manager of the RayCluster
@@ -206,7 +208,25 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	return r.execute(ctx, orig, rc, obs, decide(ctx, rc, obs, sched))
+	d := decide(ctx, rc, obs, sched)
+	if obs.refused = r.preflight(ctx, rc, d.preflight); obs.refused != "" {
+		d = decide(ctx, rc, obs, sched)
+	}
+	return r.execute(ctx, orig, rc, obs, d)
+}
+
+// preflight asks the API server, with a dry run, whether it admits one
+// pod of each group that lacks pods, before any pod, Service or PodGroup
+// is made: the fields of what it refuses as invalid, "" when it refuses
+// none (or cannot say).
+func (r *Reconciler) preflight(ctx context.Context, rc *rayv1.RayCluster, pods []prototype) string {
+	var refused []string
+	for _, p := range pods {
+		if why := preflight.Refused(ctx, r.Client, rc.Name, p.path, p.pod); why != "" {
+			refused = append(refused, why)
+		}
+	}
+	return strings.Join(refused, "; ")
 }
 
 // execute carries out a decision: the events, the children and pods, then

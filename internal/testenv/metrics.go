@@ -10,19 +10,25 @@ import (
 // and result from the manager's metrics registry (0 when never counted).
 func WritesCounted(t testing.TB, kind, fieldOwner, op, result string) float64 {
 	t.Helper()
+	return Counted(t, "loom_writes_total", map[string]string{"kind": kind, "field_owner": fieldOwner, "operation": op, "result": result})
+}
+
+// Counted reads the counter name of the given labels from the manager's
+// metrics registry (0 when never counted).
+func Counted(t testing.TB, name string, labels map[string]string) float64 {
+	t.Helper()
 	families, err := ctrlmetrics.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{"kind": kind, "field_owner": fieldOwner, "operation": op, "result": result}
 	for _, f := range families {
-		if f.GetName() != "loom_writes_total" {
+		if f.GetName() != name {
 			continue
 		}
 	metrics:
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if want[l.GetName()] != l.GetValue() {
+				if labels[l.GetName()] != l.GetValue() {
 					continue metrics
 				}
 			}
