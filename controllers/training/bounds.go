@@ -44,14 +44,17 @@ func totalPods(job *trainingv1alpha1.TrainingJob) int64 {
 }
 
 // cannotRun says why the job, as written, can never run (more pods than
-// the manager allows, pod templates whose metadata no pod may carry: the
-// limit and invalid phases hold it); "" when nothing in the job does.
-func cannotRun(job *trainingv1alpha1.TrainingJob, limit int) string {
+// the manager allows, pod templates whose metadata no pod may carry or
+// whose pods the API server refuses: the limit and invalid phases hold
+// it); "" when nothing in the job does.
+func cannotRun(job *trainingv1alpha1.TrainingJob, obs *observed) string {
 	switch {
-	case totalPods(job) > int64(maxPods(limit)):
+	case totalPods(job) > int64(maxPods(obs.maxPods)):
 		return "it asks for more pods than --max-workload-pods allows"
 	case len(templateErrors(job)) > 0:
 		return "its pod templates carry metadata no pod may have"
+	case obs.refused != "":
+		return "the API server refuses its pods"
 	}
 	return ""
 }

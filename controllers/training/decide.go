@@ -42,6 +42,10 @@ type observed struct {
 	// service is the job's headless Service, when the cache holds one the
 	// job controls.
 	service *corev1.Service
+	// refused is why the API server refuses the roles' pods (a dry run,
+	// asked while the gang lacks pods), naming the fields; "" when it
+	// admits them or was not asked.
+	refused string
 }
 
 // decision is what a reconcile must do, computed purely from the job and
@@ -441,13 +445,14 @@ func limit(p *pass) bool {
 
 // invalid holds a job whose pod templates carry metadata no pod may have
 // (a label key or value, an annotation key or size the API server
-// rejects), which the CRD's schema cannot check: no pods, PodGroup or
-// Service are created, and Created, Scheduled and Ready name the fields, as
-// a RayCluster's spec-validity condition does.
+// rejects), which the CRD's schema cannot check, or whose pods the API
+// server refuses (obs.refused): no pods, PodGroup or Service are created,
+// and Created, Scheduled and Ready name the fields, as a RayCluster's
+// spec-validity condition does.
 func invalid(p *pass) bool {
 	errs := templateErrors(p.job)
 	if len(errs) == 0 {
-		return false
+		return p.obs.refused != "" && hold(p, "the API server refuses the job's pods: "+p.obs.refused)
 	}
 	const most = 3
 	var list []string
@@ -457,9 +462,14 @@ func invalid(p *pass) bool {
 	if len(errs) > most {
 		list = append(list, fmt.Sprintf("and %d more", len(errs)-most))
 	}
+	return hold(p, "no pod can carry the template's metadata: "+strings.Join(list, "; "))
+}
+
+// hold holds the job InvalidSpec for why.
+func hold(p *pass, why string) bool {
 	st := &p.d.status
 	st.State = trainingv1alpha1.StateHeld
-	msg := "no pod can carry the template's metadata: " + strings.Join(list, "; ") + ": no pods are created; suspend the job (runPolicy.suspend) to change its templates"
+	msg := why + ": no pods are created; suspend the job (runPolicy.suspend) to change its templates"
 	if c := meta.FindStatusCondition(st.Conditions, trainingv1alpha1.ConditionReady); c == nil || c.Reason != ReasonInvalidSpec {
 		p.event(true, ReasonInvalidSpec, msg)
 	}

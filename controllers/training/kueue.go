@@ -171,7 +171,7 @@ func (k *kueueJobs) observe(ctx context.Context, job *trainingv1alpha1.TrainingJ
 	if errs := validation.IsDNS1123Subdomain(job.Labels[kueue.QueueLabel]); len(errs) > 0 {
 		obs.kueue.badQueue = strings.Join(errs, "; ")
 	}
-	obs.kueue.cannotRun = cannotRun(job, obs.maxPods)
+	obs.kueue.cannotRun = cannotRun(job, obs)
 	if obs.kueue.cannotRun == "" && obs.kueue.badQueue == "" && readPriority(obs.kueue.wl, job) {
 		if obs.kueue.priority, obs.kueue.missingClass, err = k.priority(ctx, job, obs.now); err != nil {
 			return err

@@ -19,7 +19,8 @@ import (
 )
 
 // A queued job that can never run as written (more pods than
-// --max-workload-pods, pod templates no pod may carry) gets no Workload,
+// --max-workload-pods, pod templates no pod may carry, pods the API server
+// refuses) gets no Workload,
 // as Kueue's jobframework makes none for a job that fails validation: one
 // would queue, be admitted and hold quota for a gang that never starts.
 // An admitted job edited into such a state loses its Workload, and the
@@ -72,6 +73,13 @@ func TestKueueNoWorkloadForAJobThatCannotRun(t *testing.T) {
 	create(t, wide)
 	noWorkload(wide, ReasonTooManyPods)
 	mended(wide, `{"spec":{"runPolicy":{"suspend":false},"replicaSpecs":{"worker":{"replicas":1}}}}`)
+
+	refused := newJob(ns, "refused", 1, 0, trainingv1alpha1.GangNone)
+	refused.Labels = map[string]string{kueue.QueueLabel: "team-a"}
+	refused.Spec.ReplicaSpecs.Worker.Template.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "big", ContainerPort: 70000}}
+	create(t, refused)
+	noWorkload(refused, ReasonInvalidSpec)
+	mended(refused, `{"spec":{"runPolicy":{"suspend":false},"replicaSpecs":{"worker":{"template":{"spec":{"containers":[{"name":"pytorch","image":"busybox"}]}}}}}}`)
 
 	edited := newJob(ns, "edited", 1, 0, trainingv1alpha1.GangNone)
 	edited.Labels = map[string]string{kueue.QueueLabel: "team-a"}

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -36,6 +37,7 @@ import (
 	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/manager"
 	"github.com/loom-dev/loom/internal/podset"
+	"github.com/loom-dev/loom/internal/preflight"
 )
 
 // FieldOwner is the server-side-apply field manager of the training
@@ -287,6 +289,7 @@ func (r *Reconciler) observe(ctx context.Context, job *trainingv1alpha1.Training
 	if obs.podGroup, obs.volcano, err = r.volcano.Group(ctx, job, job.Name); err != nil {
 		return obs, err
 	}
+	obs.refused = r.preflight(ctx, job, obs)
 	if err = r.kueue.observe(ctx, job, &obs); err != nil {
 		return obs, err
 	}
@@ -304,6 +307,34 @@ func (r *Reconciler) observe(ctx context.Context, job *trainingv1alpha1.Training
 		obs.fit = inventory.FitResult{Verdict: inventory.FitsNow}
 	}
 	return obs, nil
+}
+
+// preflight asks the API server, with a dry run, whether it admits one
+// pod of each role, while the job is not finished and lacks pods (before
+// its first gang, and its Service and PodGroup, are made; a converged job
+// asks nothing): the fields of what it refuses as invalid, "" when it
+// refuses none (or cannot say). Jobs the limit or invalid phases hold
+// already are not asked. Each role's pod is built as rank 0 of attempt 0:
+// a pod's ordinals and attempt are not what the API server refuses.
+func (r *Reconciler) preflight(ctx context.Context, job *trainingv1alpha1.TrainingJob, obs observed) string {
+	total := totalPods(job)
+	if job.Status.Finished() || total > int64(maxPods(r.MaxPods)) || int64(len(ownPods(job, obs.pods))) >= total || len(templateErrors(job)) > 0 {
+		return ""
+	}
+	fw := frameworks[job.Spec.Framework]
+	sched, _ := scheduler(job, r.DefaultScheduler, obs.volcano)
+	var refused []string
+	for _, role := range roles {
+		if replicaSpec(job, role) == nil || replicas(job, role) == 0 {
+			continue
+		}
+		pod := buildPod(job, fw, role, 0, 0, sched)
+		path := "spec.replicaSpecs." + string(role) + ".template"
+		if why := preflight.Refused(ctx, r.Client, job.Name, path, pod); why != "" {
+			refused = append(refused, why)
+		}
+	}
+	return strings.Join(refused, "; ")
 }
 
 // service is the job's Service from the cache (which holds only Loom's),
