@@ -1,0 +1,94 @@
+package preflight
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+)
+
+// pod is a pod built for owner: the owner's name in its labels, env and
+// hostname, as the controllers build them.
+func pod(ns, owner string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: owner + "-worker-0", Namespace: ns, Labels: map[string]string{"job": owner}},
+		Spec: corev1.PodSpec{Hostname: owner + "-worker-0", Containers: []corev1.Container{{Name: "c", Image: "x",
+			Env: []corev1.EnvVar{{Name: "MASTER_ADDR", Value: owner + "-master-0." + owner}}}}},
+	}
+}
+
+// Only an Invalid answer refuses the pod, quoting its causes under the
+// template's path; any other error says nothing. Each answer is asked once
+// for every owner of the same template in a namespace; a cancelled
+// pass's is not kept.
+func TestRefused(t *testing.T) {
+	invalid := apierrors.NewInvalid(schema.GroupKind{Kind: "Pod"}, "p", field.ErrorList{
+		field.Invalid(field.NewPath("spec", "containers").Index(0).Child("ports").Index(0).Child("containerPort"), 70000, "must be between 1 and 65535, inclusive")})
+	tests := []struct {
+		name   string
+		answer error
+		want   string
+	}{
+		{"admitted", nil, ""},
+		{"invalid", invalid, `spec.workerGroupSpecs[0].template.spec.containers[0].ports[0].containerPort: Invalid value: 70000: must be between 1 and 65535, inclusive`},
+		{"forbidden by quota", apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "p", errors.New("exceeded quota")), ""},
+		{"a webhook refuses dry runs", apierrors.NewBadRequest("admission webhook does not support dry run"), ""},
+		{"timeout", apierrors.NewTimeoutError("slow", 1), ""},
+		{"already exists", apierrors.NewAlreadyExists(schema.GroupResource{Resource: "pods"}, "p"), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			calls := 0
+			c := fake.NewClientBuilder().WithInterceptorFuncs(interceptor.Funcs{
+				Create: func(_ context.Context, _ client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+					calls++
+					o := &client.CreateOptions{}
+					o.ApplyOptions(opts)
+					if len(o.DryRun) != 1 || o.DryRun[0] != metav1.DryRunAll || obj.GetName() != "" || obj.GetGenerateName() == "" {
+						t.Fatalf("not a dry run under a generated name: %+v %q %q", o, obj.GetName(), obj.GetGenerateName())
+					}
+					return tt.answer
+				}}).Build()
+			ns := "ns-" + strings.ReplaceAll(tt.name, " ", "-")
+			for _, owner := range []string{"job-a", "job-b", "job-c"} {
+				if got := Refused(context.Background(), c, owner, "spec.workerGroupSpecs[0].template", pod(ns, owner)); got != tt.want {
+					t.Fatalf("%s: %q, want %q", owner, got, tt.want)
+				}
+			}
+			if calls != 1 {
+				t.Fatalf("three owners of one template cost %d dry runs, want 1", calls)
+			}
+			other := pod(ns, "job-a")
+			other.Spec.Containers[0].Image = "y"
+			Refused(context.Background(), c, "job-a", "spec", other)
+			Refused(context.Background(), c, "job-a", "spec", pod("other-"+ns, "job-a"))
+			if calls != 3 {
+				t.Fatalf("another template and another namespace cost %d dry runs in all, want 3", calls)
+			}
+		})
+	}
+	t.Run("cancelled", func(t *testing.T) {
+		calls := 0
+		c := fake.NewClientBuilder().WithInterceptorFuncs(interceptor.Funcs{
+			Create: func(ctx context.Context, _ client.WithWatch, _ client.Object, _ ...client.CreateOption) error {
+				calls++
+				return ctx.Err()
+			}}).Build()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		Refused(ctx, c, "j", "spec", pod("cancelled", "j"))
+		Refused(context.Background(), c, "j", "spec", pod("cancelled", "j"))
+		if calls != 2 {
+			t.Fatalf("a cancelled pass's answer was kept: %d dry runs, want 2", calls)
+		}
+	})
+}
