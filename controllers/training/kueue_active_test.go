@@ -177,7 +177,7 @@ func TestKueueDeactivatedWorkloadHoldsTheJob(t *testing.T) {
 	setActive(t, u, false)
 	got := waitSuspended(t, job, ReasonWorkloadDeactivated, u.GetName(), "spec.active is false")
 	if c := cond(got, trainingv1alpha1.ConditionStalled); c.Status != metav1.ConditionTrue {
-		t.Errorf("Stalled %+v, want True: only a person reactivates the Workload", c)
+		t.Errorf("Stalled %+v, want True: only a person reactivates the Workload (Ready %+v)", c, cond(got, trainingv1alpha1.ConditionReady))
 	}
 	u, err := workloadOf(t, job)
 	if err != nil {

@@ -235,6 +235,14 @@ func (r *Reconciler) execute(ctx context.Context, job *trainingv1alpha1.Training
 		applyErr = r.syncWorkload(ctx, job, obs, &d)
 	}
 	res.Deferred += d.deferred
+	// A child written since the cache read it (Kueue writes its Workload's
+	// status) refuses a guarded write: the job's trouble it is not, and the
+	// pass runs again shortly from a fresher copy, so the status says
+	// nothing of it.
+	conflict := apierrors.IsConflict(applyErr)
+	if conflict {
+		applyErr = nil
+	}
 	applied(&d.status, applyErr, job.Generation, obs.now)
 	if first && applyErr != nil {
 		// The status was written from this copy of the job already; the
@@ -248,7 +256,11 @@ func (r *Reconciler) execute(ctx context.Context, job *trainingv1alpha1.Training
 		}
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{RequeueAfter: res.RequeueAfter(d.requeue, wait)}, nil
+	after := res.RequeueAfter(d.requeue, wait)
+	if conflict && (after == 0 || after > conflictRetry) {
+		after = conflictRetry
+	}
+	return ctrl.Result{RequeueAfter: after}, nil
 }
 
 // record records the decision's events and metrics.
