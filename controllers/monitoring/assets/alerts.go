@@ -331,8 +331,9 @@ func utilizationAlerts() []alert {
 	return []alert{{
 		name:     "LoomGPUAllocatedIdle",
 		severity: SeverityInfo,
-		expr: fmt.Sprintf(`max_over_time(DCGM_FI_DEV_GPU_UTIL{%s, pod!=""}[%s]) < %d`,
-			exporter, IdleWindow, IdleUtilizationPercent),
+		// A MIG device has no utilisation figure: it is never judged idle.
+		expr: fmt.Sprintf(`max_over_time(%s, pod!=""}[%s]) < %d`,
+			gpuUtil, IdleWindow, IdleUtilizationPercent),
 		holdFor: IdleFor,
 		summary: `GPU {{ $labels.gpu }} on {{ $labels.node }} is allocated to {{ $labels.namespace }}/{{ $labels.pod }} but idle.`,
 		description: gpuOnNode + ` is allocated to pod {{ $labels.namespace }}/{{ $labels.pod }} but its utilisation has stayed ` +

@@ -38,7 +38,7 @@ func fleetDashboard() dashboard {
 		return selector(metric, append([]string{exporter, onNode}, matchers...)...)
 	}
 	allocated := `namespace!=""`
-	idle := fmt.Sprintf(`max_over_time(%s[1h]) < %d`, dcgm("DCGM_FI_DEV_GPU_UTIL", allocated), IdleUtilizationPercent)
+	idle := fmt.Sprintf(`max_over_time(%s[1h]) < %d`, dcgm("DCGM_FI_DEV_GPU_UTIL", notMIG, allocated), IdleUtilizationPercent)
 	perGPU := "{{node}} gpu {{gpu}}"
 
 	var l layout
@@ -51,23 +51,23 @@ func fleetDashboard() dashboard {
 		series{expr: `sum(` + selector("loom_gpunode_unhealthy_gpus", onNode) + `)`})
 	l.stat("Allocated GPUs", "GPUs and MIG devices allocated to pods.", unit(unitShort),
 		series{expr: `count(count by (node, UUID, GPU_I_ID) (` + dcgm("DCGM_FI_DEV_FB_USED", allocated) + `)) or vector(0)`})
-	l.stat("Idle allocated GPUs", fmt.Sprintf("Allocated GPUs whose utilisation stayed below %d%% for the last hour.", IdleUtilizationPercent),
+	l.stat("Idle allocated GPUs", fmt.Sprintf("Allocated GPUs whose utilisation stayed below %d%% for the last hour (MIG devices have no utilisation figure).", IdleUtilizationPercent),
 		redFrom(unitShort, 1), series{expr: `count(` + idle + `) or vector(0)`})
 	l.stat("Mean GPU utilisation", "", percentRange(),
-		series{expr: `avg(` + dcgm("DCGM_FI_DEV_GPU_UTIL") + `)`})
+		series{expr: `avg(` + dcgm("DCGM_FI_DEV_GPU_UTIL", notMIG) + `)`})
 
 	l.row("Utilisation")
 	l.timeseries("GPU utilisation by node", "", percentRange(),
 		series{expr: selector(RecordNodeGPUUtilization, onNode), legend: "{{node}}"})
 	l.timeseries("GPU utilisation by GPU", "", percentRange(),
-		series{expr: dcgm("DCGM_FI_DEV_GPU_UTIL"), legend: perGPU})
+		series{expr: dcgm("DCGM_FI_DEV_GPU_UTIL", notMIG), legend: perGPU})
 	l.timeseries("GPU utilisation by namespace", "Mean utilisation of the GPUs allocated to the namespace's pods.", percentRange(),
 		series{expr: selector(RecordNamespaceGPUUtilization, onNamespace), legend: "{{namespace}}"})
 	l.timeseries("Allocated and idle GPUs by namespace",
 		fmt.Sprintf("Idle: utilisation below %d%% for the last hour.", IdleUtilizationPercent), unit(unitShort),
 		series{expr: selector(RecordNamespaceGPUsAllocated, onNamespace), legend: "{{namespace}} allocated"},
 		series{expr: fmt.Sprintf(`count by (namespace) (max_over_time(%s[1h]) < %d)`,
-			selector("DCGM_FI_DEV_GPU_UTIL", exporter, onNamespace), IdleUtilizationPercent), legend: "{{namespace}} idle"})
+			selector("DCGM_FI_DEV_GPU_UTIL", exporter, notMIG, onNamespace), IdleUtilizationPercent), legend: "{{namespace}} idle"})
 
 	l.row("Memory")
 	l.timeseries("Framebuffer by node", "", unit(unitBytes),

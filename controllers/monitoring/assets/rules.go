@@ -14,6 +14,15 @@ const ExporterJob = "loom-dcgm-exporter"
 // dcgm-exporter in the cluster (GPU Operator's, say) is not counted twice.
 const exporter = `job="` + ExporterJob + `"`
 
+// notMIG leaves out the series of MIG devices (dcgm-exporter's GPU_I_ID)
+// where they say nothing: DCGM measures no DCGM_FI_DEV_GPU_UTIL per MIG
+// device, and dcgm-exporter reports it as 0 however busy the device is.
+const notMIG = `GPU_I_ID=""`
+
+// gpuUtil are the utilisation series (%) of Loom's dcgm-exporter that
+// measure something: whole GPUs.
+const gpuUtil = `DCGM_FI_DEV_GPU_UTIL{` + exporter + `, ` + notMIG
+
 // fbMiB converts dcgm-exporter's framebuffer figures, which are MiB, to
 // bytes.
 const fbMiB = "1048576"
@@ -75,13 +84,13 @@ func recordingRules() []monitoringv1.Rule {
 	}
 	return []monitoringv1.Rule{
 		record(RecordNodeGPUUtilization,
-			`avg by (node) (DCGM_FI_DEV_GPU_UTIL{`+exporter+`})`),
+			`avg by (node) (`+gpuUtil+`})`),
 		record(RecordNamespaceGPUUtilization,
-			`avg by (namespace) (DCGM_FI_DEV_GPU_UTIL{`+exporter+`, namespace!=""})`),
+			`avg by (namespace) (`+gpuUtil+`, namespace!=""})`),
 		record(RecordTrainingJobGPUUtilization,
 			`avg by (namespace, `+LabelTrainingJob+`) (
   label_replace(
-    DCGM_FI_DEV_GPU_UTIL{`+exporter+`, namespace!="", pod=~"`+trainingJobPod+`"},
+    `+gpuUtil+`, namespace!="", pod=~"`+trainingJobPod+`"},
     "`+LabelTrainingJob+`", "$1", "pod", "`+trainingJobPod+`"
   )
 )`),

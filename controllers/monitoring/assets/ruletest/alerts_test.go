@@ -469,6 +469,14 @@ var alertCases = []alertCase{
 		at:     70 * time.Minute,
 	},
 	{
+		// dcgm-exporter reports DCGM_FI_DEV_GPU_UTIL 0 for a MIG device,
+		// however busy: it says nothing of the device's use.
+		name:   "an allocated MIG device reads 0",
+		alert:  "LoomGPUAllocatedIdle",
+		series: []string{gpuA0.mig(1).allocated("team-a", "train-worker-0").series("DCGM_FI_DEV_GPU_UTIL", "0x70")},
+		at:     70 * time.Minute,
+	},
+	{
 		name:   "idle for 50 minutes",
 		alert:  "LoomGPUAllocatedIdle",
 		series: []string{gpuA0.allocated("team-a", "notebook-0").series("DCGM_FI_DEV_GPU_UTIL", "0x50")},

@@ -28,8 +28,10 @@ func busy(g gpu, util, used, total float64) []string {
 
 // fleet is two nodes: gpu-a with four allocated GPUs (three of TrainingJob
 // "train", one of a Deployment's pod), gpu-b with a free GPU and one split
-// by MIG, of which one instance is allocated. MIG devices report no
-// DCGM_FI_DEV_GPU_UTIL. A second dcgm-exporter (another job) must not count.
+// by MIG, of which one instance is allocated. dcgm-exporter reports
+// DCGM_FI_DEV_GPU_UTIL 0 for MIG devices, whatever runs on them (DCGM does
+// not measure it per instance): no utilisation figure may count it. A
+// second dcgm-exporter (another job) must not count.
 func fleet() []string {
 	var s []string
 	s = append(s, busy(gpuA0.allocated("team-a", "train-master-0"), 80, 1000, 4000)...)
@@ -41,6 +43,8 @@ func fleet() []string {
 	s = append(s,
 		migged.mig(1).allocated("team-b", "notebook-0").series("DCGM_FI_DEV_FB_USED", const70(500)),
 		migged.mig(1).allocated("team-b", "notebook-0").series("DCGM_FI_DEV_FB_FREE", const70(1500)),
+		migged.mig(1).allocated("team-b", "notebook-0").series("DCGM_FI_DEV_GPU_UTIL", const70(0)),
+		migged.mig(2).series("DCGM_FI_DEV_GPU_UTIL", const70(0)),
 		migged.mig(2).series("DCGM_FI_DEV_FB_USED", const70(0)),
 		migged.mig(2).series("DCGM_FI_DEV_FB_FREE", const70(2000)),
 		migged.series("DCGM_FI_DEV_GPU_TEMP", const70(50)),
