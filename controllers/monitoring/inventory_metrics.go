@@ -2,6 +2,7 @@ package monitoring
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,7 +24,16 @@ var (
 	gpusDesc      = prometheus.NewDesc("loom_gpunode_gpus", "GPUs the node agent found through NVML.", []string{"node", "product"}, nil)
 	unhealthyDesc = prometheus.NewDesc("loom_gpunode_unhealthy_gpus", "GPUs the node agent marks Unhealthy (0 when all are healthy).", []string{"node"}, nil)
 	readyDesc     = prometheus.NewDesc("loom_gpunode_ready", "1 when the node agent's last inventory collection succeeded, else 0.", []string{"node"}, nil)
+	upgradeDesc   = prometheus.NewDesc("loom_gpunode_driver_upgrade",
+		"1 while the node is in a driver upgrade (cordoned for it: from wait-for-jobs-required to uncordon-required), else 0.", []string{"node"}, nil)
 )
+
+// upgrading are the driver upgrade states of a node taken out for its
+// upgrade: its workloads drained, its driver and operands restarted. The
+// node alerts (an agent not reporting, GPUs missing or unhealthy, an
+// exporter down) hold their tongue meanwhile; upgrade-failed has its own.
+var upgrading = []string{gpuv1alpha1.WaitForJobsRequired, gpuv1alpha1.PodDeletionRequired, gpuv1alpha1.DrainRequired,
+	gpuv1alpha1.PodRestartRequired, gpuv1alpha1.ValidationRequired, gpuv1alpha1.UncordonRequired}
 
 // inventoryCollector reads the GPUNodes, and the Nodes' metadata, from the
 // cache at scrape time.
@@ -33,6 +43,7 @@ func (c *inventoryCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- gpusDesc
 	ch <- unhealthyDesc
 	ch <- readyDesc
+	ch <- upgradeDesc
 }
 
 func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
@@ -54,8 +65,10 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	exists := make(map[string]bool, len(nodes.Items))
+	inUpgrade := map[string]bool{}
 	for _, n := range nodes.Items {
 		exists[n.Name] = true
+		inUpgrade[n.Name] = slices.Contains(upgrading, n.Labels[gpuv1alpha1.LabelUpgradeState])
 	}
 	for i := range list.Items {
 		n := &list.Items[i]
@@ -75,6 +88,11 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(gpusDesc, prometheus.GaugeValue, float64(n.Status.GPUCount), n.Name, n.Status.Product)
 		ch <- prometheus.MustNewConstMetric(unhealthyDesc, prometheus.GaugeValue, float64(unhealthy), n.Name)
 		ch <- prometheus.MustNewConstMetric(readyDesc, prometheus.GaugeValue, ready, n.Name)
+		upgrade := 0.0
+		if inUpgrade[n.Name] {
+			upgrade = 1
+		}
+		ch <- prometheus.MustNewConstMetric(upgradeDesc, prometheus.GaugeValue, upgrade, n.Name)
 	}
 }
 

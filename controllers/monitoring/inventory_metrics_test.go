@@ -20,6 +20,8 @@ import (
 // the garbage collector took the old one) would otherwise report GPUs
 // that dcgm-exporter never shows (LoomGPUMissing) and an agent that never
 // reports (LoomGPUNodeAgentNotReporting), for a node that is gone.
+// A node in a driver upgrade (cordoned for it) says so, for the alerts
+// that hold their tongue meanwhile.
 func TestInventoryMetricsCountOnlyGPUNodesWithANode(t *testing.T) {
 	scheme := runtime.NewScheme()
 	if err := corev1.AddToScheme(scheme); err != nil {
@@ -35,20 +37,33 @@ func TestInventoryMetricsCountOnlyGPUNodesWithANode(t *testing.T) {
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-a"}}, gpuNode("gpu-a"), gpuNode("gone"),
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-b", Labels: map[string]string{gpuv1alpha1.LabelUpgradeState: gpuv1alpha1.PodRestartRequired}}}, gpuNode("gpu-b"),
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-c", Labels: map[string]string{gpuv1alpha1.LabelUpgradeState: gpuv1alpha1.UpgradeDone}}}, gpuNode("gpu-c"),
 	).Build()
 	col := &inventoryCollector{}
 	var r client.Reader = c
 	col.cache.Store(&r)
 	want := `
+# HELP loom_gpunode_driver_upgrade 1 while the node is in a driver upgrade (cordoned for it: from wait-for-jobs-required to uncordon-required), else 0.
+# TYPE loom_gpunode_driver_upgrade gauge
+loom_gpunode_driver_upgrade{node="gpu-a"} 0
+loom_gpunode_driver_upgrade{node="gpu-b"} 1
+loom_gpunode_driver_upgrade{node="gpu-c"} 0
 # HELP loom_gpunode_gpus GPUs the node agent found through NVML.
 # TYPE loom_gpunode_gpus gauge
 loom_gpunode_gpus{node="gpu-a",product="NVIDIA-H100-80GB-HBM3"} 8
+loom_gpunode_gpus{node="gpu-b",product="NVIDIA-H100-80GB-HBM3"} 8
+loom_gpunode_gpus{node="gpu-c",product="NVIDIA-H100-80GB-HBM3"} 8
 # HELP loom_gpunode_ready 1 when the node agent's last inventory collection succeeded, else 0.
 # TYPE loom_gpunode_ready gauge
 loom_gpunode_ready{node="gpu-a"} 1
+loom_gpunode_ready{node="gpu-b"} 1
+loom_gpunode_ready{node="gpu-c"} 1
 # HELP loom_gpunode_unhealthy_gpus GPUs the node agent marks Unhealthy (0 when all are healthy).
 # TYPE loom_gpunode_unhealthy_gpus gauge
 loom_gpunode_unhealthy_gpus{node="gpu-a"} 0
+loom_gpunode_unhealthy_gpus{node="gpu-b"} 0
+loom_gpunode_unhealthy_gpus{node="gpu-c"} 0
 `
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(col)

@@ -106,6 +106,12 @@ const xid = `DCGM_FI_DEV_XID_ERRORS{` + exporter + `}`
 // node label) last collected and published the inventory.
 const agentLastSuccess = `loom_node_agent_last_success_timestamp_seconds`
 
+// inDriverUpgrade are the nodes in a driver upgrade (cordoned for it, its
+// driver and operands restarted): the node alerts leave them out, and
+// OperandNotReady does not count them. max: every manager replica reports
+// them.
+const inDriverUpgrade = `max by (node) (loom_gpunode_driver_upgrade) == 1`
+
 // xidIs selects the Xid series whose value is one of codes.
 func xidIs(codes []int) string {
 	terms := make([]string, len(codes))
@@ -209,7 +215,7 @@ func exporterAlerts() []alert {
 	return []alert{{
 		name:     "LoomGPUExporterDown",
 		severity: SeverityWarning,
-		expr:     up + ` == 0`,
+		expr:     up + ` == 0 unless on (node) (` + inDriverUpgrade + `)`,
 		holdFor:  ExporterDownFor,
 		summary:  `dcgm-exporter on {{ $labels.node }} cannot be scraped.`,
 		description: `Prometheus has failed to scrape dcgm-exporter on node {{ $labels.node }} ({{ $labels.instance }}) for ` +
@@ -236,14 +242,17 @@ and on ()
 		severity: SeverityWarning,
 		// Nodes whose exporter is up but reports no GPU at all count 0
 		// (the "or"); a node whose exporter is down is LoomGPUExporterDown's.
-		expr: `sum by (node) (max by (node, product) (loom_gpunode_gpus))
-- on (node)
-(
-  ` + RecordNodeGPUs + `
-  or on (node)
-  (max by (node) (` + up + `) == 1) * 0
+		expr: `(
+  sum by (node) (max by (node, product) (loom_gpunode_gpus))
+  - on (node)
+  (
+    ` + RecordNodeGPUs + `
+    or on (node)
+    (max by (node) (` + up + `) == 1) * 0
+  )
+  > 0
 )
-> 0`,
+unless on (node) (` + inDriverUpgrade + `)`,
 		holdFor: GPUMissingFor,
 		summary: `{{ $value | printf "%.0f" }} GPU(s) of node {{ $labels.node }} are missing from dcgm-exporter.`,
 		description: `The node agent found more GPUs through NVML on node {{ $labels.node }} than dcgm-exporter reports: ` +
@@ -258,7 +267,7 @@ func inventoryAlerts() []alert {
 	return []alert{{
 		name:        "LoomGPUNodeUnhealthyGPUs",
 		severity:    SeverityWarning,
-		expr:        `max by (node) (loom_gpunode_unhealthy_gpus) > 0`,
+		expr:        `max by (node) (loom_gpunode_unhealthy_gpus) > 0 unless on (node) (` + inDriverUpgrade + `)`,
 		holdFor:     NodeUnhealthyFor,
 		summary:     `Node {{ $labels.node }} has {{ $value | printf "%.0f" }} unhealthy GPU(s).`,
 		description: `Loom's node agent marks {{ $value | printf "%.0f" }} GPU(s) of node {{ $labels.node }} Unhealthy; pods are no longer placed on them.`,
@@ -272,15 +281,18 @@ func inventoryAlerts() []alert {
 		// scraped, or its last success is old (its writes refused). The
 		// second part waits for some agent to be scraped, so that a
 		// PodMonitor no Prometheus selects is LoomGPUNodeAgentAbsent's.
-		expr: `max by (node) (loom_gpunode_ready) == 0
-or
-(
-  max by (node) (loom_gpunode_ready)
-  unless on (node)
-  (time() - max by (node) (` + agentLastSuccess + `) < ` + NodeAgentStaleSeconds + `)
+		expr: `(
+  max by (node) (loom_gpunode_ready) == 0
+  or
+  (
+    max by (node) (loom_gpunode_ready)
+    unless on (node)
+    (time() - max by (node) (` + agentLastSuccess + `) < ` + NodeAgentStaleSeconds + `)
+  )
+  and on ()
+  group(` + agentLastSuccess + `)
 )
-and on ()
-group(` + agentLastSuccess + `)`,
+unless on (node) (` + inDriverUpgrade + `)`,
 		holdFor: NodeAgentDownFor,
 		summary: `Loom's node agent on {{ $labels.node }} is not reporting.`,
 		description: `Loom's node agent on node {{ $labels.node }} has not collected the GPU inventory for ` + NodeAgentDownFor +
@@ -306,8 +318,10 @@ and on ()
 	}, {
 		name:     "LoomGPUOperandNotReady",
 		severity: SeverityWarning,
+		// Nodes in a driver upgrade restart their operands: not counted.
 		expr: `max by (component) (loom_clusterpolicy_component_desired_nodes)
 - max by (component) (loom_clusterpolicy_component_ready_nodes)
+- on () group_left () (count(` + inDriverUpgrade + `) or vector(0))
 > 0`,
 		holdFor:     OperandNotReadyFor,
 		summary:     `{{ $labels.component }} is not ready on {{ $value | printf "%.0f" }} GPU node(s).`,

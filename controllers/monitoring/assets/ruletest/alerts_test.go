@@ -239,6 +239,14 @@ var alertCases = []alertCase{
 		description: []string{"dcgm-exporter on node gpu-a (10.1.0.a:9400) for 10m"},
 	},
 	{
+		// Its driver restarted under it: DCGM fails until the new one
+		// is validated, an operand restart the node's upgrade waits for.
+		name:   "an exporter on a node in its driver upgrade",
+		alert:  "LoomGPUExporterDown",
+		series: []string{upSeries("gpu-a", "0x20"), upgradingSeries("gpu-a", "1x20")},
+		at:     20 * time.Minute,
+	},
+	{
 		name:   "a restart",
 		alert:  "LoomGPUExporterDown",
 		series: []string{upSeries("gpu-a", "0x5 1x10")},
@@ -305,6 +313,14 @@ var alertCases = []alertCase{
 		at: 20 * time.Minute,
 	},
 	{
+		name:  "GPUs missing on a node in its driver upgrade",
+		alert: "LoomGPUMissing",
+		series: append(sevenOfEight(),
+			upSeries("gpu-a", "1x20"), upgradingSeries("gpu-a", "1x20"),
+			loomSeries("loom_gpunode_gpus", `node="gpu-a", product="NVIDIA-H100-80GB-HBM3"`, "8x20")),
+		at: 20 * time.Minute,
+	},
+	{
 		name:  "an exporter that is down is LoomGPUExporterDown's",
 		alert: "LoomGPUMissing",
 		series: []string{
@@ -328,6 +344,12 @@ var alertCases = []alertCase{
 		description: []string{"marks 2 GPU(s) of node gpu-a Unhealthy"},
 	},
 	{
+		name:   "unhealthy GPUs on a node in its driver upgrade",
+		alert:  "LoomGPUNodeUnhealthyGPUs",
+		series: []string{loomSeries("loom_gpunode_unhealthy_gpus", `node="gpu-a"`, "2x20"), upgradingSeries("gpu-a", "1x20")},
+		at:     20 * time.Minute,
+	},
+	{
 		name:   "all healthy",
 		alert:  "LoomGPUNodeUnhealthyGPUs",
 		series: []string{loomSeries("loom_gpunode_unhealthy_gpus", `node="gpu-a"`, "0x12")},
@@ -338,6 +360,29 @@ var alertCases = []alertCase{
 		alert:       "LoomGPUNodeAgentNotReporting",
 		series:      []string{loomSeries("loom_gpunode_ready", `node="gpu-a"`, "1 0x15"), loomSeries("loom_gpunode_ready", `node="gpu-b"`, "1x16")},
 		at:          12 * time.Minute,
+		want:        []map[string]string{{"severity": assets.SeverityWarning, "node": "gpu-a"}},
+		description: []string{"node agent on node gpu-a has not collected the GPU inventory for 10m"},
+	},
+	{
+		// NVML fails while the driver is unloaded, built and validated:
+		// longer than 10 minutes on a slow kernel build.
+		name:  "the agent of a node in its driver upgrade",
+		alert: "LoomGPUNodeAgentNotReporting",
+		series: []string{
+			loomSeries("loom_gpunode_ready", `node="gpu-a"`, "1 0x25"), upgradingSeries("gpu-a", "0 1x25"),
+			loomSeries("loom_gpunode_ready", `node="gpu-b"`, "1x26"), upgradingSeries("gpu-b", "0x26"),
+			agentSeries("gpu-a", "0+60x26"), agentSeries("gpu-b", "0+60x26"),
+		},
+		at: 25 * time.Minute,
+	},
+	{
+		name:  "the agent still fails after the node's driver upgrade",
+		alert: "LoomGPUNodeAgentNotReporting",
+		series: []string{
+			loomSeries("loom_gpunode_ready", `node="gpu-a"`, "1 0x30"), upgradingSeries("gpu-a", "0 1x15 0x15"),
+			agentSeries("gpu-a", "0+60x30"),
+		},
+		at:          28 * time.Minute,
 		want:        []map[string]string{{"severity": assets.SeverityWarning, "node": "gpu-a"}},
 		description: []string{"node agent on node gpu-a has not collected the GPU inventory for 10m"},
 	},
@@ -425,6 +470,31 @@ var alertCases = []alertCase{
 			loomSeries("loom_clusterpolicy_component_ready_nodes", `component="driver"`, "4x2 3x20 4x18"),
 		},
 		at: 40 * time.Minute,
+	},
+	{
+		// maxUnavailable 1 over four nodes: one node's operands restart
+		// at a time, for an hour.
+		name:  "a driver upgrade rolls through the nodes",
+		alert: "LoomGPUOperandNotReady",
+		series: []string{
+			loomSeries("loom_clusterpolicy_component_desired_nodes", `component="driver"`, "4x60"),
+			loomSeries("loom_clusterpolicy_component_ready_nodes", `component="driver"`, "4x2 3x58"),
+			upgradingSeries("gpu-a", "0x2 1x15 0x43"), upgradingSeries("gpu-b", "0x17 1x15 0x28"),
+			upgradingSeries("gpu-c", "0x32 1x15 0x13"), upgradingSeries("gpu-d", "0x47 1x13"),
+		},
+		at: 60 * time.Minute,
+	},
+	{
+		name:  "a node not ready besides the one in its driver upgrade",
+		alert: "LoomGPUOperandNotReady",
+		series: []string{
+			loomSeries("loom_clusterpolicy_component_desired_nodes", `component="driver"`, "4x40"),
+			loomSeries("loom_clusterpolicy_component_ready_nodes", `component="driver"`, "4x2 2x38"),
+			upgradingSeries("gpu-a", "0x2 1x38"), upgradingSeries("gpu-b", "0x40"),
+		},
+		at:          35 * time.Minute,
+		want:        []map[string]string{{"severity": assets.SeverityWarning, "component": "driver"}},
+		description: []string{"1 of the nodes that should run driver have had no ready pod of it for 30m"},
 	},
 	{
 		name:  "an upgrade failed on one node",

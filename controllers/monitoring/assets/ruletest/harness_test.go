@@ -231,6 +231,13 @@ func agentSeries(node, values string) string {
 		node[len(node)-1:], node, node, values)
 }
 
+// upgradingSeries is loom_gpunode_driver_upgrade of node (1 while in its
+// driver upgrade), as two manager replicas report it.
+func upgradingSeries(node, values string) string {
+	return loomSeries("loom_gpunode_driver_upgrade", `node="`+node+`"`, values) + "\n" +
+		fmt.Sprintf(`loom_gpunode_driver_upgrade{job="loom-manager", instance="10.0.0.3:8080", node=%q} %s`, node, values)
+}
+
 // loomSeries is a metric of Loom's manager.
 func loomSeries(metric, labels, values string) string {
 	if labels != "" {
