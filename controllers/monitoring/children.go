@@ -6,6 +6,7 @@ import (
 	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -50,7 +51,9 @@ func crdKind(plural string, gvk schema.GroupVersionKind, watch func() error) *op
 	return &optional.Kind{CRD: plural + "." + gvk.Group, GVK: gvk, Watch: watch}
 }
 
-// missing returns, by kind, the CRDs not yet installed; an error
+// missing returns, by kind, the CRDs not installed, or terminating (the
+// Prometheus Operator being uninstalled: the API server deletes their
+// objects and refuses every create until the CRD is gone); an error
 // (optional's ErrNotServedYet among them) means "ask again shortly".
 func (ks operatorCRDs) missing(ctx context.Context, c client.Client) (crdsMissing, error) {
 	out := crdsMissing{}
@@ -58,6 +61,14 @@ func (ks operatorCRDs) missing(ctx context.Context, c client.Client) (crdsMissin
 		ok, err := k.Served(ctx, c)
 		if err != nil {
 			return nil, err
+		}
+		if ok {
+			crd := &metav1.PartialObjectMetadata{}
+			crd.SetGroupVersionKind(apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefinition"))
+			if err := c.Get(ctx, client.ObjectKey{Name: k.CRD}, crd); err != nil {
+				return nil, client.IgnoreNotFound(err)
+			}
+			ok = crd.DeletionTimestamp == nil
 		}
 		if !ok {
 			out[k.GVK.Kind] = k.CRD
