@@ -218,3 +218,52 @@ func TestGPUConditionPartialCRDs(t *testing.T) {
 		})
 	}
 }
+
+// TestGPUConditionNamesEnforcedNamespaceLabel: a Prometheus that enforces
+// a namespace label (enforcedNamespaceLabel, as multi-tenant setups do)
+// would give every GPU series Loom's namespace instead of the workload's,
+// and confine the rules to Loom's namespace: the condition names it and
+// the objects to list in its excludedFromEnforcement, until they are.
+func TestGPUConditionNamesEnforcedNamespaceLabel(t *testing.T) {
+	r := &GPUReconciler{Namespace: loomNS}
+	matchAll := &metav1.LabelSelector{}
+	prom := func(excluded ...monitoringv1.ObjectReference) *monitoringv1.Prometheus {
+		p := &monitoringv1.Prometheus{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: "tenant"}}
+		p.Spec.ServiceMonitorSelector, p.Spec.PodMonitorSelector, p.Spec.RuleSelector = matchAll, matchAll, matchAll
+		p.Spec.EnforcedNamespaceLabel = "namespace"
+		p.Spec.ExcludedFromEnforcement = excluded
+		return p
+	}
+	const note = "Prometheus loom-system/tenant enforces label namespace on "
+	for _, tt := range []struct {
+		name string
+		prom *monitoringv1.Prometheus
+		want string // "": no note
+	}{
+		{"enforced", prom(), note + "ServiceMonitor loom-system/loom-dcgm-exporter (resource servicemonitors) and " +
+			"PrometheusRule loom-system/loom-gpu (resource prometheusrules) (enforcedNamespaceLabel)"},
+		{"the rules excluded", prom(monitoringv1.ObjectReference{Resource: "prometheusrules", Namespace: loomNS, Name: RuleName}),
+			note + "ServiceMonitor loom-system/loom-dcgm-exporter (resource servicemonitors) (enforcedNamespaceLabel)"},
+		{"both excluded, the namespace's monitors by no name", prom(
+			monitoringv1.ObjectReference{Group: "monitoring.coreos.com", Resource: "servicemonitors", Namespace: loomNS},
+			monitoringv1.ObjectReference{Resource: "prometheusrules", Namespace: loomNS, Name: RuleName}), ""},
+		{"another namespace's excluded", prom(
+			monitoringv1.ObjectReference{Resource: "servicemonitors", Namespace: "other"},
+			monitoringv1.ObjectReference{Resource: "prometheusrules", Namespace: loomNS, Name: RuleName}),
+			note + "ServiceMonitor loom-system/loom-dcgm-exporter (resource servicemonitors) (enforcedNamespaceLabel)"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			o := gpuObserved{policy: &gpuv1alpha1.ClusterPolicy{}, missing: crdsMissing{}, proms: []*monitoringv1.Prometheus{tt.prom}}
+			c := gpuCondition(o, r.desired(o), nil)
+			if c.Status != metav1.ConditionTrue || c.Reason != ReasonSelected {
+				t.Errorf("condition %s %s %q", c.Status, c.Reason, c.Message)
+			}
+			if got := strings.Contains(c.Message, "enforcedNamespaceLabel"); tt.want == "" && got {
+				t.Errorf("message %q names enforcement", c.Message)
+			}
+			if tt.want != "" && !strings.Contains(c.Message, tt.want) {
+				t.Errorf("message %q lacks %q", c.Message, tt.want)
+			}
+		})
+	}
+}

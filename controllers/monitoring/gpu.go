@@ -198,6 +198,7 @@ func gpuCondition(o gpuObserved, d gpuDesired, conflict *apply.ForeignError) met
 	if crd := o.missing.of(KindPodMonitor); len(crd) > 0 {
 		notes = append(notes, fmt.Sprintf("no PodMonitor CRD (%s) is installed, so the node agent's metrics are not scraped", crd[0]))
 	}
+	notes = append(notes, enforcementNotes(o.proms, d.parts)...)
 	if len(notes) > 0 {
 		// First: a long selection message is cut at its end.
 		cond.Message = strings.Join(notes, "; ") + "; " + cond.Message
@@ -207,6 +208,44 @@ func gpuCondition(o gpuObserved, d gpuDesired, conflict *apply.ForeignError) met
 		cond.Message = "dcgm-exporter is disabled in the policy, so there are no GPU metrics; " + cond.Message
 	}
 	return cond
+}
+
+// enforcementNotes name the Prometheus objects that select dcgm-exporter's
+// ServiceMonitor or the GPU rules and enforce a namespace label on them
+// (enforcedNamespaceLabel, multi-tenant setups): every GPU series scraped
+// through the ServiceMonitor then carries Loom's namespace, not the
+// workload's from dcgm-exporter's pod mapping, and every rule reads only
+// the series of Loom's namespace, unless the object is listed in the
+// Prometheus's excludedFromEnforcement.
+func enforcementNotes(proms []*monitoringv1.Prometheus, parts []selected) []string {
+	resources := map[string]string{KindServiceMonitor: "servicemonitors", KindPrometheusRule: "prometheusrules"}
+	var notes []string
+	for _, p := range proms {
+		label := p.Spec.EnforcedNamespaceLabel
+		if label == "" {
+			continue
+		}
+		var enforced []string
+		for _, part := range parts {
+			resource, ok := resources[part.kind]
+			if !ok || !slices.Contains(part.sel.SelectedBy, ref(p)) {
+				continue
+			}
+			ns, name, _ := strings.Cut(part.key, "/")
+			if !slices.ContainsFunc(p.Spec.ExcludedFromEnforcement, func(e monitoringv1.ObjectReference) bool {
+				return (e.Group == "" || e.Group == monitoringv1.SchemeGroupVersion.Group) && e.Resource == resource &&
+					e.Namespace == ns && (e.Name == "" || e.Name == name)
+			}) {
+				enforced = append(enforced, fmt.Sprintf("%s %s (resource %s)", part.kind, part.key, resource))
+			}
+		}
+		if len(enforced) > 0 {
+			notes = append(notes, fmt.Sprintf("%s enforces label %s on %s (enforcedNamespaceLabel): the GPU series lose the workload's %s "+
+				"and the rules read only the series of their own namespace; list them in its excludedFromEnforcement",
+				ref(p), label, strings.Join(enforced, " and "), label))
+		}
+	}
+	return notes
 }
 
 // selected is one object and its selection, for the condition message.
