@@ -267,3 +267,41 @@ func TestGPUConditionNamesEnforcedNamespaceLabel(t *testing.T) {
 		})
 	}
 }
+
+// TestPausedPrometheusIsNoSelection: the operator reconciles nothing of a
+// paused Prometheus, so a monitor only it selects is never loaded: the
+// condition says so (NotSelected), and names a paused one beside others.
+func TestPausedPrometheusIsNoSelection(t *testing.T) {
+	r := &GPUReconciler{Namespace: loomNS}
+	matchAll := &metav1.LabelSelector{}
+	prom := func(name string, paused bool) *monitoringv1.Prometheus {
+		p := &monitoringv1.Prometheus{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: name}}
+		p.Spec.ServiceMonitorSelector, p.Spec.PodMonitorSelector, p.Spec.RuleSelector = matchAll, matchAll, matchAll
+		p.Spec.Paused = paused
+		return p
+	}
+	for _, tt := range []struct {
+		name       string
+		proms      []*monitoringv1.Prometheus
+		wantStatus metav1.ConditionStatus
+		wantReason string
+		wantSays   string
+	}{
+		{"only a paused one", []*monitoringv1.Prometheus{prom("frozen", true)}, metav1.ConditionFalse, ReasonNotSelected,
+			"ServiceMonitor loom-system/loom-dcgm-exporter is selected only by Prometheus loom-system/frozen, paused (spec.paused"},
+		{"a paused one beside another", []*monitoringv1.Prometheus{prom("frozen", true), prom("live", false)}, metav1.ConditionTrue, ReasonSelected,
+			"selected by Prometheus loom-system/frozen, Prometheus loom-system/live (Prometheus loom-system/frozen paused: it loads nothing new until resumed)"},
+		{"none paused", []*monitoringv1.Prometheus{prom("live", false)}, metav1.ConditionTrue, ReasonSelected, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			o := gpuObserved{policy: &gpuv1alpha1.ClusterPolicy{}, missing: crdsMissing{}, proms: tt.proms}
+			c := gpuCondition(o, r.desired(o), nil)
+			if c.Status != tt.wantStatus || c.Reason != tt.wantReason {
+				t.Errorf("condition %s %s %q, want %s %s", c.Status, c.Reason, c.Message, tt.wantStatus, tt.wantReason)
+			}
+			if tt.wantSays == "" && strings.Contains(c.Message, "paused") || !strings.Contains(c.Message, tt.wantSays) {
+				t.Errorf("message %q, want %q", c.Message, tt.wantSays)
+			}
+		})
+	}
+}

@@ -300,7 +300,16 @@ func selectionCondition(conditionType string, readable bool, proms []*monitoring
 			notOK = append(notOK, fmt.Sprintf("no Prometheus selects %s %s (%s)", p.kind, p.key, joinCapped(p.sel.Why, "; ")))
 			continue
 		}
+		paused := pausedOf(proms, p.sel.SelectedBy)
+		if len(paused) == len(p.sel.SelectedBy) {
+			notOK = append(notOK, fmt.Sprintf("%s %s is selected only by %s, paused (spec.paused: the operator loads no new monitors or rules into it until resumed)",
+				p.kind, p.key, strings.Join(paused, ", ")))
+			continue
+		}
 		s := fmt.Sprintf("%s %s selected by %s", p.kind, p.key, strings.Join(p.sel.SelectedBy, ", "))
+		if len(paused) > 0 {
+			s += fmt.Sprintf(" (%s paused: it loads nothing new until resumed)", strings.Join(paused, ", "))
+		}
 		if p.sel.Learned != "" {
 			s += fmt.Sprintf(" (labels %s learned from %s)", formatLabels(p.sel.Labels), p.sel.Learned)
 		}
@@ -316,6 +325,19 @@ func selectionCondition(conditionType string, readable bool, proms []*monitoring
 	}
 	cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, ReasonSelected, strings.Join(ok, "; ")
 	return cond
+}
+
+// pausedOf are the refs among refs of the Prometheus objects that are
+// paused: the operator no longer reconciles their configuration, so a
+// monitor or rule they select is not loaded until they are resumed.
+func pausedOf(proms []*monitoringv1.Prometheus, refs []string) []string {
+	var out []string
+	for _, p := range proms {
+		if p.Spec.Paused && slices.Contains(refs, ref(p)) {
+			out = append(out, ref(p))
+		}
+	}
+	return out
 }
 
 // prometheuses reads the Prometheus objects and the PrometheusAgents (as
