@@ -33,7 +33,7 @@ func workloadDashboard() dashboard {
 	l.timeseries("GPU utilisation, job mean", "", percentRange(),
 		series{expr: selector(RecordTrainingJobGPUUtilization, inNamespace, LabelTrainingJob+`="$trainingjob"`), legend: "$trainingjob"})
 	l.timeseries("GPU utilisation by pod", "", percentRange(),
-		series{expr: selector("DCGM_FI_DEV_GPU_UTIL", job...), legend: perPodGPU})
+		series{expr: selector("DCGM_FI_DEV_GPU_UTIL", append(job, notMIG)...), legend: perPodGPU})
 	l.timeseries("Framebuffer used", "", unit(unitBytes),
 		series{expr: selector("DCGM_FI_DEV_FB_USED", job...) + " * " + fbMiB, legend: perPodGPU})
 	l.timeseries("Framebuffer used, share", "", share,
@@ -45,7 +45,7 @@ func workloadDashboard() dashboard {
 
 	l.row("Ray cluster $raycluster")
 	l.timeseries("GPU utilisation by pod (dcgm-exporter)", "", percentRange(),
-		series{expr: selector("DCGM_FI_DEV_GPU_UTIL", rayPods...), legend: perPodGPU})
+		series{expr: selector("DCGM_FI_DEV_GPU_UTIL", append(rayPods, notMIG)...), legend: perPodGPU})
 	l.timeseries("Framebuffer used (dcgm-exporter)", "", unit(unitBytes),
 		series{expr: selector("DCGM_FI_DEV_FB_USED", rayPods...) + " * " + fbMiB, legend: perPodGPU})
 	l.timeseries("GPU utilisation (Ray)", "As Ray's node agents measure it.", percentRange(),
@@ -65,7 +65,7 @@ func workloadDashboard() dashboard {
 
 	vars := []variable{
 		datasourceVariable(),
-		labelValues("namespace", "Namespace", selector("DCGM_FI_DEV_GPU_UTIL", exporter, `namespace!=""`), "namespace", false, ""),
+		labelValues("namespace", "Namespace", selector("DCGM_FI_DEV_FB_USED", exporter, `namespace!=""`), "namespace", false, ""),
 		labelValues("trainingjob", "TrainingJob", selector(RecordTrainingJobGPUUtilization, inNamespace), LabelTrainingJob, false, ""),
 		labelValues("raycluster", "Ray cluster", selector("ray_node_cpu_utilization", inNamespace), rayClusterLabel, false, ""),
 	}

@@ -124,7 +124,7 @@ func fleetDashboard() dashboard {
 		datasourceVariable(),
 		labelValues("node", "Node", "loom_gpunode_gpus", "node", true, ".*"),
 		// ".+" for All: a free GPU has no namespace and is in no namespace's figures.
-		labelValues("namespace", "Namespace", selector("DCGM_FI_DEV_GPU_UTIL", exporter, `namespace!=""`), "namespace", true, ".+"),
+		labelValues("namespace", "Namespace", selector("DCGM_FI_DEV_FB_USED", exporter, `namespace!=""`), "namespace", true, ".+"),
 	}
 	return newDashboard("loom-gpu-fleet", "Loom / GPU fleet",
 		"Utilisation, memory and health of every GPU Loom manages, from dcgm-exporter and Loom's inventory.", vars, l.panels)

@@ -74,8 +74,10 @@ func selectors(t *testing.T, expr string) []*parser.VectorSelector {
 }
 
 // checkSelectors fails on a metric outside known, a selector without a
-// metric name (which would escape the check), and a dcgm-exporter series
-// not limited to Loom's exporter.
+// metric name (which would escape the check), a dcgm-exporter series not
+// limited to Loom's exporter, and a utilisation series (DCGM_FI_DEV_*_UTIL)
+// that reads MIG devices: DCGM measures none per MIG device, and
+// dcgm-exporter reports 0 however busy the device is.
 func checkSelectors(t *testing.T, where, expr string, known []string) {
 	t.Helper()
 	for _, vs := range selectors(t, expr) {
@@ -89,6 +91,12 @@ func checkSelectors(t *testing.T, where, expr string, known []string) {
 				return m.Name == "job" && m.Type == labels.MatchEqual && m.Value == assets.ExporterJob
 			}) {
 				t.Errorf("%s: %s reads every job, not only %s", where, vs, assets.ExporterJob)
+			}
+			if strings.HasPrefix(vs.Name, "DCGM_FI_DEV_") && strings.HasSuffix(vs.Name, "_UTIL") &&
+				!slices.ContainsFunc(vs.LabelMatchers, func(m *labels.Matcher) bool {
+					return m.Name == "GPU_I_ID" && m.Type == labels.MatchEqual && m.Value == ""
+				}) {
+				t.Errorf("%s: %s reads MIG devices, whose utilisation dcgm-exporter reports as 0", where, vs)
 			}
 		}
 	}
