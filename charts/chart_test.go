@@ -100,10 +100,37 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		"uninstall.bogus=true",
 		"metrics.port=70000",
 		"manager.controllers=training",
+		"metrics.serviceMonitor.interval=0s",
+		"metrics.serviceMonitor.interval=0m0s",
+		"metrics.serviceMonitor.interval=10",
+		"metrics.serviceMonitor.interval=1x",
+		"nodeAgent.interval=0s",
+		"nodeAgent.interval=",
+		"nodeAgent.interval=5ms",
 	} {
 		out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", set)
 		if err == nil || !strings.Contains(out, "values don't meet the specifications of the schema") {
 			t.Errorf("--set %s was accepted (err %v):\n%.300s", set, err, out)
+		}
+	}
+}
+
+// TestSchemaAcceptsDurations: every duration Prometheus (and the agent's
+// --interval) reads in that form passes, not only a single unit.
+func TestSchemaAcceptsDurations(t *testing.T) {
+	for _, set := range []string{
+		"metrics.serviceMonitor.interval=1m30s",
+		"metrics.serviceMonitor.interval=500ms",
+		"metrics.serviceMonitor.interval=1h",
+		"nodeAgent.interval=1m30s",
+		"nodeAgent.interval=90s",
+	} {
+		out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2",
+			"--set", "metrics.serviceMonitor.enabled=true", "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor", "--set", set)
+		if err != nil {
+			t.Errorf("--set %s was refused: %v\n%.300s", set, err, out)
+		} else if v := set[strings.Index(set, "=")+1:]; !strings.Contains(out, v) {
+			t.Errorf("--set %s: %s not rendered", set, v)
 		}
 	}
 }
