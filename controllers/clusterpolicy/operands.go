@@ -313,11 +313,26 @@ func container(op operand, cp *gpuv1alpha1.ClusterPolicy) corev1.Container {
 	if op.env != nil {
 		c.Env = append(c.Env, op.env(cp)...)
 	}
-	c.Env = append(c.Env, spec.Env...)
+	c.Env = withEnv(c.Env, spec.Env)
 	if spec.Resources != nil {
 		c.Resources = *spec.Resources
 	}
 	return c
+}
+
+// withEnv is env with each of set in place of the variable of its name
+// (the policy's env overrides the built-in one, as in GPU Operator), the
+// others added in order: a container's env is a list keyed by name, and
+// the API server refuses an apply that names one twice.
+func withEnv(env, set []corev1.EnvVar) []corev1.EnvVar {
+	for _, e := range set {
+		if i := slices.IndexFunc(env, func(b corev1.EnvVar) bool { return b.Name == e.Name }); i >= 0 {
+			env[i] = e
+			continue
+		}
+		env = append(env, e)
+	}
+	return env
 }
 
 // validationInit is the operand's validation init container and the host

@@ -122,3 +122,27 @@ func TestDCGMExporterCounters(t *testing.T) {
 		t.Errorf("naming a ConfigMap must switch the volume and restart the exporters")
 	}
 }
+
+// A variable of the policy's env that Loom also sets replaces Loom's
+// value instead of naming it twice (an apply the API server refuses:
+// a container's env is a list keyed by name).
+func TestPolicyEnvOverridesBuiltIn(t *testing.T) {
+	cp := &gpuv1alpha1.ClusterPolicy{}
+	cp.Spec.DevicePlugin.Env = []corev1.EnvVar{{Name: "MIG_STRATEGY", Value: "mixed"}, {Name: "NODE_NAME", Value: "n"}, {Name: "EXTRA", Value: "1"}}
+	cp.Spec.Driver.Env = []corev1.EnvVar{{Name: "KERNEL_MODULE_TYPE", Value: "open"}}
+	for _, op := range operands {
+		env := BuildDaemonSet(op, cp, "ns").Spec.Template.Spec.Containers[0].Env
+		seen := map[string]string{}
+		for _, e := range env {
+			if _, dup := seen[e.Name]; dup {
+				t.Errorf("%s: env %s named twice: %+v", op.name, e.Name, env)
+			}
+			seen[e.Name] = e.Value
+		}
+		for _, want := range cp.Spec.Operand(op.name).Env {
+			if seen[want.Name] != want.Value {
+				t.Errorf("%s: env %s = %q, want the policy's %q", op.name, want.Name, seen[want.Name], want.Value)
+			}
+		}
+	}
+}

@@ -140,6 +140,8 @@ func TestClusterPolicyRejectsCarelessValues(t *testing.T) {
 			[]string{"spec.driver.upgradePolicy.waitForCompletion.podSelector", "waitForCompletion.podSelector must be a label selector"}},
 		{"wait selector double operator", `{driver: {upgradePolicy: {waitForCompletion: {podSelector: "job===batch"}}}}`,
 			[]string{"spec.driver.upgradePolicy.waitForCompletion.podSelector", "waitForCompletion.podSelector must be a label selector"}},
+		{"an env name twice", `{devicePlugin: {env: [{name: FOO, value: a}, {name: FOO, value: b}]}}`,
+			[]string{"spec.devicePlugin.env[1]", "Duplicate value"}},
 		{"wait selector too long", `{driver: {upgradePolicy: {waitForCompletion: {podSelector: "` + strings.Repeat("a", 1025) + `"}}}}`,
 			[]string{"spec.driver.upgradePolicy.waitForCompletion.podSelector", "1024"}},
 	}

@@ -5,7 +5,7 @@ package manager
 // crdHashes are the packed CRD manifests' content hashes
 // (crdinstall.Hash of their JSON), by name.
 var crdHashes = map[string]string{
-	"gpu.loom.dev_clusterpolicies":   "a46fe4a6f32e5033",
+	"gpu.loom.dev_clusterpolicies":   "143a461e2d5b64b8",
 	"gpu.loom.dev_gpunodes":          "d9f449d1039a29e5",
 	"training.loom.dev_trainingjobs": "29748beb178d382c",
 }

@@ -42,7 +42,12 @@ type OperandSpec struct {
 	Enabled *bool `json:"enabled,omitempty"`
 	// +optional
 	Image ImageSpec `json:"image,omitempty"`
+	// Env is added to the operand's container; a variable Loom sets
+	// (NODE_NAME, MIG_STRATEGY, KERNEL_MODULE_TYPE, ...) takes this value
+	// instead. Each name at most once.
 	// +optional
+	// +listType=map
+	// +listMapKey=name
 	Env []corev1.EnvVar `json:"env,omitempty"`
 	// +optional
 	Args []string `json:"args,omitempty"`
