@@ -153,7 +153,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	p := desired(cp, r.Namespace, obs.cluster)
 	obs.held, obs.noDriver = p.held, p.noDriver
 	obs.untolerated = untoleratedTaints(cp, p.objects, obs.cluster.nodes)
-	writeErrs := r.write(ctx, cp, p, obs.driverSets)
+	// An invalid spec writes nothing: no operand half made (the RuntimeClass
+	// and ServiceAccounts without the DaemonSet the API server refuses), no
+	// running one changed or removed, until it is fixed.
+	var writeErrs []string
+	if obs.refused = r.refused(ctx, p); len(obs.refused) == 0 && len(cp.Spec.Validate()) == 0 {
+		writeErrs = r.write(ctx, cp, p, obs.driverSets)
+	}
 	if obs.daemonSets, err = r.daemonSets(ctx, cp, p); err != nil {
 		return ctrl.Result{}, err
 	}

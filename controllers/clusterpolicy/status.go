@@ -24,7 +24,8 @@ const (
 	ReasonApplyFailed    = "ApplyFailed"
 	// ReasonInvalidSpec: the spec holds a value the API server's rules let
 	// through (a label key too long for CEL to check, an object stored
-	// before a rule existed); the message names each field. No driver
+	// before a rule existed, a value it refuses in the operands' pods);
+	// the message names each field. Nothing is written and no driver
 	// upgrade starts while it stands.
 	ReasonInvalidSpec = "InvalidSpec"
 )
@@ -71,6 +72,9 @@ type observed struct {
 	// untolerated names, by operand, the GPU nodes meant for it that a
 	// taint keeps its pods off (untoleratedTaints).
 	untolerated map[string][]string
+	// refused is what the API server refuses in the operands' pods
+	// (refused): the spec is invalid.
+	refused []string
 }
 
 // upgradeCounts are the GPU nodes by driver upgrade progress.
@@ -106,7 +110,7 @@ func status(cp *gpuv1alpha1.ClusterPolicy, obs observed, writeErrs []string) *gp
 	if st.MIG.Strategy == "" {
 		st.MIG.Strategy = gpuv1alpha1.MIGStrategySingle
 	}
-	readiness(st, obs.gpuNodes, specErrors(cp), writeErrs, cp.Generation)
+	readiness(st, obs.gpuNodes, append(specErrors(cp), obs.refused...), writeErrs, cp.Generation)
 	if u := meta.FindStatusCondition(cp.Status.Conditions, gpuv1alpha1.ConditionDriverUpgrade); u != nil && readyReason(st) == ReasonComponentsWait {
 		// A driver upgrade that waits for a person names itself in Ready.
 		switch u.Reason {
@@ -267,7 +271,7 @@ func readiness(st *gpuv1alpha1.ClusterPolicyStatus, gpuNodes int32, invalid, wri
 	switch {
 	case len(invalid) > 0:
 		setReady(st, generation, metav1.ConditionFalse, ReasonInvalidSpec,
-			"invalid spec (no driver upgrade starts until it is fixed): "+strings.Join(invalid, "; "))
+			"invalid spec (nothing is written, and no driver upgrade starts, until it is fixed): "+strings.Join(invalid, "; "))
 	case len(writeErrs) > 0:
 		setReady(st, generation, metav1.ConditionFalse, ReasonApplyFailed, strings.Join(writeErrs, "; "))
 	case gpuNodes == 0:
