@@ -219,6 +219,10 @@ func buildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string,
 	// Pods carry the hash of the template they were made from: the driver
 	// upgrade tells old driver pods from new ones by it.
 	annotations[gpuv1alpha1.AnnotationTemplateHash] = apply.Hash(template)
+	// The driver stays off hosts with their own (pre-installed): placement,
+	// outside the hash like the nodes below, so that adding it upgraded no
+	// driver.
+	optOut(&template.Spec, op.name)
 	if v.restrict != nil {
 		restrictNodes(&template.Spec, v.restrict)
 	}
@@ -515,12 +519,38 @@ func pullSecrets(names []string) []corev1.LocalObjectReference {
 // nvidia.com/gpu.deploy.<operand>=false, nvidia.com/gpu.deploy.operands=false.
 const deployLabelPrefix = "nvidia.com/gpu.deploy."
 
+// preInstalled is GPU Operator's nvidia.com/gpu.deploy.driver value for a
+// node whose host has a driver of its own: a driver container there would
+// fight it for the kernel modules.
+const preInstalled = "pre-installed"
+
+// optedOut are the values of nvidia.com/gpu.deploy.<operand> that keep the
+// operand off a node: false, and for the driver pre-installed.
+func optedOut(op string) []string {
+	if op == gpuv1alpha1.OperandDriver {
+		return []string{"false", preInstalled}
+	}
+	return []string{"false"}
+}
+
+// optOut makes the pod's opt-out requirement on nvidia.com/gpu.deploy.<op>
+// name every value of optedOut.
+func optOut(pod *corev1.PodSpec, op string) {
+	exprs := pod.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions
+	for i := range exprs {
+		if exprs[i].Key == deployLabelPrefix+op {
+			exprs[i].Values = optedOut(op)
+		}
+	}
+}
+
 // meantFor reports whether the operand is meant to run on the GPU node n:
-// n has not opted out of it (nvidia.com/gpu.deploy.<operand>=false or
-// nvidia.com/gpu.deploy.operands=false) and matches its node selector.
+// n has not opted out of it (nvidia.com/gpu.deploy.<operand>=false, for the
+// driver also =pre-installed, or nvidia.com/gpu.deploy.operands=false) and
+// matches its node selector.
 func meantFor(n *corev1.Node, cp *gpuv1alpha1.ClusterPolicy, op string) bool {
 	l := n.Labels
-	if l[deployLabelPrefix+"operands"] == "false" || l[deployLabelPrefix+op] == "false" {
+	if l[deployLabelPrefix+"operands"] == "false" || slices.Contains(optedOut(op), l[deployLabelPrefix+op]) {
 		return false
 	}
 	for k, v := range cp.Spec.Operand(op).NodeSelector {

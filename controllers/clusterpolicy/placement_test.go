@@ -4,12 +4,14 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/daemonplace"
 )
 
 // GPU nodes are often tainted for their teams (dedicated=ml:NoSchedule).
@@ -75,5 +77,44 @@ func TestNodeWatchPassesTaintChanges(t *testing.T) {
 	again.TimeAdded = &metav1.Time{}
 	if p.Update(event.UpdateEvent{ObjectOld: n(ml), ObjectNew: n(again)}) {
 		t.Error("an unchanged taint list is passed")
+	}
+}
+
+// A node GPU Operator labelled nvidia.com/gpu.deploy.driver=pre-installed
+// has a driver on its host: Loom's driver stays off it (a driver container
+// there would fight the host's for the kernel modules), whatever its OS,
+// while the rest of the stack runs there; =false does the same, and any
+// other value keeps the driver.
+func TestPreInstalledDriverKeepsTheDriverOff(t *testing.T) {
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
+	for _, tt := range []struct {
+		value, osImage string
+		driver         bool
+	}{
+		{"pre-installed", "Ubuntu 22.04.4 LTS", false},
+		{"pre-installed", "Debian GNU/Linux 12 (bookworm)", false},
+		{"false", "Ubuntu 22.04.4 LTS", false},
+		{"true", "Ubuntu 22.04.4 LTS", true},
+		{"", "Ubuntu 22.04.4 LTS", true},
+	} {
+		n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-a", Labels: map[string]string{gpuv1alpha1.LabelPresent: "true"}},
+			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{OSImage: tt.osImage}}}
+		if tt.value != "" {
+			n.Labels["nvidia.com/gpu.deploy.driver"] = tt.value
+		}
+		p := desired(cp, "loom-system", cluster{nodes: []corev1.Node{n}})
+		placed := map[string]bool{}
+		for _, o := range p.objects {
+			if ds, ok := o.(*appsv1.DaemonSet); ok && daemonplace.Places(&ds.Spec.Template.Spec, &n) {
+				placed[ds.Labels[gpuv1alpha1.LabelComponent]] = true
+			}
+		}
+		if placed["driver"] != tt.driver || !placed["device-plugin"] || len(p.noDriver) > 0 {
+			t.Errorf("deploy.driver=%q on %s: driver placed %v (want %v), device plugin placed %v, no driver %v",
+				tt.value, tt.osImage, placed["driver"], tt.driver, placed["device-plugin"], p.noDriver)
+		}
+		if meantFor(&n, cp, "driver") != tt.driver {
+			t.Errorf("deploy.driver=%q: meant for the driver %v", tt.value, !tt.driver)
+		}
 	}
 }
