@@ -140,6 +140,12 @@ func TestClusterPolicyRejectsCarelessValues(t *testing.T) {
 			[]string{"spec.driver.upgradePolicy.waitForCompletion.podSelector", "waitForCompletion.podSelector must be a label selector"}},
 		{"wait selector double operator", `{driver: {upgradePolicy: {waitForCompletion: {podSelector: "job===batch"}}}}`,
 			[]string{"spec.driver.upgradePolicy.waitForCompletion.podSelector", "waitForCompletion.podSelector must be a label selector"}},
+		{"repository with a scheme", `{toolkit: {image: {repository: "https://nvcr.io/nvidia", version: v1}}}`,
+			[]string{"spec.toolkit.image.repository"}},
+		{"repository upper case", `{devicePlugin: {image: {repository: "nvcr.io/NVIDIA", version: v1}}}`,
+			[]string{"spec.devicePlugin.image.repository"}},
+		{"image name with a tag", `{dcgmExporter: {image: {image: "dcgm-exporter:4.2", version: v1}}}`,
+			[]string{"spec.dcgmExporter.image.image"}},
 		{"an env name twice", `{devicePlugin: {env: [{name: FOO, value: a}, {name: FOO, value: b}]}}`,
 			[]string{"spec.devicePlugin.env[1]", "Duplicate value"}},
 		{"wait selector too long", `{driver: {upgradePolicy: {waitForCompletion: {podSelector: "` + strings.Repeat("a", 1025) + `"}}}}`,
@@ -151,6 +157,7 @@ func TestClusterPolicyRejectsCarelessValues(t *testing.T) {
 		`{driver: {image: {version: "550.54.15-rhel9.4"}, upgradePolicy: {maxParallelUpgrades: 0}}}`,
 		`{driver: {upgradePolicy: {drain: {podSelector: "app"}, waitForCompletion: {podSelector: "!app"}}}}`,
 		`{toolkit: {image: {version: latest}}}`, // only the driver's version is a driver version
+		`{toolkit: {image: {repository: "registry.example:5000/mirror/nvidia", image: "k8s/container-toolkit", version: v1}}}`,
 	}
 	ctx := context.Background()
 	for i, tt := range tests {

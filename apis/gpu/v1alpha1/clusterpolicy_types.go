@@ -11,14 +11,20 @@ import (
 // enough.
 // +kubebuilder:validation:XValidation:rule="!(has(self.repository) || has(self.image)) || has(self.version)",message="a custom repository or image needs a version: the built-in version belongs to the built-in image"
 type ImageSpec struct {
-	// Repository, e.g. nvcr.io/nvidia.
+	// Repository, e.g. nvcr.io/nvidia or registry.example:5000/team: a
+	// registry host (and port), then lower-case path components, as an
+	// image reference writes them (ImageRepositoryPattern).
 	// +optional
 	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?([.][A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*(:[0-9]{1,5})?(/[a-z0-9]+(([.]|_|__|-+)[a-z0-9]+)*)*$`
 	Repository string `json:"repository,omitempty"`
-	// Image name within the repository, e.g. driver.
+	// Image name within the repository, e.g. driver or k8s/dcgm-exporter:
+	// lower-case path components (ImageNamePattern).
 	// +optional
 	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9._/-]*[a-z0-9])?$`
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]+(([.]|_|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([.]|_|__|-+)[a-z0-9]+)*)*$`
 	Image string `json:"image,omitempty"`
 	// Version is the image tag, e.g. 570.172.08 or v0.17.2-ubuntu22.04. The
 	// driver's is a driver version (see DriverSpec).

@@ -51,6 +51,21 @@ const (
 // precompiled-driver tags (570-5.15.0-1040-azure-ubuntu22.04), are not.
 const DriverVersionPattern = `^[0-9]+([.][0-9]+)+(-[A-Za-z0-9][A-Za-z0-9_.-]*)?$`
 
+// ImageRepositoryPattern is what an image's repository must be: a registry
+// host of DNS labels with an optional port, then path components of lower
+// case letters and digits joined by '.', '_', '__' or dashes, as the
+// image reference grammar (distribution/reference) has them:
+// nvcr.io/nvidia, registry.example:5000/team. ImageNamePattern is the
+// image's name within it: path components alone. A reference outside the
+// grammar is one the kubelet refuses to pull (InvalidImageName) on every
+// node.
+const (
+	ImageRepositoryPattern = `^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?([.][A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*(:[0-9]{1,5})?` + imagePath + `$`
+	ImageNamePattern       = `^` + imageComponent + imagePath + `$`
+	imageComponent         = `[a-z0-9]+(([.]|_|__|-+)[a-z0-9]+)*`
+	imagePath              = `(/` + imageComponent + `)*`
+)
+
 // KernelModuleTypes are the values of driver.kernelModuleType.
 var KernelModuleTypes = []string{"auto", "open", "proprietary"}
 
@@ -64,6 +79,8 @@ const MaxSelectorLength = 1024
 var (
 	labelSelectorRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(LabelSelectorPattern) })
 	driverVersionRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(DriverVersionPattern) })
+	repositoryRE    = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(ImageRepositoryPattern) })
+	imageNameRE     = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(ImageNamePattern) })
 	percentRE       = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^(100|[1-9][0-9]?)%$`) })
 )
 
@@ -115,6 +132,13 @@ func (s *ClusterPolicySpec) Validate() field.ErrorList {
 	}
 	for _, op := range s.operandFields() {
 		errs = append(errs, validateLabels(op.spec.NodeSelector, spec.Child(op.field, "nodeSelector"))...)
+		img := spec.Child(op.field, "image")
+		if r := op.spec.Image.Repository; r != "" && (len(r) > 255 || !repositoryRE().MatchString(r)) {
+			errs = append(errs, field.Invalid(img.Child("repository"), r, "must be a registry host and path such as nvcr.io/nvidia (lower-case path components)"))
+		}
+		if n := op.spec.Image.Image; n != "" && (len(n) > 255 || !imageNameRE().MatchString(n)) {
+			errs = append(errs, field.Invalid(img.Child("image"), n, "must be an image name such as driver (lower-case path components)"))
+		}
 	}
 	return errs
 }

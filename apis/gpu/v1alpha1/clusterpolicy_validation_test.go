@@ -124,6 +124,28 @@ func TestDriverVersionPattern(t *testing.T) {
 	}
 }
 
+func TestImagePatterns(t *testing.T) {
+	repo, name := regexp.MustCompile(ImageRepositoryPattern), regexp.MustCompile(ImageNamePattern)
+	for r, want := range map[string]bool{
+		"nvcr.io/nvidia": true, "nvcr.io/nvidia/k8s": true, "registry.example:5000/team": true, "localhost:5000": true,
+		"nvidia": true, "Registry.Example.com/a__b/c-d.e": true,
+		"nvcr.io/NVIDIA": false, "nvcr.io/nvidia/": false, "https://nvcr.io/nvidia": false, "nvcr.io/nvidia ": false,
+		"nvcr.io//nvidia": false, "nvcr.io/nvidia:570": false, "nvcr.io:port/x": false, "-nvcr.io": false, "": false,
+	} {
+		if repo.MatchString(r) != want {
+			t.Errorf("repository %q: matches %v, want %v", r, !want, want)
+		}
+	}
+	for n, want := range map[string]bool{
+		"driver": true, "k8s/dcgm-exporter": true, "gpu-operator-validator": true, "a__b.c": true,
+		"Driver": false, "driver:570": false, "driver@sha256": false, "a..b": false, "a//b": false, "/driver": false, "driver/": false, "a___b": false,
+	} {
+		if name.MatchString(n) != want {
+			t.Errorf("image %q: matches %v, want %v", n, !want, want)
+		}
+	}
+}
+
 func TestValidateNamesTheField(t *testing.T) {
 	spec := ClusterPolicySpec{}
 	if errs := spec.Validate(); len(errs) != 0 {
@@ -143,6 +165,7 @@ func TestValidateNamesTheField(t *testing.T) {
 	spec.DaemonSets.Labels = map[string]string{"bad key!": "v", "ok": "bad value!"}
 	spec.DaemonSets.Annotations = map[string]string{"no/no/no": ""}
 	spec.DCGMExporter.NodeSelector = map[string]string{"nvidia.com/gpu.product": "H100 80GB"}
+	spec.DCGMExporter.Image = ImageSpec{Repository: "nvcr.io/NVIDIA", Image: "dcgm exporter"}
 	var got []string
 	for _, e := range spec.Validate() {
 		got = append(got, e.Field)
@@ -153,6 +176,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		"spec.driver.upgradePolicy.podDeletion.timeoutSeconds", "spec.driver.upgradePolicy.drain.podSelector",
 		"spec.driver.image.version", "spec.driver.kernelModuleType", "spec.daemonsets.priorityClassName", "spec.daemonsets.labels[bad key!]", "spec.daemonsets.labels[ok]",
 		"spec.daemonsets.annotations[no/no/no]", "spec.dcgmExporter.nodeSelector[nvidia.com/gpu.product]",
+		"spec.dcgmExporter.image.repository", "spec.dcgmExporter.image.image",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("fields\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -206,6 +230,9 @@ func TestCRDRulesUseThePatterns(t *testing.T) {
 			if r, ok := v["rule"].(string); ok {
 				rules[r] = true
 			}
+			if p, ok := v["pattern"].(string); ok {
+				rules["pattern "+p] = true
+			}
 			for _, c := range v {
 				walk(c)
 			}
@@ -220,6 +247,7 @@ func TestCRDRulesUseThePatterns(t *testing.T) {
 	for _, want := range []string{
 		"self.matches('" + cel(LabelSelectorPattern) + "')",
 		"!has(self.image) || !has(self.image.version) || self.image.version.matches('" + cel(DriverVersionPattern) + "')",
+		"pattern " + ImageRepositoryPattern, "pattern " + ImageNamePattern,
 	} {
 		if !rules[want] {
 			t.Errorf("the CRD has no rule\n  %s", want)
