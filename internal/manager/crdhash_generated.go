@@ -5,7 +5,7 @@ package manager
 // crdHashes are the packed CRD manifests' content hashes
 // (crdinstall.Hash of their JSON), by name.
 var crdHashes = map[string]string{
-	"gpu.loom.dev_clusterpolicies":   "4ebe4108660268cc",
+	"gpu.loom.dev_clusterpolicies":   "195e20e20a5504d4",
 	"gpu.loom.dev_gpunodes":          "d9f449d1039a29e5",
 	"training.loom.dev_trainingjobs": "29748beb178d382c",
 }

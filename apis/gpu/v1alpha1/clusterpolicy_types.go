@@ -249,6 +249,8 @@ type DevicePluginConfig struct {
 	// device plugins.
 	// +optional
 	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	ConfigMapName string `json:"configMapName,omitempty"`
 	// DefaultConfig is the key used on nodes without the label.
 	// +optional
@@ -288,6 +290,8 @@ type MIGManagerSpec struct {
 	// loom-mig-parted-config with GPU Operator's built-in layouts. An edit
 	// of its content restarts the MIG managers.
 	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	ConfigMapName string `json:"configMapName,omitempty"`
 	// DefaultConfig is applied to nodes without a nvidia.com/mig.config
 	// label; "all-disabled" leaves MIG off.
@@ -302,6 +306,8 @@ type DCGMExporterSpec struct {
 	// MetricsConfigMapName holds the counters CSV (key dcgm-metrics.csv);
 	// empty uses Loom's, which adds the ECC fields its alerts need.
 	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	MetricsConfigMapName string `json:"metricsConfigMapName,omitempty"`
 }
 
