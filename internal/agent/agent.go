@@ -17,6 +17,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
@@ -66,6 +67,7 @@ type Agent struct {
 
 	kept *gpuv1alpha1.GPUNodeStatus // the last inventory read through NVML; nil: none
 	pci  []gpuv1alpha1.PCIDevice    // the last PCI devices read
+	cut  string                     // what bound cut, as logged last
 }
 
 // Run collects at start, on every Interval, on NVML events and when NVML
@@ -118,6 +120,7 @@ func (a *Agent) pass(ctx context.Context) {
 		last: a.srv.last, inventory: a.kept, pci: pci, health: a.records(), down: a.nvml.down,
 		collectErr: collectErr, simulated: a.Simulated,
 	})
+	a.logCut(desired)
 	if err := a.publish(ctx, &desired); err != nil {
 		a.Metrics.errors.WithLabelValues("write").Inc()
 		a.Log.Error(err, "writing the GPUNode status failed")
@@ -127,6 +130,20 @@ func (a *Agent) pass(ctx context.Context) {
 		a.Metrics.lastSuccess.SetToCurrentTime()
 	}
 	a.finishReset(ctx)
+}
+
+// logCut logs what the status was cut to fit its schema, when that
+// changes.
+func (a *Agent) logCut(st gpuv1alpha1.GPUNodeStatus) {
+	var cut string
+	c := meta.FindStatusCondition(st.Conditions, gpuv1alpha1.ConditionTruncated)
+	if c != nil {
+		cut = c.Message
+	}
+	if cut != a.cut && c != nil {
+		a.Log.Info("the node reports more than the GPUNode status admits; writing what fits", "reason", c.Reason, "cut", cut)
+	}
+	a.cut = cut
 }
 
 // readPCI reads the PCI bus; on failure it logs and keeps what it read
@@ -206,7 +223,7 @@ func (a *Agent) writer() *apply.Writer {
 	if a.w == nil {
 		a.w = apply.NewWriter(a.Client, FieldOwner, apply.Options{
 			Conditions: []string{gpuv1alpha1.ConditionReady, gpuv1alpha1.ConditionNVMLUnavailable,
-				gpuv1alpha1.ConditionReconciling, gpuv1alpha1.ConditionStalled}})
+				gpuv1alpha1.ConditionReconciling, gpuv1alpha1.ConditionStalled, gpuv1alpha1.ConditionTruncated}})
 	}
 	return a.w
 }

@@ -14,10 +14,10 @@ import (
 
 // The GPUNode's status is what the manager trusts of a node: its schema
 // refuses what no node has (a negative count or memory, more GPUs or MIG
-// devices than a node holds, strings longer than NVML's), so an agent
-// reporting garbage fails its write (and LoomGPUNodeAgentNotReporting
-// says so) instead of the labels, the index and the metrics carrying it.
-// A full inventory (eight GPUs in MIG mode) fits.
+// devices than a node holds, strings longer than NVML's), so garbage fails
+// its write instead of the labels, the index and the metrics carrying it.
+// A full inventory (eight GPUs in MIG mode) fits. The agent cuts what it
+// writes to these limits (TestAgentBoundsWhatNVMLReportsToTheSchema).
 func TestGPUNodeStatusRefusesGarbage(t *testing.T) {
 	ctx := context.Background()
 	valid := func(t *testing.T) gpuv1alpha1.GPUNodeStatus {

@@ -23,7 +23,8 @@ type statusInput struct {
 
 // composeStatus is the status the agent publishes: the last NVML inventory
 // (never cleared by NVML failing), the PCI devices, each GPU's health from
-// the health records, and the agent's two conditions.
+// the health records, and the agent's conditions; all of it cut to what
+// the schema admits (bound), and Truncated saying what was cut.
 func composeStatus(in statusInput) gpuv1alpha1.GPUNodeStatus {
 	var st gpuv1alpha1.GPUNodeStatus
 	if in.inventory != nil {
@@ -36,12 +37,20 @@ func composeStatus(in statusInput) gpuv1alpha1.GPUNodeStatus {
 			st.GPUs[i].Health = h
 		}
 	}
-	inventory.Summarize(&st)
 	st.PCIDevices = append([]gpuv1alpha1.PCIDevice(nil), in.pci...)
 	st.Simulated = in.simulated
+	cut := bound(&st)
+	inventory.Summarize(&st)
 	st.Conditions = append([]metav1.Condition(nil), in.last.Conditions...)
 	for _, c := range conditions(in, st) {
+		c.Message = truncate(c.Message, maxCondMsg)
 		meta.SetStatusCondition(&st.Conditions, c)
+	}
+	if len(cut.cuts) == 0 {
+		meta.RemoveStatusCondition(&st.Conditions, gpuv1alpha1.ConditionTruncated)
+	} else {
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: gpuv1alpha1.ConditionTruncated,
+			Status: metav1.ConditionTrue, Reason: cut.reason, Message: cut.message()})
 	}
 	return st
 }

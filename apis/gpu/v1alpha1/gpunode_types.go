@@ -21,6 +21,12 @@ const (
 	// fixes it; a person resets or replaces the GPU (see the health reset
 	// annotation).
 	ConditionStalled = "Stalled"
+	// ConditionTruncated is True when the node reports more than the
+	// status admits (a product name or version longer than its field, more
+	// GPUs or MIG devices than a node holds): the agent writes what fits
+	// (strings cut, the first devices kept) and its message names each
+	// field cut. It is absent otherwise.
+	ConditionTruncated = "Truncated"
 
 	ReasonCollected        = "Collected"
 	ReasonNVMLInitFailed   = "NVMLInitFailed"
@@ -32,6 +38,13 @@ const (
 	// ReasonNVMLLost: NVML worked, then its calls began failing (the driver
 	// was unloaded, e.g. for an upgrade). The agent keeps the last inventory.
 	ReasonNVMLLost = "NVMLLost"
+
+	// Reasons of the Truncated condition: what its first cut was.
+	ReasonTooManyGPUs       = "TooManyGPUs"
+	ReasonTooManyMIGDevices = "TooManyMIGDevices"
+	ReasonTooManyPCIDevices = "TooManyPCIDevices"
+	ReasonValueTooLong      = "ValueTooLong"
+	ReasonNegativeValue     = "NegativeValue"
 )
 
 // Reasons of an unhealthy GPU (GPUHealth.Reason).
