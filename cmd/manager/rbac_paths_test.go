@@ -104,7 +104,8 @@ func queuedJob() *trainingv1alpha1.TrainingJob {
 // actors plays, one step per call, the parts of the cluster that move the
 // manager's later write paths: a kubelet, the DaemonSet controller and a
 // GPU workload for the driver upgrade; a kubelet and a Ray job's submitter
-// for the RayJob; Kueue for a queued TrainingJob. step returns what is
+// for the RayJob; Kueue for a queued TrainingJob; a GPUNode left without
+// its Node for the labeller to delete. step returns what is
 // still to happen, empty once every path has run.
 type actors struct {
 	c    client.Client
@@ -114,12 +115,13 @@ type actors struct {
 	oldDriver string
 	submitted bool
 	admitted  bool
+	orphaned  bool
 }
 
 func (a *actors) step(ctx context.Context, t *testing.T) []string {
 	t.Helper()
 	var left []string
-	for _, f := range []func(context.Context, *testing.T) string{a.driverUpgrade, a.rayJob, a.kueue} {
+	for _, f := range []func(context.Context, *testing.T) string{a.driverUpgrade, a.rayJob, a.kueue, a.orphan} {
 		if what := f(ctx, t); what != "" {
 			left = append(left, what)
 		}
@@ -282,6 +284,20 @@ func (a *actors) kueue(ctx context.Context, t *testing.T) string {
 		must(t, a.c.Delete(ctx, job))
 	}
 	return "the Kueue Workload: not deleted with its job"
+}
+
+// orphan: a GPUNode whose Node is gone, which the labeller deletes.
+func (a *actors) orphan(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	gn := &gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: "gpu-gone"}}
+	if !a.orphaned {
+		must(t, a.c.Create(ctx, gn))
+		a.orphaned = true
+	}
+	if err := a.c.Get(ctx, client.ObjectKeyFromObject(gn), gn); !apierrors.IsNotFound(err) {
+		return "the GPUNode of a deleted Node: not deleted"
+	}
+	return ""
 }
 
 // startRayDashboard sends the manager's Ray dashboard requests to a fake

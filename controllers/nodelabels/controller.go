@@ -38,7 +38,7 @@ const (
 // ClusterPolicy when a node's device plugin config cannot be used.
 const ReasonInvalidConfig = "InvalidDevicePluginConfig"
 
-// +kubebuilder:rbac:groups=gpu.loom.dev,resources=gpunodes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=gpu.loom.dev,resources=gpunodes,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=gpunodes/status,verbs=get
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
@@ -47,7 +47,7 @@ const ReasonInvalidConfig = "InvalidDevicePluginConfig"
 // Reconciler keeps each GPU node's GFD labels in line with its GPUNode, its
 // NFD labels and its device plugin config, taints nodes with unhealthy GPUs
 // when the policy asks, and makes each GPUNode owned by its Node (so it is
-// garbage-collected).
+// garbage-collected), deleting one whose Node is gone itself.
 type Reconciler struct {
 	client.Client
 	// Live reads Nodes in full (their taints), around the metadata-only
@@ -114,8 +114,9 @@ func (r *Reconciler) configMapNodes(ctx context.Context, o client.Object) []reco
 	return r.gpuNodes(ctx)
 }
 
-// metadataChanged passes Node creations and label/annotation/UID changes,
-// and drops the heartbeat-driven updates that make up most Node events.
+// metadataChanged passes Node creations, deletions and label/annotation/UID
+// changes, and drops the heartbeat-driven updates that make up most Node
+// events.
 func metadataChanged() predicate.Funcs {
 	return predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
@@ -123,7 +124,6 @@ func metadataChanged() predicate.Funcs {
 			return o.GetUID() != n.GetUID() ||
 				!maps.Equal(o.GetLabels(), n.GetLabels()) || !maps.Equal(o.GetAnnotations(), n.GetAnnotations())
 		},
-		DeleteFunc: func(event.DeleteEvent) bool { return false },
 	}
 }
 
@@ -133,9 +133,9 @@ func metadataChanged() predicate.Funcs {
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	node := &metav1.PartialObjectMetadata{}
 	node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
-	if err := r.Get(ctx, req.NamespacedName, node); err != nil {
-		// A deleted Node takes its GPUNode with it (owner reference).
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+	nodeErr := r.Get(ctx, req.NamespacedName, node)
+	if nodeErr != nil && !apierrors.IsNotFound(nodeErr) {
+		return ctrl.Result{}, nodeErr
 	}
 	gn := &gpuv1alpha1.GPUNode{}
 	err := r.Get(ctx, req.NamespacedName, gn)
@@ -143,6 +143,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		gn = nil
 	} else if err != nil {
 		return ctrl.Result{}, err
+	}
+	if nodeErr != nil {
+		return ctrl.Result{}, r.deleteOrphan(ctx, gn)
 	}
 	if gn != nil && !ownedBy(gn, node) {
 		if err := r.applyOwner(ctx, gn, node); err != nil {
@@ -170,6 +173,26 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 	}
 	return ctrl.Result{}, r.syncTaint(ctx, node, UnhealthyTaint(st, cp != nil && cp.Spec.Health.TaintUnhealthyNodes))
+}
+
+// deleteOrphan deletes gn (nil: nothing to do), whose Node the cache does
+// not have, once the API server confirms the Node is gone: the garbage
+// collector deletes a GPUNode owned by a deleted Node, but not one that
+// never had its owner reference (its Node deleted while the manager was
+// down, or the agent writing after the Node was deleted). The delete is
+// for gn's UID only, so a GPUNode made since for a new Node of that name
+// stays.
+func (r *Reconciler) deleteOrphan(ctx context.Context, gn *gpuv1alpha1.GPUNode) error {
+	if gn == nil || gn.DeletionTimestamp != nil {
+		return nil
+	}
+	node := &metav1.PartialObjectMetadata{}
+	node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
+	if err := r.Live.Get(ctx, client.ObjectKey{Name: gn.Name}, node); !apierrors.IsNotFound(err) {
+		return err // the Node is there (the cache is behind: its event follows), or the read failed
+	}
+	log.FromContext(ctx).Info("deleting the GPUNode of a deleted Node", "gpunode", gn.Name, "uid", gn.UID)
+	return r.w.Delete(ctx, gn, "its Node is gone")
 }
 
 // activePolicy is the ClusterPolicy in force, nil when none is.
