@@ -127,7 +127,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	cfg.UserAgent = "loom-node-agent"
-	c, err := client.New(cfg, client.Options{Scheme: manager.Scheme()})
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: manager.Scheme()})
 	if err != nil {
 		log.Error(err, "cannot build a client")
 		return 1

@@ -17,7 +17,9 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/go-logr/logr"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
@@ -26,12 +28,13 @@ import (
 	"github.com/loom-dev/loom/internal/inventory"
 )
 
-// The agent may read and patch GPUNodes and their status, nothing else; the
-// chart's ValidatingAdmissionPolicy narrows that to its own node's GPUNode.
+// The agent may read (and watch, for its own) and patch GPUNodes and their
+// status, nothing else; the chart's ValidatingAdmissionPolicy narrows the
+// writes to its own node's GPUNode.
 // "create" is there because a server-side apply that creates an object is
 // authorised as a create; the policy limits it to the agent's own node too.
 // Patching the GPUNode itself is for removing the health-reset annotation.
-// +kubebuilder:rbac:groups=gpu.loom.dev,resources=gpunodes,verbs=get;create;patch
+// +kubebuilder:rbac:groups=gpu.loom.dev,resources=gpunodes,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=gpunodes/status,verbs=get;patch
 
 // FieldOwner is the agent's server-side-apply field manager.
@@ -81,20 +84,110 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	tick := time.NewTicker(a.Interval)
 	defer tick.Stop()
+	var seen <-chan *gpuv1alpha1.GPUNode
+	if w, ok := a.Client.(client.WithWatch); ok {
+		seen = a.watchGPUNode(ctx, w)
+	}
 	for passes := 1; ; passes++ {
 		a.pass(ctx)
+		if !a.wait(ctx, tick.C, seen, passes) {
+			return nil
+		}
+	}
+}
+
+// wait returns when the next pass is due (false: ctx is done): on the
+// interval, an NVML event, NVML due for another initialisation, or the
+// GPUNode changed by someone else (deleted, or its status not what the
+// agent wrote), which the pass then reads again.
+func (a *Agent) wait(ctx context.Context, tick <-chan time.Time, seen <-chan *gpuv1alpha1.GPUNode, passes int) bool {
+	for {
 		select {
 		case <-ctx.Done():
-			return nil
-		case <-tick.C:
+			return false
+		case <-tick:
 			// Now and then compare with what the server holds rather than
 			// with memory, so a GPUNode deleted or edited by someone else
-			// comes back: one GET per node every few intervals.
+			// comes back even without a watch: one GET per node every few
+			// intervals.
 			if passes%VerifyEvery == 0 {
 				a.srv.known = false
 			}
+			return true
 		case <-a.trigger:
+			return true
 		case <-a.nvmlRetry():
+			return true
+		case gn := <-seen:
+			if a.strayed(gn) {
+				a.srv.known = false
+				return true
+			}
+		}
+	}
+}
+
+// strayed reports whether gn, the GPUNode as the watch saw it last (nil:
+// deleted), is not what the agent knows: deleted or made by someone else,
+// its status not the one the agent wrote, a health reset asked for.
+func (a *Agent) strayed(gn *gpuv1alpha1.GPUNode) bool {
+	if gn == nil || !a.srv.exists {
+		return (gn == nil) == a.srv.exists
+	}
+	return gn.Annotations[gpuv1alpha1.AnnotationResetGPUHealth] != a.srv.resetAsk ||
+		!apiequality.Semantic.DeepEqual(gn.Status, a.srv.last)
+}
+
+// watchGPUNode watches the node's GPUNode and hands the run loop the
+// latest version seen (nil: deleted), so that a GPUNode deleted or edited
+// by someone else is put back at once rather than at the next
+// verification. A watch that fails or ends is started again (1 s,
+// doubling to the interval, while it fails); each start sees the GPUNode
+// as it is.
+func (a *Agent) watchGPUNode(ctx context.Context, c client.WithWatch) <-chan *gpuv1alpha1.GPUNode {
+	out := make(chan *gpuv1alpha1.GPUNode, 1)
+	go func() {
+		backoff := time.Duration(0)
+		for ctx.Err() == nil {
+			w, err := c.Watch(ctx, &gpuv1alpha1.GPUNodeList{}, client.MatchingFields{"metadata.name": a.NodeName})
+			if err != nil {
+				backoff = min(max(2*backoff, time.Second), max(a.Interval, time.Second))
+				a.Metrics.errors.WithLabelValues("read").Inc()
+				a.Log.Error(err, "watching the GPUNode failed", "retryIn", backoff)
+				select {
+				case <-ctx.Done():
+				case <-time.After(backoff):
+				}
+				continue
+			}
+			backoff = 0
+			for ev := range w.ResultChan() {
+				gn, _ := ev.Object.(*gpuv1alpha1.GPUNode)
+				switch {
+				case ev.Type == watch.Deleted:
+					latest(out, nil)
+				case (ev.Type == watch.Added || ev.Type == watch.Modified) && gn != nil:
+					latest(out, gn)
+				}
+			}
+			w.Stop()
+		}
+	}()
+	return out
+}
+
+// latest puts gn in out (of capacity 1), replacing what the reader has
+// not taken yet.
+func latest(out chan *gpuv1alpha1.GPUNode, gn *gpuv1alpha1.GPUNode) {
+	for {
+		select {
+		case out <- gn:
+			return
+		default:
+			select {
+			case <-out:
+			default:
+			}
 		}
 	}
 }

@@ -40,7 +40,10 @@ func start(t *testing.T, node string, lib nvml.Interface, sim string) *running {
 func startAgent(t *testing.T, a *Agent) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	a.Client, a.Log, a.Metrics = env.Client, ctrl.Log.WithName(a.NodeName), NewMetrics()
+	a.Log, a.Metrics = ctrl.Log.WithName(a.NodeName), NewMetrics()
+	if a.Client == nil {
+		a.Client = env.Client
+	}
 	if a.Interval == 0 {
 		a.Interval = time.Hour
 	}
@@ -211,5 +214,64 @@ func TestAgentRestoresADeletedGPUNode(t *testing.T) {
 	}
 	waitFor(t, node, "re-created with its inventory", func(g *gpuv1alpha1.GPUNode) bool {
 		return g.UID != gn.UID && g.Status.GPUCount == 8
+	})
+}
+
+// With a watch, a GPUNode a person edits or deletes is put back at once,
+// not at the next verification (an hour here), with one write each (two
+// for a delete: the GPUNode, then its status), and the agent's own writes
+// seen through the watch write nothing more.
+func TestAgentWatchPutsBackAnEditedOrDeletedGPUNode(t *testing.T) {
+	const node = "agent-watch"
+	ctx := context.Background()
+	c, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Client.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sim(t, collect.SimOptions{System: "dgx-h100", Seed: node})
+	r := startAgent(t, &Agent{NodeName: node, Client: c, Lib: s, Simulated: "dgx-h100"})
+	gn := waitFor(t, node, "Ready", isReady)
+	waitWrites(t, r, 2)
+	time.Sleep(500 * time.Millisecond) // the watch sees the agent's own writes
+	if w := testutil.ToFloat64(r.agent.Metrics.writes); w != 2 {
+		t.Fatalf("the agent's own writes, seen through its watch, made it write again: %v writes, want 2", w)
+	}
+
+	// A person edits the status: put back.
+	gn.Status.GPUCount, gn.Status.Product = 2, "edited"
+	if err := env.Client.Status().Update(ctx, gn); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, node, "the edit undone", func(gn *gpuv1alpha1.GPUNode) bool {
+		return gn.Status.GPUCount == 8 && gn.Status.Product == "NVIDIA H100 80GB HBM3"
+	})
+	waitWrites(t, r, 3)
+
+	// A person deletes it: made again.
+	if err := env.Client.Delete(ctx, gn); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, node, "made again with its inventory", func(g *gpuv1alpha1.GPUNode) bool {
+		return g.UID != gn.UID && isReady(g) && g.Status.GPUCount == 8
+	})
+	waitWrites(t, r, 5)
+	time.Sleep(500 * time.Millisecond)
+	if w := testutil.ToFloat64(r.agent.Metrics.writes); w != 5 {
+		t.Errorf("%v writes, want 5: two to publish, one to undo the edit, two to make the GPUNode again", w)
+	}
+
+	// A person asks for a health reset: done at once, not at the next pass.
+	injectXid(t, s, 3, 79)
+	gn = waitFor(t, node, "GPU 3 unhealthy", func(gn *gpuv1alpha1.GPUNode) bool {
+		return gpuHealth(gn, 3).State == gpuv1alpha1.GPUUnhealthy
+	})
+	patch := client.MergeFrom(gn.DeepCopy())
+	gn.Annotations = map[string]string{gpuv1alpha1.AnnotationResetGPUHealth: "all"}
+	if err := env.Client.Patch(ctx, gn, patch); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, node, "GPU 3 reset and the annotation gone", func(gn *gpuv1alpha1.GPUNode) bool {
+		_, asked := gn.Annotations[gpuv1alpha1.AnnotationResetGPUHealth]
+		return gpuHealth(gn, 3).State == gpuv1alpha1.GPUHealthy && !asked
 	})
 }

@@ -42,15 +42,18 @@ func composeStatus(in statusInput) gpuv1alpha1.GPUNodeStatus {
 	cut := bound(&st)
 	inventory.Summarize(&st)
 	st.Conditions = append([]metav1.Condition(nil), in.last.Conditions...)
+	// Times in seconds, as the server keeps them, so that the GPUNode the
+	// agent's watch sees equals what it wrote.
+	now := metav1.Now().Rfc3339Copy()
 	for _, c := range conditions(in, st) {
-		c.Message = truncate(c.Message, maxCondMsg)
+		c.Message, c.LastTransitionTime = truncate(c.Message, maxCondMsg), now
 		meta.SetStatusCondition(&st.Conditions, c)
 	}
 	if len(cut.cuts) == 0 {
 		meta.RemoveStatusCondition(&st.Conditions, gpuv1alpha1.ConditionTruncated)
 	} else {
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: gpuv1alpha1.ConditionTruncated,
-			Status: metav1.ConditionTrue, Reason: cut.reason, Message: cut.message()})
+			Status: metav1.ConditionTrue, Reason: cut.reason, Message: cut.message(), LastTransitionTime: now})
 	}
 	return st
 }
