@@ -53,7 +53,7 @@ func installAgentPolicy(t *testing.T) {
 
 // agentClient returns a client authenticated as the chart's node-agent
 // service account with a token bound to a pod on node.
-func agentClient(t *testing.T, node string) client.Client {
+func agentClient(t *testing.T, node string) client.WithWatch {
 	t.Helper()
 	ctx := context.Background()
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}
@@ -80,7 +80,7 @@ func agentClient(t *testing.T, node string) client.Client {
 	}
 	cfg := rest.AnonymousClientConfig(env.Config)
 	cfg.BearerToken = tr.Status.Token
-	c, err := client.New(cfg, client.Options{Scheme: manager.Scheme()})
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: manager.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,6 +125,13 @@ func TestAgentMayWriteOnlyItsOwnGPUNode(t *testing.T) {
 	}
 	t.Logf("denied as expected: %v", lastErr)
 
+	// It may watch its GPUNode, as it does.
+	w, err := onA.Watch(ctx, &gpuv1alpha1.GPUNodeList{}, client.MatchingFields{"metadata.name": "lp-node-a"})
+	if err != nil {
+		t.Errorf("agent watching its GPUNode: %v", err)
+	} else {
+		w.Stop()
+	}
 	// Nor can it read anything but GPUNodes.
 	if err := onA.Get(ctx, client.ObjectKey{Name: "lp-node-a"}, &corev1.Node{}); !apierrors.IsForbidden(err) {
 		t.Errorf("agent reading its Node: %v, want forbidden", err)
