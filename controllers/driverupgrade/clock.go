@@ -5,6 +5,7 @@ package driverupgrade
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -128,7 +129,11 @@ func (s transition) notReadyFor() time.Duration {
 }
 
 // lost fails a node NotReady for d, longer than notReadyTimeout, saying so
-// and marking it to retry once Ready.
+// and marking it to retry once Ready: once per step and driver version
+// (AnnotationLost). Lost in the same step again on that version, it stays
+// failed, counting towards maxFailures: a node that keeps going down in
+// one step (a driver that crashes it, a drain that overloads it, a
+// flapping kubelet) would otherwise hold its upgrade slot for ever.
 func (s transition) lost(d time.Duration) (string, []action) {
 	ready := "no Ready condition"
 	if c := readyCondition(s.node); c != nil {
@@ -138,28 +143,46 @@ func (s transition) lost(d time.Duration) (string, []action) {
 		}
 	}
 	why := fmt.Sprintf("node %s was NotReady for %s (%s) in %s, longer than %s", s.node.Name, d.Round(time.Second), ready, s.state(), notReadyTimeout)
-	inDriver := s.state() == gpuv1alpha1.PodRestartRequired || s.state() == gpuv1alpha1.ValidationRequired
-	if inDriver && s.driver != nil && s.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == s.t.template {
+	step := lossStep(s.state())
+	if step == "driver" && s.driver != nil && s.driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == s.t.template {
 		if why2 := podset.WaitingWhy(s.driver); why2 != "" {
 			why += fmt.Sprintf("; its new driver pod %s: %s", s.driver.Name, why2)
 		}
 	}
-	if inDriver && s.node.Annotations[gpuv1alpha1.AnnotationLostInDriver] == s.t.template {
-		// Lost a second time with this driver: the driver may well be
-		// what takes the node down; a new driver version retries it.
-		return s.fail(why + ", the second time in its driver step on this driver version: it stays failed until a new driver version " +
-			"(or its wanted driver runs ready after all)")
+	steps := s.lostIn()
+	if slices.Contains(steps, step) {
+		return s.fail(fmt.Sprintf("%s, the second time in its %s step on this driver version: it stays failed until a new driver version "+
+			"(or its wanted driver runs ready after all)", why, step))
 	}
-	why += ": its upgrade slot is freed, and it retries once Ready"
-	if inDriver {
-		why += " (once on this driver version: lost again in its driver step, it stays failed)"
-	}
+	why += fmt.Sprintf(": its upgrade slot is freed, and it retries once Ready (once per step on this driver version: lost again in its %s step, it stays failed)", step)
 	state, acts := s.fail(why)
-	acts[len(acts)-1].annotations[gpuv1alpha1.AnnotationFailedNotReady] = ptr.To("true")
-	if inDriver {
-		acts[len(acts)-1].annotations[gpuv1alpha1.AnnotationLostInDriver] = ptr.To(s.t.template)
-	}
+	ann := acts[len(acts)-1].annotations
+	ann[gpuv1alpha1.AnnotationFailedNotReady] = ptr.To("true")
+	ann[gpuv1alpha1.AnnotationLost] = ptr.To(strings.Join(append(steps, step), ",") + ":" + s.t.template)
 	return state, acts
+}
+
+// lostIn is the steps AnnotationLost says the node was lost in on the
+// driver template it upgrades to; none for another template's, or a value
+// that is not Loom's.
+func (s transition) lostIn() []string {
+	steps, template, ok := strings.Cut(s.node.Annotations[gpuv1alpha1.AnnotationLost], ":")
+	if !ok || steps == "" || template != s.t.template {
+		return nil
+	}
+	return strings.Split(steps, ",")
+}
+
+// lossStep names the step of state for AnnotationLost: the driver's
+// restart and validation are one step, the driver.
+func lossStep(state string) string {
+	switch state {
+	case gpuv1alpha1.UpgradeRequired:
+		return "cordon"
+	case gpuv1alpha1.PodRestartRequired, gpuv1alpha1.ValidationRequired:
+		return "driver"
+	}
+	return strings.TrimSuffix(state, "-required")
 }
 
 func readyCondition(n *corev1.Node) *corev1.NodeCondition {

@@ -517,18 +517,37 @@ func TestReconcileRestartsUnusableClocks(t *testing.T) {
 	}
 }
 
-// A node lost in its driver step (NotReady too long while its new driver
-// is validated: the driver may be what takes it down) is retried once
-// Ready, once per driver version: lost there again on the same version,
-// it stays failed, counting towards maxFailures, and Ready again it is not
-// retried.
-func TestReconcileNodeLostTwiceInItsDriverStepStaysFailed(t *testing.T) {
+// A node lost in a step of its upgrade (NotReady too long while its new
+// driver is validated: the driver may be what takes it down; or while it
+// waits for its jobs: a flapping kubelet) is retried once Ready, once per
+// step and driver version: lost in that step again on the same version, it
+// stays failed, counting towards maxFailures, and Ready again it is not
+// retried, so it no longer holds its upgrade slot each time it returns.
+func TestReconcileNodeLostTwiceInAStepStaysFailed(t *testing.T) {
+	for _, tc := range []struct{ step, state string }{
+		{"driver", gpuv1alpha1.ValidationRequired},
+		{"wait-for-jobs", gpuv1alpha1.WaitForJobsRequired},
+	} {
+		t.Run(tc.step, func(t *testing.T) { testLostTwice(t, tc.step, tc.state) })
+	}
+}
+
+func testLostTwice(t *testing.T, step, state string) {
 	ctx := context.Background()
-	const name = "lost-twice"
+	name := "lost-twice-" + step
 	cp, ds := envDriver(t, name, gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](1), MaxUnavailable: ptr.To(intstr.FromInt32(10)),
-		MaxFailures: ptr.To[int32](0)}, corev1.PodSpec{})
-	n := envNode(t, "lost-twice-a", false, map[string]string{gpuv1alpha1.LabelPresent: "true"})
+		MaxFailures: ptr.To[int32](0), WaitForCompletion: &gpuv1alpha1.WaitForCompletionSpec{PodSelector: "job=" + name}}, corev1.PodSpec{})
+	n := envNode(t, name+"-a", false, map[string]string{gpuv1alpha1.LabelPresent: "true"})
 	envDriverPod(t, ds, n.Name, "old-template")
+	if state == gpuv1alpha1.WaitForJobsRequired {
+		job := pod("train", labelled("job", name), bare)
+		job.Name, job.Spec.NodeName = name, n.Name
+		job.Spec.Containers = []corev1.Container{{Name: "train", Image: "train"}}
+		if err := env.Client.Create(ctx, &job); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), &job, client.GracePeriodSeconds(0)) })
+	}
 	now := t0
 	r := New(env.Client, env.Client, loomNS)
 	r.Now = func() time.Time { return now }
@@ -538,13 +557,13 @@ func TestReconcileNodeLostTwiceInItsDriverStepStaysFailed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// toValidation passes until the node validates its new driver (the
-	// old driver pod deleted; no DaemonSet controller makes the new one).
-	toValidation := func() {
+	// toStep passes until the node is in state (in validation: the old
+	// driver pod deleted; no DaemonSet controller makes the new one).
+	toStep := func() {
 		t.Helper()
-		for i := 0; getNode(t, n.Name).Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.ValidationRequired; i++ {
+		for i := 0; getNode(t, n.Name).Labels[gpuv1alpha1.LabelUpgradeState] != state; i++ {
 			if i == 10 {
-				t.Fatalf("not in validation after 10 passes: %v", getNode(t, n.Name).Labels)
+				t.Fatalf("not in %s after 10 passes: %v", state, getNode(t, n.Name).Labels)
 			}
 			pass()
 		}
@@ -556,24 +575,24 @@ func TestReconcileNodeLostTwiceInItsDriverStepStaysFailed(t *testing.T) {
 		pass()
 		got := getNode(t, n.Name)
 		if got.Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.UpgradeFailed {
-			t.Fatalf("NotReady for 11 minutes in validation: state %q", got.Labels[gpuv1alpha1.LabelUpgradeState])
+			t.Fatalf("NotReady for 11 minutes in %s: state %q", state, got.Labels[gpuv1alpha1.LabelUpgradeState])
 		}
 		setReady(t, n.Name, corev1.ConditionTrue, now)
 		now = now.Add(time.Minute)
 		pass()
 		return got
 	}
-	toValidation()
-	if got := lose(); got.Annotations[gpuv1alpha1.AnnotationFailedNotReady] != "true" || got.Annotations[gpuv1alpha1.AnnotationLostInDriver] != wanted {
+	toStep()
+	if got := lose(); got.Annotations[gpuv1alpha1.AnnotationFailedNotReady] != "true" || got.Annotations[gpuv1alpha1.AnnotationLost] != step+":"+wanted {
 		t.Fatalf("lost the first time: annotations %v", got.Annotations)
 	}
 	if s := getNode(t, n.Name).Labels[gpuv1alpha1.LabelUpgradeState]; s != gpuv1alpha1.UpgradeRequired {
 		t.Fatalf("lost the first time, Ready again: state %q, want a retry", s)
 	}
-	toValidation()
+	toStep()
 	got := lose()
 	if got.Annotations[gpuv1alpha1.AnnotationFailedNotReady] != "" ||
-		!strings.Contains(got.Annotations[gpuv1alpha1.AnnotationFailure], "the second time in its driver step on this driver version: it stays failed") {
+		!strings.Contains(got.Annotations[gpuv1alpha1.AnnotationFailure], "the second time in its "+step+" step on this driver version: it stays failed") {
 		t.Fatalf("lost the second time: annotations %v", got.Annotations)
 	}
 	for range 3 {
@@ -586,7 +605,7 @@ func TestReconcileNodeLostTwiceInItsDriverStepStaysFailed(t *testing.T) {
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
 		t.Fatal(err)
 	}
-	if c := meta.FindStatusCondition(cp.Status.Conditions, gpuv1alpha1.ConditionDriverUpgrade); c == nil || !strings.Contains(c.Message, "failed (1): lost-twice-a") {
+	if c := meta.FindStatusCondition(cp.Status.Conditions, gpuv1alpha1.ConditionDriverUpgrade); c == nil || !strings.Contains(c.Message, "failed (1): "+n.Name) {
 		t.Errorf("condition %+v", c)
 	}
 }

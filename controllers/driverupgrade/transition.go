@@ -177,8 +177,8 @@ func (s transition) begin() (string, []action) {
 	ann := map[string]*string{gpuv1alpha1.AnnotationClaim: ptr.To(s.t.claim), gpuv1alpha1.AnnotationTarget: ptr.To(s.t.template),
 		gpuv1alpha1.AnnotationUpgradeStarted: s.nowString(), gpuv1alpha1.AnnotationFailure: nil, gpuv1alpha1.AnnotationFailedTemplate: nil,
 		gpuv1alpha1.AnnotationFailureAcknowledged: nil, gpuv1alpha1.AnnotationFailedNotReady: nil, gpuv1alpha1.AnnotationWasCordoned: nil}
-	if v, ok := s.node.Annotations[gpuv1alpha1.AnnotationLostInDriver]; ok && v != s.t.template {
-		ann[gpuv1alpha1.AnnotationLostInDriver] = nil // another driver version: a fresh retry
+	if _, ok := s.node.Annotations[gpuv1alpha1.AnnotationLost]; ok && s.lostIn() == nil {
+		ann[gpuv1alpha1.AnnotationLost] = nil // another driver version: a fresh retry
 	}
 	var acts []action
 	switch {
@@ -339,8 +339,8 @@ func (s transition) uncordon() (string, []action) {
 	}
 	ann := map[string]*string{gpuv1alpha1.AnnotationWasCordoned: nil, gpuv1alpha1.AnnotationTarget: nil,
 		gpuv1alpha1.AnnotationUpgradeStarted: nil, gpuv1alpha1.AnnotationPhaseStarted: nil}
-	if _, ok := s.node.Annotations[gpuv1alpha1.AnnotationLostInDriver]; ok {
-		ann[gpuv1alpha1.AnnotationLostInDriver] = nil
+	if _, ok := s.node.Annotations[gpuv1alpha1.AnnotationLost]; ok {
+		ann[gpuv1alpha1.AnnotationLost] = nil
 	}
 	return s.to(gpuv1alpha1.UpgradeDone, ann, acts...)
 }

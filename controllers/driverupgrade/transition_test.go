@@ -187,7 +187,9 @@ func TestNext(t *testing.T) {
 	const enrolled = "state upgrade-required -failed-not-ready -failed-template -failure -failure-acknowledged -was-cordoned claim=default started=2026-03-01T12:00:00Z target=" + wanted
 	const enrolledCordoned = "state upgrade-required -failed-not-ready -failed-template -failure -failure-acknowledged claim=default started=2026-03-01T12:00:00Z target=" + wanted + " was-cordoned=true"
 	const released = "state  -claim -phase-started -started"
-	const onceMore = "(once on this driver version: lost again in its driver step, it stays failed)"
+	onceMore := func(step string) string {
+		return "(once per step on this driver version: lost again in its " + step + " step, it stays failed)"
+	}
 	crashing := driverPod(wanted, false)
 	crashing.Spec.NodeName = "gpu-0"
 	crashing.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "nvidia-driver",
@@ -379,7 +381,7 @@ func TestNext(t *testing.T) {
 			n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, Reason: "NodeStatusUnknown", LastTransitionTime: metav1.NewTime(t0)}}
 		}), policy: drain("", 60), elapsed: 10*time.Minute + time.Second, pods: []corev1.Pod{pod("me", terminating)}, want: gpuv1alpha1.UpgradeFailed,
 			actions: []string{"state upgrade-failed failed-not-ready=true " + failedTmpl + " failure=node gpu-0 was NotReady for 10m1s (Ready Unknown (NodeStatusUnknown)) " +
-				"in drain-required, longer than 10m0s: its upgrade slot is freed, and it retries once Ready"}},
+				"in drain-required, longer than 10m0s: its upgrade slot is freed, and it retries once Ready " + onceMore("drain") + " lost=drain:" + wanted}},
 		// NotReady since before its upgrade began (a failed node retried):
 		// the time counts from the upgrade's start.
 		{name: "validate: NotReady since before the upgrade, 10 minutes into it waits",
@@ -389,42 +391,60 @@ func TestNext(t *testing.T) {
 			node:    with(node(gpuv1alpha1.UpgradeRequired, true, "started", t0.Format(time.RFC3339)), readiness(corev1.ConditionFalse, -time.Hour)),
 			elapsed: 10*time.Minute + time.Second, want: gpuv1alpha1.UpgradeFailed,
 			actions: []string{"state upgrade-failed failed-not-ready=true " + failedTmpl + " failure=node gpu-0 was NotReady for 10m1s (Ready False) " +
-				"in upgrade-required, longer than 10m0s: its upgrade slot is freed, and it retries once Ready"}},
+				"in upgrade-required, longer than 10m0s: its upgrade slot is freed, and it retries once Ready " + onceMore("cordon") + " lost=cordon:" + wanted}},
 		{name: "validate: no Ready condition for more than 10 minutes of its upgrade is lost",
 			node:    with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted, "started", t0.Format(time.RFC3339)), func(n *corev1.Node) { n.Status.Conditions = nil }),
 			elapsed: time.Hour, want: gpuv1alpha1.UpgradeFailed,
 			actions: []string{"state upgrade-failed failed-not-ready=true " + failedTmpl + " failure=node gpu-0 was NotReady for 1h0m0s (no Ready condition) " +
-				"in validation-required, longer than 10m0s: its upgrade slot is freed, and it retries once Ready " + onceMore + " lost-in-driver=" + wanted}},
+				"in validation-required, longer than 10m0s: its upgrade slot is freed, and it retries once Ready " + onceMore("driver") + " lost=driver:" + wanted}},
 		// Lost in its driver step (the new driver replaced or validated:
 		// it may be what took the node down), a node retries once per
 		// driver version; lost there again, it stays failed.
 		{name: "validate: lost with a crash-looping driver, retried once", node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted, "started", t0.Format(time.RFC3339)),
 			readiness(corev1.ConditionFalse, 0)), driver: crashing, elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
 			actions: []string{"state upgrade-failed failed-not-ready=true " + failedTmpl + " failure=node gpu-0 was NotReady for 11m0s (Ready False) in validation-required, longer than 10m0s; " +
-				"its new driver pod loom-driver-x: container nvidia-driver waits: CrashLoopBackOff: back-off 5m0s: its upgrade slot is freed, and it retries once Ready " + onceMore + " lost-in-driver=" + wanted}},
+				"its new driver pod loom-driver-x: container nvidia-driver waits: CrashLoopBackOff: back-off 5m0s: its upgrade slot is freed, and it retries once Ready " + onceMore("driver") + " lost=driver:" + wanted}},
 		{name: "validate: lost again on the same driver version stays failed", node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted, "started", t0.Format(time.RFC3339),
-			"lost-in-driver", wanted), readiness(corev1.ConditionFalse, 0)), driver: crashing, elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
+			"lost", "driver:"+wanted), readiness(corev1.ConditionFalse, 0)), driver: crashing, elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
 			actions: []string{"state upgrade-failed " + failedTmpl + " failure=node gpu-0 was NotReady for 11m0s (Ready False) in validation-required, longer than 10m0s; " +
 				"its new driver pod loom-driver-x: container nvidia-driver waits: CrashLoopBackOff: back-off 5m0s, the second time in its driver step on this driver version: " +
 				"it stays failed until a new driver version (or its wanted driver runs ready after all)"}},
 		{name: "restart: lost again on the same driver version stays failed", node: with(node(gpuv1alpha1.PodRestartRequired, true, "started", t0.Format(time.RFC3339),
-			"lost-in-driver", wanted), readiness(corev1.ConditionFalse, 0)), driver: old, elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
+			"lost", "driver:"+wanted), readiness(corev1.ConditionFalse, 0)), driver: old, elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
 			actions: []string{"state upgrade-failed " + failedTmpl + " failure=node gpu-0 was NotReady for 11m0s (Ready False) in pod-restart-required, longer than 10m0s, " +
 				"the second time in its driver step on this driver version: it stays failed until a new driver version (or its wanted driver runs ready after all)"}},
 		{name: "validate: lost on an older driver version before, retried once on this one", node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted,
-			"started", t0.Format(time.RFC3339), "lost-in-driver", "older"), readiness(corev1.ConditionFalse, 0)), elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
+			"started", t0.Format(time.RFC3339), "lost", "driver:older"), readiness(corev1.ConditionFalse, 0)), elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
 			actions: []string{"state upgrade-failed failed-not-ready=true " + failedTmpl + " failure=node gpu-0 was NotReady for 11m0s (Ready False) in validation-required, longer than 10m0s: " +
-				"its upgrade slot is freed, and it retries once Ready " + onceMore + " lost-in-driver=" + wanted}},
-		{name: "drain: lost again outside the driver step is retried", node: with(node(gpuv1alpha1.DrainRequired, true, "started", t0.Format(time.RFC3339),
-			"lost-in-driver", wanted), readiness(corev1.ConditionFalse, 0)), policy: drain("", 60), elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
+				"its upgrade slot is freed, and it retries once Ready " + onceMore("driver") + " lost=driver:" + wanted}},
+		// So is a node lost in any other step (a flapping kubelet, a drain
+		// that overloads it): once per step on a driver version.
+		{name: "drain: lost in another step before is retried", node: with(node(gpuv1alpha1.DrainRequired, true, "started", t0.Format(time.RFC3339),
+			"lost", "driver:"+wanted), readiness(corev1.ConditionFalse, 0)), policy: drain("", 60), elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
 			actions: []string{"state upgrade-failed failed-not-ready=true " + failedTmpl + " failure=node gpu-0 was NotReady for 11m0s (Ready False) in drain-required, longer than 10m0s: " +
-				"its upgrade slot is freed, and it retries once Ready"}},
+				"its upgrade slot is freed, and it retries once Ready " + onceMore("drain") + " lost=driver,drain:" + wanted}},
+		{name: "drain: lost again in its drain step stays failed", node: with(node(gpuv1alpha1.DrainRequired, true, "started", t0.Format(time.RFC3339),
+			"lost", "drain:"+wanted), readiness(corev1.ConditionFalse, 0)), policy: drain("", 60), elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{"state upgrade-failed " + failedTmpl + " failure=node gpu-0 was NotReady for 11m0s (Ready False) in drain-required, longer than 10m0s, " +
+				"the second time in its drain step on this driver version: it stays failed until a new driver version (or its wanted driver runs ready after all)"}},
+		{name: "wait for jobs: lost again stays failed", node: with(node(gpuv1alpha1.WaitForJobsRequired, true, "started", t0.Format(time.RFC3339),
+			"lost", "cordon,wait-for-jobs:"+wanted), readiness(corev1.ConditionFalse, 0)), policy: waitFor("app=train", 0), elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{"state upgrade-failed " + failedTmpl + " failure=node gpu-0 was NotReady for 11m0s (Ready False) in wait-for-jobs-required, longer than 10m0s, " +
+				"the second time in its wait-for-jobs step on this driver version: it stays failed until a new driver version (or its wanted driver runs ready after all)"}},
+		{name: "delete: lost in its step on an older driver version is retried", node: with(node(gpuv1alpha1.PodDeletionRequired, true, "started", t0.Format(time.RFC3339),
+			"lost", "pod-deletion:older"), readiness(corev1.ConditionFalse, 0)), policy: none, elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{"state upgrade-failed failed-not-ready=true " + failedTmpl + " failure=node gpu-0 was NotReady for 11m0s (Ready False) in pod-deletion-required, longer than 10m0s: " +
+				"its upgrade slot is freed, and it retries once Ready " + onceMore("pod-deletion") + " lost=pod-deletion:" + wanted}},
+		{name: "uncordon: lost with an annotation not Loom's is retried", node: with(node(gpuv1alpha1.UncordonRequired, false, "started", t0.Format(time.RFC3339),
+			"lost", "someone's"), readiness(corev1.ConditionFalse, 0)), elapsed: 11 * time.Minute, want: gpuv1alpha1.UpgradeFailed,
+			actions: []string{"state upgrade-failed failed-not-ready=true " + failedTmpl + " failure=node gpu-0 was NotReady for 11m0s (Ready False) in uncordon-required, longer than 10m0s: " +
+				"its upgrade slot is freed, and it retries once Ready " + onceMore("uncordon") + " lost=uncordon:" + wanted}},
 		{name: "lost in the driver step, Ready: retried, remembering it", node: node(gpuv1alpha1.UpgradeFailed, true, "failed-not-ready", "true", "failed-template", wanted,
-			"lost-in-driver", wanted), driver: old, start: true, want: gpuv1alpha1.UpgradeRequired, actions: []string{enrolled}},
+			"lost", "driver:"+wanted), driver: old, start: true, want: gpuv1alpha1.UpgradeRequired, actions: []string{enrolled}},
 		{name: "lost in the driver step of an older version, retried on a new one: forgotten", node: node(gpuv1alpha1.UpgradeFailed, true, "failed-template", "older",
-			"lost-in-driver", "older"), driver: old, start: true, want: gpuv1alpha1.UpgradeRequired, actions: []string{strings.Replace(enrolled, "-failure-acknowledged", "-failure-acknowledged -lost-in-driver", 1)}},
-		{name: "uncordon: a finished upgrade forgets a loss", node: node(gpuv1alpha1.UncordonRequired, true, "was-cordoned", "true", "lost-in-driver", wanted), driver: ready,
-			want: gpuv1alpha1.UpgradeDone, actions: []string{"state upgrade-done -lost-in-driver -phase-started -started -target -was-cordoned"}},
+			"lost", "driver:older"), driver: old, start: true, want: gpuv1alpha1.UpgradeRequired, actions: []string{strings.Replace(enrolled, "-failure-acknowledged", "-failure-acknowledged -lost", 1)}},
+		{name: "uncordon: a finished upgrade forgets a loss", node: node(gpuv1alpha1.UncordonRequired, true, "was-cordoned", "true", "lost", "driver:"+wanted), driver: ready,
+			want: gpuv1alpha1.UpgradeDone, actions: []string{"state upgrade-done -lost -phase-started -started -target -was-cordoned"}},
 		{name: "lost, still NotReady: stays failed", node: with(node(gpuv1alpha1.UpgradeFailed, true, "failed-not-ready", "true", "failed-template", wanted),
 			readiness(corev1.ConditionFalse, -time.Hour)), elapsed: time.Hour, want: gpuv1alpha1.UpgradeFailed},
 		{name: "validate: no Ready condition past the timeout waits", node: with(node(gpuv1alpha1.ValidationRequired, true, "target", wanted), func(n *corev1.Node) { n.Status.Conditions = nil }),

@@ -112,11 +112,11 @@ const (
 	// stayed NotReady or unreachable too long: once Ready again it retries
 	// (the same template) as soon as the budget allows.
 	AnnotationFailedNotReady = "gpu.loom.dev/driver-upgrade-failed-not-ready"
-	// AnnotationLostInDriver is the driver template hash a node was lost
-	// on (NotReady too long) while its driver was being replaced or
-	// validated: the new driver may be what took the node down, so it
-	// retries that template once only; lost there again, it stays failed.
-	AnnotationLostInDriver = "gpu.loom.dev/driver-upgrade-lost-in-driver"
+	// AnnotationLost records the steps of its upgrade a node was lost in
+	// (NotReady too long) and the driver template hash they were on, as
+	// "drain,driver:<template>": a node retries each step once per driver
+	// template; lost in the same step again, it stays failed.
+	AnnotationLost = "gpu.loom.dev/driver-upgrade-lost"
 	// AnnotationClaim names the ClusterPolicy whose driver upgrade enrolled
 	// the node. Loom writes it in the same patch as the node's first state
 	// and its cordon, and steps, cordons and uncordons only nodes that carry
