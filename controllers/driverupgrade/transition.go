@@ -330,11 +330,11 @@ func driverTrouble(driver *corev1.Pod, template string) string {
 }
 
 // uncordon makes the node schedulable again if Loom's cordon is the
-// node's (loomCordoned), and clears the upgrade's annotations; the claim
+// node's (LoomCordoned), and clears the upgrade's annotations; the claim
 // stays with the finished node.
 func (s transition) uncordon() (string, []action) {
 	var acts []action
-	if loomCordoned(s.node, s.t.claim) {
+	if LoomCordoned(s.node, s.t.claim) {
 		acts = append(acts, action{kind: uncordon})
 	}
 	ann := map[string]*string{gpuv1alpha1.AnnotationWasCordoned: nil, gpuv1alpha1.AnnotationTarget: nil,
@@ -353,7 +353,7 @@ func (s transition) letGo() (string, []action) {
 		return s.stay()
 	}
 	var acts []action
-	if loomCordoned(s.node, s.t.claim) {
+	if LoomCordoned(s.node, s.t.claim) {
 		acts = append(acts, action{kind: uncordon})
 	}
 	ann := map[string]*string{}
@@ -372,7 +372,7 @@ func (s transition) letGo() (string, []action) {
 // upgradeAnnotationPrefix starts every node annotation of the upgrade.
 const upgradeAnnotationPrefix = "gpu.loom.dev/driver-upgrade-"
 
-// loomCordoned reports whether the node's cordon is Loom's to lift: the
+// LoomCordoned reports whether the node's cordon is Loom's to lift: the
 // node carries claim, its upgrade started without someone else's cordon
 // (AnnotationWasCordoned, of any value), it is unschedulable, and Loom's
 // field owner still manages spec.unschedulable. Anyone who writes the
@@ -382,7 +382,7 @@ const upgradeAnnotationPrefix = "gpu.loom.dev/driver-upgrade-"
 // (annotate the node AnnotationWasCordoned to keep it cordoned). A node
 // without managed fields (stripped by a client) gives no evidence either
 // way, and the annotations decide.
-func loomCordoned(n *corev1.Node, claim string) bool {
+func LoomCordoned(n *corev1.Node, claim string) bool {
 	_, started := n.Annotations[gpuv1alpha1.AnnotationUpgradeStarted]
 	_, was := n.Annotations[gpuv1alpha1.AnnotationWasCordoned]
 	return claim != "" && n.Annotations[gpuv1alpha1.AnnotationClaim] == claim && started && !was &&

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/controllers/driverupgrade"
 	"github.com/loom-dev/loom/internal/apply"
 )
 
@@ -66,21 +67,78 @@ func Run(ctx context.Context, c client.Client, cfg Config, out io.Writer) error 
 	if err != nil {
 		return err
 	}
+	var errs []error
 	if err := waitFor(ctx, cfg, "operands removed and claimed nodes released", func(ctx context.Context) (string, error) {
 		return pendingRelease(ctx, c, cfg.Namespace, policies)
 	}); err != nil {
-		return err
+		// The manager is not running, or its driver upgrade is not:
+		// the nodes it claimed are released below, once it is stopped.
+		fmt.Fprintf(out, "%v; going on\n", err)
 	}
 	if err := stopWriters(ctx, c, cfg, out); err != nil {
+		// A manager still running may write what is removed next.
 		return err
 	}
-	if err := removeNodeState(ctx, c, out); err != nil {
-		return err
+	errs = append(errs, releaseNodes(ctx, c, out))
+	if left, err := pendingRelease(ctx, c, cfg.Namespace, nil); err != nil {
+		errs = append(errs, err)
+	} else if left != "" {
+		errs = append(errs, fmt.Errorf("not removed (see their events and finalizers): %s", left))
 	}
-	if !cfg.RayJobs {
-		return nil
+	errs = append(errs, removeNodeState(ctx, c, out))
+	if cfg.RayJobs {
+		errs = append(errs, removeRayJobFinalizers(ctx, c, out))
 	}
-	return removeRayJobFinalizers(ctx, c, out)
+	return errors.Join(errs...)
+}
+
+// releaseNodes does for every node a driver upgrade still claims what the
+// manager's release would have (its policy is gone, the manager stopped):
+// it lifts the cordon if it is Loom's (driverupgrade.LoomCordoned), and
+// removes the upgrade's state label and annotations. A cordon that is not
+// Loom's stays, and the node is named. It goes on past a node it cannot
+// patch, and returns every such error.
+func releaseNodes(ctx context.Context, c client.Client, out io.Writer) error {
+	nodes := &corev1.NodeList{}
+	if err := c.List(ctx, nodes); err != nil {
+		return fmt.Errorf("listing Nodes: %w", err)
+	}
+	var errs []error
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		claim, claimed := n.Annotations[gpuv1alpha1.AnnotationClaim]
+		if !claimed {
+			continue
+		}
+		base := n.DeepCopy()
+		uncordon := driverupgrade.LoomCordoned(n, claim)
+		if uncordon {
+			n.Spec.Unschedulable = false
+		}
+		for k := range n.Annotations {
+			if strings.HasPrefix(k, "gpu.loom.dev/driver-upgrade-") {
+				delete(n.Annotations, k)
+			}
+		}
+		if gpuv1alpha1.KnownUpgradeState(n.Labels[gpuv1alpha1.LabelUpgradeState]) {
+			delete(n.Labels, gpuv1alpha1.LabelUpgradeState)
+		}
+		err := c.Patch(ctx, n, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), client.FieldOwner(driverupgrade.FieldOwner))
+		switch {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			errs = append(errs, fmt.Errorf("releasing node %s from the driver upgrade (kubectl uncordon it if Loom cordoned it, and remove its %s* annotations): %w",
+				n.Name, "gpu.loom.dev/driver-upgrade-", err))
+		case uncordon:
+			fmt.Fprintf(out, "released node %s from the driver upgrade and uncordoned it\n", n.Name)
+		case n.Spec.Unschedulable:
+			fmt.Fprintf(out, "released node %s from the driver upgrade; it stays cordoned, as it was before its upgrade or cordoned since by someone else "+
+				"(kubectl uncordon %s if it should not be)\n", n.Name, n.Name)
+		default:
+			fmt.Fprintf(out, "released node %s from the driver upgrade\n", n.Name)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // removeRayJobFinalizers takes KubeRay's stop-job finalizer (which Loom's

@@ -3,6 +3,7 @@ package uninstall
 import (
 	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/controllers/driverupgrade"
 	"github.com/loom-dev/loom/internal/testenv"
 )
 
@@ -63,10 +65,11 @@ func cleanupFixture(t *testing.T, ctx context.Context, c client.Client) {
 }
 
 // fakeManager plays the running manager: it releases the node its driver
-// upgrade claimed once the policy is gone, and gives its lease up once its
-// Deployment is deleted.
-func fakeManager(ctx context.Context, c client.Client) {
-	released, stopped := false, false
+// upgrade claimed once the policy is gone (unless release is false: its
+// driver upgrade does not run), and gives its lease up once its Deployment
+// is deleted.
+func fakeManager(ctx context.Context, c client.Client, release bool) {
+	released, stopped := !release, false
 	for ctx.Err() == nil && (!released || !stopped) {
 		time.Sleep(50 * time.Millisecond)
 		if err := c.Get(ctx, client.ObjectKey{Name: "default"}, &gpuv1alpha1.ClusterPolicy{}); !released && apierrors.IsNotFound(err) {
@@ -107,7 +110,7 @@ func TestUninstallCleanup(t *testing.T) {
 		must(t, c.Create(ctx, job))
 	}
 	must(t, c.Delete(ctx, &rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "deleted"}}))
-	go fakeManager(ctx, c)
+	go fakeManager(ctx, c, true)
 
 	var out bytes.Buffer
 	cfg := Config{Namespace: "loom-system", ManagerDeployment: "loom-manager", AgentDaemonSet: "loom-node-agent",
@@ -165,10 +168,11 @@ func TestUninstallCleanup(t *testing.T) {
 	}
 }
 
-// Without the manager the claimed node is never released: the cleanup
-// says which node it waited for instead of removing labels under a
-// cordon nobody lifts.
-func TestUninstallCleanupTimesOutNamingWhatIsLeft(t *testing.T) {
+// A manager still leading (its Deployment not the one named, or not
+// stopping) may write again what the cleanup removes: the cleanup stops
+// before removing anything on the nodes, naming the manager, and says
+// which node it waited for.
+func TestUninstallCleanupStopsWhileTheManagerLeads(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	env, err := testenv.StartWithout(ctx, "training.loom.dev")
@@ -180,8 +184,66 @@ func TestUninstallCleanupTimesOutNamingWhatIsLeft(t *testing.T) {
 	var out bytes.Buffer
 	cfg := Config{Namespace: "loom-system", Lease: "loom-manager", Timeout: 2 * time.Second, Poll: 100 * time.Millisecond}
 	err = Run(ctx, env.Client, cfg, &out)
-	if err == nil || !bytes.Contains([]byte(err.Error()), []byte("node gpu-1 (claimed by the driver upgrade)")) {
-		t.Fatalf("cleanup error %v, want one naming the claimed node\n%s", err, out.String())
+	if err == nil || !strings.Contains(err.Error(), "the manager m1 still leads") || !strings.Contains(out.String(), "node gpu-1 (claimed by the driver upgrade)") {
+		t.Fatalf("cleanup error %v, want one naming the manager, and the claimed node in\n%s", err, out.String())
+	}
+	n := &corev1.Node{}
+	must(t, env.Client.Get(ctx, client.ObjectKey{Name: "gpu-1"}, n))
+	if n.Annotations[gpuv1alpha1.AnnotationClaim] != "default" || n.Labels[gpuv1alpha1.LabelPresent] != "true" {
+		t.Errorf("the node was changed under a running manager: labels %v, annotations %v", n.Labels, n.Annotations)
+	}
+}
+
+// A manager that does not release the nodes its driver upgrade claimed
+// (its driver upgrade controller off, or crash-looping) does not stop the
+// cleanup: once the manager is stopped, the cleanup releases them itself
+// as the manager would (Loom's cordon lifted, a cordon that was there
+// before kept, the state label and annotations removed), says which node
+// got what, finishes the rest and succeeds.
+func TestUninstallCleanupReleasesNodesTheManagerDidNot(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	env, err := testenv.StartWithout(ctx, "training.loom.dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	c := env.Client
+	cleanupFixture(t, ctx, c)
+	// gpu-2 is cordoned by the driver upgrade, mid-validation.
+	must(t, c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-2",
+		Labels: map[string]string{gpuv1alpha1.LabelUpgradeState: gpuv1alpha1.ValidationRequired, "team": "ml"},
+		Annotations: map[string]string{gpuv1alpha1.AnnotationClaim: "default", gpuv1alpha1.AnnotationUpgradeStarted: "2026-03-01T12:00:00Z",
+			gpuv1alpha1.AnnotationTarget: "new"}},
+		Spec: corev1.NodeSpec{Unschedulable: true}}, client.FieldOwner(driverupgrade.FieldOwner)))
+	go fakeManager(ctx, c, false)
+
+	var out bytes.Buffer
+	cfg := Config{Namespace: "loom-system", ManagerDeployment: "loom-manager", AgentDaemonSet: "loom-node-agent",
+		Lease: "loom-manager", Timeout: 2 * time.Second, Poll: 100 * time.Millisecond}
+	if err := Run(ctx, c, cfg, &out); err != nil {
+		t.Fatalf("cleanup: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"released node gpu-2 from the driver upgrade and uncordoned it",
+		"released node gpu-1 from the driver upgrade; it stays cordoned", "kubectl uncordon gpu-1", "removed Loom's labels from node gpu-1", "deleted 1 GPUNodes"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	for name, cordoned := range map[string]bool{"gpu-1": true, "gpu-2": false} {
+		n := &corev1.Node{}
+		must(t, c.Get(ctx, client.ObjectKey{Name: name}, n))
+		if n.Spec.Unschedulable != cordoned {
+			t.Errorf("node %s unschedulable %v, want %v", name, n.Spec.Unschedulable, cordoned)
+		}
+		if _, ok := n.Labels[gpuv1alpha1.LabelUpgradeState]; ok {
+			t.Errorf("node %s keeps its upgrade state: %v", name, n.Labels)
+		}
+		for k := range n.Annotations {
+			if strings.HasPrefix(k, "gpu.loom.dev/driver-upgrade-") {
+				t.Errorf("node %s keeps annotation %s", name, k)
+			}
+		}
 	}
 }
 
