@@ -80,7 +80,7 @@ var rights = map[string]string{
 		"(the GPU resource names a ClusterPolicy renames)",
 	"upgrades": "list clusterpolicies and nodes. Left out without them: list daemonsets, get configmaps (the GPU resource names a ClusterPolicy renames)",
 	"uninstall-cleanup": "those of the chart's <release>-uninstall-cleanup ClusterRole and Role (uninstall.cleanup=true): list and delete " +
-		"clusterpolicies and gpunodes; list, get and patch nodes; get and delete runtimeclass nvidia; in Loom's namespace list daemonsets " +
+		"clusterpolicies and gpunodes; list, get and patch nodes; get and delete runtimeclass nvidia; in Loom's namespace list deployments, daemonsets " +
 		"and pods, get and delete the manager's Deployment and the node agent's DaemonSet, get the leader Lease; " +
 		"with --rayjob-finalizers, list and patch rayjobs",
 }

@@ -9,11 +9,14 @@ import (
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	rayutils "github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
+	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
@@ -75,6 +78,8 @@ func TestUninstallCleanupCommand(t *testing.T) {
 	create(&rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "job", Finalizers: []string{rayutils.RayJobStopJobFinalizer}},
 		Spec: rayv1.RayJobSpec{Entrypoint: "python train.py"}})
 
+	create(loomWorkload(&appsv1.Deployment{}, "loom-system", "loom", "manager", "loom-manager", "loom-manager"))
+
 	kc := kubeconfigFor(t, own.Config)
 	if _, err := runAsOn(t, kc, "nobody", "uninstall-cleanup", "--timeout=10s"); err == nil || !strings.Contains(err.Error(), "name Loom's namespace with -n") {
 		t.Errorf("without -n: %v", err)
@@ -88,7 +93,8 @@ func TestUninstallCleanupCommand(t *testing.T) {
 	if err != nil {
 		t.Fatalf("uninstall-cleanup as the chart's hook: %v\n%s", err, out)
 	}
-	for _, want := range []string{"deleted 1 GPUNodes", "deleted RuntimeClass nvidia", "removed Loom's labels from node gpu-1",
+	for _, want := range []string{`found Loom's release "loom" in namespace loom-system: manager Deployment loom-manager, leader Lease loom-manager`,
+		"deleted Deployment loom-system/loom-manager", "deleted 1 GPUNodes", "deleted RuntimeClass nvidia", "removed Loom's labels from node gpu-1",
 		"removed Loom's taint from node gpu-1", "removed the stop-job finalizer of RayJob ml/job"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
@@ -108,5 +114,89 @@ func TestUninstallCleanupCommand(t *testing.T) {
 	job := &rayv1.RayJob{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: "ml", Name: "job"}, job); err != nil || len(job.Finalizers) != 0 {
 		t.Errorf("RayJob finalizers %v (%v)", job.Finalizers, err)
+	}
+}
+
+// loomWorkload makes obj (a Deployment or a DaemonSet) the chart's
+// component of release in namespace, named name, its pods started with
+// --leader-election-id=lease.
+func loomWorkload[T interface {
+	*appsv1.Deployment | *appsv1.DaemonSet
+	client.Object
+}](obj T, namespace, release, component, name, lease string) T {
+	obj.SetNamespace(namespace)
+	obj.SetName(name)
+	obj.SetLabels(map[string]string{"app.kubernetes.io/part-of": "loom", "app.kubernetes.io/instance": release, "app.kubernetes.io/component": component})
+	sel := &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}}
+	tmpl := corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: sel.MatchLabels},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "loom", Args: []string{"manager", "--leader-election-id=" + lease}}}}}
+	switch o := any(obj).(type) {
+	case *appsv1.Deployment:
+		o.Spec = appsv1.DeploymentSpec{Selector: sel, Template: tmpl}
+	case *appsv1.DaemonSet:
+		o.Spec = appsv1.DaemonSetSpec{Selector: sel, Template: tmpl}
+	}
+	return obj
+}
+
+// With -n alone, uninstall-cleanup finds the release in the namespace
+// whatever it is named (its manager Deployment's labels), its node agent
+// and its leader Lease, instead of assuming a release named loom; it names
+// the releases when there are several and stops, and says when there is
+// none.
+func TestUninstallCleanupFindsTheRelease(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	own, err := testenv.StartWithout(ctx, "training.loom.dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = own.Stop() }()
+	c := own.Client
+	for _, ns := range []string{"tenant", "empty"} {
+		if err := own.CreateNamespace(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, obj := range []client.Object{
+		loomWorkload(&appsv1.Deployment{}, "tenant", "gpu", "manager", "gpu-manager", "gpu-lease"),
+		loomWorkload(&appsv1.DaemonSet{}, "tenant", "gpu", "node-agent", "gpu-node-agent", ""),
+		loomWorkload(&appsv1.Deployment{}, "tenant", "other", "manager", "other-loom-manager", "other-lease"),
+		loomWorkload(&appsv1.DaemonSet{}, "tenant", "other", "node-agent", "other-loom-node-agent", ""),
+		// The default's Lease, held: the cleanup would wait on it.
+		&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: "loom-manager"},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("m1"), LeaseDurationSeconds: ptr.To[int32](600), RenewTime: &metav1.MicroTime{Time: time.Now()}}},
+	} {
+		if err := c.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kc := kubeconfigFor(t, own.Config)
+	_, err = runAsOn(t, kc, "", "uninstall-cleanup", "-n", "tenant", "--timeout=5s")
+	if err == nil || !strings.Contains(err.Error(), "namespace tenant holds 2 Loom releases: gpu (Deployment gpu-manager), other (Deployment other-loom-manager); name one with --release") {
+		t.Errorf("with two releases: %v", err)
+	}
+	out, err := runAsOn(t, kc, "", "uninstall-cleanup", "-n", "tenant", "--release", "gpu", "--timeout=5s")
+	if err != nil {
+		t.Fatalf("--release gpu: %v\n%s", err, out)
+	}
+	for _, want := range []string{`found Loom's release "gpu" in namespace tenant: manager Deployment gpu-manager, leader Lease gpu-lease`,
+		"deleted Deployment tenant/gpu-manager", "deleted DaemonSet tenant/gpu-node-agent"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	for _, name := range []string{"other-loom-manager", "other-loom-node-agent"} {
+		var obj client.Object = &appsv1.Deployment{}
+		if strings.HasSuffix(name, "agent") {
+			obj = &appsv1.DaemonSet{}
+		}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "tenant", Name: name}, obj); err != nil {
+			t.Errorf("the other release's %s: %v", name, err)
+		}
+	}
+	out, err = runAsOn(t, kc, "", "uninstall-cleanup", "-n", "empty", "--timeout=5s")
+	if err != nil || !strings.Contains(out, "no Loom manager Deployment in namespace empty") {
+		t.Errorf("without a release: %v\n%s", err, out)
 	}
 }
