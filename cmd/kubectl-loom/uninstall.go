@@ -39,7 +39,8 @@ installed without it or uninstalled with --no-hooks. In order:
     Loom's rayjob controller adds, off every RayJob.
 
 A node the driver upgrade still claims once the manager is stopped (its
-driver upgrade did not release it) is released here as the manager would:
+driver upgrade did not release it, or no manager led: no wait then) is
+released here as the manager would:
 Loom's cordon lifted (a cordon that was there before, or set since by
 someone else, stays, and the node is named), its state label and
 annotations removed. The command goes on past what it cannot do, and

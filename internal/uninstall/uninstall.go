@@ -50,10 +50,11 @@ type Config struct {
 //  1. every ClusterPolicy, then it waits until the garbage collector has
 //     removed the operands (DaemonSets, RuntimeClass) and the running
 //     manager's driver-upgrade controller has released (uncordoned) every
-//     node it claimed: the manager must still run;
+//     node it claimed (not for the nodes when no manager leads);
 //  2. the manager Deployment and the node agent DaemonSet, waiting until
 //     the leader Lease is free and the agent's pods are gone, so that
-//     nothing writes GPUNodes or labels again;
+//     nothing writes GPUNodes or labels again; then it releases the nodes
+//     still claimed itself (releaseNodes);
 //  3. every GPUNode, and on every Node the labels the GPU labeller set
 //     (field manager loom-gpu-labels) and its unhealthy taint; labels
 //     anyone else set stay;
@@ -61,6 +62,9 @@ type Config struct {
 //     no manager left to remove it, deleting a RayJob (or its namespace)
 //     would hang for ever. A RayJob deleted later takes its cluster, and so
 //     its Ray job, with it (owner reference).
+//
+// It goes on past what it cannot do, except a manager still leading after
+// step 2, and returns every error.
 func Run(ctx context.Context, c client.Client, cfg Config, out io.Writer) error {
 	cfg.out = out
 	policies, err := deletePolicies(ctx, c, out)
@@ -68,8 +72,16 @@ func Run(ctx context.Context, c client.Client, cfg Config, out io.Writer) error 
 		return err
 	}
 	var errs []error
+	claims := policies
+	if holder, err := leaseHolder(ctx, c, cfg.Namespace, cfg.Lease); err != nil {
+		return err
+	} else if holder == "" {
+		// No manager leads (uninstalled already): none releases the
+		// claimed nodes; they are released below without a wait.
+		claims = nil
+	}
 	if err := waitFor(ctx, cfg, "operands removed and claimed nodes released", func(ctx context.Context) (string, error) {
-		return pendingRelease(ctx, c, cfg.Namespace, policies)
+		return pendingRelease(ctx, c, cfg.Namespace, claims)
 	}); err != nil {
 		// The manager is not running, or its driver upgrade is not:
 		// the nodes it claimed are released below, once it is stopped.

@@ -280,3 +280,29 @@ func TestUninstallCleanupWithoutLoomCRDs(t *testing.T) {
 		t.Errorf("Loom's label left on the node: %v", n.Labels)
 	}
 }
+
+// After a helm uninstall no manager leads: the cleanup does not wait its
+// timeout for a release no one makes, it releases the claimed node at once.
+func TestUninstallCleanupWithoutAManagerDoesNotWait(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	env, err := testenv.StartWithout(ctx, "training.loom.dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	c := env.Client
+	cleanupFixture(t, ctx, c)
+	must(t, c.Delete(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "loom-system", Name: "loom-manager"}}))
+	must(t, c.Delete(ctx, &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: "loom-system", Name: "loom-node-agent"}}))
+	must(t, c.Delete(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "loom-system", Name: "loom-manager"}}))
+	var out bytes.Buffer
+	cfg := Config{Namespace: "loom-system", Lease: "loom-manager", Timeout: time.Minute, Poll: 100 * time.Millisecond}
+	start := time.Now()
+	if err := Run(ctx, c, cfg, &out); err != nil {
+		t.Fatalf("cleanup: %v\n%s", err, out.String())
+	}
+	if d := time.Since(start); d > 20*time.Second || !strings.Contains(out.String(), "released node gpu-1 from the driver upgrade") {
+		t.Errorf("cleanup took %s:\n%s", d, out.String())
+	}
+}
