@@ -217,7 +217,9 @@ func TestManagerUpdatesOnlyWhereNeeded(t *testing.T) {
 }
 
 // The node agent may read, create (server-side apply) and patch GPUNodes and
-// nothing else.
+// nothing else; it lists and watches only its own, by name, to put back at
+// once a GPUNode a person deletes or edits (reads it could already make
+// with get).
 func TestNodeAgentIsLeastPrivileged(t *testing.T) {
 	var ds *appsv1.DaemonSet
 	var role *rbacv1.ClusterRole
@@ -236,7 +238,7 @@ func TestNodeAgentIsLeastPrivileged(t *testing.T) {
 	}
 	for _, r := range role.Rules {
 		verbs := strings.Join(r.Verbs, ",")
-		if strings.Join(r.APIGroups, ",") != "gpu.loom.dev" || (verbs != "get,patch" && verbs != "create,get,patch") {
+		if strings.Join(r.APIGroups, ",") != "gpu.loom.dev" || (verbs != "get,patch" && verbs != "create,get,list,patch,watch") {
 			t.Errorf("agent rule %+v", r)
 		}
 		for _, res := range r.Resources {
