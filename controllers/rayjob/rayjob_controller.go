@@ -158,7 +158,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 	d := decide(obs)
-	if err := r.write(ctx, obs, &d); err != nil {
+	// A child written since the cache read it refuses the write (409
+	// Conflict): no trouble of the RayJob's. The status says what the pass
+	// decided, not the conflict, and the pass runs again shortly from a
+	// fresher copy; every step the pass left undone is decided again then
+	// (decide derives them from the status and the children).
+	err = r.write(ctx, obs, &d)
+	conflict := apierrors.IsConflict(err)
+	if err != nil && !conflict {
 		return r.writeFailed(ctx, job, err, d.serviceConflict)
 	}
 	if !rayv1.IsJobDeploymentTerminal(d.status.JobDeploymentStatus) {
@@ -171,13 +178,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	// attempt for.
 	if _, err := r.writer.Status(ctx, job, &job.Status, &d.status, apply.Guarded()); err != nil {
 		if apierrors.IsConflict(err) {
-			return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
+			return ctrl.Result{RequeueAfter: conflictRetry}, nil
 		}
 		return ctrl.Result{}, err
 	}
 	observeStatus(job, &job.Status, &d.status, time.Now())
+	if conflict && (d.requeue == 0 || d.requeue > conflictRetry) {
+		d.requeue = conflictRetry
+	}
 	return ctrl.Result{RequeueAfter: d.requeue}, nil
 }
+
+// conflictRetry is how soon a pass whose write met a newer object (the
+// RayJob's status, a child) runs again.
+const conflictRetry = 250 * time.Millisecond
 
 // conflictRecheck is how often a name conflict is looked at again: the
 // object in the way is not the RayJob's, so no watch event says it is gone.
@@ -216,7 +230,7 @@ func (r *Reconciler) writeFailed(ctx context.Context, job *rayv1.RayJob, err err
 	}
 	if _, err := r.writer.Status(ctx, job, &job.Status, st, apply.Guarded()); err != nil {
 		if apierrors.IsConflict(err) {
-			return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
+			return ctrl.Result{RequeueAfter: conflictRetry}, nil
 		}
 		return ctrl.Result{}, errors.Join(ret, err)
 	}

@@ -65,6 +65,11 @@ func failed(reason utils.K8sEventType, err error) error {
 // write makes the children what the decision says, then submits.
 func (r *Reconciler) write(ctx context.Context, o observed, d *decision) error {
 	owner := o.job
+	// Said first: a pass whose later step meets a conflict still writes
+	// the decided status, whose message the Warning is not said again for.
+	if d.warn.reason != "" {
+		r.event(owner, corev1.EventTypeWarning, d.warn.reason, "%s", d.warn.msg)
+	}
 	// A create that finds the child made (the cache behind an earlier
 	// pass's create) records no second Created event.
 	if d.createCluster {
@@ -111,9 +116,6 @@ func (r *Reconciler) write(ctx context.Context, o observed, d *decision) error {
 				r.event(owner, corev1.EventTypeWarning, ReasonNameConflict, "%s", d.serviceConflict)
 			}
 		}
-	}
-	if d.warn.reason != "" {
-		r.event(owner, corev1.EventTypeWarning, d.warn.reason, "%s", d.warn.msg)
 	}
 	if err := r.release(ctx, o, *d); err != nil {
 		return err

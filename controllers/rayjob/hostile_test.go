@@ -1,0 +1,121 @@
+package rayjob
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/loom-dev/loom/controllers/rayjob/rayfake"
+	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/manager"
+	"github.com/loom-dev/loom/internal/testenv"
+)
+
+// directReconciler is a reconciler of the test's own, reading from and
+// writing to the API server through c, its dashboard fake.
+func directReconciler(c client.Client, fake *rayfake.Server, rec *events.FakeRecorder) *Reconciler {
+	r := &Reconciler{Client: c, APIReader: env.Client, Recorder: rec,
+		DashboardFor: func(string) Dashboard { return NewHTTPDashboard(fake.URL(), DashboardTimeout) }}
+	r.writer = apply.NewWriter(c, FieldOwner, apply.Options{Live: env.Client})
+	return r
+}
+
+func recorded(rec *events.FakeRecorder) []string {
+	var out []string
+	for {
+		select {
+		case e := <-rec.Events:
+			out = append(out, e)
+		default:
+			return out
+		}
+	}
+}
+
+// A child write refused for a conflict (the object was written since the
+// pass read it) is no trouble of the RayJob's: no Warning, the status says
+// what the pass decided, not the conflict, and the pass runs again
+// shortly, when the write goes through.
+func TestAChildWriteConflictIsNotTheRayJobsTrouble(t *testing.T) {
+	ctx := context.Background()
+	fake := newFake(t, time.Hour)
+	m := startManager(t, fake)
+	rj := sampleJob(t, "ray-job.sample.yaml", "rj-child-conflict")
+	create(t, rj)
+	rc, _ := waitCluster(t, rj)
+	bringUp(t, rc, true)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if len(submitters(t, rj.Namespace)) == 1 {
+			return nil
+		}
+		return fmt.Errorf("no submitter Job yet")
+	})
+	waitJob(t, rj, "running", deploymentStatus(rayv1.JobDeploymentStatusRunning))
+	if err := m.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	sj := submitters(t, rj.Namespace)[0]
+	if err := env.Client.Delete(ctx, &sj, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if n := len(submitters(t, rj.Namespace)); n != 0 {
+			return fmt.Errorf("%d submitters left", n)
+		}
+		return nil
+	})
+
+	direct, err := client.NewWithWatch(env.Config, client.Options{Scheme: manager.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conflicts := 1
+	c := interceptor.NewClient(direct, interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if obj.GetObjectKind().GroupVersionKind().Kind == "Job" && conflicts > 0 {
+				conflicts--
+				return apierrors.NewConflict(schema.GroupResource{Group: "batch", Resource: "jobs"}, obj.GetName(), fmt.Errorf("the object has been modified"))
+			}
+			return c.Create(ctx, obj, opts...)
+		}})
+	rec := events.NewFakeRecorder(20)
+	r := directReconciler(c, fake, rec)
+	res, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rj)})
+	if err != nil {
+		t.Fatalf("a pass whose submitter create met a conflict failed: %v", err)
+	}
+	if conflicts != 0 {
+		t.Fatal("the pass made no submitter")
+	}
+	if res.RequeueAfter == 0 || res.RequeueAfter > conflictRetry {
+		t.Errorf("the pass that met a conflict looks again after %v, want at most %v", res.RequeueAfter, conflictRetry)
+	}
+	for _, e := range recorded(rec) {
+		if strings.HasPrefix(e, "Warning") {
+			t.Errorf("a conflict was warned of: %s", e)
+		}
+	}
+	got := getJob(t, rj)
+	if got.Status.JobDeploymentStatus != rayv1.JobDeploymentStatusRunning || strings.Contains(got.Status.Message, "modified") {
+		t.Errorf("status after the conflict %q: %q, want Running, the conflict unsaid", got.Status.JobDeploymentStatus, got.Status.Message)
+	}
+	if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rj)}); err != nil {
+		t.Fatal(err)
+	}
+	var jobs batchv1.JobList
+	if err := env.Client.List(ctx, &jobs, client.InNamespace(rj.Namespace)); err != nil || len(jobs.Items) != 1 {
+		t.Fatalf("the next pass made %d submitters (%v), want 1", len(jobs.Items), err)
+	}
+}
