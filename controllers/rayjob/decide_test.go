@@ -194,11 +194,24 @@ func TestDecide(t *testing.T) {
 			o.job.Status.JobStatus = rayv1.JobStatusSucceeded
 			o.cluster = nil
 		}, want{jds: rayv1.JobDeploymentStatusComplete, js: rayv1.JobStatusSucceeded, msg: "ended SUCCEEDED", succeeded: 1}},
-		{"running: a selected cluster deleted is waited for", func(o *observed) {
+		{"running: a selected cluster deleted fails the attempt naming it", func(o *observed) {
 			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
 			o.job.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "rj-fghij"}
+			o.job.Status.JobStatus = rayv1.JobStatusRunning
 			o.cluster = nil
-		}, want{jds: rayv1.JobDeploymentStatusRunning, msg: "does not exist"}},
+		}, want{jds: rayv1.JobDeploymentStatusFailed, js: rayv1.JobStatusFailed, reason: rayv1.AppFailed, failed: 1,
+			msg: "RayCluster rj-fghij (picked by the clusterSelector) was deleted while the RayJob ran on it: Ray job rj-abcde is lost with it"}},
+		{"running: a selected cluster being deleted fails the attempt", func(o *observed) {
+			o.job = baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
+			o.job.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "rj-fghij"}
+			o.cluster.DeletionTimestamp = &metav1.Time{Time: t0}
+		}, want{jds: rayv1.JobDeploymentStatusFailed, js: rayv1.JobStatusFailed, reason: rayv1.AppFailed, failed: 1, msg: "(picked by the clusterSelector) was deleted"}},
+		{"running: a selected cluster deleted after the Ray job succeeded", func(o *observed) {
+			o.job = baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
+			o.job.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "rj-fghij"}
+			o.job.Status.JobStatus = rayv1.JobStatusSucceeded
+			o.cluster = nil
+		}, want{jds: rayv1.JobDeploymentStatusComplete, js: rayv1.JobStatusSucceeded, msg: "ended SUCCEEDED", succeeded: 1}},
 		{"retrying: deletes the cluster and the submitter first", func(o *observed) {
 			o.job.Status.JobDeploymentStatus = rayv1.JobDeploymentStatusRetrying
 			o.submitter = &batchv1.Job{}

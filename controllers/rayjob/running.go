@@ -54,27 +54,34 @@ func running(o observed, d *decision) {
 	followDashboard(o, d, finishedAt)
 }
 
-// clusterLost ends the attempt of a RayJob whose created cluster was
-// deleted while it ran (by hand: Loom deletes it only once the RayJob
-// finished, or to suspend or retry): its Ray job went with it, Failed,
-// unless it had finished. KubeRay v1.5 creates the cluster again, which
-// runs the job a second time, uncounted, on the rayClusterSpec as edited
-// since; here, a retry (backoffLimit) starts over on a new cluster.
+// clusterLost ends the attempt of a RayJob whose cluster was deleted while
+// it ran (by hand: Loom deletes a created one only once the RayJob
+// finished, or to suspend or retry, and never one picked by
+// clusterSelector): its Ray job went with it, Failed, unless it had
+// finished. KubeRay v1.5 creates a created cluster again, which runs the
+// job a second time, uncounted, on the rayClusterSpec as edited since, and
+// leaves a RayJob whose selected cluster is gone Running for ever; here, a
+// retry (backoffLimit) starts over on a new cluster, and one on a selected
+// cluster fails naming it.
 func clusterLost(o observed, d *decision) bool {
-	if selectorMode(o.job) || (o.cluster != nil && o.cluster.DeletionTimestamp == nil) {
+	if o.cluster != nil && o.cluster.DeletionTimestamp == nil {
 		return false
 	}
 	st := &d.status
+	name := "RayCluster " + st.RayClusterName
+	if selectorMode(o.job) {
+		name += " (picked by the clusterSelector)"
+	}
 	if rayv1.IsJobTerminal(st.JobStatus) {
 		st.JobDeploymentStatus, st.Reason = rayv1.JobDeploymentStatusComplete, ""
 		if st.JobStatus == rayv1.JobStatusFailed {
 			st.JobDeploymentStatus, st.Reason = rayv1.JobDeploymentStatusFailed, rayv1.AppFailed
 		}
-		st.Message = fmt.Sprintf("RayCluster %s was deleted after Ray job %s ended %s", st.RayClusterName, st.JobId, st.JobStatus)
+		st.Message = fmt.Sprintf("%s was deleted after Ray job %s ended %s", name, st.JobId, st.JobStatus)
 		return true
 	}
 	st.JobStatus, st.JobDeploymentStatus, st.Reason = rayv1.JobStatusFailed, rayv1.JobDeploymentStatusFailed, rayv1.AppFailed
-	st.Message = fmt.Sprintf("RayCluster %s was deleted while the RayJob ran on it: Ray job %s is lost with it", st.RayClusterName, st.JobId)
+	st.Message = fmt.Sprintf("%s was deleted while the RayJob ran on it: Ray job %s is lost with it", name, st.JobId)
 	return true
 }
 
