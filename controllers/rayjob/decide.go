@@ -136,6 +136,9 @@ func decide(o observed) decision {
 			st.Message = waitingForJobID(st.DashboardURL)
 			return d
 		}
+		if waitingOnDashboard(o, &d) {
+			return d
+		}
 		st.JobId, st.JobDeploymentStatus, st.Message = o.job.Spec.JobId, rayv1.JobDeploymentStatusRunning, ""
 	case rayv1.JobDeploymentStatusRunning:
 		running(o, &d)
@@ -199,6 +202,31 @@ func invalidEdit(o observed, d *decision) {
 		d.warn = warning{reason: string(utils.InvalidRayJobSpec), msg: st.Message}
 	}
 	d.requeue = nextLook(o, *st, d.requeue)
+}
+
+// waitingOnDashboard keeps an InteractiveMode RayJob waiting while its
+// cluster's dashboard does not know spec.jobId, and reports whether it
+// does. After a suspension or a retry the attempt runs on a new cluster,
+// but spec.jobId still names the earlier attempt's Ray job, which went with
+// its cluster: taken as is, the new attempt would follow a job no one
+// submitted to it. The user submits the new attempt's job (a new id, or
+// the same one again) and the RayJob runs once the dashboard has it. A
+// cluster gone is not waited on: running says it was lost.
+func waitingOnDashboard(o observed, d *decision) bool {
+	st := &d.status
+	switch {
+	case !o.dash.asked || o.dash.info != nil:
+		return false
+	case o.dash.err != nil:
+		d.requeue = dashboardBackoff(o.dash.failures)
+		st.Message = fmt.Sprintf("cannot ask the Ray dashboard at %s for spec.jobId %s (%d failed requests since %s): %v; asking again in %s",
+			st.DashboardURL, o.job.Spec.JobId, o.dash.failures, o.dash.since.UTC().Format(time.RFC3339), o.dash.err, d.requeue)
+	default:
+		st.Message = fmt.Sprintf("waiting for spec.jobId %s to be on RayCluster %s (a Ray job of an earlier attempt went with its cluster): submit the Ray job to the dashboard at %s with that submission id, or set spec.jobId to the new one",
+			o.job.Spec.JobId, st.RayClusterName, st.DashboardURL)
+	}
+	d.requeue = nextLook(o, *st, d.requeue)
+	return true
 }
 
 func waitingForJobID(dashboard string) string {

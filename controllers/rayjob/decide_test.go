@@ -99,7 +99,19 @@ func TestDecide(t *testing.T) {
 		{"waiting: user set the job id", func(o *observed) {
 			o.job.Spec.SubmissionMode, o.job.Spec.JobId = rayv1.InteractiveMode, "mine"
 			o.job.Status.JobDeploymentStatus = rayv1.JobDeploymentStatusWaiting
+			o.dash = info(rayv1.JobStatusRunning, "")
 		}, want{jds: rayv1.JobDeploymentStatusRunning}},
+		{"waiting: a job id the attempt's cluster does not know (an earlier attempt's) is waited on", func(o *observed) {
+			o.job.Spec.SubmissionMode, o.job.Spec.JobId = rayv1.InteractiveMode, "mine"
+			o.job.Status.JobDeploymentStatus, o.job.Status.JobId = rayv1.JobDeploymentStatusWaiting, ""
+			o.job.Status.DashboardURL = "rj-fghij-head-svc.ns.svc.cluster.local:8265"
+			o.dash = dashObs{asked: true, notFound: true}
+		}, want{jds: rayv1.JobDeploymentStatusWaiting, msg: "waiting for spec.jobId mine to be on RayCluster rj-fghij"}},
+		{"waiting: an unreachable dashboard is waited on", func(o *observed) {
+			o.job.Spec.SubmissionMode, o.job.Spec.JobId = rayv1.InteractiveMode, "mine"
+			o.job.Status.JobDeploymentStatus = rayv1.JobDeploymentStatusWaiting
+			o.dash = dashObs{asked: true, err: errors.New("connection refused"), failures: 1, since: t0}
+		}, want{jds: rayv1.JobDeploymentStatusWaiting, msg: "connection refused; asking again in 1s"}},
 		{"running: HTTPMode submits what the dashboard does not know", func(o *observed) {
 			o.job = baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
 			o.dash = dashObs{asked: true, notFound: true}
@@ -506,5 +518,44 @@ func TestDashboardBackoff(t *testing.T) {
 		if got := dashboardBackoff(n); got != want {
 			t.Errorf("dashboardBackoff(%d) = %s, want %s", n, got, want)
 		}
+	}
+}
+
+// An InteractiveMode RayJob suspended while its Ray job ran, then resumed,
+// starts clean on its new cluster: the earlier attempt's ids are cleared,
+// and spec.jobId, which names the Ray job that went with the old cluster,
+// is not followed until the new cluster's dashboard has a job of that id
+// (the user submits the new attempt's job); KubeRay v1.5 goes straight to
+// Running following a job no one submitted to the new cluster.
+func TestAResumedInteractiveRayJobWaitsForItsNewJob(t *testing.T) {
+	j := baseJob(rayv1.InteractiveMode, rayv1.JobDeploymentStatusRunning)
+	j.Spec.JobId, j.Status.JobId, j.Status.JobStatus = "mine", "mine", rayv1.JobStatusRunning
+	step := func(o observed) rayv1.RayJobStatus {
+		t.Helper()
+		d := decide(o)
+		j.Status = d.status
+		return d.status
+	}
+	j.Spec.Suspend = true
+	step(observed{job: j, cluster: readyCluster(), now: t0})
+	if st := step(observed{job: j, now: t0}); st.JobDeploymentStatus != rayv1.JobDeploymentStatusSuspended || st.JobId != "" || st.RayClusterName != "" || st.DashboardURL != "" {
+		t.Fatalf("suspended: %+v, want the attempt's ids cleared", st)
+	}
+	j.Spec.Suspend = false
+	step(observed{job: j, now: t0})
+	step(observed{job: j, now: t0, newCluster: "rj-new02", newJobID: "rj-new01"})
+	rc := readyCluster()
+	rc.Name = "rj-new02"
+	url := "rj-new02-head-svc.ns.svc.cluster.local:8265"
+	if st := step(observed{job: j, cluster: rc, headURL: url, now: t0}); st.JobDeploymentStatus != rayv1.JobDeploymentStatusWaiting || st.JobId != "" {
+		t.Fatalf("resumed: %+v, want Waiting without a job id", st)
+	}
+	st := step(observed{job: j, cluster: rc, now: t0, dash: dashObs{asked: true, notFound: true}})
+	if st.JobDeploymentStatus != rayv1.JobDeploymentStatusWaiting || st.JobId != "" || !strings.Contains(st.Message, "earlier attempt") {
+		t.Fatalf("resumed, the old spec.jobId not on the new cluster: %+v, want Waiting for it", st)
+	}
+	st = step(observed{job: j, cluster: rc, now: t0, dash: info(rayv1.JobStatusRunning, "")})
+	if st.JobDeploymentStatus != rayv1.JobDeploymentStatusRunning || st.JobId != "mine" || st.RayClusterName != "rj-new02" || st.DashboardURL != url {
+		t.Fatalf("resumed, the job submitted to the new cluster: %+v, want Running it", st)
 	}
 }

@@ -67,6 +67,11 @@ func (r *Reconciler) observe(ctx context.Context, job *rayv1.RayJob, now time.Ti
 	if st.JobDeploymentStatus == rayv1.JobDeploymentStatusRunning && st.DashboardURL != "" && st.JobId != "" && o.cluster != nil {
 		o.dash = r.askDashboard(ctx, client.ObjectKeyFromObject(j), st, now)
 	}
+	if st.JobDeploymentStatus == rayv1.JobDeploymentStatusWaiting && st.DashboardURL != "" && j.Spec.JobId != "" && o.cluster != nil && !j.Spec.Suspend {
+		ask := st
+		ask.JobId = j.Spec.JobId // is the user's job on this attempt's cluster?
+		o.dash = r.askDashboard(ctx, client.ObjectKeyFromObject(j), ask, now)
+	}
 	if o.dash.notFound && o.submitter != nil {
 		if at, _ := submitterFinished(o.submitter); at == nil {
 			trouble, err := r.submitterTrouble(ctx, o.submitter)
