@@ -9,7 +9,9 @@ import (
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/events"
@@ -117,5 +119,58 @@ func TestAChildWriteConflictIsNotTheRayJobsTrouble(t *testing.T) {
 	var jobs batchv1.JobList
 	if err := env.Client.List(ctx, &jobs, client.InNamespace(rj.Namespace)); err != nil || len(jobs.Items) != 1 {
 		t.Fatalf("the next pass made %d submitters (%v), want 1", len(jobs.Items), err)
+	}
+}
+
+// A submitter template the API server refuses in a pod (a dry run of one
+// submitter pod, before anything is made) holds the RayJob
+// ValidationFailed quoting the refused fields, with an InvalidRayJobSpec
+// Warning and no RayCluster or submitter Job made, instead of a cluster
+// brought up for a Job whose pods are never made; mended, it runs.
+func TestARefusedSubmitterTemplateHoldsTheRayJob(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name  string
+		bad   func(*corev1.PodSpec)
+		field string
+	}{
+		{"env var name", func(s *corev1.PodSpec) { s.Containers[0].Env = []corev1.EnvVar{{Name: "A=B", Value: "x"}} }, ".spec.containers[0].env[0].name"},
+		{"duplicate container name", func(s *corev1.PodSpec) {
+			s.InitContainers = []corev1.Container{{Name: s.Containers[0].Name, Image: "busybox"}}
+		}, ".spec.initContainers[0].name"},
+		{"requests above limits", func(s *corev1.PodSpec) {
+			s.Containers[0].Resources = corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")},
+				Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}}
+		}, ".spec.containers[0].resources.requests"},
+	}
+	fake := newFake(t, time.Hour)
+	startManager(t, fake)
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rj := sampleJob(t, "ray-job.sample.yaml", fmt.Sprintf("rj-refused-submitter-%d", i))
+			rj.Spec.SubmitterPodTemplate = &corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{Name: "submitter", Image: "rayproject/ray:2.46.0"}}}}
+			tt.bad(&rj.Spec.SubmitterPodTemplate.Spec)
+			create(t, rj)
+			got := waitJob(t, rj, "held on its submitter template", deploymentStatus(rayv1.JobDeploymentStatusValidationFailed))
+			if want := "spec.submitterPodTemplate" + tt.field; !strings.Contains(got.Status.Message, want) || got.Status.Reason != rayv1.ValidationFailed {
+				t.Fatalf("status %q %q, want ValidationFailed naming %s", got.Status.Reason, got.Status.Message, want)
+			}
+			warned(t, rj, "InvalidRayJobSpec")
+			time.Sleep(time.Second) // passes after the hold make nothing either
+			var clusters rayv1.RayClusterList
+			if err := env.Client.List(ctx, &clusters, client.InNamespace(rj.Namespace)); err != nil || len(clusters.Items) != 0 {
+				t.Fatalf("a held RayJob made %d RayClusters (%v)", len(clusters.Items), err)
+			}
+			if n := len(submitters(t, rj.Namespace)); n != 0 {
+				t.Fatalf("a held RayJob made %d submitter Jobs", n)
+			}
+			if i > 0 {
+				return
+			}
+			updateJob(t, rj, func(j *rayv1.RayJob) { j.Spec.SubmitterPodTemplate.Spec.Containers[0].Env = nil })
+			waitCluster(t, rj)
+		})
 	}
 }

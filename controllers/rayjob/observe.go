@@ -3,6 +3,7 @@ package rayjob
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/podset"
+	"github.com/loom-dev/loom/internal/preflight"
 )
 
 // normalized is the RayJob with the defaults its CRD would give (a RayJob
@@ -33,6 +35,9 @@ func normalized(j *rayv1.RayJob) *rayv1.RayJob {
 func (r *Reconciler) observe(ctx context.Context, job *rayv1.RayJob, now time.Time) (observed, error) {
 	j := normalized(job)
 	o := observed{job: j, now: now, newJobID: utils.GenerateRayJobId(j.Name), newCluster: utils.GenerateRayClusterName(j.Name), invalid: validate(j)}
+	if o.invalid == nil {
+		o.invalid = r.preflightSubmitter(ctx, j)
+	}
 	if o.invalid != nil && validatedIn(j.Status.JobDeploymentStatus) {
 		return o, nil // ValidationFailed: a started or finished RayJob is still followed (decide)
 	}
@@ -82,6 +87,39 @@ func (r *Reconciler) observe(ctx context.Context, job *rayv1.RayJob, now time.Ti
 		}
 	}
 	return o, nil
+}
+
+// preflightSubmitter asks the API server, with a dry run, whether it admits
+// a pod of the user's submitter template (spec.submitterPodTemplate, with
+// what Loom adds to it), before the submitter Job is made: while the RayJob
+// has not started (so before its cluster is made) or comes up. A Job whose
+// pods the API server refuses is made all the same, and its pods never
+// are; a refusal as invalid is the RayJob's spec error, naming the fields
+// (internal/preflight). KubeRay's default template is not asked about.
+func (r *Reconciler) preflightSubmitter(ctx context.Context, j *rayv1.RayJob) error {
+	switch j.Status.JobDeploymentStatus {
+	case rayv1.JobDeploymentStatusNew, rayv1.JobDeploymentStatusValidationFailed, rayv1.JobDeploymentStatusSuspended, rayv1.JobDeploymentStatusInitializing:
+	default:
+		return nil
+	}
+	if j.Spec.SubmissionMode != rayv1.K8sJobMode || j.Spec.SubmitterPodTemplate == nil {
+		return nil
+	}
+	// The job id and dashboard of any attempt: the pod's shape, and so the
+	// answer kept for it, is the same for every RayJob of this template.
+	st := rayv1.RayJobStatus{JobId: j.Name, DashboardURL: j.Name + "-head-svc:8265"}
+	sj, err := desiredSubmitter(j, st, &rayv1.RayCluster{})
+	if err != nil {
+		return nil // said when the submitter is made
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: sj.Name, Namespace: sj.Namespace, Labels: sj.Spec.Template.Labels, Annotations: sj.Spec.Template.Annotations},
+		Spec:       sj.Spec.Template.Spec,
+	}
+	if why := preflight.Refused(ctx, r.Client, j.Name, "spec.submitterPodTemplate", pod); why != "" {
+		return fmt.Errorf("the API server refuses the submitter pod: %s", why)
+	}
+	return nil
 }
 
 // submitterTrouble is why a pod of the submitter Job, which has not
