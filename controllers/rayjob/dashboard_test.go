@@ -122,7 +122,8 @@ func TestStopJobSaysWhatHappened(t *testing.T) {
 		fake.SetDown(tc.down)
 		rec := events.NewFakeRecorder(10)
 		r := &Reconciler{Recorder: rec, DashboardFor: func(a string) Dashboard { return NewHTTPDashboard(a, DashboardTimeout) }}
-		r.stopJob(context.Background(), job, rayv1.RayJobStatus{JobId: tc.id, DashboardURL: fake.URL(), RayClusterName: "rc"}, "after its submitter Job failed")
+		d := &decision{status: rayv1.RayJobStatus{JobId: tc.id, DashboardURL: fake.URL(), RayClusterName: "rc"}}
+		r.stopJob(context.Background(), job, d, "after its submitter Job failed", time.Now())
 		close(rec.Events)
 		got := ""
 		for e := range rec.Events {
@@ -131,5 +132,83 @@ func TestStopJobSaysWhatHappened(t *testing.T) {
 		if !strings.HasPrefix(got, tc.want) || (tc.want == "" && got != "") {
 			t.Errorf("stopping %s (dashboard down %v): events %q, want %q", tc.id, tc.down, got, tc.want)
 		}
+	}
+}
+
+// A stop that fails is tried again with backoff, up to stopTries times:
+// the first failure and the last are Warnings (not every try), the
+// message says how many failed and when the next is; once the dashboard
+// answers, the job is STOPPED, said once, and not asked of again.
+func TestAFailedStopIsTriedAgain(t *testing.T) {
+	fake := rayfake.New()
+	defer fake.Close()
+	if _, err := fake.Submit(utiltypes.RayJobRequest{SubmissionId: "running", Entrypoint: "python x.py"}); err != nil {
+		t.Fatal(err)
+	}
+	job := &rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Name: "rj", Namespace: "ns"}}
+	rec := events.NewFakeRecorder(50)
+	r := &Reconciler{Recorder: rec, DashboardFor: func(a string) Dashboard { return NewHTTPDashboard(a, DashboardTimeout) }}
+	st := rayv1.RayJobStatus{JobId: "running", DashboardURL: fake.URL(), RayClusterName: "rc", JobStatus: rayv1.JobStatusRunning,
+		JobDeploymentStatus: rayv1.JobDeploymentStatusFailed, Message: "The RayJob has passed the activeDeadlineSeconds."}
+	now := time.Now()
+	pass := func(at time.Duration) *decision {
+		d := &decision{status: st}
+		r.stopJob(context.Background(), job, d, "past the activeDeadlineSeconds", now.Add(at))
+		st = d.status
+		return d
+	}
+	fake.SetDown(true)
+	d := pass(0)
+	if !strings.HasPrefix(st.Message, "The RayJob has passed the activeDeadlineSeconds.; stopping Ray job running failed (1 of 8 tries)") ||
+		!strings.HasSuffix(st.Message, "trying again in 1s") || d.requeue != time.Second {
+		t.Fatalf("after a failed stop: message %q, requeue %v", st.Message, d.requeue)
+	}
+	if d := pass(500 * time.Millisecond); d.requeue != 500*time.Millisecond || !strings.Contains(st.Message, "(1 of 8 tries)") {
+		t.Fatalf("a pass before the next try: message %q, requeue %v; want no try, looked at again then", st.Message, d.requeue)
+	}
+	at := time.Second
+	for i := 2; i <= stopTries; i++ {
+		pass(at)
+		at += dashboardBackoff(i)
+	}
+	if !strings.HasSuffix(st.Message, "Loom tries no more") || !strings.Contains(st.Message, "failed 8 times") || strings.Count(st.Message, "stopping Ray job") != 1 {
+		t.Fatalf("after %d failed stops: message %q", stopTries, st.Message)
+	}
+	fake.SetDown(false)
+	pass(time.Hour) // given up: not asked again
+	if info, _ := NewHTTPDashboard(fake.URL(), DashboardTimeout).Get(context.Background(), "running"); info == nil || info.JobStatus == rayv1.JobStatusStopped {
+		t.Fatalf("a stop given up on was tried again: %+v", info)
+	}
+	close(rec.Events)
+	var warnings []string
+	for e := range rec.Events {
+		warnings = append(warnings, e)
+	}
+	if len(warnings) != 2 || !strings.Contains(warnings[0], "trying again in 1s, up to 8 times") || !strings.Contains(warnings[1], "gave up after 8 tries") {
+		t.Fatalf("events %q, want the first failure and the last", warnings)
+	}
+
+	// Another Ray job (a new attempt's), its stop failing once, then going through.
+	rec = events.NewFakeRecorder(50)
+	r.Recorder = rec
+	if _, err := fake.Submit(utiltypes.RayJobRequest{SubmissionId: "again", Entrypoint: "python x.py"}); err != nil {
+		t.Fatal(err)
+	}
+	st.JobId, st.JobStatus, st.Message = "again", rayv1.JobStatusRunning, "deadline"
+	fake.SetDown(true)
+	pass(2 * time.Hour)
+	fake.SetDown(false)
+	pass(2*time.Hour + time.Second)
+	if st.JobStatus != rayv1.JobStatusStopped || st.Message != "deadline" {
+		t.Fatalf("after a stop that went through: %q %q, want STOPPED, the note gone", st.JobStatus, st.Message)
+	}
+	pass(3 * time.Hour)
+	close(rec.Events)
+	var got []string
+	for e := range rec.Events {
+		got = append(got, e)
+	}
+	if len(got) != 2 || !strings.HasPrefix(got[1], "Normal StoppedRayJob") {
+		t.Fatalf("events %q, want one Warning then one StoppedRayJob", got)
 	}
 }

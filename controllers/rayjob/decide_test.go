@@ -559,3 +559,38 @@ func TestAResumedInteractiveRayJobWaitsForItsNewJob(t *testing.T) {
 		t.Fatalf("resumed, the job submitted to the new cluster: %+v, want Running it", st)
 	}
 }
+
+// A RayJob that gave up on a Ray job the dashboard last said ran asks to
+// stop it again while its cluster stands (the stop of the pass that failed
+// it did not go through, or the manager went down first), until
+// stopRetryWindow after its end; not once the job is STOPPED, the cluster
+// gone or going, or the window over.
+func TestAGivenUpRayJobIsStoppedAgain(t *testing.T) {
+	cases := []struct {
+		name string
+		edit func(o *observed)
+		want string
+	}{
+		{"past its deadline, running", func(*observed) {}, "past the activeDeadlineSeconds"},
+		{"on a selected cluster", func(o *observed) { o.job.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "rj-fghij"} }, "past the activeDeadlineSeconds"},
+		{"its submitter failed", func(o *observed) { o.job.Status.Reason = rayv1.SubmissionFailed }, "after its submitter Job failed"},
+		{"stopped", func(o *observed) { o.job.Status.JobStatus = rayv1.JobStatusStopped }, ""},
+		{"never seen on the dashboard", func(o *observed) { o.job.Status.JobStatus = rayv1.JobStatusNew }, ""},
+		{"its cluster gone", func(o *observed) { o.cluster = nil }, ""},
+		{"its cluster going", func(o *observed) { o.cluster.DeletionTimestamp = &metav1.Time{Time: t0} }, ""},
+		{"the window over", func(o *observed) { o.now = t0.Add(stopRetryWindow) }, ""},
+		{"complete", func(o *observed) { o.job.Status.JobDeploymentStatus = rayv1.JobDeploymentStatusComplete }, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			j := baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusFailed)
+			j.Status.DashboardURL, j.Status.JobStatus, j.Status.Reason = "rj-fghij-head-svc.ns.svc.cluster.local:8265", rayv1.JobStatusRunning, rayv1.DeadlineExceeded
+			j.Status.EndTime = &metav1.Time{Time: t0.Add(-time.Minute)}
+			o := observed{job: j, cluster: readyCluster(), now: t0}
+			tc.edit(&o)
+			if d := decide(o); d.stopJob != tc.want {
+				t.Fatalf("stopJob %q, want %q", d.stopJob, tc.want)
+			}
+		})
+	}
+}

@@ -14,6 +14,7 @@ import (
 func finished(o observed, d *decision) {
 	d.requeue = 0
 	j := o.job
+	stopAgain(o, d)
 	if selectorMode(j) || d.status.EndTime == nil {
 		return
 	}
@@ -119,4 +120,31 @@ func execute(o observed, d *decision, p rayv1.DeletionPolicyType) {
 	case rayv1.DeleteSelf:
 		d.deleteSelf = true
 	}
+}
+
+// stopAgain asks again to stop the Ray job of a RayJob that gave up on it
+// (Failed) while the dashboard last said it ran: the stop in the pass that
+// failed the RayJob did not go through, or the manager went down before
+// it. It is asked while the cluster stands, until stopRetryWindow after the
+// end; the writer spaces and bounds the tries (stopJob).
+func stopAgain(o observed, d *decision) {
+	st := d.status
+	if st.JobDeploymentStatus != rayv1.JobDeploymentStatusFailed || st.JobId == "" || st.DashboardURL == "" || st.EndTime == nil ||
+		(st.JobStatus != rayv1.JobStatusPending && st.JobStatus != rayv1.JobStatusRunning) ||
+		o.cluster == nil || o.cluster.DeletionTimestamp != nil || !o.now.Before(st.EndTime.Add(stopRetryWindow)) {
+		return
+	}
+	switch st.Reason {
+	case rayv1.DeadlineExceeded:
+		d.stopJob = "past the activeDeadlineSeconds"
+	case rayv1.SubmissionFailed:
+		d.stopJob = "after its submitter Job failed"
+	case rayv1.JobDeploymentStatusTransitionGracePeriodExceeded:
+		d.stopJob = "still running after its submitter Job finished"
+	default:
+		d.stopJob = "after the RayJob failed"
+	}
+	// Looked at again at the window's end at the latest, when the writer
+	// says no sooner.
+	d.requeue = st.EndTime.Add(stopRetryWindow).Sub(o.now) + time.Second
 }

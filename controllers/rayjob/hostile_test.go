@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -173,4 +174,41 @@ func TestARefusedSubmitterTemplateHoldsTheRayJob(t *testing.T) {
 			waitCluster(t, rj)
 		})
 	}
+}
+
+// A RayJob past its deadline whose dashboard does not answer the stop
+// tries again, the message saying so, and stops its Ray job once the
+// dashboard answers: jobStatus STOPPED, one Warning, one StoppedRayJob.
+func TestAFailedStopIsTriedAgainUntilItGoesThrough(t *testing.T) {
+	fake := newFake(t, time.Hour)
+	rj := sampleJob(t, "ray-job.sample.yaml", "rj-stop-again")
+	// Once the manager has stopped (cleanups run last first): the failed
+	// RayJob's series would be in the other tests' registry.
+	t.Cleanup(func() { forgetMetrics(client.ObjectKeyFromObject(rj)) })
+	startManager(t, fake)
+	rj.Spec.SubmissionMode = rayv1.HTTPMode
+	rj.Spec.ActiveDeadlineSeconds = ptr.To[int32](8)
+	create(t, rj)
+	rc, _ := waitCluster(t, rj)
+	bringUp(t, rc, true)
+	running := waitJob(t, rj, "running its Ray job", func(j *rayv1.RayJob) bool { return j.Status.JobStatus == rayv1.JobStatusRunning })
+	fake.SetDown(true)
+	waitJob(t, rj, "saying its stop failed", func(j *rayv1.RayJob) bool {
+		return j.Status.JobDeploymentStatus == rayv1.JobDeploymentStatusFailed && strings.Contains(j.Status.Message, "stopping Ray job "+running.Status.JobId+" failed (")
+	})
+	fake.SetDown(false)
+	got := waitJob(t, rj, "its Ray job stopped", func(j *rayv1.RayJob) bool { return j.Status.JobStatus == rayv1.JobStatusStopped })
+	if got.Status.Reason != rayv1.DeadlineExceeded || strings.Contains(got.Status.Message, "stopping Ray job") {
+		t.Fatalf("status %+v, want DeadlineExceeded, the failed stop no longer said", got.Status)
+	}
+	info, err := NewHTTPDashboard(fake.URL(), DashboardTimeout).Get(context.Background(), running.Status.JobId)
+	if err != nil || info.JobStatus != rayv1.JobStatusStopped {
+		t.Fatalf("the Ray job: %+v %v, want STOPPED", info, err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if w, n := eventsOf(t, rj, corev1.EventTypeWarning, "FailedToStopRayJob"), eventsOf(t, rj, corev1.EventTypeNormal, "StoppedRayJob"); len(w) != 1 || len(n) != 1 {
+			return fmt.Errorf("%d FailedToStopRayJob and %d StoppedRayJob events, want 1 and 1", len(w), len(n))
+		}
+		return nil
+	})
 }

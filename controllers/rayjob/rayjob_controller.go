@@ -84,6 +84,8 @@ type Reconciler struct {
 	mu     sync.Mutex
 	// unreachable counts each RayJob's failed dashboard requests in a row.
 	unreachable map[types.NamespacedName]dashFailures
+	// stops counts each RayJob's failed stops of its given-up Ray job.
+	stops map[types.NamespacedName]stopAttempts
 }
 
 type dashFailures struct {
@@ -243,6 +245,7 @@ func (r *Reconciler) writeFailed(ctx context.Context, job *rayv1.RayJob, err err
 func (r *Reconciler) forget(key types.NamespacedName) {
 	r.mu.Lock()
 	delete(r.unreachable, key)
+	delete(r.stops, key)
 	r.mu.Unlock()
 	forgetMetrics(key)
 	if r.writer != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils/dashboardclient"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -121,7 +122,7 @@ func (r *Reconciler) write(ctx context.Context, o observed, d *decision) error {
 		return err
 	}
 	if d.stopJob != "" {
-		r.stopJob(ctx, o.job, d.status, d.stopJob)
+		r.stopJob(ctx, o.job, d, d.stopJob, o.now)
 	}
 	if d.deleteSelf {
 		return failed("FailedToDeleteRayJob", r.writer.Delete(ctx, owner, "deletionStrategy DeleteSelf"))
@@ -184,21 +185,94 @@ func (r *Reconciler) submit(ctx context.Context, o observed, st rayv1.RayJobStat
 	return nil
 }
 
+// Stopping a given-up Ray job is tried again with backoff (1 s, 2 s, 4 s …
+// up to a minute) while its cluster stands, at most stopTries times, and
+// not past stopRetryWindow after the RayJob ended (a manager restarted
+// later does not start over).
+const (
+	stopTries       = 8
+	stopRetryWindow = 10 * time.Minute
+)
+
+// stopNote starts what a finished RayJob's message says of a stop that
+// failed, after the message of its end.
+const stopNote = "; stopping Ray job "
+
+// stopAttempts is what the reconciler keeps of a RayJob's failed stops: of
+// which Ray job, how many, when to try again, and whether it gave up.
+type stopAttempts struct {
+	jobID string
+	n     int
+	next  time.Time
+	done  bool
+}
+
 // stopJob asks the dashboard to stop the Ray job of a RayJob that gives up
-// on it (why: past its deadline, after its submitter failed), once: the
-// RayJob fails whether the dashboard answers or not, and a Warning says
-// when it did not. A job the dashboard does not know was never submitted.
-func (r *Reconciler) stopJob(ctx context.Context, job *rayv1.RayJob, st rayv1.RayJobStatus, why string) {
+// on it (why: past its deadline, after its submitter failed): the RayJob
+// fails whether the dashboard answers or not. A stopped job's jobStatus
+// becomes STOPPED, with a StoppedRayJob event; a job the dashboard does not
+// know was never submitted (or is gone), and is not asked of again. A
+// failed stop is tried again later (stopTries, with backoff): the first
+// failure and the last are FailedToStopRayJob Warnings, not every one, and
+// the message says how many failed and when the next try is.
+func (r *Reconciler) stopJob(ctx context.Context, job *rayv1.RayJob, d *decision, why string, now time.Time) {
+	st := &d.status
+	key := client.ObjectKeyFromObject(job)
+	r.mu.Lock()
+	a := r.stops[key]
+	r.mu.Unlock()
+	if a.jobID != st.JobId {
+		a = stopAttempts{jobID: st.JobId}
+	}
+	if a.done {
+		return
+	}
+	if now.Before(a.next) {
+		d.requeue = soonest(d.requeue, a.next.Sub(now))
+		return
+	}
 	cctx, cancel := context.WithTimeout(ctx, DashboardTimeout)
 	defer cancel()
 	err := r.DashboardFor(st.DashboardURL).Stop(cctx, st.JobId)
+	base, _, _ := strings.Cut(st.Message, stopNote)
 	switch {
 	case errors.Is(err, ErrJobNotFound):
+		a.done = true
 	case err != nil:
-		r.event(job, corev1.EventTypeWarning, "FailedToStopRayJob", "Could not stop Ray job %s %s on RayCluster %s: %v", st.JobId, why, st.RayClusterName, err)
+		a.n++
+		if a.n >= stopTries {
+			a.done = true
+			st.Message = fmt.Sprintf("%s%s%s failed %d times, the last: %v; Loom tries no more", base, stopNote, st.JobId, a.n, err)
+			r.event(job, corev1.EventTypeWarning, "FailedToStopRayJob", "Could not stop Ray job %s %s on RayCluster %s: %v; gave up after %d tries", st.JobId, why, st.RayClusterName, err, a.n)
+			break
+		}
+		wait := dashboardBackoff(a.n)
+		a.next = now.Add(wait)
+		d.requeue = soonest(d.requeue, wait)
+		st.Message = fmt.Sprintf("%s%s%s failed (%d of %d tries): %v; trying again in %s", base, stopNote, st.JobId, a.n, stopTries, err, wait)
+		if a.n == 1 {
+			r.event(job, corev1.EventTypeWarning, "FailedToStopRayJob", "Could not stop Ray job %s %s on RayCluster %s: %v; trying again in %s, up to %d times",
+				st.JobId, why, st.RayClusterName, err, wait, stopTries)
+		}
 	default:
+		a.done = true
+		st.JobStatus, st.Message = rayv1.JobStatusStopped, base
 		r.event(job, corev1.EventTypeNormal, "StoppedRayJob", "Stopped Ray job %s %s on RayCluster %s", st.JobId, why, st.RayClusterName)
 	}
+	r.mu.Lock()
+	if r.stops == nil {
+		r.stops = map[types.NamespacedName]stopAttempts{}
+	}
+	r.stops[key] = a
+	r.mu.Unlock()
+}
+
+// soonest is the shorter of two waits, 0 being none.
+func soonest(a, b time.Duration) time.Duration {
+	if a == 0 || b < a {
+		return b
+	}
+	return a
 }
 
 // addFinalizer adds KubeRay's stop-job finalizer to a new RayJob, so that
