@@ -194,7 +194,9 @@ func invalidEdit(o observed, d *decision) {
 	if o.dash.asked {
 		d.requeue = requeueRunning
 	}
-	if o.dash.info != nil {
+	// Only a Running RayJob's Ray job is followed: a Waiting one's dashboard
+	// was asked of the user's spec.jobId, not yet its job.
+	if o.dash.info != nil && st.JobDeploymentStatus == rayv1.JobDeploymentStatusRunning {
 		st.JobStatus = o.dash.info.JobStatus
 	}
 	st.Message = fmt.Sprintf("the RayJob holds as it is until its spec is mended (nothing is created, deleted or submitted; Ray job %s is followed): %v", st.JobId, o.invalid)

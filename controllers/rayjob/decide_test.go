@@ -415,6 +415,8 @@ func TestAStartedRayJobHoldsOnAnInvalidEdit(t *testing.T) {
 	}{
 		{"initializing, its cluster missing", observed{job: baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusInitializing)}, ""},
 		{"waiting for spec.jobId", observed{job: baseJob(rayv1.InteractiveMode, rayv1.JobDeploymentStatusWaiting), cluster: readyCluster()}, ""},
+		{"waiting, the user's spec.jobId asked of the dashboard", observed{job: baseJob(rayv1.InteractiveMode, rayv1.JobDeploymentStatusWaiting), cluster: readyCluster(),
+			dash: info(rayv1.JobStatusRunning, "")}, ""},
 		{"running, its Ray job done", observed{job: baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning), cluster: readyCluster(),
 			dash: info(rayv1.JobStatusSucceeded, "done")}, rayv1.JobStatusSucceeded},
 		{"running, the Ray job unknown", observed{job: baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning), cluster: readyCluster(),
