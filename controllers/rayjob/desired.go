@@ -87,6 +87,13 @@ func desiredSubmitter(j *rayv1.RayJob, st rayv1.RayJobStatus, rc *rayv1.RayClust
 	if err != nil {
 		return nil, fmt.Errorf("building the submit command: %w", err)
 	}
+	// A Job's pods restart Never or OnFailure: a template that says
+	// nothing would be defaulted to Always by the API server and the Job
+	// refused on every pass (KubeRay v1.5 leaves it so). Always is refused
+	// by validate.
+	if tmpl.Spec.RestartPolicy == "" {
+		tmpl.Spec.RestartPolicy = corev1.RestartPolicyNever
+	}
 	c := &tmpl.Spec.Containers[utils.RayContainerIndex]
 	if len(c.Command) == 0 {
 		c.Command = utils.GetContainerCommand([]string{"e"})
@@ -152,6 +159,9 @@ func validate(j *rayv1.RayJob) error {
 	// failed job again at once.
 	if selectorMode(j) && j.Spec.BackoffLimit != nil && *j.Spec.BackoffLimit > 0 {
 		return fmt.Errorf("backoffLimit is incompatible with clusterSelector: a retry starts over on a new RayCluster, and a selected one is never replaced")
+	}
+	if t := j.Spec.SubmitterPodTemplate; j.Spec.SubmissionMode == rayv1.K8sJobMode && t != nil && t.Spec.RestartPolicy == corev1.RestartPolicyAlways {
+		return fmt.Errorf("spec.submitterPodTemplate.spec.restartPolicy must be Never or OnFailure, as a Job's pods, got Always")
 	}
 	// Ray refuses a job without an entrypoint (`ray job submit` and the
 	// Jobs API both): said before a cluster comes up for nothing. A

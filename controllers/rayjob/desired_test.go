@@ -123,6 +123,10 @@ func TestValidateKubeRaySamples(t *testing.T) {
 		"no entrypoint":           func(j *rayv1.RayJob) { j.Spec.Entrypoint = "" },
 		"a blank entrypoint":      func(j *rayv1.RayJob) { j.Spec.Entrypoint = " \n\t" },
 		"HTTPMode, no entrypoint": func(j *rayv1.RayJob) { j.Spec.SubmissionMode, j.Spec.Entrypoint = rayv1.HTTPMode, "" },
+		"a submitter restarting Always": func(j *rayv1.RayJob) {
+			j.Spec.SubmitterPodTemplate = &corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyAlways,
+				Containers: []corev1.Container{{Name: "submit", Image: "rayproject/ray:2.46.0"}}}}
+		},
 	} {
 		j := baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusNew)
 		edit(j)
@@ -148,6 +152,16 @@ func TestValidateKubeRaySamples(t *testing.T) {
 		{Name: "submit", Image: "rayproject/ray:2.46.0", Command: []string{"ray", "job", "submit", "--", "python", "x.py"}}}}}
 	if err := validate(j); err != nil {
 		t.Errorf("a submitter template with its own command, without an entrypoint: %v", err)
+	}
+	// Its pods restart Never, as a Job's must, when the template says
+	// nothing (the API server would default Always and refuse the Job).
+	j.Status.JobId, j.Status.DashboardURL = "rj-abcde", "rj-fghij-head-svc:8265"
+	sj, err := desiredSubmitter(j, j.Status, readyCluster())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := sj.Spec.Template.Spec.RestartPolicy; p != corev1.RestartPolicyNever {
+		t.Errorf("the submitter of a template without restartPolicy restarts %q, want Never", p)
 	}
 }
 
