@@ -115,16 +115,20 @@ type decision struct {
 	// guard: the status suspends or resumes the cluster, and must be
 	// written only over the copy it was computed from.
 	guard bool
-	// preflight are one pod of each group that lacks pods, for the API
-	// server to admit (a dry run) before anything is made.
+	// preflight are one pod of each group that lacks pods and the head
+	// Service when it is not there, for the API server to admit (a dry
+	// run) before anything is made.
 	preflight []prototype
 }
 
-// prototype is a pod as a group's pods are built, and where the group's
-// template is in the cluster's spec.
+// prototype is a child as it is built (a pod of a group, the head
+// Service), what it is, and where what it is built from is in the
+// cluster's spec ("" when the message says it). known: the child exists,
+// and only what a refused write of it said is asked (no dry run).
 type prototype struct {
-	path string
-	pod  *corev1.Pod
+	what, path string
+	obj        client.Object
+	known      bool
 }
 
 // event is a notable transition, recorded on the cluster.
@@ -249,7 +253,7 @@ func validate(p *pass) bool {
 		reason = ReasonTooManyPods
 	}
 	if reason == "" && p.obs.refused != "" {
-		reason, msg = ReasonInvalidSpec, "the API server refuses the pods: "+p.obs.refused
+		reason, msg = ReasonInvalidSpec, p.obs.refused
 	}
 	if reason == "" {
 		meta.RemoveStatusCondition(&st.Conditions, ConditionValid)
@@ -348,9 +352,18 @@ func volcano(p *pass) bool {
 
 // children wants the cluster's Services and autoscaler RBAC and, with
 // Volcano, its PodGroup; a PodGroup left from when the cluster asked for
-// Volcano goes.
+// Volcano goes. The head Service is built from what the user wrote
+// (spec.headGroupSpec.headService, serviceType, the head container's
+// ports): not there yet, it is for the preflight's dry run first; there,
+// a write of it as it is now that the API server refused holds the
+// cluster as well.
 func children(p *pass) bool {
 	p.d.children, p.d.shared, p.d.err = buildChildren(p.ctx, p.rc)
+	if p.d.err == nil {
+		if svc := headServicePrototype(p.ctx, p.rc); svc != nil {
+			p.d.preflight = append(p.d.preflight, prototype{what: headServiceWhat, obj: svc, known: p.obs.headService != nil})
+		}
+	}
 	if p.sched != gang.SchedulerName {
 		switch {
 		case p.sched != "" && p.sched != "none":
@@ -502,7 +515,7 @@ func build(p *pass) bool {
 	for _, s := range p.missing {
 		proto := s.g.pod.DeepCopy()
 		delete(proto.Annotations, AnnotationTemplateHash)
-		p.d.preflight = append(p.d.preflight, prototype{path: s.g.path, pod: proto})
+		p.d.preflight = append(p.d.preflight, prototype{what: "the pods", path: s.g.path, obj: proto})
 		size := max(int64(s.g.pod.Size()), 1)
 		n := min(s.n, room, bytes/size)
 		if n == 0 && len(p.d.create) == 0 && room > 0 {

@@ -226,11 +226,35 @@ func buildChildren(ctx context.Context, rc *rayv1.RayCluster) (children, shared 
 // by default, ports gcs-server, dashboard, client, metrics, serve).
 func buildHeadService(ctx context.Context, rc *rayv1.RayCluster) (*corev1.Service, error) {
 	labels := common.HeadServiceLabels(*rc)
-	svc, err := common.BuildServiceForHeadPod(ctx, *rc, labels, rc.Spec.HeadServiceAnnotations)
+	// A copy: the writer adds its hash to the Service's annotations.
+	svc, err := common.BuildServiceForHeadPod(ctx, *rc, labels, maps.Clone(rc.Spec.HeadServiceAnnotations))
 	if err != nil {
 		return nil, err
 	}
 	return service(svc), nil
+}
+
+// headServiceWhat names the head Service in a refusal: the fields the API
+// server quotes are the Service's, as KubeRay builds it.
+const headServiceWhat = "the head Service (spec.headGroupSpec.headService, the head container's ports after its own, and serviceType)"
+
+// headServicePrototype is the head Service for the preflight: as
+// buildHeadService builds it, but with the ports of
+// spec.headGroupSpec.headService first and at their own indexes, so that
+// the API server's causes name them as the user wrote them; nil when it
+// cannot be built.
+func headServicePrototype(ctx context.Context, rc *rayv1.RayCluster) *corev1.Service {
+	svc, err := common.BuildServiceForHeadPod(ctx, *rc, common.HeadServiceLabels(*rc), rc.Spec.HeadServiceAnnotations)
+	if err != nil {
+		return nil
+	}
+	own := 0
+	if hs := rc.Spec.HeadGroupSpec.HeadService; hs != nil {
+		own = len(hs.Spec.Ports)
+	}
+	sortPorts(svc.Spec.Ports[own:]) // KubeRay's, from a map
+	svc.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}
+	return svc
 }
 
 // service gives a Service KubeRay built its kind and its ports one order:
@@ -238,10 +262,14 @@ func buildHeadService(ctx context.Context, rc *rayv1.RayCluster) (*corev1.Servic
 // must not change with the map's order.
 func service(svc *corev1.Service) *corev1.Service {
 	svc.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}
-	slices.SortStableFunc(svc.Spec.Ports, func(a, b corev1.ServicePort) int {
+	sortPorts(svc.Spec.Ports)
+	return svc
+}
+
+func sortPorts(ports []corev1.ServicePort) {
+	slices.SortStableFunc(ports, func(a, b corev1.ServicePort) int {
 		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Port, b.Port))
 	})
-	return svc
 }
 
 // autoscalerRBAC is the autoscaler's ServiceAccount (only when the head

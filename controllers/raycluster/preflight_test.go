@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -136,8 +137,149 @@ func TestIdenticalClustersShareTheirDryRuns(t *testing.T) {
 			return nil
 		})
 	}
-	// The head's template and the worker group's: two.
-	if got := dryRuns() - before; got != 2 {
-		t.Fatalf("%d identical clusters cost %v dry runs, want 2", n, got)
+	// The head's template, the worker group's and the head Service: three.
+	if got := dryRuns() - before; got != 3 {
+		t.Fatalf("%d identical clusters cost %v dry runs, want 3", n, got)
 	}
+}
+
+// badHeadServices are head Services (spec.headGroupSpec.headService, or
+// serviceType) the API server refuses, which no check of Loom's or
+// KubeRay's catches: field is what SpecValid names.
+var badHeadServices = []struct {
+	name  string
+	bad   func(*rayv1.HeadGroupSpec)
+	field string
+}{
+	{"port 0", func(h *rayv1.HeadGroupSpec) {
+		h.HeadService.Spec.Ports = []corev1.ServicePort{{Name: "extra", Port: 0}}
+	}, "spec.ports[0].port"},
+	{"port 70000", func(h *rayv1.HeadGroupSpec) {
+		h.HeadService.Spec.Ports = []corev1.ServicePort{{Name: "extra", Port: 70000}}
+	}, "spec.ports[0].port"},
+	{"port name used twice", func(h *rayv1.HeadGroupSpec) {
+		h.HeadService.Spec.Ports = []corev1.ServicePort{{Name: "extra", Port: 9000}, {Name: "extra", Port: 9001}}
+	}, "spec.ports[1].name"},
+	{"port number of KubeRay's", func(h *rayv1.HeadGroupSpec) {
+		h.HeadService.Spec.Ports = []corev1.ServicePort{{Name: "extra", Port: 8265}} // the dashboard's
+	}, "Duplicate value"},
+	{"protocol", func(h *rayv1.HeadGroupSpec) {
+		h.HeadService.Spec.Ports = []corev1.ServicePort{{Name: "extra", Port: 9000, Protocol: "FOO"}}
+	}, "spec.ports[0].protocol"},
+	{"nodePort past 65535", func(h *rayv1.HeadGroupSpec) {
+		h.HeadService.Spec.Type = corev1.ServiceTypeNodePort
+		h.HeadService.Spec.Ports = []corev1.ServicePort{{Name: "extra", Port: 9000, NodePort: 70000}}
+	}, "nodePort: Invalid value: 70000"},
+	{"nodePort outside the server's range", func(h *rayv1.HeadGroupSpec) {
+		h.HeadService.Spec.Type = corev1.ServiceTypeNodePort
+		h.HeadService.Spec.Ports = []corev1.ServicePort{{Name: "extra", Port: 9000, NodePort: 20000}}
+	}, "nodePort: Invalid value: 20000"},
+	{"nodePort on a ClusterIP Service", func(h *rayv1.HeadGroupSpec) {
+		h.HeadService.Spec.Ports = []corev1.ServicePort{{Name: "extra", Port: 9000, NodePort: 30080}}
+	}, "spec.ports[0].nodePort"},
+	{"targetPort name", func(h *rayv1.HeadGroupSpec) {
+		h.HeadService.Spec.Ports = []corev1.ServicePort{{Name: "extra", Port: 9000, TargetPort: intstr.FromString("Bad_Name")}}
+	}, "spec.ports[0].targetPort"},
+	{"type", func(h *rayv1.HeadGroupSpec) {
+		h.HeadService.Spec.Type = "Foo"
+	}, "spec.type"},
+	{"serviceType", func(h *rayv1.HeadGroupSpec) {
+		h.HeadService, h.ServiceType = nil, "Foo"
+	}, "spec.type"},
+	{"clusterIP", func(h *rayv1.HeadGroupSpec) {
+		h.HeadService.Spec.ClusterIP = "not-an-ip"
+	}, "spec.clusterIP"},
+	{"loadBalancerSourceRanges", func(h *rayv1.HeadGroupSpec) {
+		h.HeadService.Spec.Type = corev1.ServiceTypeLoadBalancer
+		h.HeadService.Spec.LoadBalancerSourceRanges = []string{"not-a-cidr"}
+	}, "LoadBalancerSourceRanges[0]"},
+}
+
+// A cluster whose head Service the API server refuses (a dry run before
+// anything is made) is held InvalidSpec naming the field, with no pod or
+// Service made; mended, it runs.
+func TestRefusedHeadServiceHoldsTheCluster(t *testing.T) {
+	ctx := context.Background()
+	startManager(t, "none")
+	for i, tt := range badHeadServices {
+		t.Run(tt.name, func(t *testing.T) {
+			rc := sample(t, "ray-cluster.sample.yaml", fmt.Sprintf("refused-svc-%d", i))
+			rc.Spec.HeadGroupSpec.HeadService = &corev1.Service{}
+			tt.bad(&rc.Spec.HeadGroupSpec)
+			if err := env.Client.Create(ctx, rc); err != nil {
+				t.Fatal(err)
+			}
+			testenv.Eventually(t, 30*time.Second, func() error {
+				c := meta.FindStatusCondition(get(t, rc).Status.Conditions, ConditionValid)
+				if c == nil || c.Reason != ReasonInvalidSpec || !strings.Contains(c.Message, "the head Service") || !strings.Contains(c.Message, tt.field) {
+					return fmt.Errorf("SpecValid %+v, want InvalidSpec naming the head Service's %s", c, tt.field)
+				}
+				return nil
+			})
+			time.Sleep(time.Second) // passes after the hold make nothing either
+			var svcs corev1.ServiceList
+			if err := env.Client.List(ctx, &svcs, client.InNamespace(rc.Namespace)); err != nil {
+				t.Fatal(err)
+			}
+			if pods := rayPods(t, rc); len(pods) != 0 || len(svcs.Items) != 0 {
+				t.Fatalf("a held cluster made pods %v and %d Services", pods, len(svcs.Items))
+			}
+			if i > 1 {
+				return
+			}
+			update(t, rc, func(rc *rayv1.RayCluster) {
+				rc.Spec.HeadGroupSpec.HeadService.Spec.Ports[0].Port = 9000
+			})
+			testenv.Eventually(t, 30*time.Second, func() error {
+				got := get(t, rc)
+				if c := meta.FindStatusCondition(got.Status.Conditions, ConditionValid); c != nil {
+					return fmt.Errorf("SpecValid %+v after the mend", c)
+				}
+				if pods := rayPods(t, rc); len(pods[headGroup]) != 1 || len(pods[rc.Spec.WorkerGroupSpecs[0].GroupName]) == 0 {
+					return fmt.Errorf("pods %v", pods)
+				}
+				return env.Client.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-head-svc"}, &corev1.Service{})
+			})
+		})
+	}
+}
+
+// A running cluster whose head Service is edited into one the API server
+// refuses (no dry run: the Service is there) is held InvalidSpec quoting
+// the refusal from the pass after the refused write: no pod is created or
+// deleted while it is; mended, it goes on.
+func TestRefusedHeadServiceEditHoldsTheCluster(t *testing.T) {
+	startManager(t, "none")
+	rc := sample(t, "ray-cluster.sample.yaml", "refused-svc-edit")
+	if err := env.Client.Create(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	group := rc.Spec.WorkerGroupSpecs[0].GroupName
+	before := waitPods(t, rc, map[string]int{headGroup: 1, group: 1})
+	update(t, rc, func(rc *rayv1.RayCluster) {
+		rc.Spec.HeadGroupSpec.HeadService = &corev1.Service{Spec: corev1.ServiceSpec{
+			Ports: []corev1.ServicePort{{Name: "extra", Port: 9000, TargetPort: intstr.FromString("Bad_Name")}}}}
+		rc.Spec.WorkerGroupSpecs[0].Replicas = ptr.To[int32](3)
+	})
+	testenv.Eventually(t, 30*time.Second, func() error {
+		c := meta.FindStatusCondition(get(t, rc).Status.Conditions, ConditionValid)
+		if c == nil || c.Reason != ReasonInvalidSpec || !strings.Contains(c.Message, "the head Service") || !strings.Contains(c.Message, "targetPort: Invalid value: \"Bad_Name\"") {
+			return fmt.Errorf("SpecValid %+v, want InvalidSpec naming the head Service's targetPort", c)
+		}
+		return nil
+	})
+	time.Sleep(time.Second)
+	if pods := rayPods(t, rc); len(pods[headGroup]) != 1 || len(pods[group]) != 1 || pods[group][0].UID != before[group][0].UID {
+		t.Fatalf("a held cluster changed its pods: %v", pods)
+	}
+	update(t, rc, func(rc *rayv1.RayCluster) {
+		rc.Spec.HeadGroupSpec.HeadService.Spec.Ports[0].TargetPort = intstr.IntOrString{}
+	})
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if c := meta.FindStatusCondition(get(t, rc).Status.Conditions, ConditionValid); c != nil {
+			return fmt.Errorf("SpecValid %+v after the mend", c)
+		}
+		return nil
+	})
+	waitPods(t, rc, map[string]int{headGroup: 1, group: 3})
 }

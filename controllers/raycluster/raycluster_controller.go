@@ -216,17 +216,32 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 }
 
 // preflight asks the API server, with a dry run, whether it admits one
-// pod of each group that lacks pods, before any pod, Service or PodGroup
-// is made: the fields of what it refuses as invalid, "" when it refuses
-// none (or cannot say).
-func (r *Reconciler) preflight(ctx context.Context, rc *rayv1.RayCluster, pods []prototype) string {
-	var refused []string
-	for _, p := range pods {
-		if why := preflight.Refused(ctx, r.Client, rc.Name, p.path, p.pod); why != "" {
-			refused = append(refused, why)
+// pod of each group that lacks pods, and the head Service when it is not
+// there, before any pod, Service or PodGroup is made: what it refuses as
+// invalid, with the fields, "" when it refuses none (or cannot say). Of a
+// head Service that is there, what it said to a write of it as it is now
+// counts (no dry run: a create would meet the Service).
+func (r *Reconciler) preflight(ctx context.Context, rc *rayv1.RayCluster, protos []prototype) string {
+	var out []string
+	refused := map[string][]string{}
+	for _, p := range protos {
+		why := ""
+		if p.known {
+			why = preflight.Known(rc.Name, p.path, p.obj)
+		} else {
+			why = preflight.Refused(ctx, r.Client, rc.Name, p.path, p.obj)
+		}
+		if why != "" {
+			if refused[p.what] == nil {
+				out = append(out, p.what)
+			}
+			refused[p.what] = append(refused[p.what], why)
 		}
 	}
-	return strings.Join(refused, "; ")
+	for i, what := range out {
+		out[i] = "the API server refuses " + what + ": " + strings.Join(refused[what], "; ")
+	}
+	return strings.Join(out, "; ")
 }
 
 // execute carries out a decision: the events, the children and pods, then
@@ -362,8 +377,19 @@ func (r *Reconciler) applyChildren(ctx context.Context, rc *rayv1.RayCluster, ob
 			return podset.Result{}, err
 		}
 	}
-	for _, c := range d.children {
+	for i, c := range d.children {
 		if err := r.writer.Ensure(ctx, rc, c); err != nil {
+			if i == 0 {
+				// The head Service, built from what the user wrote: a
+				// refusal as invalid (what a dry run does not check: a
+				// nodePort outside the server's range; an update) holds
+				// the cluster from the next pass, as the preflight's.
+				for _, p := range d.preflight {
+					if p.what == headServiceWhat {
+						preflight.Record(rc.Name, p.obj, err)
+					}
+				}
+			}
 			if apply.IsForeign(err) {
 				err = fmt.Errorf("%w: rename the RayCluster (or its headService) or the %s", err, c.GetObjectKind().GroupVersionKind().Kind)
 			}

@@ -1,6 +1,8 @@
 // Package preflight asks the API server whether it admits a workload's
-// pods before any of them, or any other child of the workload, is made: a
-// server-side dry-run create of one pod built from each pod template. What
+// pods and the children built from what its user wrote (a RayCluster's
+// head Service) before any of them, or any other child of the workload,
+// is made: a server-side dry-run create of one pod built from each pod
+// template, and of each such child. What
 // the controllers check themselves (template metadata, tolerations,
 // affinity) is only part of what the API server refuses in a pod: an env
 // var name, two containers of one name, a port past 65535, requests above
@@ -11,8 +13,8 @@
 // (a quota or Pod Security refusal, a webhook that refuses dry runs, a
 // timeout) says nothing, and the workload proceeds as it would have.
 //
-// Answers are kept per namespace and pod shape: the pod's labels,
-// annotations and spec with its owner's name taken out (the owner's name
+// Answers are kept per namespace, kind and shape: the object with its
+// name, owner references and owner's name taken out (the owner's name
 // reaches labels, env values and hostnames), so that many workloads of
 // one template cost one dry run. Names are not part of it: the controllers
 // check them, and the dry run asks for a generated one.
@@ -25,13 +27,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/singleflight"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/lru"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -49,8 +49,8 @@ const (
 	most = 5
 )
 
-// answer is the API server's word on a pod shape: the causes it refused
-// it for, none when it admitted it or said nothing that counts.
+// answer is the API server's word on a shape: the causes it refused it
+// for, none when it admitted it or said nothing that counts.
 type answer struct {
 	causes []string
 	at     time.Time
@@ -62,33 +62,85 @@ var (
 
 	dryRuns = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "loom_preflight_dry_runs_total",
-		Help: "Dry-run pod creates asked of the API server before a workload's pods are made, by result (admitted, invalid, unknown).",
+		Help: "Dry-run creates (pods, a RayCluster's head Service) asked of the API server before a workload's children are made, by result (admitted, invalid, unknown).",
 	}, []string{"result"})
 )
 
 func init() { ctrlmetrics.Registry.MustRegister(dryRuns) }
 
-// Refused says why the API server refuses pod, built for the object named
-// owner, as invalid: its causes, each "<path>.<field>: <message>", joined
-// by "; " (path is where the pod's template is in the owner's spec); ""
-// when it admits the pod or cannot say. A pod of the same shape in the
-// same namespace was asked about already: its answer is the pod's.
-func Refused(ctx context.Context, c client.Client, owner, path string, pod *corev1.Pod) string {
-	k := key(owner, pod)
+// Refused says why the API server refuses obj (a Pod, a Service), built
+// for the object named owner, as invalid: its causes, each
+// "<path>.<field>: <message>" ("<field>: <message>" when path is ""),
+// joined by "; " (path is where what obj is built from is in the owner's
+// spec); "" when it admits obj or cannot say. An object of the same kind
+// and shape in the same namespace was asked about already: its answer is
+// obj's.
+func Refused(ctx context.Context, c client.Client, owner, path string, obj client.Object) string {
+	o, k := shape(owner, obj)
 	a, ok := answers.Get(k)
 	if !ok || time.Since(a.(answer).at) > ttl {
 		a, _, _ = asking.Do(k, func() (any, error) {
-			a := answer{causes: dryRun(ctx, c, pod), at: time.Now()}
+			a := answer{causes: dryRun(ctx, c, o), at: time.Now()}
 			if ctx.Err() == nil { // a cancelled pass's answer is no answer
 				answers.Add(k, a)
 			}
 			return a, nil
 		})
 	}
-	causes := a.(answer).causes
+	return quote(path, a.(answer).causes)
+}
+
+// Known is Refused without asking: the answer kept for obj's shape (a
+// dry run's, or a refused write's: Record), "" when none is. It is for an
+// object that exists already, which a create, even a dry one, would meet.
+func Known(owner, path string, obj client.Object) string {
+	_, k := shape(owner, obj)
+	a, ok := answers.Get(k)
+	if !ok || time.Since(a.(answer).at) > ttl {
+		return ""
+	}
+	return quote(path, a.(answer).causes)
+}
+
+// Record keeps err, the API server's answer to a real create or apply of
+// obj built for owner, as the answer for obj's shape when it refuses obj
+// as invalid: a dry run does not check everything (a nodePort outside the
+// server's range, which only the allocation checks), nor an update of an
+// object that exists.
+func Record(owner string, obj client.Object, err error) {
+	var status apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &status) {
+		return
+	}
+	_, k := shape(owner, obj)
+	answers.Add(k, answer{causes: causes(status), at: time.Now()})
+}
+
+// shape is a copy of obj to create (nameless, under a generated name) and
+// the key of its answers.
+func shape(owner string, obj client.Object) (client.Object, string) {
+	o := obj.DeepCopyObject().(client.Object)
+	gen := o.GetGenerateName()
+	if name := o.GetName(); name != "" {
+		gen = name + "-" // an object of its name may exist
+	}
+	o.SetName("")
+	o.SetGenerateName("")
+	o.SetOwnerReferences(nil)
+	o.SetResourceVersion("")
+	k := key(owner, o)
+	o.SetGenerateName(gen)
+	return o, k
+}
+
+// quote is the causes under path, the first few.
+func quote(path string, causes []string) string {
+	if path != "" {
+		path += "."
+	}
 	out := make([]string, 0, min(len(causes), most)+1)
 	for _, cause := range causes[:min(len(causes), most)] {
-		out = append(out, path+"."+cause)
+		out = append(out, path+cause)
 	}
 	if len(causes) > most {
 		out = append(out, fmt.Sprintf("and %d more", len(causes)-most))
@@ -96,15 +148,10 @@ func Refused(ctx context.Context, c client.Client, owner, path string, pod *core
 	return strings.Join(out, "; ")
 }
 
-// dryRun creates pod with dry run, under a generated name (a pod of its
-// name may exist), and returns the causes of an Invalid answer.
-func dryRun(ctx context.Context, c client.Client, pod *corev1.Pod) []string {
-	p := pod.DeepCopy()
-	if p.Name != "" {
-		p.GenerateName, p.Name = p.Name+"-", ""
-	}
-	p.ResourceVersion = ""
-	err := c.Create(ctx, p, client.DryRunAll)
+// dryRun creates obj (under a generated name) with dry run and returns
+// the causes of an Invalid answer.
+func dryRun(ctx context.Context, c client.Client, obj client.Object) []string {
+	err := c.Create(ctx, obj, client.DryRunAll)
 	var status apierrors.APIStatus
 	switch {
 	case err == nil:
@@ -112,31 +159,36 @@ func dryRun(ctx context.Context, c client.Client, pod *corev1.Pod) []string {
 		return nil
 	case !apierrors.IsInvalid(err) || !errors.As(err, &status):
 		dryRuns.WithLabelValues("unknown").Inc()
-		log.FromContext(ctx).V(1).Info("a dry run of the pod says nothing of its spec; proceeding", "error", err.Error())
+		log.FromContext(ctx).V(1).Info("a dry run says nothing of what the workload asks; proceeding", "kind", fmt.Sprintf("%T", obj), "error", err.Error())
 		return nil
 	}
 	dryRuns.WithLabelValues("invalid").Inc()
-	var causes []string
-	if d := status.Status().Details; d != nil {
-		for _, c := range d.Causes {
-			causes = append(causes, c.Field+": "+c.Message)
-		}
-	}
-	if len(causes) == 0 {
-		causes = []string{"spec: " + status.Status().Message}
-	}
-	return causes
+	return causes(status)
 }
 
-// key is a pod's namespace and shape: a hash of its labels, annotations
-// and spec with owner's name replaced wherever it appears, beside the
+// causes are the fields an Invalid answer names, each with its message.
+func causes(status apierrors.APIStatus) []string {
+	var out []string
+	if d := status.Status().Details; d != nil {
+		for _, c := range d.Causes {
+			out = append(out, c.Field+": "+c.Message)
+		}
+	}
+	if len(out) == 0 {
+		out = []string{"spec: " + status.Status().Message}
+	}
+	return out
+}
+
+// key is an object's namespace, kind and shape: a hash of obj (nameless,
+// ownerless) with owner's name replaced wherever it appears, beside the
 // name's length (what the API server holds names to).
-func key(owner string, pod *corev1.Pod) string {
-	b, _ := json.Marshal([]any{pod.Labels, pod.Annotations, pod.Spec})
+func key(owner string, obj client.Object) string {
+	b, _ := json.Marshal(obj)
 	s := string(b)
 	if owner != "" {
 		s = strings.ReplaceAll(s, owner, "\x00") // never in JSON text
 	}
 	sum := sha256.Sum256([]byte(s))
-	return pod.Namespace + "/" + strconv.Itoa(len(owner)) + "/" + hex.EncodeToString(sum[:])
+	return fmt.Sprintf("%s/%T/%d/%s", obj.GetNamespace(), obj, len(owner), hex.EncodeToString(sum[:]))
 }

@@ -3,6 +3,7 @@ package preflight
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -91,4 +92,40 @@ func TestRefused(t *testing.T) {
 			t.Fatalf("a cancelled pass's answer was kept: %d dry runs, want 2", calls)
 		}
 	})
+}
+
+// A real write refused as invalid is kept as the answer for its shape
+// (Known, and Refused without a dry run); any other error is not; Known
+// never asks.
+func TestRecordAndKnown(t *testing.T) {
+	invalid := apierrors.NewInvalid(schema.GroupKind{Kind: "Service"}, "s", field.ErrorList{
+		field.Invalid(field.NewPath("spec", "ports").Index(0).Child("nodePort"), 20000, "provided port is not in the valid range")})
+	calls := 0
+	c := fake.NewClientBuilder().WithInterceptorFuncs(interceptor.Funcs{
+		Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error {
+			calls++
+			return nil
+		}}).Build()
+	svc := func(ns, owner string) *corev1.Service {
+		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: owner + "-head-svc", Namespace: ns, Labels: map[string]string{"ray.io/cluster": owner}},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Ports: []corev1.ServicePort{{Port: 9000, NodePort: 20000}}}}
+	}
+	if got := Known("ray-a", "", svc("record", "ray-a")); got != "" || calls != 0 {
+		t.Fatalf("Known before any answer: %q after %d dry runs", got, calls)
+	}
+	Record("ray-a", svc("record", "ray-a"), apierrors.NewForbidden(schema.GroupResource{Resource: "services"}, "s", errors.New("quota")))
+	if got := Known("ray-a", "", svc("record", "ray-a")); got != "" {
+		t.Fatalf("a Forbidden write was kept: %q", got)
+	}
+	Record("ray-a", svc("record", "ray-a"), fmt.Errorf("applying Service: %w", invalid))
+	want := `spec.ports[0].nodePort: Invalid value: 20000: provided port is not in the valid range`
+	if got := Known("ray-b", "", svc("record", "ray-b")); got != want {
+		t.Fatalf("Known for another owner of the shape: %q, want %q", got, want)
+	}
+	if got := Refused(context.Background(), c, "ray-b", "x", svc("record", "ray-b")); got != "x."+want || calls != 0 {
+		t.Fatalf("Refused: %q after %d dry runs, want %q and none", got, calls, "x."+want)
+	}
+	if got := Known("ray-a", "", svc("other", "ray-a")); got != "" {
+		t.Fatalf("Known in another namespace: %q", got)
+	}
 }
