@@ -279,7 +279,7 @@ func kueueHold(p *pass) (reason, msg string) {
 		reason, msg = ReasonInvalidSpec, "the job's "+kueueQueueLabel+" label "+strconv.Quote(p.job.Labels[kueueQueueLabel])+
 			" is no LocalQueue's name ("+k.badQueue+"): Kueue cannot queue the job, and it gets no Workload until the label names a LocalQueue"
 	case k.wl == nil && k.missingClass != "":
-		p.d.requeue = kueueCRDRetry
+		// The class's creation wakes the job (heldOn).
 		reason, msg = ReasonQueuedInKueue, "the job's priority names "+k.missingClass+", which does not exist: its Kueue Workload is made once it does"
 	case k.deleting():
 		reason, msg = ReasonQueuedInKueue, "its Kueue Workload "+k.wl.Name+" is being deleted: the gang is stopped, and a new Workload is queued once it is gone"

@@ -2,9 +2,9 @@ package training
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,10 +16,13 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
@@ -51,7 +54,7 @@ import (
 // +kubebuilder:rbac:groups=kueue.x-k8s.io,resources=workloads,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=kueue.x-k8s.io,resources=workloads/status,verbs=get;patch
 // +kubebuilder:rbac:groups=kueue.x-k8s.io,resources=resourceflavors;workloadpriorityclasses,verbs=get;list;watch
-// +kubebuilder:rbac:groups=scheduling.k8s.io,resources=priorityclasses,verbs=get;list
+// +kubebuilder:rbac:groups=scheduling.k8s.io,resources=priorityclasses,verbs=get;list;watch
 
 var trainingJobGVK = trainingv1alpha1.GroupVersion.WithKind("TrainingJob")
 
@@ -115,19 +118,21 @@ type kueueJobs struct {
 	live   client.Reader
 	kind   *optional.Kind
 	client client.Client
+	// classes is Kueue's WorkloadPriorityClass kind, read through the
+	// cache and watched once served, as PriorityClasses are from the
+	// start: a job held on a class that does not exist is woken when it
+	// is created, not polled for it. nil in the tests that read classes
+	// from a fake client.
+	classes *optional.Kind
 	// labelKeys are the keys of the job labels copied to a new Workload
 	// (--kueue-label-keys-to-copy, Kueue's labelKeysToCopy).
 	labelKeys []string
-
-	// absent are the priority classes last read missing, and when: one is
-	// not read again for kueueCRDRetry (the held jobs' recheck), so the
-	// jobs held on it cost one live read a period between them, whatever
-	// else wakes them (their pods, the inventory).
-	mu     sync.Mutex
-	absent map[string]time.Time
 }
 
-func newKueueJobs(c client.Client, live client.Reader, ca cache.Cache, ctl controller.Controller, scheme *runtime.Scheme, labelKeys []string) *kueueJobs {
+// jobLister lists the jobs keep selects (Reconciler.jobsWhere).
+type jobLister func(ctx context.Context, keep func(*trainingv1alpha1.TrainingJob) bool) []ctrl.Request
+
+func newKueueJobs(c client.Client, live client.Reader, ca cache.Cache, ctl controller.Controller, scheme *runtime.Scheme, labelKeys []string, jobs jobLister) (*kueueJobs, error) {
 	k := &kueueJobs{cache: ca, live: live, client: c, labelKeys: labelKeys}
 	k.kind = &optional.Kind{CRD: kueue.WorkloadCRD, GVK: kueue.WorkloadGVK, Watch: func() error {
 		u := &unstructured.Unstructured{}
@@ -135,7 +140,33 @@ func newKueueJobs(c client.Client, live client.Reader, ca cache.Cache, ctl contr
 		return ctl.Watch(source.Kind[client.Object](ca, u,
 			handler.EnqueueRequestForOwner(scheme, c.RESTMapper(), &trainingv1alpha1.TrainingJob{}, handler.OnlyControllerOwner())))
 	}}
-	return k
+	k.classes = &optional.Kind{CRD: kueue.WorkloadPriorityClassCRD, GVK: kueue.WorkloadPriorityClassGVK, Watch: func() error {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(kueue.WorkloadPriorityClassGVK)
+		return ctl.Watch(source.Kind[client.Object](ca, u, heldOn(jobs, kueue.WorkloadPriorityClassGVK.Kind), created))
+	}}
+	return k, ctl.Watch(source.Kind[client.Object](ca, &schedulingv1.PriorityClass{}, heldOn(jobs, "PriorityClass"), created))
+}
+
+// created passes creations only: a class's creation is what a job held
+// on it waits for.
+var created = predicate.Funcs{
+	CreateFunc:  func(ctrlevent.CreateEvent) bool { return true },
+	UpdateFunc:  func(ctrlevent.UpdateEvent) bool { return false },
+	DeleteFunc:  func(ctrlevent.DeleteEvent) bool { return false },
+	GenericFunc: func(ctrlevent.GenericEvent) bool { return false },
+}
+
+// heldOn wakes the unfinished queued jobs whose priority names the class
+// of that kind just created: one held without a Workload for it gets its
+// Workload now.
+func heldOn(jobs jobLister, kind string) handler.EventHandler {
+	return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []ctrl.Request {
+		class := kind + " " + o.GetName()
+		return jobs(ctx, func(j *trainingv1alpha1.TrainingJob) bool {
+			return j.Labels[kueue.QueueLabel] != "" && !j.Status.Finished() && priorityClassOf(j) == class
+		})
+	})
 }
 
 // observe fills obs.kueue for a job that names a LocalQueue.
@@ -171,7 +202,7 @@ func (k *kueueJobs) observe(ctx context.Context, job *trainingv1alpha1.TrainingJ
 	}
 	obs.kueue.cannotRun = cannotRun(job, obs)
 	if obs.kueue.cannotRun == "" && obs.kueue.badQueue == "" && readPriority(obs.kueue.wl, job) {
-		if obs.kueue.priority, obs.kueue.missingClass, err = k.priority(ctx, job, obs.now); err != nil {
+		if obs.kueue.priority, obs.kueue.missingClass, err = k.priority(ctx, job); err != nil {
 			return err
 		}
 	}
@@ -215,19 +246,31 @@ type kueuePriority struct {
 // its queues and chooses whom to preempt by it. A class named that does
 // not exist is returned as missing: Kueue makes no Workload for its own
 // jobs then (a Workload at priority 0 would queue behind, and be preempted
-// by, everything, and keep that priority once the class appears).
-func (k *kueueJobs) priority(ctx context.Context, job *trainingv1alpha1.TrainingJob, now time.Time) (_ *kueuePriority, missing string, _ error) {
+// by, everything, and keep that priority once the class appears). Classes
+// are read through the cache, whose watch wakes the jobs held on one when
+// it is created (heldOn).
+func (k *kueueJobs) priority(ctx context.Context, job *trainingv1alpha1.TrainingJob) (_ *kueuePriority, missing string, _ error) {
+	class := priorityClassOf(job)
 	if name := job.Labels[kueue.PriorityClassLabel]; name != "" {
-		missing := "WorkloadPriorityClass " + name
-		if !nameable(name) || k.absentSince(missing, now) {
-			return nil, missing, nil
+		if !nameable(name) {
+			return nil, class, nil
+		}
+		if k.classes != nil {
+			// Not served: none exists. Once the CRD is, its watch wakes
+			// the held jobs (Setup's CRD watch).
+			served, err := k.classes.Served(ctx, k.client)
+			if errors.Is(err, optional.ErrNotServedYet) || (err == nil && !served) {
+				return nil, class, nil
+			}
+			if err != nil {
+				return nil, "", err
+			}
 		}
 		u := &unstructured.Unstructured{}
 		u.SetGroupVersionKind(kueue.WorkloadPriorityClassGVK)
-		if err := k.live.Get(ctx, client.ObjectKey{Name: name}, u); err != nil {
+		if err := k.cache.Get(ctx, client.ObjectKey{Name: name}, u); err != nil {
 			if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
-				k.noteAbsent(missing, now)
-				return nil, missing, nil
+				return nil, class, nil
 			}
 			return nil, "", err
 		}
@@ -238,22 +281,20 @@ func (k *kueueJobs) priority(ctx context.Context, job *trainingv1alpha1.Training
 		return &kueuePriority{ref: kueue.PriorityClassRef{Group: kueue.Group, Kind: "WorkloadPriorityClass", Name: name}, value: int32(v)}, "", nil
 	}
 	if name := podPriorityClass(job); name != "" {
-		missing := "PriorityClass " + name
-		if !nameable(name) || k.absentSince(missing, now) {
-			return nil, missing, nil
+		if !nameable(name) {
+			return nil, class, nil
 		}
 		pc := &schedulingv1.PriorityClass{}
-		if err := k.live.Get(ctx, client.ObjectKey{Name: name}, pc); err != nil {
+		if err := k.cache.Get(ctx, client.ObjectKey{Name: name}, pc); err != nil {
 			if apierrors.IsNotFound(err) {
-				k.noteAbsent(missing, now)
-				return nil, missing, nil
+				return nil, class, nil
 			}
 			return nil, "", err
 		}
 		return podPriority(pc), "", nil
 	}
 	var list schedulingv1.PriorityClassList
-	if err := k.live.List(ctx, &list); err != nil {
+	if err := k.cache.List(ctx, &list); err != nil {
 		return nil, "", err
 	}
 	// As Kueue: of several global defaults, the lowest.
@@ -269,28 +310,18 @@ func (k *kueueJobs) priority(ctx context.Context, job *trainingv1alpha1.Training
 	return podPriority(def), "", nil
 }
 
-// absentSince: class was read missing less than kueueCRDRetry ago.
-func (k *kueueJobs) absentSince(class string, now time.Time) bool {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	at, ok := k.absent[class]
-	return ok && now.Sub(at) < kueueCRDRetry
-}
-
-// noteAbsent remembers that class was read missing now, forgetting the
-// classes read missing longer ago than kueueCRDRetry.
-func (k *kueueJobs) noteAbsent(class string, now time.Time) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for c, at := range k.absent {
-		if now.Sub(at) >= kueueCRDRetry {
-			delete(k.absent, c)
-		}
+// priorityClassOf is the class the job's priority is read from, as
+// "WorkloadPriorityClass <name>" or "PriorityClass <name>": its
+// kueue.x-k8s.io/priority-class label's, else its pods'; "" when it names
+// none (the cluster's default then).
+func priorityClassOf(job *trainingv1alpha1.TrainingJob) string {
+	if name := job.Labels[kueue.PriorityClassLabel]; name != "" {
+		return kueue.WorkloadPriorityClassGVK.Kind + " " + name
 	}
-	if k.absent == nil {
-		k.absent = map[string]time.Time{}
+	if name := podPriorityClass(job); name != "" {
+		return "PriorityClass " + name
 	}
-	k.absent[class] = now
+	return ""
 }
 
 // nameable: some object can have the name. One that none can (a pod

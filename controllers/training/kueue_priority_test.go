@@ -2,22 +2,26 @@ package training
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	schedulingv1 "k8s.io/api/scheduling/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/kueue"
+	"github.com/loom-dev/loom/internal/manager"
 	"github.com/loom-dev/loom/internal/testenv"
 )
 
@@ -74,8 +78,8 @@ func TestKueueWorkloadPriority(t *testing.T) {
 			if tt.edit != nil {
 				tt.edit(job)
 			}
-			k := &kueueJobs{live: fake.NewClientBuilder().WithScheme(scheme).WithObjects(tt.objs...).Build()}
-			p, missing, err := k.priority(context.Background(), job, time.Now())
+			k := &kueueJobs{cache: fake.NewClientBuilder().WithScheme(scheme).WithObjects(tt.objs...).Build()}
+			p, missing, err := k.priority(context.Background(), job)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -109,8 +113,8 @@ func TestMissingPriorityClassHoldsTheJob(t *testing.T) {
 	if len(d.create) != 0 || c == nil || c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, "WorkloadPriorityClass urgent, which does not exist") {
 		t.Fatalf("created %d pods; Suspended %+v", len(d.create), c)
 	}
-	if d.requeue == 0 {
-		t.Fatal("no recheck for the class")
+	if d.requeue != 0 {
+		t.Fatalf("rechecks for the class in %v: its creation wakes the job", d.requeue)
 	}
 }
 
@@ -119,71 +123,86 @@ func TestMissingPriorityClassHoldsTheJob(t *testing.T) {
 // Workload saying so, read from the real API server: not an error on
 // every pass because the client refuses to build the name's path.
 func TestKueuePriorityOfANameNoObjectCanHave(t *testing.T) {
-	k := &kueueJobs{live: env.Client}
+	k := &kueueJobs{cache: env.Client}
 	for _, name := range []string{"a/b", "..", "50%"} {
 		job := newJob("ns", "job", 1, 0, trainingv1alpha1.GangNone)
 		job.Labels = map[string]string{kueue.QueueLabel: "team"}
 		job.Spec.ReplicaSpecs.Master.Template.Spec.PriorityClassName = name
-		p, missing, err := k.priority(context.Background(), job, time.Now())
+		p, missing, err := k.priority(context.Background(), job)
 		if err != nil || p != nil || missing != "PriorityClass "+name {
 			t.Errorf("priorityClassName %q: %+v, missing %q, error %v", name, p, missing, err)
 		}
 	}
 }
 
-// A priority class that does not exist is read once a recheck period
-// (kueueCRDRetry), not on every pass of every job held on it: their pods,
-// the inventory, any event wakes the held jobs, and each pass read the
-// class live, around the cache. Once the period is over it is read again,
-// and found once it exists.
-func TestAMissingPriorityClassIsNotReadOnEveryPass(t *testing.T) {
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	wpc := &unstructured.Unstructured{}
-	wpc.SetGroupVersionKind(kueue.WorkloadPriorityClassGVK)
-	wpc.SetName("urgent")
-	wpc.Object["value"] = int64(5000)
-	classes := []struct {
-		name, missing string
-		edit          func(*trainingv1alpha1.TrainingJob)
-		class         client.Object
-	}{
-		{"WorkloadPriorityClass", "WorkloadPriorityClass urgent", func(j *trainingv1alpha1.TrainingJob) { j.Labels[kueue.PriorityClassLabel] = "urgent" }, wpc},
-		{"PriorityClass", "PriorityClass high", func(j *trainingv1alpha1.TrainingJob) { j.Spec.Gang.PriorityClassName = "high" },
-			&schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "high"}, Value: 1000}},
-	}
-	for _, tt := range classes {
-		t.Run(tt.name, func(t *testing.T) {
-			c := fake.NewClientBuilder().WithScheme(scheme).Build()
-			live := testenv.CountReads(c)
-			k := &kueueJobs{live: live}
-			now := time.Now()
-			for pass := range 5 {
-				for _, name := range []string{"a", "b", "c"} {
-					job := newJob("ns", name, 1, 0, trainingv1alpha1.GangNone)
-					job.Labels = map[string]string{kueue.QueueLabel: "team"}
-					tt.edit(job)
-					p, missing, err := k.priority(context.Background(), job, now.Add(time.Duration(pass)*time.Second))
-					if err != nil || p != nil || missing != tt.missing {
-						t.Fatalf("pass %d: %+v, missing %q, error %v", pass, p, missing, err)
-					}
-				}
+// A job held on a priority class that does not exist (a
+// WorkloadPriorityClass, a pods' PriorityClass) is woken when the class is
+// created, through the shared cache's watch of the classes: its Workload is
+// made at once, with the class's priority, not at a poll's next look, and
+// no pass reads a class around the cache meanwhile, however many wake it.
+func TestAJobHeldOnAMissingPriorityClassProceedsWhenItIsCreated(t *testing.T) {
+	installWorkloadCRD(t)
+	installKueueCRD(t, "workloadpriorityclasses", "WorkloadPriorityClass", apiextensionsv1.ClusterScoped)
+	ns := namespace(t, "kueue-class-watch")
+	var live *testenv.ReadCounter
+	reg := &manager.Registry{}
+	reg.Add("trainingjob", func(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
+		live = testenv.CountReads(mgr.GetAPIReader())
+		return Setup(ctx, liveReadsOf{Manager: mgr, live: live}, opts)
+	})
+	opts := testenv.ManagerOptions(t)
+	opts.LeaderElect, opts.GangScheduler = false, "none"
+	env.StartManager(t, opts, reg)
+	ctx := context.Background()
+
+	byLabel := newJob(ns, "by-label", 1, 0, trainingv1alpha1.GangNone)
+	byLabel.Labels = map[string]string{kueue.QueueLabel: "team", kueue.PriorityClassLabel: "class-watch-urgent"}
+	byPods := newJob(ns, "by-pods", 1, 0, trainingv1alpha1.GangNone)
+	byPods.Labels = map[string]string{kueue.QueueLabel: "team"}
+	byPods.Spec.Gang.PriorityClassName = "class-watch-high"
+	for _, job := range []*trainingv1alpha1.TrainingJob{byLabel, byPods} {
+		create(t, job)
+		testenv.Eventually(t, 20*time.Second, func() error {
+			if c := cond(getJob(t, job), trainingv1alpha1.ConditionSuspended); !strings.Contains(c.Message, "which does not exist") {
+				return fmt.Errorf("Suspended %q, want it held on its class", c.Message)
 			}
-			if reads := live.Reads(); len(reads) != 1 {
-				t.Fatalf("15 passes of 3 held jobs read %d times: %v", len(reads), reads)
-			}
-			if err := c.Create(context.Background(), tt.class); err != nil {
-				t.Fatal(err)
-			}
-			job := newJob("ns", "a", 1, 0, trainingv1alpha1.GangNone)
-			job.Labels = map[string]string{kueue.QueueLabel: "team"}
-			tt.edit(job)
-			p, missing, err := k.priority(context.Background(), job, now.Add(kueueCRDRetry))
-			if err != nil || p == nil || missing != "" {
-				t.Fatalf("after the recheck period, with the class: %+v, missing %q, error %v", p, missing, err)
-			}
+			return nil
 		})
 	}
+	time.Sleep(time.Second) // the passes of the creates are over
+
+	wpc := &unstructured.Unstructured{}
+	wpc.SetGroupVersionKind(kueue.WorkloadPriorityClassGVK)
+	wpc.SetName("class-watch-urgent")
+	wpc.Object["value"] = int64(5000)
+	pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "class-watch-high"}, Value: 1000}
+	for _, c := range []client.Object{wpc, pc} {
+		create(t, c)
+		t.Cleanup(func() { _ = env.Client.Delete(ctx, c) })
+	}
+	for job, want := range map[*trainingv1alpha1.TrainingJob]int64{byLabel: 5000, byPods: 1000} {
+		testenv.Eventually(t, 4*time.Second, func() error {
+			wl, err := workloadOf(t, job)
+			if err != nil {
+				return err
+			}
+			if v, _, _ := unstructured.NestedInt64(wl.Object, "spec", "priority"); v != want {
+				return fmt.Errorf("Workload priority %d, want %d", v, want)
+			}
+			return nil
+		})
+	}
+	for _, r := range live.Reads() {
+		if strings.Contains(r, "PriorityClass") {
+			t.Errorf("a class read around the cache: %s", r)
+		}
+	}
 }
+
+// liveReadsOf is a manager whose reads around the cache go through live.
+type liveReadsOf struct {
+	ctrl.Manager
+	live client.Reader
+}
+
+func (m liveReadsOf) GetAPIReader() client.Reader { return m.live }

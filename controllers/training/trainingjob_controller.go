@@ -35,7 +35,9 @@ import (
 	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/kueue"
 	"github.com/loom-dev/loom/internal/manager"
+	"github.com/loom-dev/loom/internal/optional"
 	"github.com/loom-dev/loom/internal/podset"
 	"github.com/loom-dev/loom/internal/preflight"
 )
@@ -93,7 +95,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		Owns(&corev1.Service{}).
 		WatchesMetadata(&apiextensionsv1.CustomResourceDefinition{},
 			handler.EnqueueRequestsFromMapFunc(r.heldJobs),
-			builder.WithPredicates(gang.IsCRD)).
+			builder.WithPredicates(isCRD)).
 		WatchesRawSource(source.Channel(inventoryChanged, &handler.EnqueueRequestForObject{})).
 		Build(r)
 	if err != nil {
@@ -102,7 +104,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	r.volcano = &gang.Volcano{Client: r.Client, Cache: mgr.GetCache(), Controller: c, Owner: &trainingv1alpha1.TrainingJob{}, Scheme: mgr.GetScheme(),
 		QueueUsers: r.queueJobs}
 	if opts.Kueue {
-		r.kueue = newKueueJobs(r.Client, r.APIReader, mgr.GetCache(), c, mgr.GetScheme(), opts.KueueLabelKeysToCopy)
+		if r.kueue, err = newKueueJobs(r.Client, r.APIReader, mgr.GetCache(), c, mgr.GetScheme(), opts.KueueLabelKeysToCopy, r.jobsWhere); err != nil {
+			return err
+		}
 	}
 	registerMetrics(mgr.GetCache())
 	return mgr.Add(ctrlmanager.RunnableFunc(func(ctx context.Context) error {
@@ -127,9 +131,15 @@ func newReconciler(c client.Client, live client.Reader, rec recorder.EventRecord
 	return r
 }
 
-// heldJobs lists the jobs that wait for Volcano's CRDs: held ones (the
-// PodGroup CRD) and unscheduled ones (the Queue CRD: their queue is checked
-// from then on).
+// isCRD selects the CRDs whose installation a job may wait for: Volcano's,
+// and Kueue's WorkloadPriorityClass (a queued job held on the class it
+// names: the class's watch starts with it).
+var isCRD = predicate.Or(gang.IsCRD, optional.IsCRD(kueue.WorkloadPriorityClassCRD))
+
+// heldJobs lists the jobs that wait for Volcano's or Kueue's CRDs: held
+// ones (the PodGroup CRD) and unscheduled ones (the Queue CRD: their queue
+// is checked from then on; the WorkloadPriorityClass CRD: a queued job is
+// unscheduled until admitted).
 func (r *Reconciler) heldJobs(ctx context.Context, _ client.Object) []ctrl.Request {
 	return r.jobsWhere(ctx, func(j *trainingv1alpha1.TrainingJob) bool {
 		return j.Status.State == trainingv1alpha1.StateHeld || (!j.Status.Finished() && !condTrue(&j.Status, trainingv1alpha1.ConditionScheduled))

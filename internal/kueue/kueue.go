@@ -71,8 +71,11 @@ var (
 	WorkloadPriorityClassGVK = schema.GroupVersionKind{Group: Group, Version: "v1beta2", Kind: "WorkloadPriorityClass"}
 )
 
-// WorkloadCRD is the Workload CRD's name.
-const WorkloadCRD = "workloads.kueue.x-k8s.io"
+// Names of Kueue's CRDs Loom watches for.
+const (
+	WorkloadCRD              = "workloads.kueue.x-k8s.io"
+	WorkloadPriorityClassCRD = "workloadpriorityclasses.kueue.x-k8s.io"
+)
 
 // Workload is the part of a Kueue Workload Loom reads and writes.
 type Workload struct {
