@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
@@ -53,7 +54,8 @@ import (
 //
 // +kubebuilder:rbac:groups=kueue.x-k8s.io,resources=workloads,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=kueue.x-k8s.io,resources=workloads/status,verbs=get;patch
-// +kubebuilder:rbac:groups=kueue.x-k8s.io,resources=resourceflavors;workloadpriorityclasses,verbs=get;list;watch
+// +kubebuilder:rbac:groups=kueue.x-k8s.io,resources=resourceflavors;workloadpriorityclasses;localqueues,verbs=get;list;watch
+// +kubebuilder:rbac:groups=training.loom.dev,resources=trainingjobs,verbs=patch
 // +kubebuilder:rbac:groups=scheduling.k8s.io,resources=priorityclasses,verbs=get;list;watch
 
 var trainingJobGVK = trainingv1alpha1.GroupVersion.WithKind("TrainingJob")
@@ -124,6 +126,9 @@ type kueueJobs struct {
 	// is created, not polled for it. nil in the tests that read classes
 	// from a fake client.
 	classes *optional.Kind
+	// queues is Kueue's LocalQueue kind, read (metadata only) through the
+	// cache for a namespace's default LocalQueue.
+	queues *optional.Kind
 	// labelKeys are the keys of the job labels copied to a new Workload
 	// (--kueue-label-keys-to-copy, Kueue's labelKeysToCopy).
 	labelKeys []string
@@ -145,7 +150,39 @@ func newKueueJobs(c client.Client, live client.Reader, ca cache.Cache, ctl contr
 		u.SetGroupVersionKind(kueue.WorkloadPriorityClassGVK)
 		return ctl.Watch(source.Kind[client.Object](ca, u, heldOn(jobs, kueue.WorkloadPriorityClassGVK.Kind), created))
 	}}
+	k.queues = &optional.Kind{CRD: kueue.LocalQueueCRD, GVK: kueue.LocalQueueGVK}
 	return k, ctl.Watch(source.Kind[client.Object](ca, &schedulingv1.PriorityClass{}, heldOn(jobs, "PriorityClass"), created))
+}
+
+// defaultQueue labels a job that names no LocalQueue
+// kueue.x-k8s.io/queue-name: default when its namespace has a LocalQueue
+// named default, as Kueue's webhook labels its own jobs at their creation
+// (LocalQueueDefaulting, locked on since Kueue v0.17), so that a namespace
+// whose jobs all go through Kueue is not bypassed by one that forgot the
+// label. Loom has no webhook: it does so at the job's first pass (no
+// status yet), before anything of the job is made; a job created before
+// the LocalQueue, or whose label is removed later, is not labelled, as in
+// Kueue. It reports whether it labelled the job, whose label edit wakes it
+// again, queued.
+func (k *kueueJobs) defaultQueue(ctx context.Context, job *trainingv1alpha1.TrainingJob) (bool, error) {
+	if k == nil || job.Status.State != "" || job.Labels[kueue.QueueLabel] != "" {
+		return false, nil
+	}
+	if served, err := k.queues.Served(ctx, k.client); err != nil || !served {
+		return false, err
+	}
+	lq := &metav1.PartialObjectMetadata{}
+	lq.SetGroupVersionKind(kueue.LocalQueueGVK)
+	if err := k.cache.Get(ctx, client.ObjectKey{Namespace: job.Namespace, Name: kueue.DefaultLocalQueue}, lq); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	patch := fmt.Sprintf(`{"metadata":{"resourceVersion":%q,"labels":{%q:%q}}}`, job.ResourceVersion, kueue.QueueLabel, kueue.DefaultLocalQueue)
+	log.FromContext(ctx).V(1).Info("patch", "kind", "TrainingJob", "object", client.ObjectKeyFromObject(job), "fieldOwner", FieldOwner,
+		"why", "the job names no LocalQueue and its namespace has a LocalQueue named default (Kueue's LocalQueueDefaulting)")
+	if err := k.client.Patch(ctx, job, client.RawPatch(types.MergePatchType, []byte(patch)), client.FieldOwner(FieldOwner)); err != nil {
+		return false, fmt.Errorf("labelling the job with its namespace's default LocalQueue: %w", err)
+	}
+	return true, nil
 }
 
 // created passes creations only: a class's creation is what a job held

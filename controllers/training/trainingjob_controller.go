@@ -215,6 +215,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if job.DeletionTimestamp != nil {
 		return ctrl.Result{}, r.kueue.releaseGone(ctx, req.NamespacedName, r.writer)
 	}
+	if labelled, err := r.kueue.defaultQueue(ctx, job); err != nil || labelled {
+		if err != nil {
+			return statusFailed(err)
+		}
+		return ctrl.Result{}, nil
+	}
 	obs, err := r.observe(ctx, job, time.Now())
 	if errors.Is(err, gang.ErrNotServedYet) {
 		return ctrl.Result{RequeueAfter: time.Second}, nil

@@ -69,12 +69,20 @@ var (
 	ResourceFlavorGVK = schema.GroupVersionKind{Group: Group, Version: "v1beta2", Kind: "ResourceFlavor"}
 	// WorkloadPriorityClassGVK is the WorkloadPriorityClass kind.
 	WorkloadPriorityClassGVK = schema.GroupVersionKind{Group: Group, Version: "v1beta2", Kind: "WorkloadPriorityClass"}
+	// LocalQueueGVK is the LocalQueue kind.
+	LocalQueueGVK = schema.GroupVersionKind{Group: Group, Version: "v1beta2", Kind: "LocalQueue"}
 )
+
+// DefaultLocalQueue is the name of a namespace's default LocalQueue: a job
+// created without a queue label in a namespace that has one is labelled
+// with it (Kueue's LocalQueueDefaulting, locked on since v0.17).
+const DefaultLocalQueue = "default"
 
 // Names of Kueue's CRDs Loom watches for.
 const (
 	WorkloadCRD              = "workloads.kueue.x-k8s.io"
 	WorkloadPriorityClassCRD = "workloadpriorityclasses.kueue.x-k8s.io"
+	LocalQueueCRD            = "localqueues.kueue.x-k8s.io"
 )
 
 // Workload is the part of a Kueue Workload Loom reads and writes.
