@@ -692,6 +692,24 @@ func waitDenied(t *testing.T, write func() error, want string) {
 	t.Fatalf("the policy never denied: %v (want %q)", err, want)
 }
 
+// manager.kueueManageJobsWithoutQueueName true becomes
+// --kueue-manage-jobs-without-queue-name; off by default.
+func TestKueueManageJobsWithoutQueueNameValue(t *testing.T) {
+	args := func(set ...string) string {
+		dep, ok := find[*appsv1.Deployment](render(t, set...), "")
+		if !ok {
+			t.Fatal("no Deployment rendered")
+		}
+		return strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " ")
+	}
+	if a := args(); strings.Contains(a, "--kueue-manage-jobs-without-queue-name") {
+		t.Errorf("rendered by default: %s", a)
+	}
+	if a := args("manager.kueueManageJobsWithoutQueueName=true"); !strings.Contains(a, "--kueue-manage-jobs-without-queue-name") {
+		t.Errorf("args %s", a)
+	}
+}
+
 // manager.kueueLabelKeysToCopy becomes --kueue-label-keys-to-copy; none by
 // default.
 func TestKueueLabelKeysToCopyValue(t *testing.T) {

@@ -114,6 +114,9 @@ const (
 	// by a person or by Kueue (its requeuing limit, its maximum execution
 	// time), not for the job's suspension: only its reactivation resumes it.
 	ReasonWorkloadDeactivated = "WorkloadDeactivated"
+	// ReasonQueueNameMissing: the job names no LocalQueue, and the manager
+	// runs no job outside Kueue (--kueue-manage-jobs-without-queue-name).
+	ReasonQueueNameMissing = "QueueNameMissing"
 	// ReasonQueueAnnotationIgnored is the Warning event of a job that
 	// names its LocalQueue in Kueue's removed queue annotation.
 	ReasonQueueAnnotationIgnored = "QueueAnnotationIgnored"
@@ -272,6 +275,9 @@ func suspend(p *pass) bool {
 func kueueHold(p *pass) (reason, msg string) {
 	k := &p.obs.kueue
 	switch {
+	case k.unnamed:
+		reason, msg = ReasonQueueNameMissing, "the job names no Kueue LocalQueue (label "+kueueQueueLabel+
+			", and no LocalQueue named default in its namespace) and Loom runs no job outside Kueue (--kueue-manage-jobs-without-queue-name): no pods are created until the label names one"
 	case !k.served:
 		p.d.requeue = kueueCRDRetry
 		return ReasonQueuedInKueue, "the job names Kueue LocalQueue " + p.job.Labels[kueueQueueLabel] + " but Kueue's Workload CRD is not installed: no pods are created until Kueue admits the job"

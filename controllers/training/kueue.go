@@ -64,6 +64,9 @@ var trainingJobGVK = trainingv1alpha1.GroupVersion.WithKind("TrainingJob")
 type kueueObs struct {
 	// queued: the job names a LocalQueue.
 	queued bool
+	// unnamed: the job names none, and the manager runs no job outside
+	// Kueue (--kueue-manage-jobs-without-queue-name): it is held.
+	unnamed bool
 	// annotationOnly: the job names a LocalQueue in the annotation
 	// kueue.x-k8s.io/queue-name, not the label, which Kueue no longer
 	// reads: it is not queued, and its status says so.
@@ -98,7 +101,7 @@ type kueueObs struct {
 // holds: the gang may not run now (not admitted, evicted, admitted for
 // pod sets the job no longer has, or its Workload is being deleted).
 func (k *kueueObs) holds() bool {
-	return k.queued && (!k.wl.Admitted() || k.wl.Evicted() != nil || !k.wl.Active() || k.stale || k.deleting())
+	return k.unnamed || k.queued && (!k.wl.Admitted() || k.wl.Evicted() != nil || !k.wl.Active() || k.stale || k.deleting())
 }
 
 // suspendedByLoom: the Workload was deactivated by Loom for its job's
@@ -132,6 +135,10 @@ type kueueJobs struct {
 	// labelKeys are the keys of the job labels copied to a new Workload
 	// (--kueue-label-keys-to-copy, Kueue's labelKeysToCopy).
 	labelKeys []string
+	// manageUnnamed holds the jobs that name no LocalQueue
+	// (--kueue-manage-jobs-without-queue-name, Kueue's
+	// manageJobsWithoutQueueName).
+	manageUnnamed bool
 }
 
 // jobLister lists the jobs keep selects (Reconciler.jobsWhere).
@@ -217,6 +224,7 @@ func (k *kueueJobs) observe(ctx context.Context, job *trainingv1alpha1.TrainingJ
 	obs.kueue.queued = job.Labels[kueue.QueueLabel] != ""
 	obs.kueue.annotationOnly = !obs.kueue.queued && job.Annotations[kueue.QueueLabel] != ""
 	if !obs.kueue.queued {
+		obs.kueue.unnamed = k.manageUnnamed && !job.Status.Finished()
 		// The label removed: a Workload left from when the job was queued
 		// is found, so that it goes (it queues, or holds quota, for a job
 		// that no longer asks Kueue).

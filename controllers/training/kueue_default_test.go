@@ -1,15 +1,21 @@
 package training
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/kueue"
+	"github.com/loom-dev/loom/internal/manager"
 	"github.com/loom-dev/loom/internal/testenv"
 )
 
@@ -75,4 +81,42 @@ func TestKueueDefaultLocalQueue(t *testing.T) {
 	if q, ok := getJob(t, elsewhere).Labels[kueue.QueueLabel]; ok {
 		t.Fatalf("a job in a namespace without a default LocalQueue was labelled %q", q)
 	}
+}
+
+// With --kueue-manage-jobs-without-queue-name, a job that names no
+// LocalQueue is held without pods or Workload (Suspended, reason
+// QueueNameMissing, Stalled: a person must name one), as Kueue holds its
+// own jobs under manageJobsWithoutQueueName, instead of running outside
+// Kueue; labelled, it is queued.
+func TestKueueManageJobsWithoutQueueName(t *testing.T) {
+	installWorkloadCRD(t)
+	ns := namespace(t, "kueue-unnamed")
+	startManager(t, func(o *manager.Options) { o.KueueManageJobsWithoutQueueName = true })
+	job := newJob(ns, "unnamed", 1, 0, trainingv1alpha1.GangNone)
+	create(t, job)
+	got := waitState(t, job, trainingv1alpha1.StateSuspended)
+	if c := cond(got, trainingv1alpha1.ConditionSuspended); c.Reason != ReasonQueueNameMissing {
+		t.Fatalf("Suspended %s: %s", c.Reason, c.Message)
+	}
+	if c := cond(got, trainingv1alpha1.ConditionStalled); c.Status != metav1.ConditionTrue {
+		t.Fatalf("Stalled %s %s: %s", c.Status, c.Reason, c.Message)
+	}
+	time.Sleep(time.Second)
+	if n := len(jobPods(t, job)); n != 0 {
+		t.Fatalf("the job naming no LocalQueue has %d pods", n)
+	}
+	if _, err := workloadOf(t, job); !apierrors.IsNotFound(err) {
+		t.Fatalf("the job naming no LocalQueue has a Workload (%v)", err)
+	}
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"team"}}}`, kueue.QueueLabel)
+	if err := env.Client.Patch(context.Background(), got, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if c := cond(getJob(t, job), trainingv1alpha1.ConditionSuspended); c.Reason != ReasonQueuedInKueue {
+			return fmt.Errorf("labelled: Suspended %s: %s", c.Reason, c.Message)
+		}
+		_, err := workloadOf(t, job)
+		return err
+	})
 }

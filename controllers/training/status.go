@@ -278,9 +278,10 @@ func countsOnly(old, st *trainingv1alpha1.TrainingJobStatus) bool {
 // stalledReasons are Ready's reasons that only a person can clear: a job
 // over the manager's pod limit, a name taken by an object the job does not
 // control, a gang for Volcano where Volcano is not installed, a Kueue
-// Workload deactivated by a person or by Kueue.
+// Workload deactivated by a person or by Kueue, a job naming no LocalQueue
+// where every job must.
 var stalledReasons = map[string]bool{ReasonTooManyPods: true, ReasonInvalidSpec: true, ReasonNameConflict: true, ReasonVolcanoNotInstalled: true,
-	ReasonWorkloadDeactivated: true}
+	ReasonWorkloadDeactivated: true, ReasonQueueNameMissing: true}
 
 // settle sets kstatus's Reconciling and Stalled from the state and Ready,
 // so that kstatus reads a pending, restarting or queued job InProgress, a

@@ -107,6 +107,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		if r.kueue, err = newKueueJobs(r.Client, r.APIReader, mgr.GetCache(), c, mgr.GetScheme(), opts.KueueLabelKeysToCopy, r.jobsWhere); err != nil {
 			return err
 		}
+		r.kueue.manageUnnamed = opts.KueueManageJobsWithoutQueueName
 	}
 	registerMetrics(mgr.GetCache())
 	return mgr.Add(ctrlmanager.RunnableFunc(func(ctx context.Context) error {

@@ -57,6 +57,12 @@ type Options struct {
 	// integrations.labelKeysToCopy does for Kueue's own jobs (Kueue does
 	// not build an external framework's Workloads, so set both alike).
 	KueueLabelKeysToCopy []string
+	// KueueManageJobsWithoutQueueName holds the TrainingJobs that name no
+	// LocalQueue (after the default LocalQueue's labelling) instead of
+	// running them outside Kueue, as Kueue's manageJobsWithoutQueueName
+	// does for its own jobs (Kueue does not manage an external framework's
+	// jobs, so set both alike).
+	KueueManageJobsWithoutQueueName bool
 	// MaxWorkloadPods is the most pods one TrainingJob or RayCluster may
 	// ask for; a bigger one is held with a condition saying so, so that one
 	// object cannot exhaust the manager's memory or the cluster's API.
@@ -178,6 +184,8 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "client-side burst of API requests")
 	fs.IntVar(&o.MaxWorkloadPods, "max-workload-pods", o.MaxWorkloadPods, "most pods one TrainingJob or RayCluster may ask for; bigger ones are held with a condition")
 	fs.BoolVar(&o.Kueue, "kueue", o.Kueue, "admit TrainingJobs labelled kueue.x-k8s.io/queue-name through Kueue once its CRDs are served (false: ignore the label)")
+	fs.BoolVar(&o.KueueManageJobsWithoutQueueName, "kueue-manage-jobs-without-queue-name", o.KueueManageJobsWithoutQueueName,
+		"hold TrainingJobs that name no Kueue LocalQueue instead of running them outside Kueue (set as Kueue's manageJobsWithoutQueueName)")
 	fs.Func("kueue-label-keys-to-copy", "comma-separated keys of the TrainingJob labels copied to its Kueue Workload when it is created (set as Kueue's integrations.labelKeysToCopy)", func(s string) error {
 		o.KueueLabelKeysToCopy = splitList(s)
 		for _, k := range o.KueueLabelKeysToCopy {
