@@ -31,6 +31,7 @@ const (
 	ReasonTooManyPods         = "TooManyPods"
 	ReasonNameConflict        = "NameConflict"
 	ReasonWorkloadDeactivated = "WorkloadDeactivated"
+	ReasonQueueNameMissing    = "QueueNameMissing"
 	// Volcano queues (internal/gang).
 	ReasonQueueNotFound = "QueueNotFound"
 	ReasonQueueClosed   = "QueueClosed"
@@ -89,6 +90,9 @@ func trainingAdvice(reason string, tj *trainingv1alpha1.TrainingJob, names shari
 	case ReasonWorkloadDeactivated:
 		return fmt.Sprintf("once what the message names is dealt with, reactivate the job's Kueue Workload: kubectl patch workload -n %s %s --type merge -p '{\"spec\":{\"active\":true}}'",
 			tj.Namespace, kueue.WorkloadName(tj.Name, tj.UID, trainingv1alpha1.GroupVersion.WithKind("TrainingJob")))
+	case ReasonQueueNameMissing:
+		return fmt.Sprintf("name the job's Kueue LocalQueue (kubectl get localqueues -n %s): kubectl label trainingjob -n %s %s kueue.x-k8s.io/queue-name=<LocalQueue>",
+			tj.Namespace, tj.Namespace, tj.Name)
 	case ReasonSuspended:
 		return fmt.Sprintf("kubectl patch trainingjob -n %s %s --type merge -p '{\"spec\":{\"runPolicy\":{\"suspend\":false}}}' to resume", tj.Namespace, tj.Name)
 	case "NoStatus":

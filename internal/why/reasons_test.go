@@ -52,7 +52,7 @@ func TestReasonsAreTheReconcilers(t *testing.T) {
 			"ReasonRetryableFailure": ReasonRetryableFailure, "ReasonPermanentFailure": ReasonPermanentFailure,
 			"ReasonBackoffLimit": ReasonBackoffLimit, "ReasonDeadlineExceeded": ReasonDeadlineExceeded, "ReasonSuspended": ReasonSuspended,
 			"ReasonTooManyPods": ReasonTooManyPods, "ReasonNameConflict": ReasonNameConflict,
-			"ReasonWorkloadDeactivated": ReasonWorkloadDeactivated,
+			"ReasonWorkloadDeactivated": ReasonWorkloadDeactivated, "ReasonQueueNameMissing": ReasonQueueNameMissing,
 		}},
 		{"internal/gang", map[string]string{"ReasonQueueNotFound": ReasonQueueNotFound, "ReasonQueueClosed": ReasonQueueClosed}},
 		{"controllers/clusterpolicy", map[string]string{
