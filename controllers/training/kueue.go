@@ -2,8 +2,10 @@ package training
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -408,14 +410,24 @@ func (k *kueueJobs) releaseGone(ctx context.Context, key client.ObjectKey, w *ap
 	for i := range list.Items {
 		wl := &list.Items[i]
 		owner := metav1.GetControllerOf(wl)
-		if owner == nil || owner.Kind != trainingJobGVK.Kind || owner.Name != key.Name || wl.GetDeletionTimestamp() != nil {
+		if owner == nil || owner.Kind != trainingJobGVK.Kind || owner.Name != key.Name || !strings.HasPrefix(owner.APIVersion, trainingJobGVK.Group+"/") {
 			continue
 		}
-		if !strings.HasPrefix(owner.APIVersion, trainingJobGVK.Group+"/") {
+		if wl.GetDeletionTimestamp() == nil {
+			if err := w.Delete(ctx, wl, "its TrainingJob is gone: release the quota now"); err != nil {
+				return err
+			}
 			continue
 		}
-		if err := w.Delete(ctx, wl, "its TrainingJob is gone: release the quota now"); err != nil {
-			return err
+		if fin := wl.GetFinalizers(); slices.Contains(fin, kueue.ResourceInUseFinalizer) {
+			// As jobframework with a deleted job's Workloads.
+			rest := slices.DeleteFunc(slices.Clone(fin), func(f string) bool { return f == kueue.ResourceInUseFinalizer })
+			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"finalizers": rest, "resourceVersion": wl.GetResourceVersion()}})
+			log.FromContext(ctx).V(1).Info("patch", "kind", "Workload", "object", client.ObjectKeyFromObject(wl), "fieldOwner", FieldOwner,
+				"why", "its TrainingJob is gone: drop the resource-in-use finalizer")
+			if err := k.client.Patch(ctx, wl, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(FieldOwner)); client.IgnoreNotFound(err) != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -473,6 +485,7 @@ func desiredWorkload(job *trainingv1alpha1.TrainingJob, priority *kueuePriority,
 		}
 	}
 	wl.Labels[kueue.JobUIDLabel] = string(job.UID)
+	wl.Finalizers = []string{kueue.ResourceInUseFinalizer}
 	wl.Annotations = kueue.ProvReqAnnotations(job.Annotations)
 	if job.Spec.RunPolicy.Suspend {
 		// A job suspended at creation is not queued, and takes no quota,

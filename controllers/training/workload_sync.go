@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -35,6 +36,12 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 		u.SetName(wl.Name)
 		u.SetUID(wl.UID)
 		return r.writer.Delete(ctx, u, why)
+	}
+	if wl != nil && slices.Contains(wl.Finalizers, kueue.ResourceInUseFinalizer) &&
+		(wl.Finished() || wl.DeletionTimestamp != nil && (!k.queued || len(ownPods(job, obs.pods)) == 0)) {
+		// As jobframework: a finished Workload, or a deleted one whose
+		// gang is gone (or runs outside Kueue now), keeps no quota.
+		return r.dropFinalizer(ctx, wl, "the Workload is finished, or deleted and the gang is gone: its quota is released")
 	}
 	switch {
 	case !k.queued:
@@ -97,6 +104,13 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 		}
 	}
 	return nil
+}
+
+// dropFinalizer removes Loom's kueue.x-k8s.io/resource-in-use finalizer
+// from the Workload, guarded by the resourceVersion read.
+func (r *Reconciler) dropFinalizer(ctx context.Context, wl *kueue.Workload, why string) error {
+	rest := slices.DeleteFunc(slices.Clone(wl.Finalizers), func(f string) bool { return f == kueue.ResourceInUseFinalizer })
+	return r.patchWorkload(ctx, wl, map[string]any{"metadata": map[string]any{"finalizers": rest}}, false, why)
 }
 
 // activation is the Workload patch that follows a person suspending a

@@ -50,6 +50,12 @@ const (
 	ProvReqAnnotationPrefix = "provreq.kueue.x-k8s.io/"
 )
 
+// ResourceInUseFinalizer is the finalizer a job controller puts on the
+// Workloads it creates (jobframework's NewWorkload) and removes once the
+// job's pods are stopped: a Workload deleted by a person, or by Kueue,
+// keeps its quota until the gang is gone.
+const ResourceInUseFinalizer = "kueue.x-k8s.io/resource-in-use"
+
 // Workload condition types (Kueue's).
 const (
 	CondQuotaReserved = "QuotaReserved"
