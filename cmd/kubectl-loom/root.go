@@ -82,7 +82,7 @@ var rights = map[string]string{
 	"uninstall-cleanup": "those of the chart's <release>-uninstall-cleanup ClusterRole and Role (uninstall.cleanup=true): list and delete " +
 		"clusterpolicies and gpunodes; list, get and patch nodes; get and delete runtimeclass nvidia; in Loom's namespace list deployments, daemonsets " +
 		"and pods, get and delete the manager's Deployment and the node agent's DaemonSet, get the leader Lease; " +
-		"with --rayjob-finalizers, list and patch rayjobs",
+		"with --rayjob-finalizers, list and patch rayjobs; with --workload-finalizers (the default), list and patch workloads (kueue.x-k8s.io)",
 }
 
 // explainForbidden adds to a Forbidden error, which names one missing

@@ -36,7 +36,10 @@ installed without it or uninstalled with --no-hooks. In order:
     the nvidia.com/* labels, annotations and unhealthy taint Loom's labeller
     set; labels and taints anyone else set stay;
  4. with --rayjob-finalizers, take KubeRay's stop-job finalizer, which
-    Loom's rayjob controller adds, off every RayJob.
+    Loom's rayjob controller adds, off every RayJob;
+ 5. take Kueue's resource-in-use finalizer, which Loom's trainingjob
+    controller puts on its Workloads, off the Workloads of TrainingJobs
+    (--workload-finalizers=false leaves them).
 
 A node the driver upgrade still claims once the manager is stopped (its
 driver upgrade did not release it, or no manager led: no wait then) is
@@ -85,6 +88,7 @@ Loom's CRDs, the namespace and the Helm release stay.`,
 	f.StringVar(&cfg.AgentDaemonSet, "node-agent-daemonset", "", "the node agent's DaemonSet (default: the release's, found by its labels)")
 	f.StringVar(&cfg.Lease, "leader-election-id", "", "the manager's leader-election Lease (default: the manager's --leader-election-id, else loom-manager)")
 	f.BoolVar(&cfg.RayJobs, "rayjob-finalizers", false, "remove the stop-job finalizer Loom's rayjob controller put on RayJobs (leave it off when KubeRay's operator runs RayJobs)")
+	f.BoolVar(&cfg.Workloads, "workload-finalizers", true, "remove Kueue's resource-in-use finalizer from the Workloads of TrainingJobs (no Kueue: nothing to do)")
 	f.DurationVar(&cfg.Timeout, "timeout", 10*time.Minute, "how long to wait for each step")
 	return cmd
 }

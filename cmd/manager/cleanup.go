@@ -26,6 +26,7 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fs.StringVar(&cfg.Lease, "leader-election-id", "loom-manager", "the manager's leader-election Lease: the manager is gone when no one holds it")
 	fs.DurationVar(&cfg.Timeout, "timeout", 10*time.Minute, "how long to wait for each step")
 	fs.BoolVar(&cfg.RayJobs, "rayjob-finalizers", false, "remove the stop-job finalizer Loom's rayjob controller put on RayJobs (no one would remove it once the manager is gone)")
+	fs.BoolVar(&cfg.Workloads, "workload-finalizers", false, "remove Kueue's resource-in-use finalizer from the Workloads of TrainingJobs (Kueue leaves it on Workloads with an owner)")
 	var common cli.Common
 	common.Bind(fs)
 	if code, done := cli.Parse(fs, &common, args, stdout); done {

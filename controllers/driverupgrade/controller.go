@@ -49,10 +49,9 @@ import (
 	"github.com/loom-dev/loom/internal/sharing"
 )
 
-// FieldOwner names the driver upgrade's writes: its node patches (so a
-// node's managed fields say whether Loom's cordon is still the node's),
-// its driver pod deletes and its condition on the ClusterPolicy.
-const FieldOwner = "loom-driver-upgrade"
+// FieldOwner names the driver upgrade's writes
+// (gpuv1alpha1.FieldOwnerDriverUpgrade).
+const FieldOwner = gpuv1alpha1.FieldOwnerDriverUpgrade
 
 // requeue is how soon a pass with upgrades in progress runs again.
 const requeue = 3 * time.Second

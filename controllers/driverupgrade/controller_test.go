@@ -70,7 +70,7 @@ func TestClaimPatchConflict(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got = getNode(t, read.Name); !got.Spec.Unschedulable || got.Annotations[gpuv1alpha1.AnnotationClaim] != policy ||
-		got.Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.UpgradeRequired || !managesUnschedulable(got.ManagedFields, FieldOwner) {
+		got.Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.UpgradeRequired || !gpuv1alpha1.ManagesUnschedulable(got.ManagedFields, FieldOwner) {
 		t.Errorf("after a fresh read: unschedulable %v, labels %v, annotations %v", got.Spec.Unschedulable, got.Labels, got.Annotations)
 	}
 }
@@ -127,7 +127,7 @@ func TestReconcileClaimsAndReleases(t *testing.T) {
 		if n.Annotations[gpuv1alpha1.AnnotationClaim] != policy || n.Labels[gpuv1alpha1.LabelUpgradeState] != gpuv1alpha1.UpgradeRequired || n.Spec.Unschedulable != cordoned {
 			t.Errorf("%s: labels %v, annotations %v, unschedulable %v", name, n.Labels, n.Annotations, n.Spec.Unschedulable)
 		}
-		if len(n.ManagedFields) > 0 && !managesUnschedulable(n.ManagedFields, FieldOwner) && name != "users" {
+		if len(n.ManagedFields) > 0 && !gpuv1alpha1.ManagesUnschedulable(n.ManagedFields, FieldOwner) && name != "users" {
 			t.Errorf("%s: Loom does not manage its cordon: %v", name, n.ManagedFields)
 		}
 	}

@@ -178,7 +178,7 @@ func checkNext(t *testing.T, n *corev1.Node, driver *corev1.Pod, pods []corev1.P
 			uncordons++
 			_, was := n.Annotations[gpuv1alpha1.AnnotationWasCordoned]
 			_, began := n.Annotations[gpuv1alpha1.AnnotationUpgradeStarted]
-			if was || !began || !claimed || !n.Spec.Unschedulable || (len(n.ManagedFields) > 0 && !managesUnschedulable(n.ManagedFields, FieldOwner)) {
+			if was || !began || !claimed || !n.Spec.Unschedulable || (len(n.ManagedFields) > 0 && !gpuv1alpha1.ManagesUnschedulable(n.ManagedFields, FieldOwner)) {
 				t.Fatalf("uncordons a node Loom did not cordon: %v", n.Annotations)
 			}
 		case evict:

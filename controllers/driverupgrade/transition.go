@@ -1,7 +1,6 @@
 package driverupgrade
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -330,11 +329,11 @@ func driverTrouble(driver *corev1.Pod, template string) string {
 }
 
 // uncordon makes the node schedulable again if Loom's cordon is the
-// node's (LoomCordoned), and clears the upgrade's annotations; the claim
+// node's (gpuv1alpha1.LoomCordoned), and clears the upgrade's annotations; the claim
 // stays with the finished node.
 func (s transition) uncordon() (string, []action) {
 	var acts []action
-	if LoomCordoned(s.node, s.t.claim) {
+	if gpuv1alpha1.LoomCordoned(s.node, s.t.claim) {
 		acts = append(acts, action{kind: uncordon})
 	}
 	ann := map[string]*string{gpuv1alpha1.AnnotationWasCordoned: nil, gpuv1alpha1.AnnotationTarget: nil,
@@ -353,7 +352,7 @@ func (s transition) letGo() (string, []action) {
 		return s.stay()
 	}
 	var acts []action
-	if LoomCordoned(s.node, s.t.claim) {
+	if gpuv1alpha1.LoomCordoned(s.node, s.t.claim) {
 		acts = append(acts, action{kind: uncordon})
 	}
 	ann := map[string]*string{}
@@ -371,42 +370,6 @@ func (s transition) letGo() (string, []action) {
 
 // upgradeAnnotationPrefix starts every node annotation of the upgrade.
 const upgradeAnnotationPrefix = "gpu.loom.dev/driver-upgrade-"
-
-// LoomCordoned reports whether the node's cordon is Loom's to lift: the
-// node carries claim, its upgrade started without someone else's cordon
-// (AnnotationWasCordoned, of any value), it is unschedulable, and Loom's
-// field owner still manages spec.unschedulable. Anyone who writes the
-// field after Loom (kubectl uncordon then cordon, another tool) takes it
-// over, and their cordon is left in place; a kubectl cordon of a node
-// already cordoned changes nothing on the server and cannot be told apart
-// (annotate the node AnnotationWasCordoned to keep it cordoned). A node
-// without managed fields (stripped by a client) gives no evidence either
-// way, and the annotations decide.
-func LoomCordoned(n *corev1.Node, claim string) bool {
-	_, started := n.Annotations[gpuv1alpha1.AnnotationUpgradeStarted]
-	_, was := n.Annotations[gpuv1alpha1.AnnotationWasCordoned]
-	return claim != "" && n.Annotations[gpuv1alpha1.AnnotationClaim] == claim && started && !was &&
-		n.Spec.Unschedulable && (len(n.ManagedFields) == 0 || managesUnschedulable(n.ManagedFields, FieldOwner))
-}
-
-// managesUnschedulable reports whether manager owns the node's
-// spec.unschedulable in its managed fields.
-func managesUnschedulable(fields []metav1.ManagedFieldsEntry, manager string) bool {
-	for _, f := range fields {
-		if f.Manager != manager || f.FieldsV1 == nil {
-			continue
-		}
-		var set struct {
-			Spec map[string]json.RawMessage `json:"f:spec"`
-		}
-		if json.Unmarshal(f.FieldsV1.GetRawBytes(), &set) == nil {
-			if _, ok := set.Spec["f:unschedulable"]; ok {
-				return true
-			}
-		}
-	}
-	return false
-}
 
 // running are the pods on the node that keep accepts, neither finished nor
 // Loom's operands, nor terminating for longer than unreachableGrace on an

@@ -29,14 +29,7 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 	}
 	wl := k.wl
 	now := obs.now
-	remove := func(why string) error {
-		u := &unstructured.Unstructured{}
-		u.SetGroupVersionKind(kueue.WorkloadGVK)
-		u.SetNamespace(wl.Namespace)
-		u.SetName(wl.Name)
-		u.SetUID(wl.UID)
-		return r.writer.Delete(ctx, u, why)
-	}
+	remove := func(why string) error { return r.removeWorkload(ctx, wl, why) }
 	if wl != nil && slices.Contains(wl.Finalizers, kueue.ResourceInUseFinalizer) &&
 		(wl.Finished() || wl.DeletionTimestamp != nil && (!k.queued || len(ownPods(job, obs.pods)) == 0)) {
 		// As jobframework: a finished Workload, or a deleted one whose
@@ -104,6 +97,16 @@ func (r *Reconciler) syncWorkload(ctx context.Context, job *trainingv1alpha1.Tra
 		}
 	}
 	return nil
+}
+
+// removeWorkload deletes wl (that object: its UID) for why.
+func (r *Reconciler) removeWorkload(ctx context.Context, wl *kueue.Workload, why string) error {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(kueue.WorkloadGVK)
+	u.SetNamespace(wl.Namespace)
+	u.SetName(wl.Name)
+	u.SetUID(wl.UID)
+	return r.writer.Delete(ctx, u, why)
 }
 
 // dropFinalizer removes Loom's kueue.x-k8s.io/resource-in-use finalizer

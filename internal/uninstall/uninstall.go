@@ -28,8 +28,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
-	"github.com/loom-dev/loom/controllers/driverupgrade"
+	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/kueue"
 )
 
 // Config is what Run removes, and how long it waits for each step.
@@ -39,6 +40,7 @@ type Config struct {
 	AgentDaemonSet    string // the chart's node agent DaemonSet ("": none to stop)
 	Lease             string // the manager's leader-election Lease
 	RayJobs           bool   // Loom's rayjob controller ran: its stop-job finalizers go
+	Workloads         bool   // Loom's trainingjob controller ran: its Workloads' resource-in-use finalizers go
 	Timeout           time.Duration
 	Poll              time.Duration
 	out               io.Writer // progress lines
@@ -61,7 +63,9 @@ type Config struct {
 //  4. with cfg.RayJobs, KubeRay's stop-job finalizer on every RayJob: with
 //     no manager left to remove it, deleting a RayJob (or its namespace)
 //     would hang for ever. A RayJob deleted later takes its cluster, and so
-//     its Ray job, with it (owner reference).
+//     its Ray job, with it (owner reference);
+//  5. with cfg.Workloads, Kueue's resource-in-use finalizer on the
+//     Workloads of TrainingJobs (removeWorkloadFinalizers).
 //
 // It goes on past what it cannot do, except a manager still leading after
 // step 2, and returns every error.
@@ -101,12 +105,15 @@ func Run(ctx context.Context, c client.Client, cfg Config, out io.Writer) error 
 	if cfg.RayJobs {
 		errs = append(errs, removeRayJobFinalizers(ctx, c, out))
 	}
+	if cfg.Workloads {
+		errs = append(errs, removeWorkloadFinalizers(ctx, c, out))
+	}
 	return errors.Join(errs...)
 }
 
 // releaseNodes does for every node a driver upgrade still claims what the
 // manager's release would have (its policy is gone, the manager stopped):
-// it lifts the cordon if it is Loom's (driverupgrade.LoomCordoned), and
+// it lifts the cordon if it is Loom's (gpuv1alpha1.LoomCordoned), and
 // removes the upgrade's state label and annotations. A cordon that is not
 // Loom's stays, and the node is named. It goes on past a node it cannot
 // patch, and returns every such error.
@@ -123,7 +130,7 @@ func releaseNodes(ctx context.Context, c client.Client, out io.Writer) error {
 			continue
 		}
 		base := n.DeepCopy()
-		uncordon := driverupgrade.LoomCordoned(n, claim)
+		uncordon := gpuv1alpha1.LoomCordoned(n, claim)
 		if uncordon {
 			n.Spec.Unschedulable = false
 		}
@@ -135,7 +142,7 @@ func releaseNodes(ctx context.Context, c client.Client, out io.Writer) error {
 		if gpuv1alpha1.KnownUpgradeState(n.Labels[gpuv1alpha1.LabelUpgradeState]) {
 			delete(n.Labels, gpuv1alpha1.LabelUpgradeState)
 		}
-		err := c.Patch(ctx, n, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), client.FieldOwner(driverupgrade.FieldOwner))
+		err := c.Patch(ctx, n, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), client.FieldOwner(gpuv1alpha1.FieldOwnerDriverUpgrade))
 		switch {
 		case apierrors.IsNotFound(err):
 		case err != nil:
@@ -178,6 +185,43 @@ func removeRayJobFinalizers(ctx context.Context, c client.Client, out io.Writer)
 		fmt.Fprintf(out, "removed the stop-job finalizer of RayJob %s/%s\n", job.Namespace, job.Name)
 	}
 	return errors.Join(errs...)
+}
+
+// removeWorkloadFinalizers takes Kueue's resource-in-use finalizer, which
+// Loom's trainingjob controller puts on the Workloads of its TrainingJobs,
+// off each of them; Kueue removes it only from Workloads no one owns, so
+// with no manager left a TrainingJob's deleted Workload (and its
+// namespace) would hang. Workloads of other owners keep theirs. No
+// Workload CRD (no Kueue) is nothing to do.
+func removeWorkloadFinalizers(ctx context.Context, c client.Client, out io.Writer) error {
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(kueue.WorkloadGVK.GroupVersion().WithKind(kueue.WorkloadGVK.Kind + "List"))
+	if err := c.List(ctx, list); meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("listing Kueue Workloads: %w", err)
+	}
+	var errs []error
+	for i := range list.Items {
+		wl := &list.Items[i]
+		if !slices.Contains(wl.GetFinalizers(), kueue.ResourceInUseFinalizer) || !ownedByATrainingJob(wl) {
+			continue
+		}
+		patch := client.MergeFromWithOptions(wl.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		wl.SetFinalizers(slices.DeleteFunc(wl.GetFinalizers(), func(f string) bool { return f == kueue.ResourceInUseFinalizer }))
+		if err := c.Patch(ctx, wl, patch); client.IgnoreNotFound(err) != nil {
+			errs = append(errs, fmt.Errorf("removing the %s finalizer of Workload %s/%s: %w", kueue.ResourceInUseFinalizer, wl.GetNamespace(), wl.GetName(), err))
+			continue
+		}
+		fmt.Fprintf(out, "removed the %s finalizer of Workload %s/%s\n", kueue.ResourceInUseFinalizer, wl.GetNamespace(), wl.GetName())
+	}
+	return errors.Join(errs...)
+}
+
+// ownedByATrainingJob: o's controller is one of Loom's TrainingJobs.
+func ownedByATrainingJob(o client.Object) bool {
+	ref := metav1.GetControllerOf(o)
+	return ref != nil && ref.Kind == "TrainingJob" && strings.HasPrefix(ref.APIVersion, trainingv1alpha1.GroupVersion.Group+"/")
 }
 
 // deletePolicies deletes every ClusterPolicy; without the CRD (deleted

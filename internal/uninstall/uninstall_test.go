@@ -3,6 +3,7 @@ package uninstall
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,11 +16,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
-	"github.com/loom-dev/loom/controllers/driverupgrade"
+	"github.com/loom-dev/loom/internal/kueue"
 	"github.com/loom-dev/loom/internal/testenv"
 )
 
@@ -215,7 +217,7 @@ func TestUninstallCleanupReleasesNodesTheManagerDidNot(t *testing.T) {
 		Labels: map[string]string{gpuv1alpha1.LabelUpgradeState: gpuv1alpha1.ValidationRequired, "team": "ml"},
 		Annotations: map[string]string{gpuv1alpha1.AnnotationClaim: "default", gpuv1alpha1.AnnotationUpgradeStarted: "2026-03-01T12:00:00Z",
 			gpuv1alpha1.AnnotationTarget: "new"}},
-		Spec: corev1.NodeSpec{Unschedulable: true}}, client.FieldOwner(driverupgrade.FieldOwner)))
+		Spec: corev1.NodeSpec{Unschedulable: true}}, client.FieldOwner(gpuv1alpha1.FieldOwnerDriverUpgrade)))
 	go fakeManager(ctx, c, false)
 
 	var out bytes.Buffer
@@ -304,5 +306,76 @@ func TestUninstallCleanupWithoutAManagerDoesNotWait(t *testing.T) {
 	}
 	if d := time.Since(start); d > 20*time.Second || !strings.Contains(out.String(), "released node gpu-1 from the driver upgrade") {
 		t.Errorf("cleanup took %s:\n%s", d, out.String())
+	}
+}
+
+// installWorkloadCRD serves a schemaless stand-in for Kueue's Workload kind.
+func installWorkloadCRD(t *testing.T, ctx context.Context, env *testenv.Env) {
+	t.Helper()
+	crd := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+		"metadata": map[string]any{"name": "workloads." + kueue.Group},
+		"spec": map[string]any{"group": kueue.Group, "scope": "Namespaced",
+			"names": map[string]any{"plural": "workloads", "singular": "workload", "kind": "Workload", "listKind": "WorkloadList"},
+			"versions": []any{map[string]any{"name": kueue.WorkloadGVK.Version, "served": true, "storage": true,
+				"schema": map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}},
+	}}
+	must(t, testenv.Apply(ctx, env.Config, env.Client, []*unstructured.Unstructured{crd}))
+	must(t, testenv.WaitForCRDs(ctx, env.Config, "workloads."+kueue.Group))
+}
+
+// The Workloads Loom's trainingjob controller made carry Kueue's
+// resource-in-use finalizer, which Kueue removes only from Workloads no
+// one owns: the cleanup takes it off every TrainingJob's Workload (one
+// being deleted goes), and leaves another owner's Workload and other
+// finalizers as they are.
+func TestUninstallCleanupFreesTrainingJobWorkloads(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	env, err := testenv.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	c := env.Client
+	installWorkloadCRD(t, ctx, env)
+	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ml"}}))
+	workload := func(name, ownerAPIVersion, ownerKind string, finalizers ...string) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(kueue.WorkloadGVK)
+		u.SetNamespace("ml")
+		u.SetName(name)
+		u.SetFinalizers(finalizers)
+		u.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: ownerAPIVersion, Kind: ownerKind, Name: name, UID: "u-" + types.UID(name), Controller: ptr.To(true)}})
+		must(t, c.Create(ctx, u))
+		return u
+	}
+	const other = "example.com/keep"
+	workload("loom-kept", "training.loom.dev/v1alpha1", "TrainingJob", kueue.ResourceInUseFinalizer, other)
+	deleted := workload("loom-deleted", "training.loom.dev/v1alpha1", "TrainingJob", kueue.ResourceInUseFinalizer)
+	must(t, c.Delete(ctx, deleted))
+	workload("batch-job", "batch/v1", "Job", kueue.ResourceInUseFinalizer)
+
+	var out bytes.Buffer
+	cfg := Config{Namespace: "loom-system", Lease: "loom-manager", Workloads: true, Timeout: 10 * time.Second, Poll: 100 * time.Millisecond}
+	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "loom-system"}}))
+	if err := Run(ctx, c, cfg, &out); err != nil {
+		t.Fatalf("cleanup: %v\n%s", err, out.String())
+	}
+	t.Log(out.String())
+	finalizers := func(name string) ([]string, error) {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(kueue.WorkloadGVK)
+		err := c.Get(ctx, client.ObjectKey{Namespace: "ml", Name: name}, u)
+		return u.GetFinalizers(), err
+	}
+	if f, err := finalizers("loom-kept"); err != nil || !slices.Equal(f, []string{other}) {
+		t.Errorf("a TrainingJob's Workload has finalizers %v (%v), want only %s", f, err, other)
+	}
+	if _, err := finalizers("loom-deleted"); !apierrors.IsNotFound(err) {
+		t.Errorf("a deleted TrainingJob's Workload is still there (%v): its finalizer was left", err)
+	}
+	if f, err := finalizers("batch-job"); err != nil || !slices.Equal(f, []string{kueue.ResourceInUseFinalizer}) {
+		t.Errorf("a Job's Workload has finalizers %v (%v), want Kueue's kept", f, err)
 	}
 }
