@@ -82,6 +82,9 @@ func TestRefusedTemplateHoldsTheJob(t *testing.T) {
 				})
 			}
 			edit(func(j *trainingv1alpha1.TrainingJob) { j.Spec.RunPolicy.Suspend = true })
+			// Seen suspended (a new attempt then), not only the resumed
+			// spec after it.
+			waitState(t, job, trainingv1alpha1.StateSuspended)
 			edit(func(j *trainingv1alpha1.TrainingJob) {
 				j.Spec.RunPolicy.Suspend = false
 				j.Spec.ReplicaSpecs.Worker.Template.Spec.Containers[0].Env = nil
