@@ -576,6 +576,16 @@ func TestAGivenUpRayJobIsStoppedAgain(t *testing.T) {
 		{"past its deadline, running", func(*observed) {}, "past the activeDeadlineSeconds"},
 		{"on a selected cluster", func(o *observed) { o.job.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "rj-fghij"} }, "past the activeDeadlineSeconds"},
 		{"its submitter failed", func(o *observed) { o.job.Status.Reason = rayv1.SubmissionFailed }, "after its submitter Job failed"},
+		{"still running after its submitter finished", func(o *observed) {
+			o.job.Status.JobStatus, o.job.Status.Reason = rayv1.JobStatusFailed, rayv1.JobDeploymentStatusTransitionGracePeriodExceeded
+		}, "still running after its submitter Job finished"},
+		{"terminal too long", func(o *observed) {
+			o.job.Status.JobStatus, o.job.Status.Reason = rayv1.JobStatusFailed, rayv1.JobDeploymentStatusTransitionGracePeriodExceeded
+			o.job.Status.RayJobStatusInfo.EndTime = &metav1.Time{Time: t0.Add(-10 * time.Minute)}
+		}, ""},
+		{"failed", func(o *observed) {
+			o.job.Status.JobStatus, o.job.Status.Reason = rayv1.JobStatusFailed, rayv1.AppFailed
+		}, ""},
 		{"stopped", func(o *observed) { o.job.Status.JobStatus = rayv1.JobStatusStopped }, ""},
 		{"never seen on the dashboard", func(o *observed) { o.job.Status.JobStatus = rayv1.JobStatusNew }, ""},
 		{"its cluster gone", func(o *observed) { o.cluster = nil }, ""},

@@ -130,8 +130,7 @@ func execute(o observed, d *decision, p rayv1.DeletionPolicyType) {
 func stopAgain(o observed, d *decision) {
 	st := d.status
 	if st.JobDeploymentStatus != rayv1.JobDeploymentStatusFailed || st.JobId == "" || st.DashboardURL == "" || st.EndTime == nil ||
-		(st.JobStatus != rayv1.JobStatusPending && st.JobStatus != rayv1.JobStatusRunning) ||
-		o.cluster == nil || o.cluster.DeletionTimestamp != nil || !o.now.Before(st.EndTime.Add(stopRetryWindow)) {
+		!mayStillRun(st) || o.cluster == nil || o.cluster.DeletionTimestamp != nil || !o.now.Before(st.EndTime.Add(stopRetryWindow)) {
 		return
 	}
 	switch st.Reason {
@@ -147,4 +146,20 @@ func stopAgain(o observed, d *decision) {
 	// Looked at again at the window's end at the latest, when the writer
 	// says no sooner.
 	d.requeue = st.EndTime.Add(stopRetryWindow).Sub(o.now) + time.Second
+}
+
+// mayStillRun reports whether the Ray job of a failed RayJob may still run
+// as far as its status says: the dashboard last said it was PENDING or
+// RUNNING, or it was still running 30 s after its submitter finished.
+// That RayJob's jobStatus is FAILED (as KubeRay's) although the dashboard
+// never said the job ended (no end time), unlike one failed on a job
+// terminal for the grace period, which has the dashboard's end time.
+func mayStillRun(st rayv1.RayJobStatus) bool {
+	switch st.JobStatus {
+	case rayv1.JobStatusPending, rayv1.JobStatusRunning:
+		return true
+	case rayv1.JobStatusFailed:
+		return st.Reason == rayv1.JobDeploymentStatusTransitionGracePeriodExceeded && st.RayJobStatusInfo.EndTime == nil
+	}
+	return false
 }

@@ -187,8 +187,9 @@ func (r *Reconciler) submit(ctx context.Context, o observed, st rayv1.RayJobStat
 
 // Stopping a given-up Ray job is tried again with backoff (1 s, 2 s, 4 s …
 // up to a minute) while its cluster stands, at most stopTries times, and
-// not past stopRetryWindow after the RayJob ended (a manager restarted
-// later does not start over).
+// not past stopRetryWindow after the RayJob ended. The tries are counted
+// in memory: a manager restarted within the window starts the count over,
+// the window still bounding the tries (one restarted later does not try).
 const (
 	stopTries       = 8
 	stopRetryWindow = 10 * time.Minute
