@@ -41,6 +41,10 @@ type observed struct {
 	// submitterTrouble is why the submitter's pod does not run, asked
 	// while the Ray job is not on the cluster yet ("": none said).
 	submitterTrouble string
+	// replacedBy is the UID of a cluster of the attempt's name that is
+	// not the one the attempt runs on (AnnotationClusterUID): that one was
+	// deleted and this one created since. cluster is nil then.
+	replacedBy string
 }
 
 // dashObs is one dashboard read: asked is false when the pass did not need
@@ -66,6 +70,10 @@ type decision struct {
 	ensureService   bool
 	submit          bool
 	deleteSelf      bool
+	// bindCluster, when not "", is the UID of the cluster the attempt
+	// runs on, to record (AnnotationClusterUID) before anything is
+	// submitted to it.
+	bindCluster string
 	// stopJob, when not "", asks the dashboard to stop the Ray job of a
 	// RayJob that gives up on it, saying why (past its deadline, its
 	// submission failed): the cluster may stay, and the job with it.
@@ -354,6 +362,7 @@ func initializing(o observed, d *decision) {
 		}
 		st.DashboardURL = o.headURL
 	}
+	bind(o, d)
 	switch o.job.Spec.SubmissionMode {
 	case rayv1.InteractiveMode:
 		st.JobDeploymentStatus = rayv1.JobDeploymentStatusWaiting
@@ -363,6 +372,21 @@ func initializing(o observed, d *decision) {
 		d.createSubmitter = o.submitter == nil
 	}
 	st.JobDeploymentStatus, st.Message = rayv1.JobDeploymentStatusRunning, ""
+}
+
+// AnnotationClusterUID, on a RayJob, is the UID of the RayCluster its
+// attempt runs on, recorded before anything is submitted to it: a cluster
+// of that name with another UID (a selected cluster deleted and created
+// again) is not the attempt's, whose Ray job went with the one deleted.
+// KubeRay's status names the cluster only.
+const AnnotationClusterUID = "ray.loom.dev/cluster-uid"
+
+// bind asks to record the cluster the attempt runs on, when the RayJob
+// does not name it already.
+func bind(o observed, d *decision) {
+	if o.cluster != nil && o.cluster.UID != "" && o.job.Annotations[AnnotationClusterUID] != string(o.cluster.UID) {
+		d.bindCluster = string(o.cluster.UID)
+	}
 }
 
 // heldByCluster says, before anything is submitted, that the cluster's

@@ -606,3 +606,44 @@ func TestAGivenUpRayJobIsStoppedAgain(t *testing.T) {
 		})
 	}
 }
+
+// The attempt records the cluster it runs on before anything is submitted
+// to it, and a cluster of its name created since (another UID) is not
+// taken for it: the attempt ends, saying the cluster was created again,
+// and a submitter still running is deleted, so that nothing is submitted
+// to the new cluster.
+func TestAnAttemptIsBoundToItsCluster(t *testing.T) {
+	rc := readyCluster()
+	rc.UID = "uid-1"
+	o := observed{job: baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusInitializing), cluster: rc, headURL: "rj-fghij-head-svc.ns.svc.cluster.local:8265", now: t0}
+	if d := decide(o); d.bindCluster != "uid-1" || d.status.JobDeploymentStatus != rayv1.JobDeploymentStatusRunning {
+		t.Fatalf("initializing: bind %q, status %q, want uid-1 recorded as it runs", d.bindCluster, d.status.JobDeploymentStatus)
+	}
+	o.job.Annotations = map[string]string{AnnotationClusterUID: "uid-1"}
+	if d := decide(o); d.bindCluster != "" {
+		t.Fatalf("initializing: bind %q again", d.bindCluster)
+	}
+
+	j := baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
+	j.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "rj-fghij"}
+	j.Annotations = map[string]string{AnnotationClusterUID: "uid-1"}
+	again := readyCluster()
+	again.UID = "uid-2"
+	for _, jds := range []rayv1.JobDeploymentStatus{rayv1.JobDeploymentStatusRunning, rayv1.JobDeploymentStatusWaiting, rayv1.JobDeploymentStatusFailed} {
+		j.Status.JobDeploymentStatus = jds
+		if !replaced(j, again) || replaced(j, rc) {
+			t.Fatalf("%s: a cluster created again is not told from the attempt's", jds)
+		}
+	}
+	j.Status.JobDeploymentStatus = rayv1.JobDeploymentStatusInitializing
+	if replaced(j, again) {
+		t.Fatal("initializing: the cluster there is, is taken")
+	}
+	j.Status.JobDeploymentStatus = rayv1.JobDeploymentStatusRunning
+	d := decide(observed{job: j, replacedBy: "uid-2", submitter: &batchv1.Job{}, dash: info(rayv1.JobStatusRunning, ""), now: t0})
+	st := d.status
+	if st.JobDeploymentStatus != rayv1.JobDeploymentStatusFailed || st.JobStatus != rayv1.JobStatusFailed || d.submit || !d.deleteSubmitter ||
+		st.Message != "RayCluster rj-fghij (picked by the clusterSelector) was deleted and created again (UID uid-1, now uid-2) while the RayJob ran on it: Ray job rj-abcde is lost with it" {
+		t.Fatalf("replaced: %+v, submit %v, deleteSubmitter %v", st, d.submit, d.deleteSubmitter)
+	}
+}

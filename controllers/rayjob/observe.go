@@ -51,6 +51,8 @@ func (r *Reconciler) observe(ctx context.Context, job *rayv1.RayJob, now time.Ti
 			return o, err
 		case !selectorMode(j) && !metav1.IsControlledBy(rc, job):
 			return o, &apply.ForeignError{Kind: "RayCluster", Key: client.ObjectKeyFromObject(rc).String(), Reason: "is not controlled by RayJob " + j.Name}
+		case replaced(j, rc):
+			o.replacedBy = string(rc.UID)
 		default:
 			o.cluster = rc
 		}
@@ -87,6 +89,20 @@ func (r *Reconciler) observe(ctx context.Context, job *rayv1.RayJob, now time.Ti
 		}
 	}
 	return o, nil
+}
+
+// replaced reports whether rc, of the name in the RayJob's status, is not
+// the cluster its attempt runs on (AnnotationClusterUID) but one created
+// since under that name. An attempt that has not submitted yet
+// (Initializing) takes the cluster there is; one submitted or finished is
+// bound to its own.
+func replaced(j *rayv1.RayJob, rc *rayv1.RayCluster) bool {
+	uid := j.Annotations[AnnotationClusterUID]
+	switch j.Status.JobDeploymentStatus {
+	case rayv1.JobDeploymentStatusWaiting, rayv1.JobDeploymentStatusRunning, rayv1.JobDeploymentStatusComplete, rayv1.JobDeploymentStatusFailed:
+		return uid != "" && uid != string(rc.UID)
+	}
+	return false
 }
 
 // preflightSubmitter asks the API server, with a dry run, whether it admits

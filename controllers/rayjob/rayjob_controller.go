@@ -160,6 +160,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 	d := decide(obs)
+	// The cluster the attempt runs on is recorded before anything is
+	// submitted to it (the submitter Job, an HTTPMode submission).
+	if err := r.bindCluster(ctx, job, d.bindCluster); err != nil {
+		if apierrors.IsConflict(err) {
+			return ctrl.Result{RequeueAfter: conflictRetry}, nil
+		}
+		return r.writeFailed(ctx, job, err, "")
+	}
 	// A child written since the cache read it refuses the write (409
 	// Conflict): no trouble of the RayJob's. The status says what the pass
 	// decided, not the conflict, and the pass runs again shortly from a
@@ -237,6 +245,18 @@ func (r *Reconciler) writeFailed(ctx context.Context, job *rayv1.RayJob, err err
 		return ctrl.Result{}, errors.Join(ret, err)
 	}
 	return res, ret
+}
+
+// bindCluster records uid ("": nothing to record) as the UID of the
+// cluster the RayJob's attempt runs on (AnnotationClusterUID). The RayJob
+// takes the new resourceVersion, so that its guarded status write follows.
+func (r *Reconciler) bindCluster(ctx context.Context, job *rayv1.RayJob, uid string) error {
+	if uid == "" {
+		return nil
+	}
+	patch := client.MergeFromWithOptions(job.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	metav1.SetMetaDataAnnotation(&job.ObjectMeta, AnnotationClusterUID, uid)
+	return r.writer.Patch(ctx, job, patch, "record the RayCluster the attempt runs on")
 }
 
 // forget drops what the reconciler keeps of a RayJob that is gone or

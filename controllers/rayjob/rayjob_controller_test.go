@@ -1041,3 +1041,54 @@ func TestASubmitterPodThatCannotRunIsSaid(t *testing.T) {
 			strings.HasSuffix(j.Status.Message, "pod "+pod.Name+" container "+pod.Spec.Containers[0].Name+" waits: ImagePullBackOff: "+pull)
 	})
 }
+
+// A RayCluster picked by clusterSelector that is deleted and created again
+// under its name while the RayJob runs on it (here while the manager is
+// down, so no pass sees the gap) is not the attempt's: the RayJob fails,
+// saying so, and its Ray job is not submitted to the new cluster, which
+// would run it a second time.
+func TestASelectedClusterCreatedAgainIsNotTheAttempts(t *testing.T) {
+	fake := newFake(t, time.Hour)
+	m := startManager(t, fake)
+	rj := sampleJob(t, "ray-job.use-existing-raycluster.yaml", "rj-replaced")
+	rj.Spec.SubmissionMode = rayv1.HTTPMode
+	rc, err := testenv.KubeRaySample("ray-cluster.sample.yaml", rj.Namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Name = rj.Spec.ClusterSelector[utils.RayJobClusterSelectorKey]
+	first := rc.DeepCopy()
+	create(t, first)
+	bringUp(t, first, false)
+	create(t, rj)
+	got := waitJob(t, rj, "running its Ray job", func(j *rayv1.RayJob) bool { return j.Status.JobStatus == rayv1.JobStatusRunning })
+	if got.Annotations[AnnotationClusterUID] != string(first.UID) {
+		t.Fatalf("annotation %s = %q, want the cluster's UID %s", AnnotationClusterUID, got.Annotations[AnnotationClusterUID], first.UID)
+	}
+	if err := m.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := env.Client.Delete(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	clusterGone(t, first)
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: first.Name + "-head-svc", Namespace: first.Namespace}}
+	if err := env.Client.Delete(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	second := rc.DeepCopy()
+	create(t, second)
+	bringUp(t, second, false)
+
+	fresh := newFake(t, time.Hour) // the new cluster's dashboard has no job
+	startManager(t, fresh)
+	got = waitJob(t, rj, "failed", deploymentStatus(rayv1.JobDeploymentStatusFailed))
+	if !strings.Contains(got.Status.Message, "was deleted and created again (UID "+string(first.UID)+", now "+string(second.UID)+")") {
+		t.Fatalf("message %q does not say the cluster was created again", got.Status.Message)
+	}
+	time.Sleep(time.Second)
+	if n := fresh.Submissions(got.Status.JobId); n != 0 {
+		t.Fatalf("Ray job %s submitted %d times to the new cluster", got.Status.JobId, n)
+	}
+}

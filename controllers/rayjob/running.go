@@ -21,6 +21,8 @@ func running(o observed, d *decision) {
 	if terminalTooLong(o, st) || clusterLost(o, d) || !clusterPresent(o, d) {
 		return
 	}
+	// One started by a Loom that did not record it runs on this one.
+	bind(o, d)
 	d.ensureService = !selectorMode(o.job)
 	var finishedAt *time.Time
 	if o.job.Spec.SubmissionMode == rayv1.K8sJobMode {
@@ -62,26 +64,37 @@ func running(o observed, d *decision) {
 // job a second time, uncounted, on the rayClusterSpec as edited since, and
 // leaves a RayJob whose selected cluster is gone Running for ever; here, a
 // retry (backoffLimit) starts over on a new cluster, and one on a selected
-// cluster fails naming it.
+// cluster fails naming it. A cluster of its name created since (replacedBy)
+// is not the attempt's: the job is not submitted or followed there. A
+// submitter Job still running is deleted, so that it submits nothing to
+// such a cluster.
 func clusterLost(o observed, d *decision) bool {
 	if o.cluster != nil && o.cluster.DeletionTimestamp == nil {
 		return false
 	}
 	st := &d.status
-	name := "RayCluster " + st.RayClusterName
+	name, deleted := "RayCluster "+st.RayClusterName, "was deleted"
 	if selectorMode(o.job) {
 		name += " (picked by the clusterSelector)"
+	}
+	if o.replacedBy != "" {
+		deleted = fmt.Sprintf("was deleted and created again (UID %s, now %s)", o.job.Annotations[AnnotationClusterUID], o.replacedBy)
+	}
+	if o.submitter != nil && o.submitter.DeletionTimestamp == nil {
+		if at, _ := submitterFinished(o.submitter); at == nil {
+			d.deleteSubmitter = true
+		}
 	}
 	if rayv1.IsJobTerminal(st.JobStatus) {
 		st.JobDeploymentStatus, st.Reason = rayv1.JobDeploymentStatusComplete, ""
 		if st.JobStatus == rayv1.JobStatusFailed {
 			st.JobDeploymentStatus, st.Reason = rayv1.JobDeploymentStatusFailed, rayv1.AppFailed
 		}
-		st.Message = fmt.Sprintf("%s was deleted after Ray job %s ended %s", name, st.JobId, st.JobStatus)
+		st.Message = fmt.Sprintf("%s %s after Ray job %s ended %s", name, deleted, st.JobId, st.JobStatus)
 		return true
 	}
 	st.JobStatus, st.JobDeploymentStatus, st.Reason = rayv1.JobStatusFailed, rayv1.JobDeploymentStatusFailed, rayv1.AppFailed
-	st.Message = fmt.Sprintf("%s was deleted while the RayJob ran on it: Ray job %s is lost with it", name, st.JobId)
+	st.Message = fmt.Sprintf("%s %s while the RayJob ran on it: Ray job %s is lost with it", name, deleted, st.JobId)
 	return true
 }
 
