@@ -206,6 +206,16 @@ func TestDecide(t *testing.T) {
 			o.job.Status.JobStatus = rayv1.JobStatusSucceeded
 			o.cluster = nil
 		}, want{jds: rayv1.JobDeploymentStatusComplete, js: rayv1.JobStatusSucceeded, msg: "ended SUCCEEDED", succeeded: 1}},
+		{"running: HTTPMode submits a job the dashboard does not have", func(o *observed) {
+			o.job = baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
+			o.dash = dashObs{asked: true, notFound: true}
+		}, want{jds: rayv1.JobDeploymentStatusRunning, submit: true, ensureService: true, msg: "submitting Ray job rj-abcde"}},
+		{"running: HTTPMode does not submit again a job the dashboard had", func(o *observed) {
+			o.job = baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
+			o.job.Status.JobStatus = rayv1.JobStatusRunning
+			o.dash = dashObs{asked: true, notFound: true}
+		}, want{jds: rayv1.JobDeploymentStatusFailed, js: rayv1.JobStatusFailed, reason: rayv1.AppFailed, ensureService: true, failed: 1,
+			msg: "Ray job rj-abcde, which the dashboard had as RUNNING, is no longer on RayCluster rj-fghij"}},
 		{"running: a selected cluster deleted fails the attempt naming it", func(o *observed) {
 			o.job = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
 			o.job.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "rj-fghij"}

@@ -116,6 +116,15 @@ func followDashboard(o observed, d *decision, finishedAt *time.Time) {
 		return
 	case o.dash.notFound:
 		switch {
+		case o.job.Spec.SubmissionMode == rayv1.HTTPMode && st.JobStatus != "" && st.JobStatus != rayv1.JobStatusNew:
+			// The dashboard had the job (its head restarted without GCS
+			// fault tolerance, its job table lost): submitted again, it
+			// would run a second time, uncounted. KubeRay v1.5 submits it
+			// again.
+			st.JobDeploymentStatus, st.Reason = rayv1.JobDeploymentStatusFailed, rayv1.AppFailed
+			st.Message = fmt.Sprintf("Ray job %s, which the dashboard had as %s, is no longer on RayCluster %s (its head restarted without GCS fault tolerance?): it is not submitted again, which would run it a second time",
+				st.JobId, st.JobStatus, st.RayClusterName)
+			st.JobStatus = rayv1.JobStatusFailed
 		case o.job.Spec.SubmissionMode == rayv1.HTTPMode:
 			d.submit = true
 			st.Message = fmt.Sprintf("submitting Ray job %s to %s", st.JobId, st.DashboardURL)
