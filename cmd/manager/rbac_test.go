@@ -19,6 +19,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	nodev1 "k8s.io/api/node/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -27,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -174,6 +176,11 @@ func TestChartRBACSuffices(t *testing.T) {
 			must(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, rc))
 		}
 	}
+	// A cluster with KubeRay's serve Service and dashboard Ingress.
+	served := &rayv1.RayCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "ray-served",
+		Annotations: map[string]string{"ray.io/enable-serve-service": "true"}}, Spec: *rc.Spec.DeepCopy()}
+	served.Spec.HeadGroupSpec.EnableIngress = ptr.To(true)
+	must(t, c.Create(ctx, served))
 	must(t, c.Create(ctx, &rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "rayjob"},
 		Spec: rayv1.RayJobSpec{Entrypoint: "python -c 'print(1)'", RayClusterSpec: &rc.Spec, ShutdownAfterJobFinishes: true}}))
 	must(t, c.Create(ctx, queuedJob()))
@@ -196,6 +203,8 @@ func TestChartRBACSuffices(t *testing.T) {
 			{"the driver's ClusterRoleBinding", &rbacv1.ClusterRoleBinding{}, client.ObjectKey{Name: rbacNS + "-loom-driver"}},
 			{"the TrainingJob's master pod", &corev1.Pod{}, client.ObjectKey{Namespace: "ml", Name: "pytorch-ddp-master-0"}},
 			{"the RayCluster's head Service", &corev1.Service{}, client.ObjectKey{Namespace: "ml", Name: "ray-gpu-head-svc"}},
+			{"the RayCluster's serve Service", &corev1.Service{}, client.ObjectKey{Namespace: "ml", Name: "ray-served-serve-svc"}},
+			{"the RayCluster's dashboard Ingress", &networkingv1.Ingress{}, client.ObjectKey{Namespace: "ml", Name: "ray-served-head-ingress"}},
 			{"the GPU alert rules", &monitoringv1.PrometheusRule{}, client.ObjectKey{Namespace: rbacNS, Name: monitoring.RuleName}},
 			{"the Grafana dashboards", &corev1.ConfigMap{}, client.ObjectKey{Namespace: rbacNS, Name: monitoring.DashboardsConfigMap}},
 		} {

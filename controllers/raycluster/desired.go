@@ -12,6 +12,7 @@ import (
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/common"
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -199,8 +200,10 @@ func ownerRef(rc *rayv1.RayCluster) metav1.OwnerReference {
 	return *metav1.NewControllerRef(rc, rayv1.SchemeGroupVersion.WithKind("RayCluster"))
 }
 
-// buildChildren are the cluster's children: the head Service and, with a
-// multi-host worker group, the headless worker Service; shared, with the
+// buildChildren are the cluster's children: the head Service, with a
+// multi-host worker group the headless worker Service, with the
+// ray.io/enable-serve-service annotation the serve Service, and with
+// headGroupSpec.enableIngress the dashboard's Ingress; shared, with the
 // autoscaler, its ServiceAccount (unless the head names one), Role and
 // RoleBinding, as KubeRay makes them. The writer adds the owner reference
 // and the managed-by label.
@@ -215,6 +218,25 @@ func buildChildren(ctx context.Context, rc *rayv1.RayCluster) (children, shared 
 			children = append(children, service(common.BuildHeadlessServiceForRayCluster(*rc)))
 			break
 		}
+	}
+	if rc.Annotations[utils.EnableServeServiceKey] == utils.EnableServeServiceTrue {
+		// <cluster>-serve-svc, the head container's serve port, selecting
+		// every pod of the cluster (Ray Serve's proxies answer on each).
+		svc, err := common.BuildServeServiceForRayCluster(ctx, *rc)
+		if err != nil {
+			return nil, nil, err
+		}
+		children = append(children, service(svc))
+	}
+	if ptr.Deref(rc.Spec.HeadGroupSpec.EnableIngress, false) {
+		// <cluster>-head-ingress to the head Service's dashboard port, the
+		// cluster's annotations, its class from kubernetes.io/ingress.class.
+		ing, err := common.BuildIngressForHeadService(ctx, *rc)
+		if err != nil {
+			return nil, nil, err
+		}
+		ing.TypeMeta = metav1.TypeMeta{APIVersion: networkingv1.SchemeGroupVersion.String(), Kind: "Ingress"}
+		children = append(children, ing)
 	}
 	if utils.IsAutoscalingEnabled(&rc.Spec) {
 		shared, err = autoscalerRBAC(rc)

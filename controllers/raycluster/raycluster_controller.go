@@ -29,6 +29,7 @@ import (
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -61,6 +62,7 @@ const FieldOwner = "loom-raycluster"
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete;patch
 // +kubebuilder:rbac:groups="",resources=pods/resize,verbs=patch
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=ingresses,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=scheduling.volcano.sh,resources=podgroups,verbs=get;list;watch;create;patch;delete
@@ -110,8 +112,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		Index:            idx,
 		MaxWorkloadPods:  opts.MaxWorkloadPods,
 	}
-	// The cache holds only Loom's Services (the writer reads around it
-	// before a create) and Roles and RoleBindings as metadata.
+	// The cache holds only Loom's Services and Ingresses (the writer reads
+	// around it before a create) and Roles and RoleBindings as metadata.
 	r.writer = apply.NewWriter(r.Client, FieldOwner, apply.Options{Live: r.APIReader, Conditions: conditions,
 		MetadataOnly: []schema.GroupKind{{Group: rbacv1.GroupName, Kind: "Role"}, {Group: rbacv1.GroupName, Kind: "RoleBinding"}},
 		SpecOnly:     []schema.GroupKind{gang.PodGroupKind}})
@@ -128,6 +130,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		Owns(&corev1.Pod{}).
 		Owns(&corev1.Service{}).
 		Owns(&corev1.ServiceAccount{}).
+		Owns(&networkingv1.Ingress{}).
 		Owns(&rbacv1.Role{}, builder.OnlyMetadata).
 		Owns(&rbacv1.RoleBinding{}, builder.OnlyMetadata).
 		WatchesMetadata(&apiextensionsv1.CustomResourceDefinition{}, handler.EnqueueRequestsFromMapFunc(r.all), builder.WithPredicates(gang.IsCRD)).

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"github.com/ray-project/kuberay/ray-operator/controllers/ray/common"
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	corev1 "k8s.io/api/core/v1"
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
@@ -141,6 +143,7 @@ func validateCluster(rc *rayv1.RayCluster, sched string) error {
 	groupNames(rc, &ps)
 	replicaBounds(rc, &ps)
 	serviceNames(rc, &ps)
+	exposed(rc, &ps)
 	templateMeta(rc, &ps)
 	templateScheduling(rc, &ps)
 	gangLabels(rc, sched, &ps)
@@ -458,6 +461,28 @@ func serviceNames(rc *rayv1.RayCluster, ps *problems) {
 				ps.add(field.NewPath("metadata", "name"), "the headless worker Service's name %s (%d characters) is not a DNS-1035 label: %s", quoted(headless), len(headless), strings.Join(errs, "; "))
 			}
 			return
+		}
+	}
+}
+
+// exposed: with the ray.io/enable-serve-service annotation, the head
+// container has the port named serve that the serve Service serves on
+// (KubeRay's default ports, when the container names none, have it;
+// KubeRay refuses to build the Service without it); with
+// spec.headGroupSpec.enableIngress, the kubernetes.io/ingress.class
+// annotation, the Ingress's class, is a name an IngressClass can have.
+func exposed(rc *rayv1.RayCluster, ps *problems) {
+	if rc.Annotations[utils.EnableServeServiceKey] == utils.EnableServeServiceTrue {
+		if cs := rc.Spec.HeadGroupSpec.Template.Spec.Containers; len(cs) > 0 && len(cs[0].Ports) > 0 &&
+			!slices.ContainsFunc(cs[0].Ports, func(p corev1.ContainerPort) bool { return p.Name == utils.ServingPortName }) {
+			ps.add(field.NewPath("spec", "headGroupSpec", "template", "spec", "containers").Index(0).Child("ports"),
+				"no port is named %s, which the serve Service the annotation %s=true asks for serves on: name the Ray Serve port (8000) %s, or remove the annotation",
+				utils.ServingPortName, utils.EnableServeServiceKey, utils.ServingPortName)
+		}
+	}
+	if class, ok := rc.Annotations[common.IngressClassAnnotationKey]; ok && ptr.Deref(rc.Spec.HeadGroupSpec.EnableIngress, false) {
+		if errs := validation.IsDNS1123Subdomain(class); len(errs) > 0 {
+			ps.add(field.NewPath("metadata", "annotations").Key(common.IngressClassAnnotationKey), "%s, the Ingress's class, is no IngressClass name: %s", quoted(class), strings.Join(errs, "; "))
 		}
 	}
 }

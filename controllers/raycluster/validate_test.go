@@ -67,6 +67,13 @@ func TestValidationNamesTheField(t *testing.T) {
 		{"custom head Service name too long", func(rc *rayv1.RayCluster) {
 			rc.Spec.HeadGroupSpec.HeadService = &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: strings.Repeat("s", 64)}}
 		}, ReasonInvalidSpec, []string{"spec.headGroupSpec.headService.metadata.name: the head Service's name", "(64 characters)"}},
+		{"serve Service without a serve port", func(rc *rayv1.RayCluster) {
+			rc.Annotations = map[string]string{"ray.io/enable-serve-service": "true"}
+		}, ReasonInvalidSpec, []string{"spec.headGroupSpec.template.spec.containers[0].ports: no port is named serve", "ray.io/enable-serve-service=true"}},
+		{"Ingress class no IngressClass name", func(rc *rayv1.RayCluster) {
+			rc.Annotations = map[string]string{"kubernetes.io/ingress.class": "Nginx_Public"}
+			rc.Spec.HeadGroupSpec.EnableIngress = ptr.To(true)
+		}, ReasonInvalidSpec, []string{`metadata.annotations[kubernetes.io/ingress.class]: "Nginx_Public", the Ingress's class, is no IngressClass name`}},
 		{"KubeRay's spec validator, on a worker group", func(rc *rayv1.RayCluster) {
 			rc.Spec.WorkerGroupSpecs[0].Template.Spec.Containers = nil
 		}, ReasonInvalidSpec, []string{"spec.workerGroupSpecs[0]: workerGroupSpec should have at least one container"}},

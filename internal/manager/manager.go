@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -133,6 +134,9 @@ func ctrlOptions(opts Options) ctrl.Options {
 				&corev1.ConfigMap{}:      configMapCache(opts),
 				&corev1.ServiceAccount{}: {Label: ownedByLoom},
 				&appsv1.DaemonSet{}:      {Label: ownedByLoom},
+				// A RayCluster's dashboard Ingress: the cluster's other
+				// Ingresses stay out of memory.
+				&networkingv1.Ingress{}: {Label: ownedByLoom},
 				// RayJob submitter Jobs: a cluster's other batch Jobs
 				// (CI, cron) stay out of memory.
 				&batchv1.Job{}: {Label: ownedByLoom},

@@ -1,0 +1,102 @@
+package raycluster
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/loom-dev/loom/internal/testenv"
+)
+
+// The ray.io/enable-serve-service annotation makes KubeRay's serve Service
+// and headGroupSpec.enableIngress its dashboard Ingress, both controlled by
+// the cluster; a pass that changes neither writes neither, and an edit of
+// the cluster's annotations reaches the Ingress.
+func TestServeServiceAndIngress(t *testing.T) {
+	ctx := context.Background()
+	startManager(t, "none")
+	rc := sample(t, "ray-cluster.sample.yaml", "ray-serve")
+	rc.Annotations = map[string]string{"ray.io/enable-serve-service": "true", "kubernetes.io/ingress.class": "nginx",
+		"nginx.ingress.kubernetes.io/rewrite-target": "/$1"}
+	rc.Spec.HeadGroupSpec.EnableIngress = ptr.To(true)
+	head := &rc.Spec.HeadGroupSpec.Template.Spec.Containers[0]
+	head.Ports = append(head.Ports, corev1.ContainerPort{Name: "serve", ContainerPort: 8000})
+	if err := env.Client.Create(ctx, rc); err != nil {
+		t.Fatal(err)
+	}
+	created := get(t, rc)
+	controlled := func(o metav1.Object) error {
+		if !metav1.IsControlledBy(o, created) {
+			return fmt.Errorf("%s is not controlled by the cluster: %v", o.GetName(), o.GetOwnerReferences())
+		}
+		return nil
+	}
+
+	svc, ing := &corev1.Service{}, &networkingv1.Ingress{}
+	svcKey := client.ObjectKey{Namespace: rc.Namespace, Name: "raycluster-kuberay-serve-svc"}
+	ingKey := client.ObjectKey{Namespace: rc.Namespace, Name: "raycluster-kuberay-head-ingress"}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if err := env.Client.Get(ctx, svcKey, svc); err != nil {
+			return err
+		}
+		return env.Client.Get(ctx, ingKey, ing)
+	})
+	if err := controlled(svc); err != nil {
+		t.Fatal(err)
+	}
+	if err := controlled(ing); err != nil {
+		t.Fatal(err)
+	}
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != "serve" || svc.Spec.Ports[0].Port != 8000 ||
+		len(svc.Spec.Selector) != 1 || svc.Spec.Selector["ray.io/cluster"] != rc.Name || svc.Labels["ray.io/serve"] != "raycluster-kuberay-serve" {
+		t.Fatalf("serve Service ports %v selector %v labels %v", svc.Spec.Ports, svc.Spec.Selector, svc.Labels)
+	}
+	if ptr.Deref(ing.Spec.IngressClassName, "") != "nginx" || ing.Annotations["kubernetes.io/ingress.class"] != "" ||
+		ing.Annotations["nginx.ingress.kubernetes.io/rewrite-target"] != "/$1" {
+		t.Fatalf("Ingress class %v annotations %v", ing.Spec.IngressClassName, ing.Annotations)
+	}
+	if r := ing.Spec.Rules; len(r) != 1 || r[0].HTTP == nil || len(r[0].HTTP.Paths) != 1 {
+		t.Fatalf("Ingress rules %+v", r)
+	}
+	p := ing.Spec.Rules[0].HTTP.Paths[0]
+	if p.Path != "/raycluster-kuberay/(.*)" || p.Backend.Service == nil || p.Backend.Service.Name != "raycluster-kuberay-head-svc" || p.Backend.Service.Port.Number != 8265 {
+		t.Fatalf("Ingress path %+v", p)
+	}
+
+	// Passes that change neither (pods ready, a label edit) write neither.
+	pods := waitPods(t, rc, map[string]int{"headgroup": 1, "workergroup": 1})
+	ready(t, pods["headgroup"][0], pods["workergroup"][0])
+	waitState(t, rc, rayv1.Ready)
+	update(t, rc, func(c *rayv1.RayCluster) { c.Labels = map[string]string{"team": "a"} })
+	time.Sleep(2 * time.Second)
+	again, againIng := &corev1.Service{}, &networkingv1.Ingress{}
+	if err := env.Client.Get(ctx, svcKey, again); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Get(ctx, ingKey, againIng); err != nil {
+		t.Fatal(err)
+	}
+	if again.ResourceVersion != svc.ResourceVersion || againIng.ResourceVersion != ing.ResourceVersion {
+		t.Fatalf("rewritten by passes that change nothing: Service %s -> %s, Ingress %s -> %s",
+			svc.ResourceVersion, again.ResourceVersion, ing.ResourceVersion, againIng.ResourceVersion)
+	}
+
+	update(t, rc, func(c *rayv1.RayCluster) { c.Annotations["nginx.ingress.kubernetes.io/rewrite-target"] = "/$2" })
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if err := env.Client.Get(ctx, ingKey, ing); err != nil {
+			return err
+		}
+		if v := ing.Annotations["nginx.ingress.kubernetes.io/rewrite-target"]; v != "/$2" {
+			return fmt.Errorf("Ingress rewrite-target %q after the cluster's edit", v)
+		}
+		return nil
+	})
+}
