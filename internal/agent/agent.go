@@ -277,6 +277,7 @@ func (a *Agent) collect() (*gpuv1alpha1.GPUNodeStatus, string) {
 			knownAs(st.GPUs, a.kept.GPUs)
 		}
 		a.updateHealth(st.GPUs)
+		st.Driver = a.driver()
 		return &st, ""
 	}
 	a.Metrics.errors.WithLabelValues("collect").Inc()
@@ -286,6 +287,18 @@ func (a *Agent) collect() (*gpuv1alpha1.GPUNodeStatus, string) {
 	}
 	a.Log.Error(err, "collecting the GPU inventory failed")
 	return nil, err.Error()
+}
+
+// driver is where the driver NVML was loaded from comes from, nil when the
+// library cannot tell (DriverLibrary can; a simulation cannot).
+func (a *Agent) driver() *gpuv1alpha1.GPUDriver {
+	l, ok := a.Lib.(interface {
+		Source() gpuv1alpha1.DriverSource
+	})
+	if !ok || l.Source() == "" {
+		return nil
+	}
+	return &gpuv1alpha1.GPUDriver{Source: l.Source()}
 }
 
 // knownAs gives a GPU NVML could not read (its UUID unknown: fallen off the

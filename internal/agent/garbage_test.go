@@ -38,6 +38,10 @@ func TestGPUNodeStatusRefusesGarbage(t *testing.T) {
 		{"negative MIG memory", func(st *gpuv1alpha1.GPUNodeStatus) { st.GPUs[0].MIG.Devices[0].MemoryMiB = -1 }, "memoryMiB"},
 		{"huge product", func(st *gpuv1alpha1.GPUNodeStatus) { st.GPUs[0].Product = strings.Repeat("H100 ", 100) }, "product"},
 		{"huge driver version", func(st *gpuv1alpha1.GPUNodeStatus) { st.DriverVersion = strings.Repeat("5", 200) }, "driverVersion"},
+		{"a host driver", func(st *gpuv1alpha1.GPUNodeStatus) {
+			st.Driver = &gpuv1alpha1.GPUDriver{Source: gpuv1alpha1.DriverHost}
+		}, ""},
+		{"a driver from nowhere known", func(st *gpuv1alpha1.GPUNodeStatus) { st.Driver = &gpuv1alpha1.GPUDriver{Source: "Elsewhere"} }, "source"},
 		{"more GPUs than a node has", func(st *gpuv1alpha1.GPUNodeStatus) {
 			for i := len(st.GPUs); i <= 64; i++ {
 				g := st.GPUs[0]

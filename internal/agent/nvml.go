@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -100,10 +101,17 @@ func nvmlGone(err error) bool {
 	return collect.DriverGone(ne.Ret)
 }
 
+// ContainerDriverRoot is a containerised driver's root (GPU Operator's and
+// Loom's driver operand install there); HostRoot is the host's root as the
+// chart mounts it.
+const (
+	ContainerDriverRoot = "/run/nvidia/driver"
+	HostRoot            = "/host"
+)
+
 // DefaultDriverRoots are where a driver's files are looked for, in order: a
-// containerised driver's root (GPU Operator's and Loom's driver operand
-// install there) and the host's root as the chart mounts it.
-var DefaultDriverRoots = []string{"/run/nvidia/driver", "/host"}
+// containerised driver's root, then the host's.
+var DefaultDriverRoots = []string{ContainerDriverRoot, HostRoot}
 
 // nvmlLibDirs are the library directories of the distributions' layouts.
 var nvmlLibDirs = []string{"usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu"}
@@ -163,3 +171,31 @@ func (l *DriverLibrary) Init() nvml.Return {
 
 // Path is the library Init loaded last ("" for the dynamic loader's).
 func (l *DriverLibrary) Path() string { return l.path }
+
+// Source is where the driver of the library Init loaded last comes from
+// (see driverSource).
+func (l *DriverLibrary) Source() gpuv1alpha1.DriverSource {
+	return driverSource(l.path, FindNVML([]string{ContainerDriverRoot}) != "")
+}
+
+// driverSource is where the driver whose NVML is at path comes from:
+// Container under a containerised driver's root; Host under the host's
+// root while no containerised driver's root holds a library (one appearing
+// there since NVML was loaded is a driver container coming up: the host's
+// kernel then holds a driver that may well be the container's); "" when
+// it cannot be told (the dynamic loader's library, another root).
+func driverSource(path string, containerRoot bool) gpuv1alpha1.DriverSource {
+	switch {
+	case under(path, ContainerDriverRoot):
+		return gpuv1alpha1.DriverContainer
+	case under(path, HostRoot) && !containerRoot:
+		return gpuv1alpha1.DriverHost
+	}
+	return ""
+}
+
+// under reports whether path lies under dir.
+func under(path, dir string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, "../")
+}

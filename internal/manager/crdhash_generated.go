@@ -6,6 +6,6 @@ package manager
 // (crdinstall.Hash of their JSON), by name.
 var crdHashes = map[string]string{
 	"gpu.loom.dev_clusterpolicies":   "195e20e20a5504d4",
-	"gpu.loom.dev_gpunodes":          "d9f449d1039a29e5",
+	"gpu.loom.dev_gpunodes":          "79a23a866b13131a",
 	"training.loom.dev_trainingjobs": "29748beb178d382c",
 }

@@ -92,6 +92,29 @@ const (
 	MIGDisabled MIGMode = "Disabled"
 )
 
+// DriverSource is where the driver the agent reads the GPUs through comes
+// from.
+// +kubebuilder:validation:Enum=Host;Container
+type DriverSource string
+
+const (
+	// DriverHost: the host's own driver, installed outside Kubernetes (NVML
+	// loaded from the host's root, no containerised driver's root there).
+	DriverHost DriverSource = "Host"
+	// DriverContainer: a containerised driver's (Loom's driver operand,
+	// GPU Operator's), NVML loaded from its root at /run/nvidia/driver.
+	DriverContainer DriverSource = "Container"
+)
+
+// GPUDriver is the driver the agent reads the GPUs through.
+type GPUDriver struct {
+	// Source is where the driver comes from: Host or Container. The GPU
+	// labeller marks a node whose driver is the host's, and on which no
+	// driver pod of Loom's is ready, nvidia.com/gpu.deploy.driver=pre-installed,
+	// which keeps Loom's driver off it.
+	Source DriverSource `json:"source"`
+}
+
 // GPUHealth is a GPU's health as the agent last saw it.
 type GPUHealth struct {
 	State GPUHealthState `json:"state"`
@@ -209,6 +232,11 @@ type GPUNodeStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=128
 	NVMLVersion string `json:"nvmlVersion,omitempty"`
+	// Driver is where the driver NVML was loaded from comes from; unset
+	// when the agent cannot tell (NVML found by the dynamic loader, a
+	// --driver-root of its own, a simulation) or has not read NVML yet.
+	// +optional
+	Driver *GPUDriver `json:"driver,omitempty"`
 	// GPUCount is the number of physical GPUs.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
@@ -253,6 +281,7 @@ type GPUNodeStatus struct {
 // +kubebuilder:printcolumn:name="GPUs",type=integer,JSONPath=`.status.gpuCount`
 // +kubebuilder:printcolumn:name="Product",type=string,JSONPath=`.status.product`
 // +kubebuilder:printcolumn:name="Driver",type=string,JSONPath=`.status.driverVersion`
+// +kubebuilder:printcolumn:name="Driver Source",type=string,JSONPath=`.status.driver.source`,priority=1
 // +kubebuilder:printcolumn:name="MIG",type=string,JSONPath=`.status.mig`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
