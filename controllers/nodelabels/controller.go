@@ -43,6 +43,7 @@ const ReasonInvalidConfig = "InvalidDevicePluginConfig"
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=list
 
 // Reconciler keeps each GPU node's GFD labels in line with its GPUNode, its
 // NFD labels and its device plugin config, taints nodes with unhealthy GPUs
@@ -167,12 +168,37 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			}
 		}
 	}
+	if HostDriver(in) {
+		if in.LoomDriverReady, err = r.loomDriverReady(ctx, node.Name); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	if desired := Desired(in); !labelsUpToDate(node, desired) {
 		if err := r.applyLabels(ctx, node.Name, desired); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
 	return ctrl.Result{}, r.syncTaint(ctx, node, UnhealthyTaint(st, cp != nil && cp.Spec.Health.TaintUnhealthyNodes))
+}
+
+// loomDriverReady reports whether a driver pod of Loom's on the node is
+// ready, read from the API server (the pod cache keeps no labels or
+// conditions of operand pods): only for a node HostDriver picks, not yet
+// labelled.
+func (r *Reconciler) loomDriverReady(ctx context.Context, node string) (bool, error) {
+	pods := &corev1.PodList{}
+	if err := r.Live.List(ctx, pods, client.InNamespace(r.Namespace), client.MatchingFields{"spec.nodeName": node},
+		client.MatchingLabels{apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver}); err != nil {
+		return false, err
+	}
+	for _, p := range pods.Items {
+		for _, c := range p.Status.Conditions {
+			if p.DeletionTimestamp == nil && c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
 }
 
 // deleteOrphan deletes gn (nil: nothing to do), whose Node the cache does

@@ -1,6 +1,7 @@
 package nodelabels
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
@@ -33,6 +34,9 @@ type Input struct {
 	// Sharing is the node's device plugin config; nil when it cannot be
 	// read (the sharing labels the node has are then kept).
 	Sharing *sharing.Node
+	// LoomDriverReady: a driver pod of Loom's on the node is ready (read
+	// only where HostDriver holds).
+	LoomDriverReady bool
 }
 
 // Desired computes a node's labels:
@@ -66,7 +70,47 @@ func Desired(in Input) map[string]string {
 	if NFDPresent(in.NodeLabels) {
 		l[gpuv1alpha1.LabelPresent] = "true"
 	}
+	preInstalled(l, in)
 	return l
+}
+
+// HostDriver reports whether the node is to be labelled
+// nvidia.com/gpu.deploy.driver=pre-installed as far as its GPUNode and its
+// labels tell: its agent reads the GPUs through the host's own driver
+// (NVML available now) and the node has no value of the label. The
+// labeller then checks that no driver pod of Loom's on it is ready: a
+// driver container loads its driver into the host's kernel, and the label
+// would take it away.
+func HostDriver(in Input) bool {
+	st := in.GPUNode
+	_, labelled := in.NodeLabels[gpuv1alpha1.LabelDeployDriver]
+	return !labelled && driverFrom(st, gpuv1alpha1.DriverHost) && !nvmlUnavailable(st)
+}
+
+// preInstalled sets nvidia.com/gpu.deploy.driver=pre-installed, which keeps
+// Loom's driver off the node, where HostDriver holds and no driver pod of
+// Loom's is ready (one that never gets ready on a host whose driver holds
+// the GPUs is what the label is for: the DaemonSet controller then deletes
+// it), as GPU Operator's driver manager labels a host with a driver of its
+// own. The labeller's own label stays while NVML is unavailable or the
+// GPUNode is gone (a driver container must not land on the host's driver
+// for that), until the node's driver is a container's; a value anyone else
+// set is never touched, and a removed one is set again while the host's
+// driver is in use: nvidia.com/gpu.deploy.driver=true is how a person asks
+// for Loom's driver there anyway.
+func preInstalled(l map[string]string, in Input) {
+	k := gpuv1alpha1.LabelDeployDriver
+	delete(l, k) // kept above among the managed labels; decided here
+	ours := in.NodeLabels[k] == gpuv1alpha1.DeployDriverPreInstalled && slices.Contains(in.Managed, k)
+	if (ours && !driverFrom(in.GPUNode, gpuv1alpha1.DriverContainer)) || (HostDriver(in) && !in.LoomDriverReady) {
+		l[k] = gpuv1alpha1.DeployDriverPreInstalled
+	}
+}
+
+// driverFrom reports whether the GPUNode status says its driver comes from
+// src.
+func driverFrom(st *gpuv1alpha1.GPUNodeStatus, src gpuv1alpha1.DriverSource) bool {
+	return st != nil && st.Driver != nil && st.Driver.Source == src
 }
 
 // NFDPresent reports whether one of NFD's NVIDIA PCI labels is "true".

@@ -34,6 +34,16 @@ const (
 	LabelRuntimeFull    = "nvidia.com/cuda.runtime-version.full"
 )
 
+// LabelDeployDriver is GPU Operator's per-node switch of the driver:
+// "false" or DeployDriverPreInstalled keeps the driver DaemonSets off the
+// node. The labeller sets it to DeployDriverPreInstalled on a node whose
+// agent reads the GPUs through the host's own driver and on which no
+// driver pod of Loom's is ready, when the node has no value of it.
+const (
+	LabelDeployDriver        = "nvidia.com/gpu.deploy.driver"
+	DeployDriverPreInstalled = "pre-installed"
+)
+
 // Labels on every operand object (DaemonSets, their pods, RBAC, ConfigMaps).
 // An operand's pods are selected by LabelComponent=<operand name>, e.g.
 // dcgm-exporter's by ExporterSelector.
