@@ -522,7 +522,7 @@ const deployLabelPrefix = "nvidia.com/gpu.deploy."
 // preInstalled is GPU Operator's nvidia.com/gpu.deploy.driver value for a
 // node whose host has a driver of its own: a driver container there would
 // fight it for the kernel modules.
-const preInstalled = "pre-installed"
+const preInstalled = gpuv1alpha1.DeployDriverPreInstalled
 
 // optedOut are the values of nvidia.com/gpu.deploy.<operand> that keep the
 // operand off a node: false, and for the driver pre-installed.
@@ -531,6 +531,12 @@ func optedOut(op string) []string {
 		return []string{"false", preInstalled}
 	}
 	return []string{"false"}
+}
+
+// optedOutLabels names the labels that keep the operand off a node, e.g.
+// nvidia.com/gpu.deploy.driver=false or =pre-installed.
+func optedOutLabels(op string) string {
+	return deployLabelPrefix + op + "=" + strings.Join(optedOut(op), " or =")
 }
 
 // optOut makes the pod's opt-out requirement on nvidia.com/gpu.deploy.<op>

@@ -157,8 +157,8 @@ func components(cp *gpuv1alpha1.ClusterPolicy, on, off []operand, obs observed) 
 			// on the host, say) or is outside its node selector: there is
 			// nothing to roll out, which is done, not waiting.
 			c.State = componentStateReady
-			c.Message = fmt.Sprintf("meant for none of the %d GPU nodes (each has %s%s=false or %soperands=false, or is outside the node selector)",
-				len(obs.cluster.nodes), deployLabelPrefix, op.name, deployLabelPrefix)
+			c.Message = fmt.Sprintf("meant for none of the %d GPU nodes (each has %s or %soperands=false, or is outside the node selector)",
+				len(obs.cluster.nodes), optedOutLabels(op.name), deployLabelPrefix)
 			out = append(out, c)
 			continue
 		case ds == nil && op.name == gpuv1alpha1.OperandDriver && len(obs.noDriver) > 0:
@@ -178,7 +178,7 @@ func components(cp *gpuv1alpha1.ClusterPolicy, on, off []operand, obs observed) 
 		case c.Desired == 0 && len(meant) > 0:
 			c.Message = fmt.Sprintf("no pod placed on the %d GPU nodes meant for it (%s): does it tolerate their taints?", len(meant), namedList(meant))
 		case c.Desired == 0:
-			c.Message = "no GPU node to run on (nodes need nvidia.com/gpu.present=true, and no nvidia.com/gpu.deploy." + op.name + "=false)"
+			c.Message = "no GPU node to run on (nodes need nvidia.com/gpu.present=true, and no " + optedOutLabels(op.name) + ")"
 		case c.Ready < c.Desired:
 			c.Message = fmt.Sprintf("%d of %d pods ready", c.Ready, c.Desired)
 		case op.onDelete || ds.Status.UpdatedNumberScheduled >= c.Desired:

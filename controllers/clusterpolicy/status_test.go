@@ -204,7 +204,7 @@ func TestCountMIGStates(t *testing.T) {
 }
 
 // Hosts with their own driver opt their nodes out of Loom's
-// (nvidia.com/gpu.deploy.driver=false), on an OS Loom has no driver image
+// (nvidia.com/gpu.deploy.driver=false, or =pre-installed), on an OS Loom has no driver image
 // for as well; nodes may opt out of other operands too. An operand meant
 // for no GPU node has nothing to roll out: it is ready, the rest of the
 // stack rolls out and the policy goes Ready. An operand meant for nodes
@@ -243,7 +243,11 @@ func TestStatusOptedOutOperands(t *testing.T) {
 			t.Errorf("%s: state %s, Ready %+v; want ready", name, st.State, c)
 		}
 		for _, c := range st.Components {
-			if (c.Name == "driver" || c.Name == "mig-manager") && (c.State != "ready" || !strings.Contains(c.Message, "nvidia.com/gpu.deploy."+c.Name+"=false")) {
+			want := "nvidia.com/gpu.deploy." + c.Name + "=false"
+			if c.Name == "driver" {
+				want += " or =pre-installed" // a host with its own driver, as GPU Operator and Loom's labeller mark it
+			}
+			if (c.Name == "driver" || c.Name == "mig-manager") && (c.State != "ready" || !strings.Contains(c.Message, want)) {
 				t.Errorf("%s: component %+v", name, c)
 			}
 		}

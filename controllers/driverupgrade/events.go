@@ -16,7 +16,7 @@ const EventReason = "GPUDriverUpgrade"
 // Why a release lets go of a node, for its event.
 const (
 	releasedPolicy   = "its policy is gone or its driver disabled"
-	releasedUnplaced = "no driver DaemonSet of its policy selects the node any more: nvidia.com/gpu.deploy.driver=false, " +
+	releasedUnplaced = "no driver DaemonSet of its policy selects the node any more: nvidia.com/gpu.deploy.driver=false or =pre-installed, " +
 		"a node selector, a taint, or an OS without a driver; this is no failure"
 )
 

@@ -82,7 +82,7 @@ func TestConditionNodesWithoutLoomsDriver(t *testing.T) {
 	pl := plan([]nodeView{gpuNode("a", "", wanted), gpuNode("b", "", "", hostDriver)}, one, policy, false)
 	st, reason, msg := condition(pl.summary, nil)
 	want := "1 of 1 GPU nodes run the wanted driver; 1 GPU nodes run no driver of this policy (no driver DaemonSet selects them: " +
-		"nvidia.com/gpu.deploy.driver=false, a node selector, a taint, or an OS without a driver): b"
+		"nvidia.com/gpu.deploy.driver=false or =pre-installed, a node selector, a taint, or an OS without a driver): b"
 	if st != metav1.ConditionTrue || reason != gpuv1alpha1.ReasonUpgradeUpToDate || msg != want {
 		t.Errorf("condition = %s %s %q\nwant True UpToDate %q", st, reason, msg, want)
 	}
@@ -98,7 +98,7 @@ func TestConditionNodesWithoutLoomsDriver(t *testing.T) {
 		gpuv1alpha1.DriverUpgradePolicy{}, policy, false)
 	st, reason, msg = condition(pl.summary, nil)
 	want = "1 of 1 GPU nodes run the wanted driver; 3 GPU nodes run no driver of this policy (no driver DaemonSet selects them: " +
-		"nvidia.com/gpu.deploy.driver=false, a node selector, a taint, or an OS without a driver): b, c, d"
+		"nvidia.com/gpu.deploy.driver=false or =pre-installed, a node selector, a taint, or an OS without a driver): b, c, d"
 	if st != metav1.ConditionTrue || reason != gpuv1alpha1.ReasonUpgradeUpToDate || msg != want {
 		t.Errorf("condition = %s %s %q\nwant True UpToDate %q", st, reason, msg, want)
 	}

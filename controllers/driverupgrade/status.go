@@ -121,7 +121,7 @@ func condition(s summary, invalid error) (metav1.ConditionStatus, string, string
 	}
 	if len(s.unplaced) > 0 {
 		parts = append(parts, fmt.Sprintf("%d GPU nodes run no driver of this policy (no driver DaemonSet selects them: "+
-			"nvidia.com/gpu.deploy.driver=false, a node selector, a taint, or an OS without a driver): %s", len(s.unplaced), names(s.unplaced)))
+			"nvidia.com/gpu.deploy.driver=false or =pre-installed, a node selector, a taint, or an OS without a driver): %s", len(s.unplaced), names(s.unplaced)))
 	}
 	if len(s.failed) > 0 {
 		parts = append(parts, fmt.Sprintf("failed (%d): %s (see annotation %s)", len(s.failed), names(s.failed), gpuv1alpha1.AnnotationFailure))
