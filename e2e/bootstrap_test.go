@@ -304,9 +304,12 @@ func TestSharingConfigTakesEffect(t *testing.T) {
 		t.Fatal(err)
 	}
 	shared(16, "2")
-	if after := templateHash(t, "loom-device-plugin"); after == before {
-		t.Errorf("the device plugin's template did not change with its config (%s)", after)
-	}
+	// The simulated device plugin reads the ConfigMap itself: the
+	// template's roll is awaited apart.
+	eventually(t, time.Minute, func() (bool, string) {
+		after := templateHash(t, "loom-device-plugin")
+		return after != before, fmt.Sprintf("the device plugin's template did not change with its config (%s)", after)
+	})
 	images := map[string]string{}
 	for _, name := range []string{"loom-driver-ubuntu22.04", "loom-driver-rhel9.4"} {
 		ds := &appsv1.DaemonSet{}
