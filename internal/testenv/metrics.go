@@ -37,3 +37,21 @@ func Counted(t testing.TB, name string, labels map[string]string) float64 {
 	}
 	return 0
 }
+
+// CountedAll is the sum of every series of the counter name (0 when none).
+func CountedAll(t testing.TB, name string) float64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() == name {
+			for _, m := range f.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
