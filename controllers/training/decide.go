@@ -279,7 +279,7 @@ func kueueHold(p *pass) (reason, msg string) {
 		reason, msg = ReasonQueueNameMissing, "the job names no Kueue LocalQueue (label "+kueueQueueLabel+
 			", and no LocalQueue named default in its namespace) and Loom runs no job outside Kueue (--kueue-manage-jobs-without-queue-name): no pods are created until the label names one"
 	case !k.served:
-		p.d.requeue = kueueCRDRetry
+		// The CRD's installation wakes the job (heldJobs).
 		return ReasonQueuedInKueue, "the job names Kueue LocalQueue " + p.job.Labels[kueueQueueLabel] + " but Kueue's Workload CRD is not installed: no pods are created until Kueue admits the job"
 	case k.wl == nil && k.badQueue != "":
 		reason, msg = ReasonInvalidSpec, "the job's "+kueueQueueLabel+" label "+strconv.Quote(p.job.Labels[kueueQueueLabel])+

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
@@ -555,6 +554,3 @@ func queueMovePending(p *pass) string {
 		" holds quota through LocalQueue " + k.wl.Spec.QueueName + ": the move to " + to +
 		" is pending until that quota is released (Kueue evicts the job), the gang running on until then"
 }
-
-// kueueCRDRetry is how often a queued job looks for Kueue's Workload CRD.
-const kueueCRDRetry = 10 * time.Second

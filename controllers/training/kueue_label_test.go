@@ -29,9 +29,12 @@ import (
 // Workload, with no Kueue to admit it, and the checks of Kueue's schema a
 // job's Workload could fail (the queue name, at most 8 pod sets); the rest
 // is schemaless. (The e2e tier runs the real Kueue.)
-func installWorkloadCRD(t *testing.T) {
+func installWorkloadCRD(t *testing.T) { t.Helper(); installWorkloadCRDIn(t, env) }
+
+// installWorkloadCRDIn is installWorkloadCRD on e's API server.
+func installWorkloadCRDIn(t *testing.T, e *testenv.Env) {
 	t.Helper()
-	installKueueCRD(t, "workloads", "Workload", apiextensionsv1.NamespaceScoped, map[string]apiextensionsv1.JSONSchemaProps{
+	installKueueCRDIn(t, e, "workloads", "Workload", apiextensionsv1.NamespaceScoped, map[string]apiextensionsv1.JSONSchemaProps{
 		"queueName": {Type: "string", MaxLength: ptr(int64(253)), Pattern: `^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`},
 		"podSets": {Type: "array", MaxItems: ptr(int64(8)), MinItems: ptr(int64(1)),
 			Items: &apiextensionsv1.JSONSchemaPropsOrArray{Schema: &apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: ptr(true)}}},
@@ -42,6 +45,12 @@ func installWorkloadCRD(t *testing.T) {
 // schemaless but for the spec properties given, and waits until it is
 // served.
 func installKueueCRD(t *testing.T, plural, kind string, scope apiextensionsv1.ResourceScope, spec ...map[string]apiextensionsv1.JSONSchemaProps) {
+	t.Helper()
+	installKueueCRDIn(t, env, plural, kind, scope, spec...)
+}
+
+// installKueueCRDIn is installKueueCRD on e's API server.
+func installKueueCRDIn(t *testing.T, e *testenv.Env, plural, kind string, scope apiextensionsv1.ResourceScope, spec ...map[string]apiextensionsv1.JSONSchemaProps) {
 	t.Helper()
 	schema := &apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: ptr(true)}
 	if len(spec) > 0 {
@@ -67,10 +76,10 @@ func installKueueCRD(t *testing.T, plural, kind string, scope apiextensionsv1.Re
 	u.SetAPIVersion("apiextensions.k8s.io/v1")
 	u.SetKind("CustomResourceDefinition")
 	ctx := context.Background()
-	if err := testenv.Apply(ctx, env.Config, env.Client, []*unstructured.Unstructured{u}); err != nil {
+	if err := testenv.Apply(ctx, e.Config, e.Client, []*unstructured.Unstructured{u}); err != nil {
 		t.Fatal(err)
 	}
-	if err := testenv.WaitForCRDs(ctx, env.Config, crd.Name); err != nil {
+	if err := testenv.WaitForCRDs(ctx, e.Config, crd.Name); err != nil {
 		t.Fatal(err)
 	}
 }

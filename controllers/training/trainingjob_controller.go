@@ -133,14 +133,15 @@ func newReconciler(c client.Client, live client.Reader, rec recorder.EventRecord
 }
 
 // isCRD selects the CRDs whose installation a job may wait for: Volcano's,
-// and Kueue's WorkloadPriorityClass (a queued job held on the class it
-// names: the class's watch starts with it).
-var isCRD = predicate.Or(gang.IsCRD, optional.IsCRD(kueue.WorkloadPriorityClassCRD))
+// and Kueue's Workload (a queued job waits for it to be served) and
+// WorkloadPriorityClass (a queued job held on the class it names: the
+// class's watch starts with it).
+var isCRD = predicate.Or(gang.IsCRD, optional.IsCRD(kueue.WorkloadCRD, kueue.WorkloadPriorityClassCRD))
 
 // heldJobs lists the jobs that wait for Volcano's or Kueue's CRDs: held
 // ones (the PodGroup CRD) and unscheduled ones (the Queue CRD: their queue
-// is checked from then on; the WorkloadPriorityClass CRD: a queued job is
-// unscheduled until admitted).
+// is checked from then on; Kueue's Workload and WorkloadPriorityClass
+// CRDs: a queued job is unscheduled until admitted).
 func (r *Reconciler) heldJobs(ctx context.Context, _ client.Object) []ctrl.Request {
 	return r.jobsWhere(ctx, func(j *trainingv1alpha1.TrainingJob) bool {
 		return j.Status.State == trainingv1alpha1.StateHeld || (!j.Status.Finished() && !condTrue(&j.Status, trainingv1alpha1.ConditionScheduled))
