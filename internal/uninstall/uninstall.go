@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -164,27 +165,8 @@ func releaseNodes(ctx context.Context, c client.Client, out io.Writer) error {
 // rayjob controller adds) off every RayJob; other finalizers stay. No
 // RayJob CRD is nothing to do.
 func removeRayJobFinalizers(ctx context.Context, c client.Client, out io.Writer) error {
-	list := &rayv1.RayJobList{}
-	if err := c.List(ctx, list); meta.IsNoMatchError(err) {
-		return nil
-	} else if err != nil {
-		return fmt.Errorf("listing RayJobs: %w", err)
-	}
-	var errs []error
-	for i := range list.Items {
-		job := &list.Items[i]
-		if !controllerutil.ContainsFinalizer(job, rayutils.RayJobStopJobFinalizer) {
-			continue
-		}
-		patch := client.MergeFromWithOptions(job.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		controllerutil.RemoveFinalizer(job, rayutils.RayJobStopJobFinalizer)
-		if err := c.Patch(ctx, job, patch); client.IgnoreNotFound(err) != nil {
-			errs = append(errs, fmt.Errorf("removing the stop-job finalizer of RayJob %s/%s: %w", job.Namespace, job.Name, err))
-			continue
-		}
-		fmt.Fprintf(out, "removed the stop-job finalizer of RayJob %s/%s\n", job.Namespace, job.Name)
-	}
-	return errors.Join(errs...)
+	return removeFinalizers(ctx, c, out, &rayv1.RayJobList{}, "RayJob", rayutils.RayJobStopJobFinalizer, "stop-job",
+		func(client.Object) bool { return true })
 }
 
 // removeWorkloadFinalizers takes Kueue's resource-in-use finalizer, which
@@ -196,26 +178,34 @@ func removeRayJobFinalizers(ctx context.Context, c client.Client, out io.Writer)
 func removeWorkloadFinalizers(ctx context.Context, c client.Client, out io.Writer) error {
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(kueue.WorkloadGVK.GroupVersion().WithKind(kueue.WorkloadGVK.Kind + "List"))
+	return removeFinalizers(ctx, c, out, list, "Workload", kueue.ResourceInUseFinalizer, kueue.ResourceInUseFinalizer, ownedByATrainingJob)
+}
+
+// removeFinalizers lists list's kind and takes finalizer (what, in the
+// output) off each item that has it and that loom says is Loom's to free;
+// other finalizers and items stay. A kind not served is nothing to do.
+func removeFinalizers(ctx context.Context, c client.Client, out io.Writer, list client.ObjectList, kind, finalizer, what string, loom func(client.Object) bool) error {
 	if err := c.List(ctx, list); meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
 		return nil
 	} else if err != nil {
-		return fmt.Errorf("listing Kueue Workloads: %w", err)
+		return fmt.Errorf("listing %ss: %w", kind, err)
 	}
 	var errs []error
-	for i := range list.Items {
-		wl := &list.Items[i]
-		if !slices.Contains(wl.GetFinalizers(), kueue.ResourceInUseFinalizer) || !ownedByATrainingJob(wl) {
-			continue
+	err := meta.EachListItem(list, func(item runtime.Object) error {
+		o, ok := item.(client.Object)
+		if !ok || !controllerutil.ContainsFinalizer(o, finalizer) || !loom(o) {
+			return nil
 		}
-		patch := client.MergeFromWithOptions(wl.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		wl.SetFinalizers(slices.DeleteFunc(wl.GetFinalizers(), func(f string) bool { return f == kueue.ResourceInUseFinalizer }))
-		if err := c.Patch(ctx, wl, patch); client.IgnoreNotFound(err) != nil {
-			errs = append(errs, fmt.Errorf("removing the %s finalizer of Workload %s/%s: %w", kueue.ResourceInUseFinalizer, wl.GetNamespace(), wl.GetName(), err))
-			continue
+		patch := client.MergeFromWithOptions(o.DeepCopyObject().(client.Object), client.MergeFromWithOptimisticLock{})
+		controllerutil.RemoveFinalizer(o, finalizer)
+		if err := c.Patch(ctx, o, patch); client.IgnoreNotFound(err) != nil {
+			errs = append(errs, fmt.Errorf("removing the %s finalizer of %s %s/%s: %w", what, kind, o.GetNamespace(), o.GetName(), err))
+			return nil
 		}
-		fmt.Fprintf(out, "removed the %s finalizer of Workload %s/%s\n", kueue.ResourceInUseFinalizer, wl.GetNamespace(), wl.GetName())
-	}
-	return errors.Join(errs...)
+		fmt.Fprintf(out, "removed the %s finalizer of %s %s/%s\n", what, kind, o.GetNamespace(), o.GetName())
+		return nil
+	})
+	return errors.Join(append(errs, err)...)
 }
 
 // ownedByATrainingJob: o's controller is one of Loom's TrainingJobs.
