@@ -219,7 +219,7 @@ func TestKueueAdmitsTrainingJobsAndRayClusters(t *testing.T) {
 		t.Fatal(err)
 	}
 	queuedRayJob(t)
-	relabel(t, preemption(t, jobs[2])...)
+	deactivation(t, relabel(t, preemption(t, jobs[2])...))
 }
 
 // relabel: with the quota freed, a job waiting in a LocalQueue that does
@@ -227,7 +227,7 @@ func TestKueueAdmitsTrainingJobsAndRayClusters(t *testing.T) {
 // queues its Workload there and admits it), and another one stops waiting
 // for Kueue when its label is removed: it runs outside the quota, and its
 // Workload goes. Label edits leave the generation as it was.
-func relabel(t *testing.T, running ...*trainingv1alpha1.TrainingJob) {
+func relabel(t *testing.T, running ...*trainingv1alpha1.TrainingJob) *trainingv1alpha1.TrainingJob {
 	ctx := context.Background()
 	for _, j := range running {
 		if err := cluster.Client.Delete(ctx, j); err != nil {
@@ -241,13 +241,7 @@ func relabel(t *testing.T, running ...*trainingv1alpha1.TrainingJob) {
 			t.Fatal(err)
 		}
 	}
-	workload := func(j *trainingv1alpha1.TrainingJob) (*unstructured.Unstructured, error) {
-		got := getTJ(t, j.Name)
-		wl := &unstructured.Unstructured{}
-		wl.SetGroupVersionKind(kueue.WorkloadGVK)
-		key := client.ObjectKey{Namespace: kueueNS, Name: kueue.WorkloadName(got.Name, got.UID, trainingv1alpha1.GroupVersion.WithKind("TrainingJob"))}
-		return wl, cluster.Client.Get(ctx, key, wl)
-	}
+	workload := func(j *trainingv1alpha1.TrainingJob) (*unstructured.Unstructured, error) { return jobWorkload(t, j) }
 	for _, j := range []*trainingv1alpha1.TrainingJob{moved, unqueued} {
 		waitJob(t, j, trainingv1alpha1.StateSuspended, 30*time.Second)
 		eventually(t, 30*time.Second, func() (bool, string) {
@@ -280,6 +274,16 @@ func relabel(t *testing.T, running ...*trainingv1alpha1.TrainingJob) {
 		return apierrors.IsNotFound(err), fmt.Sprintf("kq-unqueued's Workload after its label was removed: %v", err)
 	})
 	t.Logf("kq-moved admitted from its new LocalQueue; kq-unqueued runs outside Kueue, its Workload deleted")
+	return moved
+}
+
+// jobWorkload reads the Kueue Workload Loom made for the job.
+func jobWorkload(t *testing.T, j *trainingv1alpha1.TrainingJob) (*unstructured.Unstructured, error) {
+	got := getTJ(t, j.Name)
+	wl := &unstructured.Unstructured{}
+	wl.SetGroupVersionKind(kueue.WorkloadGVK)
+	key := client.ObjectKey{Namespace: kueueNS, Name: kueue.WorkloadName(got.Name, got.UID, trainingv1alpha1.GroupVersion.WithKind("TrainingJob"))}
+	return wl, cluster.Client.Get(context.Background(), key, wl)
 }
 
 // queuedRayJob: Kueue's own ray.io/rayjob integration queues a RayJob (it
