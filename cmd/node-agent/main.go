@@ -43,7 +43,7 @@ type agentFlags struct {
 	once                             bool
 	simulate, simMIG, simMIGFile     string
 	simGPUs                          int
-	simBare                          bool
+	simBare, simHost                 bool
 	metricsAddr, logLevel, logFormat string
 	common                           cli.Common
 }
@@ -66,6 +66,8 @@ func parseAgentFlags(args []string, stdout, stderr io.Writer) (*agentFlags, int)
 		"(a spec per GPU per line, or one line for all; a spec as --simulate-mig takes, or \"disabled\")")
 	fs.BoolVar(&f.simBare, "simulate-bare", false, "simulate a node without a loaded driver: NVML fails until "+
 		"<driver-root>/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 exists (needs --driver-root)")
+	fs.BoolVar(&f.simHost, "simulate-host-driver", false, "simulate a driver installed on the host: NVML works from the start, "+
+		"and the GPUNode's status.driver.source says Host (as for a real host driver)")
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8090", "address of /metrics and /healthz; \"0\" disables")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, error or a verbosity number")
 	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
@@ -88,8 +90,10 @@ func (f *agentFlags) validate(stderr io.Writer) int {
 		msg = fmt.Sprintf("--interval must be at least 1s, got %s", f.interval)
 	case !f.once && f.nodeName == "":
 		msg = "--node-name (or $NODE_NAME) is required"
-	case f.simulate == "" && (f.simBare || f.simMIGFile != "" || f.simMIG != ""):
-		msg = "--simulate-bare, --simulate-mig and --simulate-mig-file need --simulate"
+	case f.simulate == "" && (f.simBare || f.simHost || f.simMIGFile != "" || f.simMIG != ""):
+		msg = "--simulate-bare, --simulate-host-driver, --simulate-mig and --simulate-mig-file need --simulate"
+	case f.simBare && f.simHost:
+		msg = "--simulate-bare and --simulate-host-driver exclude each other: a bare node gets Loom's driver"
 	case f.simBare && f.driverRoot == "":
 		msg = "--simulate-bare needs --driver-root (where the simulated driver's library appears)"
 	}
@@ -154,7 +158,7 @@ func agentLibrary(f *agentFlags, log logr.Logger) (nvml.Interface, func() error,
 		return agent.NewDriverLibrary(f.driverRoot), nil, func() {}, nil
 	}
 	sim, err := collect.Simulate(collect.SimOptions{System: f.simulate, GPUs: &f.simGPUs, MIG: f.simMIG, Seed: f.nodeName,
-		Bare: f.simBare, DriverRoot: f.driverRoot, MIGFile: f.simMIGFile})
+		Bare: f.simBare, HostDriver: f.simHost, DriverRoot: f.driverRoot, MIGFile: f.simMIGFile})
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("--simulate: %w", err)
 	}
@@ -172,7 +176,7 @@ func agentLibrary(f *agentFlags, log logr.Logger) (nvml.Interface, func() error,
 		f.sysfsRoot = dir
 	}
 	log.Info("SIMULATED: GPUs come from go-nvml's mock server, not from hardware", "system", f.simulate, "gpus", f.simGPUs,
-		"mig", f.simMIG, "migFile", f.simMIGFile, "bare", f.simBare, "driverRoot", f.driverRoot, "sysfsRoot", f.sysfsRoot)
+		"mig", f.simMIG, "migFile", f.simMIGFile, "bare", f.simBare, "hostDriver", f.simHost, "driverRoot", f.driverRoot, "sysfsRoot", f.sysfsRoot)
 	return sim, sim.ReloadMIG, cleanup, nil
 }
 

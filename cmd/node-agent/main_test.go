@@ -79,6 +79,8 @@ func TestAgentFlags(t *testing.T) {
 		{[]string{"--simulate=dgx-a100", "--simulate-bare"}, "--simulate-bare needs --driver-root"},
 		{[]string{"--simulate-bare", "--driver-root=/x"}, "need --simulate"},
 		{[]string{"--simulate-mig-file=/x"}, "need --simulate"},
+		{[]string{"--simulate-host-driver"}, "need --simulate"},
+		{[]string{"--simulate=dgx-a100", "--simulate-bare", "--driver-root=/x", "--simulate-host-driver"}, "exclude each other"},
 		{[]string{"--simulate=dgx-a100", "--simulate-mig=9g.9gb:1"}, "--simulate: "},
 	} {
 		_, code, stderr := runOnce(t, tt.args...)

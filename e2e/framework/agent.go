@@ -32,6 +32,10 @@ type AgentSpec struct {
 	// collect.BareLibrary), and every call fails with
 	// ERROR_DRIVER_NOT_LOADED once it is removed again.
 	Bare bool
+	// HostDriver simulates a driver installed on the host
+	// (--simulate-host-driver): NVML works from the start and the GPUNode
+	// says its driver source is Host.
+	HostDriver bool
 	// DriverRoot is --driver-root (required with Bare).
 	DriverRoot string
 	// MIGFile is --simulate-mig-file: the simulated MIG manager's layout,
@@ -79,6 +83,9 @@ func (c *Cluster) RunAgent(ctx context.Context, loomBin string, rel *Release, sp
 	}
 	if spec.Bare {
 		args = append(args, "--simulate-bare")
+	}
+	if spec.HostDriver {
+		args = append(args, "--simulate-host-driver")
 	}
 	for _, f := range [][2]string{{"--driver-root", spec.DriverRoot}, {"--simulate-mig-file", spec.MIGFile}, {"--sysfs-root", spec.SysfsRoot}} {
 		if f[1] != "" {

@@ -69,6 +69,9 @@ type SimNode struct {
 	// Broken keeps the driver from loading (a failed or missing kernel
 	// module): NVML stays unavailable though the driver pod runs.
 	Broken bool
+	// Host: the node's driver is installed on the host and always loaded;
+	// a Loom driver pod there neither loads nor unloads it.
+	Host bool
 	// Log records what happened on the node, in order, with times.
 	Log []SimEvent
 }
@@ -115,19 +118,26 @@ func (c *Cluster) StartNodeSim(ctx context.Context, namespace string) *NodeSim {
 
 // Add registers a bare node (its agent runs with spec's Bare, DriverRoot
 // and MIGFile, which Add fills in) and returns the spec to run its agent
-// with.
+// with. With spec.HostDriver the node's driver is the host's instead:
+// loaded from the start, whatever Loom's driver pods do.
 func (s *NodeSim) Add(spec AgentSpec) (AgentSpec, error) {
 	dir := filepath.Join(s.c.Dir, "nodes", spec.Node)
 	if err := os.MkdirAll(filepath.Join(dir, "driver-root"), 0o755); err != nil {
 		return spec, err
 	}
-	spec.Bare, spec.DriverRoot, spec.MIGFile = true, filepath.Join(dir, "driver-root"), filepath.Join(dir, "mig-layout")
+	spec.Bare, spec.DriverRoot, spec.MIGFile = !spec.HostDriver, filepath.Join(dir, "driver-root"), filepath.Join(dir, "mig-layout")
+	n := &SimNode{Name: spec.Node, Dir: dir, Markers: map[string]bool{}, Host: spec.HostDriver}
+	if n.Host {
+		if err := n.driver(true); err != nil {
+			return spec, err
+		}
+	}
 	// A MIG layout shows at the agent's next collection (NVML sends no
 	// event for it): collect often, as a short test needs.
 	spec.Args = append(spec.Args, "--interval=3s")
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.nodes[spec.Node] = &SimNode{Name: spec.Node, Dir: dir, Markers: map[string]bool{}}
+	s.nodes[spec.Node] = n
 	return spec, nil
 }
 
@@ -206,7 +216,7 @@ func (s *NodeSim) stepNode(ctx context.Context, n *SimNode, pods []*corev1.Pod) 
 			}
 		}
 	}
-	if started[gpuv1alpha1.OperandDriver] == nil {
+	if started[gpuv1alpha1.OperandDriver] == nil && !n.Host {
 		if err := n.driver(false); err != nil {
 			return err
 		}
@@ -229,6 +239,9 @@ func (s *NodeSim) stepNode(ctx context.Context, n *SimNode, pods []*corev1.Pod) 
 // the validator validates.
 func (n *SimNode) start(comp string, p *corev1.Pod, started map[string]*corev1.Pod) error {
 	if comp == gpuv1alpha1.OperandDriver {
+		if n.Host {
+			return nil
+		}
 		return n.driver(!n.Broken)
 	}
 	n.validate(comp, p, started)
@@ -267,11 +280,12 @@ func (n *SimNode) initDone(p *corev1.Pod, started map[string]*corev1.Pod) bool {
 }
 
 // works reports whether a validated component works on the node: the driver
-// once its pod started, the toolkit once its pod started.
+// once its pod started (a host's driver always), the toolkit once its pod
+// started.
 func (n *SimNode) works(comp string, started map[string]*corev1.Pod) bool {
 	switch comp {
 	case "driver":
-		return started[gpuv1alpha1.OperandDriver] != nil && !n.Broken
+		return n.Host || started[gpuv1alpha1.OperandDriver] != nil && !n.Broken
 	case "toolkit":
 		return started[gpuv1alpha1.OperandToolkit] != nil
 	}

@@ -182,6 +182,36 @@ func TestSimulateBare(t *testing.T) {
 	}
 }
 
+// A simulated node says where its driver comes from as the agent's NVML
+// loader does for a real one: a host driver's (working from the start) is
+// Host, a bare node's (Loom's driver container) Container, another's
+// cannot be told.
+func TestSimulatedDriverSource(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		o    SimOptions
+		want gpuv1alpha1.DriverSource
+	}{
+		{"host driver", SimOptions{HostDriver: true}, gpuv1alpha1.DriverHost},
+		{"bare", SimOptions{Bare: true, DriverRoot: t.TempDir()}, gpuv1alpha1.DriverContainer},
+		{"neither", SimOptions{}, ""},
+	} {
+		tt.o.System, tt.o.Seed = "dgx-h100", "n"
+		s := simulate(t, tt.o)
+		if got := s.Source(); got != tt.want {
+			t.Errorf("%s: Source() = %q, want %q", tt.name, got, tt.want)
+		}
+		if tt.o.HostDriver {
+			if ret := s.Init(); ret != nvml.SUCCESS {
+				t.Errorf("%s: Init = %v, want a working driver from the start", tt.name, nvml.ErrorString(ret))
+			}
+		}
+	}
+	if _, err := Simulate(SimOptions{System: "dgx-h100", Bare: true, DriverRoot: t.TempDir(), HostDriver: true}); err == nil {
+		t.Error("a bare node with a host driver accepted")
+	}
+}
+
 func TestSimulatedPCIDevices(t *testing.T) {
 	devs := simulate(t, SimOptions{System: "dgx-a100", GPUs: ptrInt(2)}).PCIDevices()
 	if len(devs) != 2 || devs[1].BusID != "0000:01:00.0" || devs[1].DeviceID != "0x20b0" || devs[1].Class != "0x030200" {

@@ -68,6 +68,11 @@ type SimOptions struct {
 	// upgrade; while it exists NVML works normally. DriverRoot is required.
 	Bare       bool
 	DriverRoot string
+	// HostDriver simulates a driver installed on the host (a cloud GPU
+	// image's): NVML works from the start, and Source says Host. Without
+	// it a bare node's driver is Loom's containerised one (Source says
+	// Container), and another node's cannot be told (Source says "").
+	HostDriver bool
 	// MIGFile, when set, is read by ReloadMIG: see there.
 	MIGFile string
 }
@@ -87,6 +92,7 @@ type Simulator struct {
 	events  chan nvml.EventData
 	devs    []*server.Device
 	bareLib string // BareLibrary(DriverRoot) in bare mode, else ""
+	source  gpuv1alpha1.DriverSource
 	migFile string
 	migSeen *string // the MIG file content ReloadMIG last acted on
 
@@ -96,6 +102,10 @@ type Simulator struct {
 	dbe          map[int]uint64
 	migs         map[migKey]nvml.Device // the MIG devices handed out
 }
+
+// Source is where the simulated driver comes from, as the agent's
+// DriverLibrary reports it for a real one (see SimOptions.HostDriver).
+func (s *Simulator) Source() gpuv1alpha1.DriverSource { return s.source }
 
 // Simulate builds a simulated NVML library.
 func Simulate(o SimOptions) (*Simulator, error) {
@@ -113,11 +123,17 @@ func Simulate(o SimOptions) (*Simulator, error) {
 	if o.Bare && o.DriverRoot == "" {
 		return nil, fmt.Errorf("a bare simulated node needs a driver root")
 	}
+	if o.Bare && o.HostDriver {
+		return nil, fmt.Errorf("a simulated node's driver is either the host's or a bare node's containerised one, not both")
+	}
 	srv := sys.new(gpus.Multiple(n, sys.gpu)...)
 	s := &Simulator{Interface: srv, events: make(chan nvml.EventData, 64), registered: map[*server.Device]uint64{},
 		remapPending: map[int]bool{}, dbe: map[int]uint64{}, migs: map[migKey]nvml.Device{}, migFile: o.MIGFile}
-	if o.Bare {
-		s.bareLib = BareLibrary(o.DriverRoot)
+	switch {
+	case o.Bare:
+		s.bareLib, s.source = BareLibrary(o.DriverRoot), gpuv1alpha1.DriverContainer
+	case o.HostDriver:
+		s.source = gpuv1alpha1.DriverHost
 	}
 	migSpec, err := parseMIGSpec(o.MIG)
 	if err != nil {
