@@ -30,7 +30,8 @@ installed without it or uninstalled with --no-hooks. In order:
     gone and the driver upgrade released (uncordoned) every node it claimed:
     a running manager releases them, so run this before helm uninstall;
  2. delete the manager Deployment and the node agent DaemonSet, wait until
-    the leader Lease is free and the agents' pods are gone, then release
+    the leader Lease is free and the manager's and the agents' pods are
+    gone (a manager run without leader election holds no Lease), then release
     the nodes the driver upgrade still claims (below);
  3. delete every GPUNode and Loom's nvidia RuntimeClass, and on every Node
     the nvidia.com/* labels, annotations and unhealthy taint Loom's labeller

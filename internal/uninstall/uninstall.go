@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -55,7 +56,7 @@ type Config struct {
 //     manager's driver-upgrade controller has released (uncordoned) every
 //     node it claimed (not for the nodes when no manager leads);
 //  2. the manager Deployment and the node agent DaemonSet, waiting until
-//     the leader Lease is free and the agent's pods are gone, so that
+//     the leader Lease is free and their pods are gone, so that
 //     nothing writes GPUNodes or labels again; then it releases the nodes
 //     still claimed itself (releaseNodes);
 //  3. every GPUNode, and on every Node the labels the GPU labeller set
@@ -267,8 +268,11 @@ func pendingRelease(ctx context.Context, c client.Client, namespace string, poli
 }
 
 // stopWriters deletes the manager Deployment and the node agent DaemonSet
-// and waits until the manager no longer leads and the agent's pods are gone.
+// and waits until the manager no longer leads and their pods are gone: a
+// manager run without leader election holds no Lease, and its pods are
+// the only sign that it still writes.
 func stopWriters(ctx context.Context, c client.Client, cfg Config, out io.Writer) error {
+	var managerPods labels.Selector
 	var agentUID types.UID
 	kinds := []string{"Deployment", "DaemonSet"}
 	for i, obj := range []client.Object{
@@ -283,8 +287,14 @@ func stopWriters(ctx context.Context, c client.Client, cfg Config, out io.Writer
 		} else if err != nil {
 			return err
 		}
-		if _, ds := obj.(*appsv1.DaemonSet); ds {
-			agentUID = obj.GetUID()
+		switch o := obj.(type) {
+		case *appsv1.DaemonSet:
+			agentUID = o.UID
+		case *appsv1.Deployment:
+			// A selector that selects nothing (or everything) tells no pod.
+			if sel, err := metav1.LabelSelectorAsSelector(o.Spec.Selector); err == nil && !sel.Empty() {
+				managerPods = sel
+			}
 		}
 		if err := c.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
 			return fmt.Errorf("deleting %s: %w", obj.GetName(), err)
@@ -298,7 +308,7 @@ func stopWriters(ctx context.Context, c client.Client, cfg Config, out io.Writer
 		} else if holder != "" {
 			left = append(left, "the manager "+holder+" still leads")
 		}
-		if agentUID == "" {
+		if agentUID == "" && managerPods == nil {
 			return strings.Join(left, ", "), nil
 		}
 		pods := &corev1.PodList{}
@@ -306,8 +316,11 @@ func stopWriters(ctx context.Context, c client.Client, cfg Config, out io.Writer
 			return "", err
 		}
 		for _, p := range pods.Items {
-			if metav1.IsControlledBy(&p, &metav1.ObjectMeta{UID: agentUID}) {
+			switch {
+			case agentUID != "" && metav1.IsControlledBy(&p, &metav1.ObjectMeta{UID: agentUID}):
 				left = append(left, "node agent pod "+p.Name)
+			case managerPods != nil && managerPods.Matches(labels.Set(p.Labels)):
+				left = append(left, "manager pod "+p.Name)
 			}
 		}
 		return strings.Join(left, ", "), nil

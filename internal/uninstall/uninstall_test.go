@@ -379,3 +379,42 @@ func TestUninstallCleanupFreesTrainingJobWorkloads(t *testing.T) {
 		t.Errorf("a Job's Workload has finalizers %v (%v), want Kueue's kept", f, err)
 	}
 }
+
+// A manager run without leader election holds no Lease: its pods are what
+// tells that it still runs. The cleanup waits for them (and says so at its
+// timeout) before it touches the nodes, and goes on once they are gone.
+func TestUninstallCleanupWaitsForAManagerWithoutLeaderElection(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	env, err := testenv.StartWithout(ctx, "training.loom.dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	c := env.Client
+	cleanupFixture(t, ctx, c)
+	must(t, c.Delete(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "loom-system", Name: "loom-manager"}}))
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "loom-system", Name: "loom-manager-7c9f-x2x", Labels: map[string]string{"app": "x"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "loom"}}}}
+	must(t, c.Create(ctx, pod))
+	var out bytes.Buffer
+	cfg := Config{Namespace: "loom-system", ManagerDeployment: "loom-manager", Lease: "loom-manager", Timeout: 2 * time.Second, Poll: 100 * time.Millisecond}
+	err = Run(ctx, c, cfg, &out)
+	if err == nil || !strings.Contains(err.Error(), "manager pod "+pod.Name) {
+		t.Fatalf("cleanup error %v, want one naming the manager's pod\n%s", err, out.String())
+	}
+	n := &corev1.Node{}
+	must(t, c.Get(ctx, client.ObjectKey{Name: "gpu-1"}, n))
+	if n.Annotations[gpuv1alpha1.AnnotationClaim] != "default" || n.Labels[gpuv1alpha1.LabelPresent] != "true" {
+		t.Errorf("the node was changed under a running manager: labels %v, annotations %v", n.Labels, n.Annotations)
+	}
+	// The pod goes (the garbage collector, after the Deployment's delete).
+	must(t, c.Delete(ctx, pod, client.GracePeriodSeconds(0)))
+	out.Reset()
+	if err := Run(ctx, c, cfg, &out); err != nil {
+		t.Fatalf("cleanup once the manager's pod is gone: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "released node gpu-1 from the driver upgrade") {
+		t.Errorf("the claimed node was not released:\n%s", out.String())
+	}
+}
