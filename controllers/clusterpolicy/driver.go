@@ -19,10 +19,12 @@ import (
 // <version>-<os id><os version> (570.172.08-ubuntu22.04), or precompiled
 // for one kernel: <branch>-<kernel>-<os> (570-5.15.0-105-generic-ubuntu22.04).
 // A node's OS comes from node feature discovery's os_release labels, else
-// from its status.nodeInfo.osImage. One driver DaemonSet per OS (and
-// kernel) among the GPU nodes, loom-driver-<target>, restricted to its
-// nodes: by the NFD labels for nodes that have them, by node name for the
-// others. A version that names its OS (570.172.08-ubuntu22.04) is used as
+// (or where it names another OS: NFD lags an OS upgrade) from its
+// status.nodeInfo.osImage. One driver DaemonSet per OS (and kernel) among
+// the GPU nodes, loom-driver-<target>, restricted to its nodes: by the NFD
+// labels for nodes whose labels name their OS, by node name for the others;
+// a node whose labels name another OS is left out of the label term that
+// would match it, so that no node is two DaemonSets' at once. A version that names its OS (570.172.08-ubuntu22.04) is used as
 // is, by the one DaemonSet loom-driver on every GPU node.
 
 // maxNamed caps the node names a component message lists.
@@ -38,8 +40,9 @@ var (
 type driverGroup struct {
 	target, tag string
 	// nfdIDs and nfdVersions are the raw NFD label values of the nodes
-	// the group matches by label; names the nodes it matches by name.
-	nfdIDs, nfdVersions, names []string
+	// the group matches by label; names the nodes it matches by name;
+	// except the nodes its labels match that run another OS.
+	nfdIDs, nfdVersions, names, except []string
 }
 
 // driverGroups splits the GPU nodes by OS (and kernel, for precompiled
@@ -52,6 +55,8 @@ func driverGroups(cp *gpuv1alpha1.ClusterPolicy, nodes []corev1.Node) (groups []
 	}
 	branch, _, _ := strings.Cut(img.Version, ".")
 	byTarget := map[string]*driverGroup{}
+	// stale are the nodes whose NFD labels name another OS than they run.
+	var stale []*corev1.Node
 	for i := range nodes {
 		if !meantFor(&nodes[i], cp, gpuv1alpha1.OperandDriver) {
 			// Opted out of Loom's driver (one installed on the host, say),
@@ -84,6 +89,16 @@ func driverGroups(cp *gpuv1alpha1.ClusterPolicy, nodes []corev1.Node) (groups []
 		} else {
 			g.names = addSorted(g.names, nodes[i].Name)
 		}
+		if !o.NFD && nodes[i].Labels[gpuv1alpha1.LabelOSReleaseID] != "" && nodes[i].Labels[gpuv1alpha1.LabelOSReleaseVersionID] != "" {
+			stale = append(stale, &nodes[i])
+		}
+	}
+	for _, g := range byTarget {
+		for _, n := range stale {
+			if slices.Contains(g.nfdIDs, n.Labels[gpuv1alpha1.LabelOSReleaseID]) && slices.Contains(g.nfdVersions, n.Labels[gpuv1alpha1.LabelOSReleaseVersionID]) {
+				g.except = addSorted(g.except, n.Name)
+			}
+		}
 	}
 	groups = nameGroups(byTarget)
 	sort.Strings(noDriver)
@@ -111,13 +126,19 @@ func nameGroups(byTarget map[string]*driverGroup) []driverGroup {
 	return groups
 }
 
-// terms are the node terms of a group: NFD labels, node names.
+// terms are the node terms of a group: NFD labels (but for the nodes
+// whose labels name another OS than theirs), node names.
 func (g driverGroup) terms() []corev1.NodeSelectorTerm {
 	var out []corev1.NodeSelectorTerm
 	if len(g.nfdIDs) > 0 {
-		out = append(out, corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{
+		t := corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{
 			{Key: gpuv1alpha1.LabelOSReleaseID, Operator: corev1.NodeSelectorOpIn, Values: g.nfdIDs},
-			{Key: gpuv1alpha1.LabelOSReleaseVersionID, Operator: corev1.NodeSelectorOpIn, Values: g.nfdVersions}}})
+			{Key: gpuv1alpha1.LabelOSReleaseVersionID, Operator: corev1.NodeSelectorOpIn, Values: g.nfdVersions}}}
+		// One value per field requirement; requirements are ANDed.
+		for _, name := range g.except {
+			t.MatchFields = append(t.MatchFields, corev1.NodeSelectorRequirement{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{name}})
+		}
+		out = append(out, t)
 	}
 	// A field selector takes one value (the API rejects metadata.name In
 	// with two): one term per node, terms are ORed.

@@ -1,14 +1,18 @@
 package clusterpolicy
 
 import (
+	"context"
+	"slices"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/daemonplace"
 )
 
 // A version naming its OS is one DaemonSet for every node; a plain one
@@ -79,5 +83,72 @@ func TestPrecompiledKernelsNameTheirOwnDaemonSet(t *testing.T) {
 	if len(noDriver) != 3 || !strings.HasPrefix(noDriver[0], "g (kernel \"6.1.21-v8+\" makes no image tag") ||
 		!strings.HasPrefix(noDriver[1], "h (kernel") || !strings.HasPrefix(noDriver[2], "i (kernel") {
 		t.Errorf("no driver %q", noDriver)
+	}
+}
+
+// A node whose NFD labels lag an OS upgrade (they name the old OS, its
+// osImage the new one) gets the new OS's driver, and the old OS's
+// DaemonSet's label term leaves it out: no node is placed by two driver
+// DaemonSets, checked by the DaemonSet controller's own matching on the
+// generated affinities, and the API server takes them.
+func TestStaleNFDLabelsGiveOneDriver(t *testing.T) {
+	nfd := func(id, v string) map[string]string {
+		return map[string]string{gpuv1alpha1.LabelPresent: "true", gpuv1alpha1.LabelOSReleaseID: id, gpuv1alpha1.LabelOSReleaseVersionID: v}
+	}
+	node := func(name, osImage string, labels map[string]string) corev1.Node {
+		if labels == nil {
+			labels = map[string]string{gpuv1alpha1.LabelPresent: "true"}
+		}
+		return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{OSImage: osImage, KernelVersion: "5.15.0-105-generic"}}}
+	}
+	nodes := []corev1.Node{
+		node("jammy", "Ubuntu 22.04.4 LTS", nfd("ubuntu", "22.04")),
+		node("jammy-no-image", "", nfd("ubuntu", "22.04")),
+		node("upgraded", "Ubuntu 24.04.1 LTS", nfd("ubuntu", "22.04")),
+		node("upgraded-too", "Ubuntu 24.04.1 LTS", nfd("ubuntu", "22.04")),
+		node("noble", "Ubuntu 24.04.1 LTS", nfd("ubuntu", "24.04")),
+		node("bare-noble", "Ubuntu 24.04.1 LTS", nil),
+		node("rhel-upgraded", "Red Hat Enterprise Linux 9.6 (Plow)", nfd("rhel", "9.4")),
+		node("rhel", "Red Hat Enterprise Linux 9.4 (Plow)", nfd("rhel", "9.4")),
+		node("debian-image", "Debian GNU/Linux 12 (bookworm)", nfd("ubuntu", "24.04")),
+	}
+	want := map[string]string{"jammy": "ubuntu22.04", "jammy-no-image": "ubuntu22.04", "upgraded": "ubuntu24.04",
+		"upgraded-too": "ubuntu24.04", "noble": "ubuntu24.04", "bare-noble": "ubuntu24.04",
+		"rhel-upgraded": "rhel9.6", "rhel": "rhel9.4", "debian-image": "ubuntu24.04"}
+	for _, precompiled := range []bool{false, true} {
+		cp := &gpuv1alpha1.ClusterPolicy{}
+		cp.Spec.Driver.UsePrecompiled = precompiled
+		groups, noDriver := driverGroups(cp, nodes)
+		if len(noDriver) != 0 {
+			t.Errorf("precompiled %v: no driver %v", precompiled, noDriver)
+		}
+		if !precompiled {
+			for _, g := range groups {
+				if g.target == "ubuntu22.04" && (!slices.Equal(g.except, []string{"upgraded", "upgraded-too"}) || !slices.Equal(g.nfdVersions, []string{"22.04"})) {
+					t.Errorf("ubuntu22.04 group %+v", g)
+				}
+				if g.target == "ubuntu24.04" && (len(g.except) != 0 || !slices.Equal(g.names, []string{"bare-noble", "upgraded", "upgraded-too"})) {
+					t.Errorf("ubuntu24.04 group %+v", g)
+				}
+			}
+		}
+		dss := driverDaemonSets(cp, "default", groups)
+		for _, n := range nodes {
+			var placed []string
+			for _, ds := range dss {
+				if daemonplace.Matches(&ds.Spec.Template.Spec, &n) {
+					placed = append(placed, ds.Labels[gpuv1alpha1.LabelDriverTarget])
+				}
+			}
+			if len(placed) != 1 || !strings.HasPrefix(placed[0], want[n.Name]) {
+				t.Errorf("precompiled %v: node %s is placed by %v, want %s alone", precompiled, n.Name, placed, want[n.Name])
+			}
+		}
+		for _, ds := range dss {
+			if err := env.Client.Create(context.Background(), ds, client.DryRunAll); err != nil {
+				t.Errorf("the API server refuses %s: %v", ds.Name, err)
+			}
+		}
 	}
 }

@@ -1,6 +1,7 @@
 // Package driveros reads a GPU node's OS as NVIDIA's driver images name it
 // (<id><version>: ubuntu22.04, rhel9.4, rhcos4.16, sles15.6), from node
-// feature discovery's os_release labels, else from the node's osImage: the
+// feature discovery's os_release labels, else (or where it names another
+// OS with a driver image: NFD lags an OS upgrade) from the node's osImage: the
 // ClusterPolicy runs one driver DaemonSet per OS, and the driver upgrade
 // tells a node whose OS's DaemonSet is being made from one that has none.
 package driveros
@@ -50,31 +51,26 @@ type OS struct {
 	Why        string
 }
 
-// Of reads the node's OS: NFD's labels first, else its osImage. A
-// precompiled driver also needs the node's kernel version.
+// Of reads the node's OS: NFD's labels first, else its osImage. Where
+// both name an OS with a driver image and they differ, the osImage wins:
+// the kubelet reports the running OS at every status update, NFD only at
+// its next pass, so after an OS upgrade the labels name the old OS for a
+// while, and the old OS's driver would not build or load. A precompiled
+// driver also needs the node's kernel version.
 func Of(n *corev1.Node, precompiled bool) OS {
 	out := OS{Kernel: n.Status.NodeInfo.KernelVersion}
+	img := n.Status.NodeInfo.OSImage
 	id, version := n.Labels[gpuv1alpha1.LabelOSReleaseID], n.Labels[gpuv1alpha1.LabelOSReleaseVersionID]
 	if id != "" && version != "" {
 		out.NFD = true
-		id = strings.ToLower(id)
+		out.OS, out.Why = name(strings.ToLower(id), version, img)
+		kid, kversion := parseOSImage(img)
+		if kubelet, why := name(kid, kversion, img); why == "" && kubelet != out.OS {
+			out.OS, out.Why, out.NFD = kubelet, "", false
+		}
 	} else {
-		id, version = parseOSImage(n.Status.NodeInfo.OSImage)
-	}
-	switch {
-	case id == "":
-		out.Why = "OS unknown"
-		if img := n.Status.NodeInfo.OSImage; img != "" {
-			out.Why = fmt.Sprintf("OS %q not recognised", img)
-		}
-	case !slices.Contains(Supported, id):
-		out.Why = fmt.Sprintf("OS %s not supported", id)
-	default:
-		if v := osVersion(id, version); v != "" {
-			out.OS = id + v
-		} else {
-			out.Why = fmt.Sprintf("%s version %q not understood", id, version)
-		}
+		id, version = parseOSImage(img)
+		out.OS, out.Why = name(id, version, img)
 	}
 	switch {
 	case out.Why != "" || !precompiled:
@@ -84,6 +80,23 @@ func Of(n *corev1.Node, precompiled bool) OS {
 		out.Why = fmt.Sprintf("kernel %.80q makes no image tag (<branch>-<kernel>-<os>): letters, digits, '_', '.' and '-', at most %d characters", out.Kernel, maxKernel)
 	}
 	return out
+}
+
+// name is the OS as driver images name it (ubuntu22.04), or why there is
+// none; img is the node's osImage, quoted when it was not recognised.
+func name(id, version, img string) (os, why string) {
+	switch {
+	case id == "" && img != "":
+		return "", fmt.Sprintf("OS %q not recognised", img)
+	case id == "":
+		return "", "OS unknown"
+	case !slices.Contains(Supported, id):
+		return "", fmt.Sprintf("OS %s not supported", id)
+	}
+	if v := osVersion(id, version); v != "" {
+		return id + v, ""
+	}
+	return "", fmt.Sprintf("%s version %q not understood", id, version)
 }
 
 // parseOSImage reads an os id and version from status.nodeInfo.osImage:

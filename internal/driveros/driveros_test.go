@@ -28,7 +28,16 @@ func TestOf(t *testing.T) {
 		{"SUSE Linux Enterprise Server 15 SP6", nil, "sles15.6", "", false},
 		{"Debian GNU/Linux 12 (bookworm)", nil, "", `OS "Debian GNU/Linux 12 (bookworm)" not recognised`, false},
 		{"", nil, "", "OS unknown", false},
-		{"Ubuntu 20.04.6 LTS", nfd("ubuntu", "22.04"), "ubuntu22.04", "", true},
+		// NFD lagging an OS upgrade: the kubelet's osImage is the running OS.
+		{"Ubuntu 24.04.1 LTS", nfd("ubuntu", "22.04"), "ubuntu24.04", "", false},
+		{"Red Hat Enterprise Linux 9.6 (Plow)", nfd("rhel", "9.4"), "rhel9.6", "", false},
+		{"Ubuntu 24.04.1 LTS", nfd("rocky", "9.4"), "ubuntu24.04", "", false},
+		// They agree, or the osImage names no OS with a driver image: NFD.
+		{"Ubuntu 22.04.4 LTS", nfd("Ubuntu", "22.04"), "ubuntu22.04", "", true},
+		{"Red Hat Enterprise Linux CoreOS 416.94.202405291527-0 (Plow)", nfd("rhcos", "4.16"), "rhcos4.16", "", true},
+		{"SUSE Linux Enterprise Server 15 SP6", nfd("sles", "15.6"), "sles15.6", "", true},
+		{"Debian GNU/Linux 12 (bookworm)", nfd("ubuntu", "22.04"), "ubuntu22.04", "", true},
+		{"Red Hat Enterprise Linux CoreOS 9.6.20250530-0 (Plow)", nfd("rhcos", "4.16"), "rhcos4.16", "", true},
 		{"", nfd("rhcos", "4.16"), "rhcos4.16", "", true},
 		{"", nfd("rocky", "9.4"), "", "OS rocky not supported", true},
 		{"Ubuntu 22.04.4 LTS", map[string]string{gpuv1alpha1.LabelOSReleaseID: "ubuntu"}, "ubuntu22.04", "", false},
