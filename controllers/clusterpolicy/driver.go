@@ -22,10 +22,11 @@ import (
 // (or where it names another OS: NFD lags an OS upgrade) from its
 // status.nodeInfo.osImage. One driver DaemonSet per OS (and kernel) among
 // the GPU nodes, loom-driver-<target>, restricted to its nodes: by the NFD
-// labels for nodes whose labels name their OS, by node name for the others;
-// a node whose labels name another OS is left out of the label term that
-// would match it, so that no node is two DaemonSets' at once. A version that names its OS (570.172.08-ubuntu22.04) is used as
-// is, by the one DaemonSet loom-driver on every GPU node.
+// labels for nodes whose labels name their OS, by hostname label or node
+// name for the others; a node whose labels name another OS is left out of
+// the label term that would match it, so that no node is two DaemonSets'
+// at once. A version that names its OS (570.172.08-ubuntu22.04) is used
+// as is, by the one DaemonSet loom-driver on every GPU node.
 
 // maxNamed caps the node names a component message lists.
 const maxNamed = 5
@@ -40,9 +41,10 @@ var (
 type driverGroup struct {
 	target, tag string
 	// nfdIDs and nfdVersions are the raw NFD label values of the nodes
-	// the group matches by label; names the nodes it matches by name;
-	// except the nodes its labels match that run another OS.
-	nfdIDs, nfdVersions, names, except []string
+	// the group matches by label; hosts the kubernetes.io/hostname values
+	// of those it matches by that label; names those it matches by name;
+	// except the nodes its NFD labels match that run another OS.
+	nfdIDs, nfdVersions, hosts, names, except []string
 }
 
 // driverGroups splits the GPU nodes by OS (and kernel, for precompiled
@@ -57,6 +59,12 @@ func driverGroups(cp *gpuv1alpha1.ClusterPolicy, nodes []corev1.Node) (groups []
 	byTarget := map[string]*driverGroup{}
 	// stale are the nodes whose NFD labels name another OS than they run.
 	var stale []*corev1.Node
+	hosts := map[string]int{}
+	for i := range nodes {
+		if h := nodes[i].Labels[corev1.LabelHostname]; h != "" {
+			hosts[h]++
+		}
+	}
 	for i := range nodes {
 		if !meantFor(&nodes[i], cp, gpuv1alpha1.OperandDriver) {
 			// Opted out of Loom's driver (one installed on the host, say),
@@ -82,13 +90,7 @@ func driverGroups(cp *gpuv1alpha1.ClusterPolicy, nodes []corev1.Node) (groups []
 			g = &driverGroup{tag: tag}
 			byTarget[target] = g
 		}
-		// Precompiled groups go by name: a kernel label lags an upgrade.
-		if o.NFD && !cp.Spec.Driver.UsePrecompiled {
-			l := nodes[i].Labels
-			g.nfdIDs, g.nfdVersions = addSorted(g.nfdIDs, l[gpuv1alpha1.LabelOSReleaseID]), addSorted(g.nfdVersions, l[gpuv1alpha1.LabelOSReleaseVersionID])
-		} else {
-			g.names = addSorted(g.names, nodes[i].Name)
-		}
+		g.add(&nodes[i], o, cp.Spec.Driver.UsePrecompiled, hosts)
 		if !o.NFD && nodes[i].Labels[gpuv1alpha1.LabelOSReleaseID] != "" && nodes[i].Labels[gpuv1alpha1.LabelOSReleaseVersionID] != "" {
 			stale = append(stale, &nodes[i])
 		}
@@ -103,6 +105,26 @@ func driverGroups(cp *gpuv1alpha1.ClusterPolicy, nodes []corev1.Node) (groups []
 	groups = nameGroups(byTarget)
 	sort.Strings(noDriver)
 	return groups, noDriver
+}
+
+// add puts the node n, whose OS o has the group's driver, among the
+// group's nodes: by its NFD labels where they name its OS (precompiled
+// groups go by node: a kernel label lags an upgrade), else by its
+// kubernetes.io/hostname label, all of a group's in one In requirement,
+// where no other GPU node (hosts counts them) has that value, else by its
+// name, a term each (a field requirement takes one value). A name term
+// costs some 360 bytes of the DaemonSet, a hostname some 30: 5,000 nodes
+// by name would pass etcd's 1.5 MiB request limit.
+func (g *driverGroup) add(n *corev1.Node, o driveros.OS, precompiled bool, hosts map[string]int) {
+	l := n.Labels
+	switch h := l[corev1.LabelHostname]; {
+	case o.NFD && !precompiled:
+		g.nfdIDs, g.nfdVersions = addSorted(g.nfdIDs, l[gpuv1alpha1.LabelOSReleaseID]), addSorted(g.nfdVersions, l[gpuv1alpha1.LabelOSReleaseVersionID])
+	case h != "" && hosts[h] == 1:
+		g.hosts = addSorted(g.hosts, h)
+	default:
+		g.names = addSorted(g.names, n.Name)
+	}
 }
 
 // nameGroups names each group's DaemonSet target: its OS (and kernel) made
@@ -127,7 +149,7 @@ func nameGroups(byTarget map[string]*driverGroup) []driverGroup {
 }
 
 // terms are the node terms of a group: NFD labels (but for the nodes
-// whose labels name another OS than theirs), node names.
+// whose labels name another OS than theirs), hostname labels, node names.
 func (g driverGroup) terms() []corev1.NodeSelectorTerm {
 	var out []corev1.NodeSelectorTerm
 	if len(g.nfdIDs) > 0 {
@@ -139,6 +161,10 @@ func (g driverGroup) terms() []corev1.NodeSelectorTerm {
 			t.MatchFields = append(t.MatchFields, corev1.NodeSelectorRequirement{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{name}})
 		}
 		out = append(out, t)
+	}
+	if len(g.hosts) > 0 {
+		out = append(out, corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{
+			{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: g.hosts}}})
 	}
 	// A field selector takes one value (the API rejects metadata.name In
 	// with two): one term per node, terms are ORed.

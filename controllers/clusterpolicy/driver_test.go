@@ -2,6 +2,8 @@ package clusterpolicy
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -149,6 +151,77 @@ func TestStaleNFDLabelsGiveOneDriver(t *testing.T) {
 			if err := env.Client.Create(context.Background(), ds, client.DryRunAll); err != nil {
 				t.Errorf("the API server refuses %s: %v", ds.Name, err)
 			}
+		}
+	}
+}
+
+// Nodes without NFD's labels go by their kubernetes.io/hostname label, one
+// In requirement per DaemonSet, where no other GPU node shares the value,
+// else by name: each is placed by its OS's DaemonSet alone. The DaemonSet
+// stays small at thousands of such nodes (by name, a term each, 5,000
+// nodes made 1.79 MB, past etcd's 1.5 MiB request limit), and nodes coming
+// change no driver's template hash, which the driver upgrade rolls on.
+func TestDriverNodesByHostname(t *testing.T) {
+	node := func(name, host, osImage string) corev1.Node {
+		labels := map[string]string{gpuv1alpha1.LabelPresent: "true"}
+		if host != "" {
+			labels[corev1.LabelHostname] = host
+		}
+		return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{OSImage: osImage}}}
+	}
+	nodes := []corev1.Node{
+		node("jammy", "jammy", "Ubuntu 22.04.4 LTS"),
+		node("jammy-fqdn", "jammy-host", "Ubuntu 22.04.4 LTS"),
+		node("noble", "noble", "Ubuntu 24.04.1 LTS"),
+		node("dup-a", "dup", "Ubuntu 22.04.4 LTS"),
+		node("dup-b", "dup", "Ubuntu 24.04.1 LTS"),
+		node("no-host", "", "Ubuntu 24.04.1 LTS"),
+		node("debian", "jammy-too", "Debian GNU/Linux 12 (bookworm)"),
+	}
+	cp := &gpuv1alpha1.ClusterPolicy{}
+	groups, _ := driverGroups(cp, nodes)
+	if len(groups) != 2 || !slices.Equal(groups[0].hosts, []string{"jammy", "jammy-host"}) || !slices.Equal(groups[0].names, []string{"dup-a"}) ||
+		!slices.Equal(groups[1].hosts, []string{"noble"}) || !slices.Equal(groups[1].names, []string{"dup-b", "no-host"}) {
+		t.Errorf("groups %+v", groups)
+	}
+	want := map[string]string{"jammy": "ubuntu22.04", "jammy-fqdn": "ubuntu22.04", "dup-a": "ubuntu22.04",
+		"noble": "ubuntu24.04", "dup-b": "ubuntu24.04", "no-host": "ubuntu24.04"}
+	dss := driverDaemonSets(cp, "default", groups)
+	for _, n := range nodes {
+		var placed []string
+		for _, ds := range dss {
+			if daemonplace.Matches(&ds.Spec.Template.Spec, &n) {
+				placed = append(placed, ds.Labels[gpuv1alpha1.LabelDriverTarget])
+			}
+		}
+		if w := want[n.Name]; (w == "" && len(placed) != 0) || (w != "" && !slices.Equal(placed, []string{w})) {
+			t.Errorf("node %s is placed by %v, want %q alone", n.Name, placed, w)
+		}
+	}
+
+	hash := dss[0].Spec.Template.Annotations[gpuv1alpha1.AnnotationTemplateHash]
+	for _, count := range []int{1000, 5000} {
+		fleet := make([]corev1.Node, count)
+		for i := range fleet {
+			name := fmt.Sprintf("ip-10-%d-%d-%d.ec2.internal", i/65536, i/256%256, i%256)
+			fleet[i] = node(name, name, "Ubuntu 22.04.4 LTS")
+		}
+		groups, _ := driverGroups(cp, fleet)
+		ds := driverDaemonSets(cp, "default", groups)[0]
+		b, err := json.Marshal(ds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%d nodes by hostname: the driver DaemonSet is %d bytes", count, len(b))
+		if len(b) > 256<<10 {
+			t.Errorf("%d nodes make a %d-byte DaemonSet", count, len(b))
+		}
+		if got := ds.Spec.Template.Annotations[gpuv1alpha1.AnnotationTemplateHash]; got != hash {
+			t.Errorf("%d nodes change the template hash: %s, was %s", count, got, hash)
+		}
+		if err := env.Client.Create(context.Background(), ds, client.DryRunAll); err != nil {
+			t.Errorf("the API server refuses %d nodes by hostname: %v", count, err)
 		}
 	}
 }

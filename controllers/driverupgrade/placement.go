@@ -42,8 +42,8 @@ func driverLeft(specs []corev1.PodSpec, n *corev1.Node, precompiled bool) bool {
 
 // withoutOSRestriction is spec without the terms of its required node
 // affinity that restrict a per-OS driver DaemonSet to its OS's nodes:
-// node feature discovery's os_release labels, and the names of the nodes
-// without them.
+// node feature discovery's os_release labels, and the hostname labels
+// (kubernetes.io/hostname) or names of the nodes without them.
 func withoutOSRestriction(spec corev1.PodSpec) corev1.PodSpec {
 	if spec.Affinity == nil || spec.Affinity.NodeAffinity == nil || spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
 		return spec
@@ -51,7 +51,7 @@ func withoutOSRestriction(spec corev1.PodSpec) corev1.PodSpec {
 	var terms []corev1.NodeSelectorTerm
 	for _, t := range spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
 		t.MatchExpressions = slices.DeleteFunc(slices.Clone(t.MatchExpressions), func(r corev1.NodeSelectorRequirement) bool {
-			return r.Key == gpuv1alpha1.LabelOSReleaseID || r.Key == gpuv1alpha1.LabelOSReleaseVersionID
+			return r.Key == gpuv1alpha1.LabelOSReleaseID || r.Key == gpuv1alpha1.LabelOSReleaseVersionID || r.Key == corev1.LabelHostname
 		})
 		t.MatchFields = slices.DeleteFunc(slices.Clone(t.MatchFields), func(r corev1.NodeSelectorRequirement) bool { return r.Key == "metadata.name" })
 		if len(t.MatchExpressions) == 0 && len(t.MatchFields) == 0 {

@@ -144,6 +144,12 @@ func TestDriverLeft(t *testing.T) {
 	}
 	noKernel := func(n *corev1.Node) { n.Status.NodeInfo.KernelVersion = "" }
 	rhel, ubuntu := perOS("rhel", "9.4"), perOS("ubuntu", "22.04", "u-by-name")
+	// A DaemonSet whose nodes all go by their hostname label.
+	byHost := driverTemplate()
+	hostTerm := &byHost.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0]
+	hostTerm.MatchExpressions = append(slices.Clone(hostTerm.MatchExpressions),
+		corev1.NodeSelectorRequirement{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"u-by-host"}})
+	hostname := func(n *corev1.Node) { n.Labels[corev1.LabelHostname] = n.Name }
 	withSelector := driverTemplate()
 	withSelector.NodeSelector = map[string]string{"pool": "gpu"}
 	tests := []struct {
@@ -159,6 +165,8 @@ func TestDriverLeft(t *testing.T) {
 		{"its OS's DaemonSet is being recreated", node("u", "ubuntu", "22.04", ""), []corev1.PodSpec{rhel}, false, false},
 		{"its OS changed, the new OS's DaemonSet is still to come", node("u", "ubuntu", "24.04", ""), []corev1.PodSpec{rhel, ubuntu}, false, false},
 		{"no NFD labels, its DaemonSet does not name it yet", node("u-new", "", "", "Ubuntu 22.04.4 LTS"), []corev1.PodSpec{rhel, ubuntu}, false, false},
+		{"placed by hostname", node("u-by-host", "", "", "Ubuntu 22.04.4 LTS", hostname), []corev1.PodSpec{byHost}, false, false},
+		{"no NFD labels, its DaemonSet does not list its hostname yet", node("u-new", "", "", "Ubuntu 22.04.4 LTS", hostname), []corev1.PodSpec{byHost}, false, false},
 		{"its OS's DaemonSet missing, opted out", node("u", "ubuntu", "22.04", "", optOut), []corev1.PodSpec{rhel}, false, true},
 		{"its OS's DaemonSet missing, a taint the driver does not tolerate", node("u", "ubuntu", "22.04", "", taint), []corev1.PodSpec{rhel}, false, true},
 		{"an OS without a driver", node("r", "rocky", "9.4", ""), []corev1.PodSpec{rhel, ubuntu}, false, true},
