@@ -11,6 +11,7 @@ package clusterpolicy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -177,15 +178,22 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 // write ensures every wanted child and removes the policy's others,
 // returning what failed. The RuntimeClass may belong to the toolkit or an
-// admin: then it is theirs, and not a failure.
+// admin: then it is theirs, and not a failure. Children refused because
+// Loom's namespace is missing or being deleted are one failure, saying so,
+// not one per child.
 func (r *Reconciler) write(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, p plan, driverSets []string) []string {
 	var errs []string
+	var missing, terminating int
 	for _, obj := range p.objects {
 		err := r.w.Ensure(ctx, cp, obj)
-		if _, rc := obj.(*nodev1.RuntimeClass); rc && apply.IsForeign(err) {
-			continue // the toolkit's or an admin's
-		}
-		if err != nil {
+		switch _, rc := obj.(*nodev1.RuntimeClass); {
+		case rc && apply.IsForeign(err):
+			// the toolkit's or an admin's
+		case apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
+			terminating++
+		case isNamespaceNotFound(err, r.Namespace):
+			missing++
+		case err != nil:
 			errs = append(errs, err.Error())
 		}
 	}
@@ -194,7 +202,24 @@ func (r *Reconciler) write(ctx context.Context, cp *gpuv1alpha1.ClusterPolicy, p
 			errs = append(errs, err.Error())
 		}
 	}
+	switch {
+	case terminating > 0:
+		errs = append([]string{fmt.Sprintf("namespace %s is being deleted: %d operand objects cannot be written in it until it is gone and created again", r.Namespace, terminating+missing)}, errs...)
+	case missing > 0:
+		errs = append([]string{fmt.Sprintf("namespace %s does not exist: %d operand objects are written once it is created", r.Namespace, missing)}, errs...)
+	}
 	return errs
+}
+
+// isNamespaceNotFound reports whether err is the API server's refusal of
+// an object in the namespace ns because ns does not exist.
+func isNamespaceNotFound(err error, ns string) bool {
+	var status apierrors.APIStatus
+	if !apierrors.IsNotFound(err) || !errors.As(err, &status) {
+		return false
+	}
+	d := status.Status().Details
+	return d != nil && d.Kind == "namespaces" && d.Name == ns
 }
 
 // observe reads what the children and the status depend on beside the

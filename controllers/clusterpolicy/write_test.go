@@ -2,10 +2,13 @@ package clusterpolicy
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -37,5 +40,34 @@ func TestWriteLeavesForeignChildren(t *testing.T) {
 	ds := &appsv1.DaemonSet{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: "loom-system", Name: "loom-driver"}, ds); err != nil || !metav1.IsControlledBy(ds, cp) {
 		t.Errorf("the driver DaemonSet was not written: %v", err)
+	}
+}
+
+// Loom's namespace missing, or deleted and terminating, is one failure
+// saying so, not one per operand object the API server refuses in it.
+func TestWriteNamespaceGone(t *testing.T) {
+	ctx := context.Background()
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "ns-gone", UID: "ns-gone-uid"}}
+	for _, tt := range []struct{ namespace, want string }{
+		{"loom-missing", "namespace loom-missing does not exist: "},
+		{"loom-terminating", "namespace loom-terminating is being deleted: "},
+	} {
+		if tt.namespace == "loom-terminating" {
+			n := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tt.namespace}}
+			if err := env.Client.Create(ctx, n); err != nil {
+				t.Fatal(err)
+			}
+			// No namespace controller in envtest: it stays Terminating.
+			if err := env.Client.Delete(ctx, n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p := desired(cp, tt.namespace, cluster{})
+		// Only the namespaced children: the cluster's are other tests'.
+		p.objects = slices.DeleteFunc(p.objects, func(o client.Object) bool { return o.GetNamespace() == "" })
+		errs := New(env.Client, env.Client, tt.namespace).write(ctx, cp, p, nil)
+		if len(errs) != 1 || !strings.HasPrefix(errs[0], tt.want) || !strings.Contains(errs[0], fmt.Sprintf(" %d operand objects", len(p.objects))) {
+			t.Errorf("%s: write errors %q, want one: %s… %d operand objects", tt.namespace, errs, tt.want, len(p.objects))
+		}
 	}
 }
