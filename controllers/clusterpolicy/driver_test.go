@@ -104,11 +104,15 @@ func TestStaleNFDLabelsGiveOneDriver(t *testing.T) {
 		return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
 			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{OSImage: osImage, KernelVersion: "5.15.0-105-generic"}}}
 	}
+	withHost := func(l map[string]string, host string) map[string]string {
+		l[corev1.LabelHostname] = host
+		return l
+	}
 	nodes := []corev1.Node{
 		node("jammy", "Ubuntu 22.04.4 LTS", nfd("ubuntu", "22.04")),
 		node("jammy-no-image", "", nfd("ubuntu", "22.04")),
 		node("upgraded", "Ubuntu 24.04.1 LTS", nfd("ubuntu", "22.04")),
-		node("upgraded-too", "Ubuntu 24.04.1 LTS", nfd("ubuntu", "22.04")),
+		node("upgraded-too", "Ubuntu 24.04.1 LTS", withHost(nfd("ubuntu", "22.04"), "upgraded-too-host")),
 		node("noble", "Ubuntu 24.04.1 LTS", nfd("ubuntu", "24.04")),
 		node("bare-noble", "Ubuntu 24.04.1 LTS", nil),
 		node("rhel-upgraded", "Red Hat Enterprise Linux 9.6 (Plow)", nfd("rhel", "9.4")),
@@ -130,7 +134,7 @@ func TestStaleNFDLabelsGiveOneDriver(t *testing.T) {
 				if g.target == "ubuntu22.04" && (!slices.Equal(g.except, []string{"upgraded", "upgraded-too"}) || !slices.Equal(g.nfdVersions, []string{"22.04"})) {
 					t.Errorf("ubuntu22.04 group %+v", g)
 				}
-				if g.target == "ubuntu24.04" && (len(g.except) != 0 || !slices.Equal(g.names, []string{"bare-noble", "upgraded", "upgraded-too"})) {
+				if g.target == "ubuntu24.04" && (len(g.except) != 0 || !slices.Equal(g.names, []string{"bare-noble", "upgraded"}) || !slices.Equal(g.hosts, []string{"upgraded-too-host"})) {
 					t.Errorf("ubuntu24.04 group %+v", g)
 				}
 			}
