@@ -15,6 +15,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
 )
 
 // The inventory as metrics, for the alerts that compare it with what
@@ -26,6 +27,9 @@ var (
 	readyDesc     = prometheus.NewDesc("loom_gpunode_ready", "1 when the node agent's last inventory collection succeeded, else 0.", []string{"node"}, nil)
 	upgradeDesc   = prometheus.NewDesc("loom_gpunode_driver_upgrade",
 		"1 while the node is in a driver upgrade (cordoned for it: from wait-for-jobs-required to uncordon-required), else 0.", []string{"node"}, nil)
+	operandReadyDesc = prometheus.NewDesc("loom_gpunode_operand_ready",
+		"1 when a pod of the operand (component) on the node is Ready, 0 when it has pods there and none is; absent with no pod there.",
+		[]string{"node", "component"}, nil)
 )
 
 // upgrading are the driver upgrade states of a node taken out for its
@@ -35,15 +39,23 @@ var (
 var upgrading = []string{gpuv1alpha1.WaitForJobsRequired, gpuv1alpha1.PodDeletionRequired, gpuv1alpha1.DrainRequired,
 	gpuv1alpha1.PodRestartRequired, gpuv1alpha1.ValidationRequired, gpuv1alpha1.UncordonRequired}
 
-// inventoryCollector reads the GPUNodes, and the Nodes' metadata, from the
-// cache at scrape time.
-type inventoryCollector struct{ cache atomic.Pointer[client.Reader] }
+// inventoryCollector reads the GPUNodes, the Nodes' metadata and Loom's
+// operand pods (of its namespace) from the cache at scrape time.
+type inventoryCollector struct {
+	cache atomic.Pointer[inventorySource]
+}
+
+type inventorySource struct {
+	client.Reader
+	namespace string
+}
 
 func (c *inventoryCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- gpusDesc
 	ch <- unhealthyDesc
 	ch <- readyDesc
 	ch <- upgradeDesc
+	ch <- operandReadyDesc
 }
 
 func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
@@ -54,14 +66,14 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var list gpuv1alpha1.GPUNodeList
-	if err := (*cp).List(ctx, &list); err != nil {
+	if err := cp.List(ctx, &list); err != nil {
 		return
 	}
 	// Only GPUNodes whose Node exists, as the index counts them: one left
 	// behind by a deleted node is no GPU missing and no agent silent.
 	nodes := &metav1.PartialObjectMetadataList{}
 	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
-	if err := (*cp).List(ctx, nodes); err != nil {
+	if err := cp.List(ctx, nodes); err != nil {
 		return
 	}
 	exists := make(map[string]bool, len(nodes.Items))
@@ -94,6 +106,46 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(upgradeDesc, prometheus.GaugeValue, upgrade, n.Name)
 	}
+	collectOperands(ctx, *cp, exists, ch)
+}
+
+// collectOperands reports, per node and operand, whether a pod of Loom's
+// runs Ready there (the cache keeps their component and Ready condition,
+// see manager.TrimPod): a node in a driver upgrade is left out of
+// LoomGPUOperandNotReady only for its own operands, and a node whose
+// driver pod is not ready yet (building the kernel module) out of
+// LoomGPUNodeAgentNotReporting. Pods being deleted do not count.
+func collectOperands(ctx context.Context, src inventorySource, exists map[string]bool, ch chan<- prometheus.Metric) {
+	pods := &corev1.PodList{}
+	if err := src.List(ctx, pods, client.InNamespace(src.namespace), client.MatchingLabels{apply.LabelManagedBy: apply.ManagedBy}); err != nil {
+		return
+	}
+	type key struct{ node, component string }
+	ready := map[key]bool{}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		k := key{p.Spec.NodeName, p.Labels[gpuv1alpha1.LabelComponent]}
+		if k.node == "" || k.component == "" || !exists[k.node] || p.DeletionTimestamp != nil {
+			continue
+		}
+		ready[k] = ready[k] || podReady(p)
+	}
+	for k, r := range ready {
+		v := 0.0
+		if r {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(operandReadyDesc, prometheus.GaugeValue, v, k.node, k.component)
+	}
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 var (
@@ -102,8 +154,9 @@ var (
 )
 
 // registerInventoryMetrics registers the collector once per process and
-// points it at the newest manager's cache (tests start several).
-func registerInventoryMetrics(c client.Reader) {
+// points it at the newest manager's cache (tests start several) and
+// Loom's namespace, where its operands run.
+func registerInventoryMetrics(c client.Reader, namespace string) {
 	registerInventoryOne.Do(func() { ctrlmetrics.Registry.MustRegister(inventoryMetrics) })
-	inventoryMetrics.cache.Store(&c)
+	inventoryMetrics.cache.Store(&inventorySource{Reader: c, namespace: namespace})
 }

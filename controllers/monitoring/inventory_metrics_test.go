@@ -3,16 +3,17 @@ package monitoring
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
 )
 
 // The inventory metrics count a GPUNode only while its Node exists, as the
@@ -21,7 +22,9 @@ import (
 // that dcgm-exporter never shows (LoomGPUMissing) and an agent that never
 // reports (LoomGPUNodeAgentNotReporting), for a node that is gone.
 // A node in a driver upgrade (cordoned for it) says so, for the alerts
-// that hold their tongue meanwhile.
+// that hold their tongue meanwhile, and so does each operand whose pod on
+// a node is not ready (a driver building its module): pods of Loom's, not
+// being deleted, on a node that exists.
 func TestInventoryMetricsCountOnlyGPUNodesWithANode(t *testing.T) {
 	scheme := runtime.NewScheme()
 	if err := corev1.AddToScheme(scheme); err != nil {
@@ -35,14 +38,26 @@ func TestInventoryMetricsCountOnlyGPUNodesWithANode(t *testing.T) {
 		return &gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: name},
 			Status: gpuv1alpha1.GPUNodeStatus{GPUCount: 8, Product: "NVIDIA-H100-80GB-HBM3", Conditions: ready}}
 	}
+	pod := func(name, node, component string, ready corev1.ConditionStatus) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "loom-system",
+			Labels: map[string]string{apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: component}},
+			Spec:   corev1.PodSpec{NodeName: node},
+			Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: ready}}}}
+	}
+	deleted := pod("driver-old", "gpu-b", "driver", corev1.ConditionTrue)
+	deleted.DeletionTimestamp, deleted.Finalizers = &metav1.Time{Time: time.Unix(1, 0)}, []string{"x"}
+	foreign := pod("other-driver", "gpu-a", "driver", corev1.ConditionFalse)
+	foreign.Namespace = "gpu-operator"
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		pod("driver-a", "gpu-a", "driver", corev1.ConditionTrue), pod("toolkit-a", "gpu-a", "container-toolkit", corev1.ConditionFalse),
+		pod("driver-b", "gpu-b", "driver", corev1.ConditionFalse), deleted, pod("driver-gone", "gone", "driver", corev1.ConditionTrue),
+		pod("driver-c-new", "gpu-c", "driver", corev1.ConditionFalse), pod("driver-c", "gpu-c", "driver", corev1.ConditionTrue), foreign,
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-a"}}, gpuNode("gpu-a"), gpuNode("gone"),
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-b", Labels: map[string]string{gpuv1alpha1.LabelUpgradeState: gpuv1alpha1.PodRestartRequired}}}, gpuNode("gpu-b"),
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-c", Labels: map[string]string{gpuv1alpha1.LabelUpgradeState: gpuv1alpha1.UpgradeDone}}}, gpuNode("gpu-c"),
 	).Build()
 	col := &inventoryCollector{}
-	var r client.Reader = c
-	col.cache.Store(&r)
+	col.cache.Store(&inventorySource{Reader: c, namespace: "loom-system"})
 	want := `
 # HELP loom_gpunode_driver_upgrade 1 while the node is in a driver upgrade (cordoned for it: from wait-for-jobs-required to uncordon-required), else 0.
 # TYPE loom_gpunode_driver_upgrade gauge
@@ -54,6 +69,12 @@ loom_gpunode_driver_upgrade{node="gpu-c"} 0
 loom_gpunode_gpus{node="gpu-a",product="NVIDIA-H100-80GB-HBM3"} 8
 loom_gpunode_gpus{node="gpu-b",product="NVIDIA-H100-80GB-HBM3"} 8
 loom_gpunode_gpus{node="gpu-c",product="NVIDIA-H100-80GB-HBM3"} 8
+# HELP loom_gpunode_operand_ready 1 when a pod of the operand (component) on the node is Ready, 0 when it has pods there and none is; absent with no pod there.
+# TYPE loom_gpunode_operand_ready gauge
+loom_gpunode_operand_ready{component="container-toolkit",node="gpu-a"} 0
+loom_gpunode_operand_ready{component="driver",node="gpu-a"} 1
+loom_gpunode_operand_ready{component="driver",node="gpu-b"} 0
+loom_gpunode_operand_ready{component="driver",node="gpu-c"} 1
 # HELP loom_gpunode_ready 1 when the node agent's last inventory collection succeeded, else 0.
 # TYPE loom_gpunode_ready gauge
 loom_gpunode_ready{node="gpu-a"} 1

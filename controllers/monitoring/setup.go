@@ -94,7 +94,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		crdKind("podmonitors", monitoringv1.SchemeGroupVersion.WithKind(monitoringv1.PodMonitorsKind), watch(gc, &monitoringv1.PodMonitor{}, one,
 			predicate.Or(nodeAgentMonitor, named(opts.Namespace, NodeAgentPodMonitorName)))),
 	}, prometheusKinds(gc, promCache, one)...)
-	registerInventoryMetrics(mgr.GetCache())
+	registerInventoryMetrics(mgr.GetCache(), opts.Namespace)
 	if err := setupWorkloads(mgr, opts, trainingJobs, watch, promCache); err != nil {
 		return err
 	}

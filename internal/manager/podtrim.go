@@ -7,7 +7,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/inventory"
 )
 
@@ -34,10 +36,14 @@ var workloadOwners = []schema.GroupKind{
 //   - a batch Job's pods keep, besides the skeleton below, what says why
 //     one does not run (jobPod): a RayJob's status quotes its submitter
 //     Job's, found by the Job's selector, whichever Loom made the Job;
-//   - every other pod (the operands' DaemonSet pods, the cluster's other
-//     workloads: nearly all of a big cluster's pods) keeps only its name,
-//     node, phase and the GPU resources its containers ask for. The driver upgrade,
-//     the one reader of other pods, reads them from the API server.
+//   - Loom's operand pods (its DaemonSets' pods, labelled managed-by loom
+//     and with their component) keep, besides the skeleton below, those two
+//     labels and whether they are Ready: the GPU alerts read, per node,
+//     which operands run ready there (loom_gpunode_operand_ready);
+//   - every other pod (the cluster's other workloads: nearly all of a big
+//     cluster's pods) keeps only its name, node, phase and the GPU
+//     resources its containers ask for. The driver upgrade, the one reader
+//     of other pods as a whole, reads them from the API server.
 //
 // Nothing writes a cached pod back (deletes and evictions name it), so what
 // is dropped here cannot be lost on the server.
@@ -48,6 +54,10 @@ func TrimPod(obj any) (any, error) {
 	}
 	if c := metav1.GetControllerOfNoCopy(p); c != nil && c.Kind == "Job" && strings.HasPrefix(c.APIVersion, "batch/") {
 		return jobPod(p, c), nil
+	}
+	if c := metav1.GetControllerOfNoCopy(p); c != nil && c.Kind == "DaemonSet" && p.Labels[apply.LabelManagedBy] == apply.ManagedBy &&
+		p.Labels[gpuv1alpha1.LabelComponent] != "" {
+		return operandPod(p), nil
 	}
 	if !controlledByWorkload(p) {
 		return gpuSkeleton(p), nil
@@ -109,6 +119,19 @@ func jobPod(p *corev1.Pod, controller *metav1.OwnerReference) *corev1.Pod {
 	}
 	s.Status.InitContainerStatuses = waiting(p.Status.InitContainerStatuses)
 	s.Status.ContainerStatuses = waiting(p.Status.ContainerStatuses)
+	return s
+}
+
+// operandPod is one of Loom's operand pods as the cache keeps it: the
+// skeleton, its component and managed-by labels and its Ready condition.
+func operandPod(p *corev1.Pod) *corev1.Pod {
+	s := gpuSkeleton(p)
+	s.Labels = map[string]string{apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: p.Labels[gpuv1alpha1.LabelComponent]}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			s.Status.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
+		}
+	}
 	return s
 }
 

@@ -9,6 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/inventory"
 )
 
@@ -161,5 +163,37 @@ func TestTrimPodReducesOtherPodsToTheirGPUs(t *testing.T) {
 	o, _ := TrimPod(p)
 	if got := o.(*corev1.Pod); got.Spec.Containers != nil || got.Spec.NodeName != "n2" {
 		t.Errorf("non-GPU pod: %+v", got.Spec)
+	}
+}
+
+// Loom's operand pods keep their component and whether they are Ready,
+// which the GPU alerts read per node; a DaemonSet pod of someone else's,
+// or a pod of Loom's no DaemonSet controls, does not.
+func TestTrimPodKeepsWhetherAnOperandIsReady(t *testing.T) {
+	ds := metav1.OwnerReference{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "nvidia-driver-daemonset", Controller: ptr.To(true)}
+	operand := func(owner metav1.OwnerReference) *corev1.Pod {
+		p := bigPod(owner)
+		p.Labels = map[string]string{apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver,
+			"controller-revision-hash": "x", gpuv1alpha1.LabelPolicy: "default"}
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue},
+			{Type: corev1.PodReady, Status: corev1.ConditionTrue, Reason: "r", Message: "m"}}
+		return p
+	}
+	o, _ := TrimPod(operand(ds))
+	want := gpuSkeleton(operand(ds))
+	want.Labels = map[string]string{apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver}
+	want.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	if got := o.(*corev1.Pod); !apiequality.Semantic.DeepEqual(got, want) {
+		t.Fatalf("operand pod: got %+v\nwant %+v", got, want)
+	}
+
+	foreign := operand(ds)
+	foreign.Labels[apply.LabelManagedBy] = "gpu-operator"
+	notDS := operand(metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs", Controller: ptr.To(true)})
+	for _, p := range []*corev1.Pod{foreign, notDS} {
+		o, _ := TrimPod(p)
+		if got := o.(*corev1.Pod); got.Labels != nil || got.Status.Conditions != nil {
+			t.Errorf("%s: kept %v %v", p.OwnerReferences[0].Kind, got.Labels, got.Status.Conditions)
+		}
 	}
 }

@@ -318,10 +318,21 @@ and on ()
 	}, {
 		name:     "LoomGPUOperandNotReady",
 		severity: SeverityWarning,
-		// Nodes in a driver upgrade restart their operands: not counted.
-		expr: `max by (component) (loom_clusterpolicy_component_desired_nodes)
-- max by (component) (loom_clusterpolicy_component_ready_nodes)
-- on () group_left () (count(` + inDriverUpgrade + `) or vector(0))
+		// Nodes in a driver upgrade restart their operands: an operand
+		// not ready on such a node is not counted, one not ready on
+		// another node is (a node waiting for its jobs, its operands all
+		// ready, hides nothing).
+		expr: `(
+  max by (component) (loom_clusterpolicy_component_desired_nodes)
+  - max by (component) (loom_clusterpolicy_component_ready_nodes)
+)
+- (
+  count by (component) (
+    max by (node, component) (loom_gpunode_operand_ready) == 0
+    and on (node) (` + inDriverUpgrade + `)
+  )
+  or max by (component) (loom_clusterpolicy_component_desired_nodes) * 0
+)
 > 0`,
 		holdFor:     OperandNotReadyFor,
 		summary:     `{{ $labels.component }} is not ready on {{ $value | printf "%.0f" }} GPU node(s).`,

@@ -481,6 +481,8 @@ var alertCases = []alertCase{
 			loomSeries("loom_clusterpolicy_component_ready_nodes", `component="driver"`, "4x2 3x58"),
 			upgradingSeries("gpu-a", "0x2 1x15 0x43"), upgradingSeries("gpu-b", "0x17 1x15 0x28"),
 			upgradingSeries("gpu-c", "0x32 1x15 0x13"), upgradingSeries("gpu-d", "0x47 1x13"),
+			operandSeries("gpu-a", "driver", "1x2 0x15 1x43"), operandSeries("gpu-b", "driver", "1x17 0x15 1x28"),
+			operandSeries("gpu-c", "driver", "1x32 0x15 1x13"), operandSeries("gpu-d", "driver", "1x47 0x13"),
 		},
 		at: 60 * time.Minute,
 	},
@@ -491,10 +493,42 @@ var alertCases = []alertCase{
 			loomSeries("loom_clusterpolicy_component_desired_nodes", `component="driver"`, "4x40"),
 			loomSeries("loom_clusterpolicy_component_ready_nodes", `component="driver"`, "4x2 2x38"),
 			upgradingSeries("gpu-a", "0x2 1x38"), upgradingSeries("gpu-b", "0x40"),
+			operandSeries("gpu-a", "driver", "1x2 0x38"), operandSeries("gpu-b", "driver", "1x2 0x38"),
 		},
 		at:          35 * time.Minute,
 		want:        []map[string]string{{"severity": assets.SeverityWarning, "component": "driver"}},
 		description: []string{"1 of the nodes that should run driver have had no ready pod of it for 30m"},
+	},
+	{
+		// gpu-a waits for its jobs to finish (wait-for-jobs-required), its
+		// operands all ready: it hides nothing of gpu-b's fault.
+		name:  "a node waiting for its jobs in its upgrade, the device plugin down on another",
+		alert: "LoomGPUOperandNotReady",
+		series: []string{
+			loomSeries("loom_clusterpolicy_component_desired_nodes", `component="device-plugin"`, "4x40"),
+			loomSeries("loom_clusterpolicy_component_ready_nodes", `component="device-plugin"`, "4x2 3x38"),
+			upgradingSeries("gpu-a", "0x2 1x38"), upgradingSeries("gpu-b", "0x40"),
+			operandSeries("gpu-a", "device-plugin", "1x40"), operandSeries("gpu-b", "device-plugin", "1x2 0x38"),
+		},
+		at:          35 * time.Minute,
+		want:        []map[string]string{{"severity": assets.SeverityWarning, "component": "device-plugin"}},
+		description: []string{"1 of the nodes that should run device-plugin have had no ready pod of it for 30m"},
+	},
+	{
+		// Its driver and the operands waiting for it restart: each is
+		// left out for that node only.
+		name:  "the operands restart only on the node in its upgrade",
+		alert: "LoomGPUOperandNotReady",
+		series: []string{
+			loomSeries("loom_clusterpolicy_component_desired_nodes", `component="driver"`, "4x40"),
+			loomSeries("loom_clusterpolicy_component_ready_nodes", `component="driver"`, "4x2 3x38"),
+			loomSeries("loom_clusterpolicy_component_desired_nodes", `component="device-plugin"`, "4x40"),
+			loomSeries("loom_clusterpolicy_component_ready_nodes", `component="device-plugin"`, "4x2 3x38"),
+			upgradingSeries("gpu-a", "0x2 1x38"), upgradingSeries("gpu-b", "0x40"),
+			operandSeries("gpu-a", "driver", "1x2 0x38"), operandSeries("gpu-a", "device-plugin", "1x2 0x38"),
+			operandSeries("gpu-b", "driver", "1x40"), operandSeries("gpu-b", "device-plugin", "1x40"),
+		},
+		at: 40 * time.Minute,
 	},
 	{
 		name:  "an upgrade failed on one node",

@@ -238,6 +238,14 @@ func upgradingSeries(node, values string) string {
 		fmt.Sprintf(`loom_gpunode_driver_upgrade{job="loom-manager", instance="10.0.0.3:8080", node=%q} %s`, node, values)
 }
 
+// operandSeries is loom_gpunode_operand_ready of component on node (1
+// while its pod there is ready), as two manager replicas report it.
+func operandSeries(node, component, values string) string {
+	labels := fmt.Sprintf(`node=%q, component=%q`, node, component)
+	return loomSeries("loom_gpunode_operand_ready", labels, values) + "\n" +
+		`loom_gpunode_operand_ready{job="loom-manager", instance="10.0.0.3:8080", ` + labels + "} " + values
+}
+
 // loomSeries is a metric of Loom's manager.
 func loomSeries(metric, labels, values string) string {
 	if labels != "" {
