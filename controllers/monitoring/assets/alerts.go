@@ -112,6 +112,13 @@ const agentLastSuccess = `loom_node_agent_last_success_timestamp_seconds`
 // them.
 const inDriverUpgrade = `max by (node) (loom_gpunode_driver_upgrade) == 1`
 
+// driverStarting are the nodes whose driver pod of Loom's is not ready: a
+// first install building the kernel module takes over ten minutes, and
+// the agent (NVML) and dcgm-exporter cannot work before it is loaded. A
+// driver that never gets ready is LoomGPUOperandNotReady's. Nodes with the
+// host's own driver have no such pod and are not among them.
+const driverStarting = `max by (node) (loom_gpunode_operand_ready{component="` + gpuv1alpha1.OperandDriver + `"}) == 0`
+
 // xidIs selects the Xid series whose value is one of codes.
 func xidIs(codes []int) string {
 	terms := make([]string, len(codes))
@@ -215,7 +222,7 @@ func exporterAlerts() []alert {
 	return []alert{{
 		name:     "LoomGPUExporterDown",
 		severity: SeverityWarning,
-		expr:     up + ` == 0 unless on (node) (` + inDriverUpgrade + `)`,
+		expr:     up + ` == 0 unless on (node) (` + inDriverUpgrade + ` or ` + driverStarting + `)`,
 		holdFor:  ExporterDownFor,
 		summary:  `dcgm-exporter on {{ $labels.node }} cannot be scraped.`,
 		description: `Prometheus has failed to scrape dcgm-exporter on node {{ $labels.node }} ({{ $labels.instance }}) for ` +
@@ -292,7 +299,7 @@ func inventoryAlerts() []alert {
   and on ()
   group(` + agentLastSuccess + `)
 )
-unless on (node) (` + inDriverUpgrade + `)`,
+unless on (node) (` + inDriverUpgrade + ` or ` + driverStarting + `)`,
 		holdFor: NodeAgentDownFor,
 		summary: `Loom's node agent on {{ $labels.node }} is not reporting.`,
 		description: `Loom's node agent on node {{ $labels.node }} has not collected the GPU inventory for ` + NodeAgentDownFor +

@@ -247,6 +247,19 @@ var alertCases = []alertCase{
 		at:     20 * time.Minute,
 	},
 	{
+		// A new node's first driver build (the kernel module compiled):
+		// dcgm-exporter waits for the driver, its pod's IP unanswered.
+		name:  "an exporter on a node whose driver is building",
+		alert: "LoomGPUExporterDown",
+		series: []string{
+			upSeries("gpu-a", "0x20"), operandSeries("gpu-a", "driver", "0x20"),
+			upSeries("gpu-b", "0x20"), operandSeries("gpu-b", "driver", "1x20"),
+		},
+		at:          20 * time.Minute,
+		want:        []map[string]string{{"severity": assets.SeverityWarning, "job": assets.ExporterJob, "instance": "10.1.0.b:9400", "node": "gpu-b", "service": assets.ExporterJob, "endpoint": "gpu-metrics"}},
+		description: []string{"dcgm-exporter on node gpu-b (10.1.0.b:9400) for 10m"},
+	},
+	{
 		name:   "a restart",
 		alert:  "LoomGPUExporterDown",
 		series: []string{upSeries("gpu-a", "0x5 1x10")},
@@ -383,6 +396,42 @@ var alertCases = []alertCase{
 			agentSeries("gpu-a", "0+60x30"),
 		},
 		at:          28 * time.Minute,
+		want:        []map[string]string{{"severity": assets.SeverityWarning, "node": "gpu-a"}},
+		description: []string{"node agent on node gpu-a has not collected the GPU inventory for 10m"},
+	},
+	{
+		// A new node's first driver build takes over ten minutes: NVML
+		// fails until the module is loaded.
+		name:  "the agent of a node whose driver is building",
+		alert: "LoomGPUNodeAgentNotReporting",
+		series: []string{
+			loomSeries("loom_gpunode_ready", `node="gpu-a"`, "0x25"), operandSeries("gpu-a", "driver", "0x25"),
+			loomSeries("loom_gpunode_ready", `node="gpu-b"`, "1x25"), operandSeries("gpu-b", "driver", "1x25"),
+			agentSeries("gpu-b", "0+60x25"),
+		},
+		at: 25 * time.Minute,
+	},
+	{
+		name:  "the driver is ready, the agent still fails",
+		alert: "LoomGPUNodeAgentNotReporting",
+		series: []string{
+			loomSeries("loom_gpunode_ready", `node="gpu-a"`, "0x25"), operandSeries("gpu-a", "driver", "0x5 1x20"),
+			loomSeries("loom_gpunode_ready", `node="gpu-b"`, "1x25"), operandSeries("gpu-b", "driver", "1x25"),
+			agentSeries("gpu-b", "0+60x25"),
+		},
+		at:          17 * time.Minute,
+		want:        []map[string]string{{"severity": assets.SeverityWarning, "node": "gpu-a"}},
+		description: []string{"node agent on node gpu-a has not collected the GPU inventory for 10m"},
+	},
+	{
+		// The host's own driver: no driver pod of Loom's says anything.
+		name:  "the agent of a node with the host's driver fails",
+		alert: "LoomGPUNodeAgentNotReporting",
+		series: []string{
+			loomSeries("loom_gpunode_ready", `node="gpu-a"`, "0x25"), operandSeries("gpu-a", "device-plugin", "0x25"),
+			agentSeries("gpu-a", "0+60x25"),
+		},
+		at:          12 * time.Minute,
 		want:        []map[string]string{{"severity": assets.SeverityWarning, "node": "gpu-a"}},
 		description: []string{"node agent on node gpu-a has not collected the GPU inventory for 10m"},
 	},
