@@ -48,8 +48,14 @@ func workloadDashboard() dashboard {
 		series{expr: selector("DCGM_FI_DEV_GPU_UTIL", append(rayPods, notMIG)...), legend: perPodGPU})
 	l.timeseries("Framebuffer used (dcgm-exporter)", "", unit(unitBytes),
 		series{expr: selector("DCGM_FI_DEV_FB_USED", rayPods...) + " * " + fbMiB, legend: perPodGPU})
-	l.timeseries("GPU utilisation (Ray)", "As Ray's node agents measure it.", percentRange(),
-		series{expr: ray("ray_node_gpus_utilization"), legend: "{{pod}} gpu {{GpuIndex}}"})
+	// Ray reads utilisation through NVML, which has none for a MIG
+	// device: Ray reports -1 for each of its MIG devices (GpuIndex
+	// gpu×1000+instance), Ray before its MIG support 0 for the GPU split,
+	// however busy. Negative values and the pods dcgm-exporter maps a MIG
+	// device to are left out, as the dcgm-exporter panels leave MIG out.
+	l.timeseries("GPU utilisation (Ray)", "As Ray's node agents measure it; not for MIG devices, which NVML measures no utilisation of.", percentRange(),
+		series{expr: ray("ray_node_gpus_utilization") + " >= 0 unless on (namespace, pod) " +
+			selector("DCGM_FI_DEV_FB_USED", exporter, inNamespace, `GPU_I_ID!=""`), legend: "{{pod}} gpu {{GpuIndex}}"})
 	// Ray's documentation says bytes, but Ray reports MiB and its own
 	// dashboards multiply by 1024².
 	l.timeseries("GPU memory used (Ray)", "", unit(unitBytes),

@@ -339,6 +339,43 @@ func TestDashboardQueriesFindSeries(t *testing.T) {
 	}
 }
 
+// Ray's GPU utilisation panel leaves out MIG devices, which NVML measures
+// no utilisation of: Ray reports -1 for each of a pod's MIG devices or,
+// before Ray read MIG devices, 0 for the GPU split, however busy.
+func TestRayGPUUtilizationLeavesOutMIG(t *testing.T) {
+	t.Parallel()
+	ray := `namespace="team-a", ray_io_cluster="rc", ray_io_node_type="worker", ray_io_group="gpu", job="team-a/loom-raycluster-rc", `
+	util := func(pod, index, values string) string {
+		return `ray_node_gpus_utilization{` + ray + `pod="` + pod + `", GpuIndex="` + index + `"} ` + values
+	}
+	series := []string{
+		util("rc-gpu-worker-full1", "0", const70(40)),
+		gpu{node: "gpu-a", index: 0}.allocated("team-a", "rc-gpu-worker-full1").series("DCGM_FI_DEV_FB_USED", const70(2000)),
+		util("rc-gpu-worker-mig01", "1001", const70(-1)),
+		gpu{node: "gpu-b", index: 1}.mig(1).allocated("team-a", "rc-gpu-worker-mig01").series("DCGM_FI_DEV_FB_USED", const70(500)),
+		util("rc-gpu-worker-mig02", "1", const70(0)),
+		gpu{node: "gpu-b", index: 1}.mig(2).allocated("team-a", "rc-gpu-worker-mig02").series("DCGM_FI_DEV_FB_USED", const70(500)),
+	}
+	e := evaluate(t, series, 70*time.Minute)
+	var found bool
+	for _, q := range dashboardQueries(t, assets.Dashboards()[assets.WorkloadDashboard]) {
+		if q.where != "GPU utilisation (Ray)" {
+			continue
+		}
+		found = true
+		var got []string
+		for _, s := range e.query(interpolate(t, q.expr, dashboardValues[assets.WorkloadDashboard])) {
+			got = append(got, s.Metric.Get("pod"))
+		}
+		if !slices.Equal(got, []string{"rc-gpu-worker-full1"}) {
+			t.Errorf("%s shows %v, want only the pod of a whole GPU", q.where, got)
+		}
+	}
+	if !found {
+		t.Fatal("no panel GPU utilisation (Ray)")
+	}
+}
+
 // Loom's source defines each loom_* metric the rules and dashboards read,
 // so renaming one there breaks this test rather than the alerts.
 func TestLoomMetricsExist(t *testing.T) {
