@@ -155,9 +155,13 @@ func healthAlerts() []alert {
 		// A GPU's Xid that differs from XidRecentWindow ago (or whose
 		// series, labelled by err_code, is new) is a new Xid. The GPU's,
 		// whichever pod's labels its series carry: a GPU that goes to
-		// another pod shows its old Xid in a series of new labels.
+		// another pod shows its old Xid in a series of new labels. Only
+		// for a GPU Prometheus had XidRecentWindow ago: after a gap (a
+		// Prometheus restarted, an exporter unscraped) nothing says the
+		// Xid is new, and the one dcgm-exporter kept would alert again.
 		expr: "max by (" + xidLabels + ") (\n  (" + xid + " != 0 unless on (" + xidID + ") (\n" +
 			"    max by (" + xidID + ") (" + xid + " offset " + XidRecentWindow + ") == max by (" + xidID + ") (" + xid + ")\n  ))\n" +
+			"  and on (" + gpuID + ") group by (" + gpuID + ") (" + xid + " offset " + XidRecentWindow + ")\n" +
 			"  unless (\n  " + xidIs(criticalXids) + "\n  )\n)",
 		summary: `GPU {{ $labels.gpu }} on {{ $labels.node }} reported Xid {{ $value | printf "%.0f" }}.`,
 		description: gpuOnNode + ` reported Xid {{ $value | printf "%.0f" }}{{ with $labels.err_msg }} ({{ . }}){{ end }}` + inPod +

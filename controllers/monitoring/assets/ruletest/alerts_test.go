@@ -132,6 +132,27 @@ var alertCases = []alertCase{
 		description: []string{"reported Xid 43 (pod team-b/infer-0)"},
 	},
 	{
+		// dcgm-exporter keeps the GPU's last Xid: after Prometheus was
+		// down (or the exporter unscraped) longer than the window, it has
+		// nothing to compare it with, and it is not new.
+		name:   "an old Xid after a gap in Prometheus's samples",
+		alert:  "LoomGPUXidError",
+		series: []string{gpuA0.series("DCGM_FI_DEV_XID_ERRORS", "31x10 _x15 31x10"), gpuA1.series("DCGM_FI_DEV_XID_ERRORS", "0x10 _x15 0x10")},
+		at:     28 * time.Minute,
+	},
+	{
+		// Xid 43 at 30m, 4 minutes after the gap: told once the window
+		// has samples (dcgm-exporter keeps it meanwhile).
+		name:  "a new Xid after a gap in Prometheus's samples",
+		alert: "LoomGPUXidError",
+		series: []string{
+			gpuA0.series("DCGM_FI_DEV_XID_ERRORS", "0x10 _x15 0x3 43x12"),
+		},
+		at:          38 * time.Minute,
+		want:        []map[string]string{labelsOf(assets.SeverityWarning, gpuA0.id())},
+		description: []string{"reported Xid 43 in the last 10m."},
+	},
+	{
 		name:   "a critical Xid is LoomGPUXidCritical's",
 		alert:  "LoomGPUXidError",
 		series: []string{gpuA0.series("DCGM_FI_DEV_XID_ERRORS", "0x15 79x10")},
