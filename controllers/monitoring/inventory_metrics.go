@@ -10,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -27,6 +26,8 @@ var (
 	readyDesc     = prometheus.NewDesc("loom_gpunode_ready", "1 when the node agent's last inventory collection succeeded, else 0.", []string{"node"}, nil)
 	upgradeDesc   = prometheus.NewDesc("loom_gpunode_driver_upgrade",
 		"1 while the node is in a driver upgrade (cordoned for it: from wait-for-jobs-required to uncordon-required), else 0.", []string{"node"}, nil)
+	nodeReadyDesc = prometheus.NewDesc("loom_gpunode_node_ready",
+		"1 when the node's Ready condition is True, else 0 (NotReady, Unknown: its kubelet silent).", []string{"node"}, nil)
 	operandReadyDesc = prometheus.NewDesc("loom_gpunode_operand_ready",
 		"1 when a pod of the operand (component) on the node is Ready, 0 when it has pods there and none is; absent with no pod there.",
 		[]string{"node", "component"}, nil)
@@ -55,6 +56,7 @@ func (c *inventoryCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- unhealthyDesc
 	ch <- readyDesc
 	ch <- upgradeDesc
+	ch <- nodeReadyDesc
 	ch <- operandReadyDesc
 }
 
@@ -71,16 +73,19 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	// Only GPUNodes whose Node exists, as the index counts them: one left
 	// behind by a deleted node is no GPU missing and no agent silent.
-	nodes := &metav1.PartialObjectMetadataList{}
-	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
+	// (The cache's typed Nodes keep their labels and Ready condition.)
+	nodes := &corev1.NodeList{}
 	if err := cp.List(ctx, nodes); err != nil {
 		return
 	}
 	exists := make(map[string]bool, len(nodes.Items))
-	inUpgrade := map[string]bool{}
+	inUpgrade, nodeReady := map[string]bool{}, map[string]bool{}
 	for _, n := range nodes.Items {
 		exists[n.Name] = true
 		inUpgrade[n.Name] = slices.Contains(upgrading, n.Labels[gpuv1alpha1.LabelUpgradeState])
+		for _, c := range n.Status.Conditions {
+			nodeReady[n.Name] = nodeReady[n.Name] || c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue
+		}
 	}
 	for i := range list.Items {
 		n := &list.Items[i]
@@ -105,6 +110,7 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 			upgrade = 1
 		}
 		ch <- prometheus.MustNewConstMetric(upgradeDesc, prometheus.GaugeValue, upgrade, n.Name)
+		ch <- prometheus.MustNewConstMetric(nodeReadyDesc, prometheus.GaugeValue, one(nodeReady[n.Name]), n.Name)
 	}
 	collectOperands(ctx, *cp, exists, ch)
 }
@@ -131,12 +137,16 @@ func collectOperands(ctx context.Context, src inventorySource, exists map[string
 		ready[k] = ready[k] || podReady(p)
 	}
 	for k, r := range ready {
-		v := 0.0
-		if r {
-			v = 1
-		}
-		ch <- prometheus.MustNewConstMetric(operandReadyDesc, prometheus.GaugeValue, v, k.node, k.component)
+		ch <- prometheus.MustNewConstMetric(operandReadyDesc, prometheus.GaugeValue, one(r), k.node, k.component)
 	}
+}
+
+// one is 1 for true, 0 for false.
+func one(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func podReady(p *corev1.Pod) bool {

@@ -24,7 +24,8 @@ import (
 // A node in a driver upgrade (cordoned for it) says so, for the alerts
 // that hold their tongue meanwhile, and so does each operand whose pod on
 // a node is not ready (a driver building its module): pods of Loom's, not
-// being deleted, on a node that exists.
+// being deleted, on a node that exists. So does a node that is not Ready
+// (down, its kubelet silent), whose pods all stop reporting.
 func TestInventoryMetricsCountOnlyGPUNodesWithANode(t *testing.T) {
 	scheme := runtime.NewScheme()
 	if err := corev1.AddToScheme(scheme); err != nil {
@@ -37,6 +38,9 @@ func TestInventoryMetricsCountOnlyGPUNodesWithANode(t *testing.T) {
 	gpuNode := func(name string) *gpuv1alpha1.GPUNode {
 		return &gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: name},
 			Status: gpuv1alpha1.GPUNodeStatus{GPUCount: 8, Product: "NVIDIA-H100-80GB-HBM3", Conditions: ready}}
+	}
+	nodeReady := func(s corev1.ConditionStatus) corev1.NodeStatus {
+		return corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse}, {Type: corev1.NodeReady, Status: s}}}
 	}
 	pod := func(name, node, component string, ready corev1.ConditionStatus) *corev1.Pod {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "loom-system",
@@ -52,9 +56,11 @@ func TestInventoryMetricsCountOnlyGPUNodesWithANode(t *testing.T) {
 		pod("driver-a", "gpu-a", "driver", corev1.ConditionTrue), pod("toolkit-a", "gpu-a", "container-toolkit", corev1.ConditionFalse),
 		pod("driver-b", "gpu-b", "driver", corev1.ConditionFalse), deleted, pod("driver-gone", "gone", "driver", corev1.ConditionTrue),
 		pod("driver-c-new", "gpu-c", "driver", corev1.ConditionFalse), pod("driver-c", "gpu-c", "driver", corev1.ConditionTrue), foreign,
-		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-a"}}, gpuNode("gpu-a"), gpuNode("gone"),
-		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-b", Labels: map[string]string{gpuv1alpha1.LabelUpgradeState: gpuv1alpha1.PodRestartRequired}}}, gpuNode("gpu-b"),
-		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-c", Labels: map[string]string{gpuv1alpha1.LabelUpgradeState: gpuv1alpha1.UpgradeDone}}}, gpuNode("gpu-c"),
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-a"}, Status: nodeReady(corev1.ConditionTrue)}, gpuNode("gpu-a"), gpuNode("gone"),
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-b", Labels: map[string]string{gpuv1alpha1.LabelUpgradeState: gpuv1alpha1.PodRestartRequired}},
+			Status: nodeReady(corev1.ConditionTrue)}, gpuNode("gpu-b"),
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-c", Labels: map[string]string{gpuv1alpha1.LabelUpgradeState: gpuv1alpha1.UpgradeDone}},
+			Status: nodeReady(corev1.ConditionUnknown)}, gpuNode("gpu-c"),
 	).Build()
 	col := &inventoryCollector{}
 	col.cache.Store(&inventorySource{Reader: c, namespace: "loom-system"})
@@ -69,6 +75,11 @@ loom_gpunode_driver_upgrade{node="gpu-c"} 0
 loom_gpunode_gpus{node="gpu-a",product="NVIDIA-H100-80GB-HBM3"} 8
 loom_gpunode_gpus{node="gpu-b",product="NVIDIA-H100-80GB-HBM3"} 8
 loom_gpunode_gpus{node="gpu-c",product="NVIDIA-H100-80GB-HBM3"} 8
+# HELP loom_gpunode_node_ready 1 when the node's Ready condition is True, else 0 (NotReady, Unknown: its kubelet silent).
+# TYPE loom_gpunode_node_ready gauge
+loom_gpunode_node_ready{node="gpu-a"} 1
+loom_gpunode_node_ready{node="gpu-b"} 1
+loom_gpunode_node_ready{node="gpu-c"} 0
 # HELP loom_gpunode_operand_ready 1 when a pod of the operand (component) on the node is Ready, 0 when it has pods there and none is; absent with no pod there.
 # TYPE loom_gpunode_operand_ready gauge
 loom_gpunode_operand_ready{component="container-toolkit",node="gpu-a"} 0

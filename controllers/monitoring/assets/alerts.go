@@ -119,6 +119,13 @@ const inDriverUpgrade = `max by (node) (loom_gpunode_driver_upgrade) == 1`
 // host's own driver have no such pod and are not among them.
 const driverStarting = `max by (node) (loom_gpunode_operand_ready{component="` + gpuv1alpha1.OperandDriver + `"}) == 0`
 
+// nodeDown are the nodes whose Node is not Ready (powered off, rebooting,
+// its kubelet silent): their exporter, agent and operands stop with them.
+// kube-prometheus-stack's KubeNodeNotReady tells it once; Loom's node
+// alerts leave them out rather than page once per DaemonSet with a
+// runbook that reads pods. Their for: starts again when the node is back.
+const nodeDown = `max by (node) (loom_gpunode_node_ready) == 0`
+
 // xidIs selects the Xid series whose value is one of codes.
 func xidIs(codes []int) string {
 	terms := make([]string, len(codes))
@@ -226,7 +233,7 @@ func exporterAlerts() []alert {
 	return []alert{{
 		name:     "LoomGPUExporterDown",
 		severity: SeverityWarning,
-		expr:     up + ` == 0 unless on (node) (` + inDriverUpgrade + ` or ` + driverStarting + `)`,
+		expr:     up + ` == 0 unless on (node) (` + inDriverUpgrade + ` or ` + driverStarting + ` or ` + nodeDown + `)`,
 		holdFor:  ExporterDownFor,
 		summary:  `dcgm-exporter on {{ $labels.node }} cannot be scraped.`,
 		description: `Prometheus has failed to scrape dcgm-exporter on node {{ $labels.node }} ({{ $labels.instance }}) for ` +
@@ -303,7 +310,7 @@ func inventoryAlerts() []alert {
   and on ()
   group(` + agentLastSuccess + `)
 )
-unless on (node) (` + inDriverUpgrade + ` or ` + driverStarting + `)`,
+unless on (node) (` + inDriverUpgrade + ` or ` + driverStarting + ` or ` + nodeDown + `)`,
 		holdFor: NodeAgentDownFor,
 		summary: `Loom's node agent on {{ $labels.node }} is not reporting.`,
 		description: `Loom's node agent on node {{ $labels.node }} has not collected the GPU inventory for ` + NodeAgentDownFor +
@@ -340,7 +347,7 @@ and on ()
 - (
   count by (component) (
     max by (node, component) (loom_gpunode_operand_ready) == 0
-    and on (node) (` + inDriverUpgrade + `)
+    and on (node) (` + inDriverUpgrade + ` or ` + nodeDown + `)
   )
   or max by (component) (loom_clusterpolicy_component_desired_nodes) * 0
 )

@@ -281,6 +281,18 @@ var alertCases = []alertCase{
 		description: []string{"dcgm-exporter on node gpu-b (10.1.0.b:9400) for 10m"},
 	},
 	{
+		// gpu-a is powered off: KubeNodeNotReady's.
+		name:  "an exporter on a node that is down",
+		alert: "LoomGPUExporterDown",
+		series: []string{
+			upSeries("gpu-a", "0x20"), loomSeries("loom_gpunode_node_ready", `node="gpu-a"`, "0x20"),
+			upSeries("gpu-b", "0x20"), loomSeries("loom_gpunode_node_ready", `node="gpu-b"`, "1x20"),
+		},
+		at:          20 * time.Minute,
+		want:        []map[string]string{{"severity": assets.SeverityWarning, "job": assets.ExporterJob, "instance": "10.1.0.b:9400", "node": "gpu-b", "service": assets.ExporterJob, "endpoint": "gpu-metrics"}},
+		description: []string{"dcgm-exporter on node gpu-b (10.1.0.b:9400) for 10m"},
+	},
+	{
 		name:   "a restart",
 		alert:  "LoomGPUExporterDown",
 		series: []string{upSeries("gpu-a", "0x5 1x10")},
@@ -457,6 +469,18 @@ var alertCases = []alertCase{
 		description: []string{"node agent on node gpu-a has not collected the GPU inventory for 10m"},
 	},
 	{
+		// Rebooted for maintenance, or powered off: the agent's pod is
+		// not scraped while the node is NotReady.
+		name:  "the agent of a node that is down",
+		alert: "LoomGPUNodeAgentNotReporting",
+		series: []string{
+			loomSeries("loom_gpunode_ready", `node="gpu-a"`, "1x25"), loomSeries("loom_gpunode_node_ready", `node="gpu-a"`, "1x3 0x22"),
+			loomSeries("loom_gpunode_ready", `node="gpu-b"`, "1x25"), loomSeries("loom_gpunode_node_ready", `node="gpu-b"`, "1x25"),
+			agentSeries("gpu-a", "0+60x3"), agentSeries("gpu-b", "0+60x25"),
+		},
+		at: 20 * time.Minute,
+	},
+	{
 		name:   "one failed collection",
 		alert:  "LoomGPUNodeAgentNotReporting",
 		series: []string{loomSeries("loom_gpunode_ready", `node="gpu-a"`, "1x5 0x5 1 0x5")},
@@ -597,6 +621,17 @@ var alertCases = []alertCase{
 			upgradingSeries("gpu-a", "0x2 1x38"), upgradingSeries("gpu-b", "0x40"),
 			operandSeries("gpu-a", "driver", "1x2 0x38"), operandSeries("gpu-a", "device-plugin", "1x2 0x38"),
 			operandSeries("gpu-b", "driver", "1x40"), operandSeries("gpu-b", "device-plugin", "1x40"),
+		},
+		at: 40 * time.Minute,
+	},
+	{
+		name:  "the operands of a node that is down",
+		alert: "LoomGPUOperandNotReady",
+		series: []string{
+			loomSeries("loom_clusterpolicy_component_desired_nodes", `component="driver"`, "4x40"),
+			loomSeries("loom_clusterpolicy_component_ready_nodes", `component="driver"`, "4x2 3x38"),
+			loomSeries("loom_gpunode_node_ready", `node="gpu-a"`, "1x2 0x38"), loomSeries("loom_gpunode_node_ready", `node="gpu-b"`, "1x40"),
+			operandSeries("gpu-a", "driver", "1x2 0x38"), operandSeries("gpu-b", "driver", "1x40"),
 		},
 		at: 40 * time.Minute,
 	},
