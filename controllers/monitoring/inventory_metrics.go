@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -98,8 +99,12 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 				unhealthy++
 			}
 		}
+		// Ready is False also when the collection succeeded and found a
+		// GPU unhealthy: that is LoomGPUNodeUnhealthyGPUs's, not an agent
+		// that does not report.
 		ready := 0.0
-		if meta.IsStatusConditionTrue(n.Status.Conditions, gpuv1alpha1.ConditionReady) {
+		if r := meta.FindStatusCondition(n.Status.Conditions, gpuv1alpha1.ConditionReady); r != nil &&
+			(r.Status == metav1.ConditionTrue || r.Reason == gpuv1alpha1.ReasonUnhealthyGPUs) {
 			ready = 1
 		}
 		ch <- prometheus.MustNewConstMetric(gpusDesc, prometheus.GaugeValue, float64(n.Status.GPUCount), n.Name, n.Status.Product)

@@ -42,6 +42,13 @@ func TestInventoryMetricsCountOnlyGPUNodesWithANode(t *testing.T) {
 	nodeReady := func(s corev1.ConditionStatus) corev1.NodeStatus {
 		return corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse}, {Type: corev1.NodeReady, Status: s}}}
 	}
+	// The agent collected and found a GPU unhealthy: Ready False, but
+	// reporting; gpu-e's agent fails to collect.
+	unhealthyNode := gpuNode("gpu-d")
+	unhealthyNode.Status.GPUs = []gpuv1alpha1.GPU{{Index: 0, Health: gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUUnhealthy}}}
+	unhealthyNode.Status.Conditions = []metav1.Condition{{Type: gpuv1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: gpuv1alpha1.ReasonUnhealthyGPUs}}
+	failedNode := gpuNode("gpu-e")
+	failedNode.Status.Conditions = []metav1.Condition{{Type: gpuv1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: gpuv1alpha1.ReasonCollectionFailed}}
 	pod := func(name, node, component string, ready corev1.ConditionStatus) *corev1.Pod {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "loom-system",
 			Labels: map[string]string{apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: component}},
@@ -61,6 +68,8 @@ func TestInventoryMetricsCountOnlyGPUNodesWithANode(t *testing.T) {
 			Status: nodeReady(corev1.ConditionTrue)}, gpuNode("gpu-b"),
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-c", Labels: map[string]string{gpuv1alpha1.LabelUpgradeState: gpuv1alpha1.UpgradeDone}},
 			Status: nodeReady(corev1.ConditionUnknown)}, gpuNode("gpu-c"),
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-d"}, Status: nodeReady(corev1.ConditionTrue)}, unhealthyNode,
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-e"}, Status: nodeReady(corev1.ConditionTrue)}, failedNode,
 	).Build()
 	col := &inventoryCollector{}
 	col.cache.Store(&inventorySource{Reader: c, namespace: "loom-system"})
@@ -70,16 +79,22 @@ func TestInventoryMetricsCountOnlyGPUNodesWithANode(t *testing.T) {
 loom_gpunode_driver_upgrade{node="gpu-a"} 0
 loom_gpunode_driver_upgrade{node="gpu-b"} 1
 loom_gpunode_driver_upgrade{node="gpu-c"} 0
+loom_gpunode_driver_upgrade{node="gpu-d"} 0
+loom_gpunode_driver_upgrade{node="gpu-e"} 0
 # HELP loom_gpunode_gpus GPUs the node agent found through NVML.
 # TYPE loom_gpunode_gpus gauge
 loom_gpunode_gpus{node="gpu-a",product="NVIDIA-H100-80GB-HBM3"} 8
 loom_gpunode_gpus{node="gpu-b",product="NVIDIA-H100-80GB-HBM3"} 8
 loom_gpunode_gpus{node="gpu-c",product="NVIDIA-H100-80GB-HBM3"} 8
+loom_gpunode_gpus{node="gpu-d",product="NVIDIA-H100-80GB-HBM3"} 8
+loom_gpunode_gpus{node="gpu-e",product="NVIDIA-H100-80GB-HBM3"} 8
 # HELP loom_gpunode_node_ready 1 when the node's Ready condition is True, else 0 (NotReady, Unknown: its kubelet silent).
 # TYPE loom_gpunode_node_ready gauge
 loom_gpunode_node_ready{node="gpu-a"} 1
 loom_gpunode_node_ready{node="gpu-b"} 1
 loom_gpunode_node_ready{node="gpu-c"} 0
+loom_gpunode_node_ready{node="gpu-d"} 1
+loom_gpunode_node_ready{node="gpu-e"} 1
 # HELP loom_gpunode_operand_ready 1 when a pod of the operand (component) on the node is Ready, 0 when it has pods there and none is; absent with no pod there.
 # TYPE loom_gpunode_operand_ready gauge
 loom_gpunode_operand_ready{component="container-toolkit",node="gpu-a"} 0
@@ -91,11 +106,15 @@ loom_gpunode_operand_ready{component="driver",node="gpu-c"} 1
 loom_gpunode_ready{node="gpu-a"} 1
 loom_gpunode_ready{node="gpu-b"} 1
 loom_gpunode_ready{node="gpu-c"} 1
+loom_gpunode_ready{node="gpu-d"} 1
+loom_gpunode_ready{node="gpu-e"} 0
 # HELP loom_gpunode_unhealthy_gpus GPUs the node agent marks Unhealthy (0 when all are healthy).
 # TYPE loom_gpunode_unhealthy_gpus gauge
 loom_gpunode_unhealthy_gpus{node="gpu-a"} 0
 loom_gpunode_unhealthy_gpus{node="gpu-b"} 0
 loom_gpunode_unhealthy_gpus{node="gpu-c"} 0
+loom_gpunode_unhealthy_gpus{node="gpu-d"} 1
+loom_gpunode_unhealthy_gpus{node="gpu-e"} 0
 `
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(col)
