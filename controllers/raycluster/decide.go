@@ -104,6 +104,11 @@ type decision struct {
 	// are those created as KubeRay does, left alone when someone else's
 	// (the autoscaler's ServiceAccount, Role and RoleBinding).
 	children, shared []client.Object
+	// unwanted name the children the cluster may have and no longer
+	// wants (the serve Service, the dashboard Ingress, the headless
+	// worker Service, turned off): each goes when Loom made it and the
+	// cluster controls it.
+	unwanted []client.Object
 	// err is why a child could not be built; it is reported as a failed
 	// apply.
 	err error
@@ -360,6 +365,7 @@ func volcano(p *pass) bool {
 func children(p *pass) bool {
 	p.d.children, p.d.shared, p.d.err = buildChildren(p.ctx, p.rc)
 	if p.d.err == nil {
+		p.d.unwanted = unwantedChildren(p.rc, p.d.children)
 		if svc := headServicePrototype(p.ctx, p.rc); svc != nil {
 			p.d.preflight = append(p.d.preflight, prototype{what: headServiceWhat, obj: svc, known: p.obs.headService != nil})
 		}

@@ -244,6 +244,28 @@ func buildChildren(ctx context.Context, rc *rayv1.RayCluster) (children, shared 
 	return children, shared, err
 }
 
+// unwantedChildren are the optional children (the headless worker
+// Service, the serve Service, the dashboard Ingress) that children, the
+// cluster's wanted ones, lacks: named and typed, to look for.
+func unwantedChildren(rc *rayv1.RayCluster, children []client.Object) []client.Object {
+	optional := []client.Object{
+		&corev1.Service{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}, ObjectMeta: metav1.ObjectMeta{Name: rc.Name + "-" + utils.HeadlessServiceSuffix}},
+		&corev1.Service{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}, ObjectMeta: metav1.ObjectMeta{Name: utils.GenerateServeServiceName(rc.Name)}},
+		&networkingv1.Ingress{TypeMeta: metav1.TypeMeta{APIVersion: networkingv1.SchemeGroupVersion.String(), Kind: "Ingress"},
+			ObjectMeta: metav1.ObjectMeta{Name: utils.GenerateIngressName(rc.Name)}},
+	}
+	var out []client.Object
+	for _, o := range optional {
+		o.SetNamespace(rc.Namespace)
+		if !slices.ContainsFunc(children, func(c client.Object) bool {
+			return c.GetName() == o.GetName() && c.GetObjectKind().GroupVersionKind().Kind == o.GetObjectKind().GroupVersionKind().Kind
+		}) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
 // buildHeadService is KubeRay's head Service (<cluster>-head-svc, headless
 // by default, ports gcs-server, dashboard, client, metrics, serve).
 func buildHeadService(ctx context.Context, rc *rayv1.RayCluster) (*corev1.Service, error) {

@@ -3,6 +3,7 @@ package raycluster
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -198,6 +199,56 @@ func TestBuildChildren(t *testing.T) {
 				if c.GetObjectKind().GroupVersionKind().Kind == "" {
 					t.Fatalf("%s has no kind", c.GetName())
 				}
+			}
+		})
+	}
+}
+
+// The optional children a cluster does not want are named as the builders
+// name them: a cluster that wants them all has none unwanted (a wanted
+// child is never deleted), one that wants none has the three.
+func TestUnwantedChildren(t *testing.T) {
+	ctx := context.Background()
+	allOn := func(rc *rayv1.RayCluster) {
+		rc.Spec.WorkerGroupSpecs[0].NumOfHosts = 2
+		rc.Annotations = map[string]string{"ray.io/enable-serve-service": "true"}
+		rc.Spec.HeadGroupSpec.EnableIngress = ptr.To(true)
+		head := &rc.Spec.HeadGroupSpec.Template.Spec.Containers[0]
+		head.Ports = append(head.Ports, corev1.ContainerPort{Name: "serve", ContainerPort: 8000})
+	}
+	tests := []struct {
+		name   string
+		mutate func(*rayv1.RayCluster)
+		want   []string
+	}{
+		{"none", func(*rayv1.RayCluster) {}, []string{"Service raycluster-kuberay-headless", "Service raycluster-kuberay-serve-svc", "Ingress raycluster-kuberay-head-ingress"}},
+		{"all", allOn, nil},
+		{"serve annotation false", func(rc *rayv1.RayCluster) {
+			allOn(rc)
+			rc.Annotations["ray.io/enable-serve-service"] = "false"
+		}, []string{"Service raycluster-kuberay-serve-svc"}},
+		{"single host", func(rc *rayv1.RayCluster) {
+			allOn(rc)
+			rc.Spec.WorkerGroupSpecs[0].NumOfHosts = 1
+		}, []string{"Service raycluster-kuberay-headless"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rc := normalized(sample(t, "ray-cluster.sample.yaml", "unit"))
+			tt.mutate(rc)
+			children, _, err := buildChildren(ctx, rc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, o := range unwantedChildren(rc, children) {
+				if o.GetNamespace() != rc.Namespace {
+					t.Fatalf("%s in namespace %q", o.GetName(), o.GetNamespace())
+				}
+				got = append(got, o.GetObjectKind().GroupVersionKind().Kind+" "+o.GetName())
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Fatalf("unwanted %q, want %q", got, tt.want)
 			}
 		})
 	}

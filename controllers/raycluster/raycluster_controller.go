@@ -399,6 +399,9 @@ func (r *Reconciler) applyChildren(ctx context.Context, rc *rayv1.RayCluster, ob
 			return podset.Result{}, err
 		}
 	}
+	if err := r.removeUnwanted(ctx, rc, d.unwanted); err != nil {
+		return podset.Result{}, err
+	}
 	for _, c := range d.shared {
 		// As KubeRay: someone else's is never taken over (its garbage
 		// collection would follow the cluster's).
@@ -412,6 +415,29 @@ func (r *Reconciler) applyChildren(ctx context.Context, rc *rayv1.RayCluster, ob
 		}
 	}
 	return r.pods.Sync(ctx, rc, d.remove, d.create)
+}
+
+// removeUnwanted deletes the children the cluster no longer wants (the
+// annotation or the field that asked for them turned off) that are in the
+// cache, carry Loom's label and are controlled by the cluster: an object
+// of the name a person (or KubeRay) made is left alone, and nothing is
+// written when none is there.
+func (r *Reconciler) removeUnwanted(ctx context.Context, rc *rayv1.RayCluster, unwanted []client.Object) error {
+	for _, o := range unwanted {
+		if err := r.Get(ctx, client.ObjectKeyFromObject(o), o); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return err
+		}
+		if !metav1.IsControlledBy(o, rc) || o.GetLabels()[apply.LabelManagedBy] != apply.ManagedBy || o.GetDeletionTimestamp() != nil {
+			continue
+		}
+		if err := r.writer.Delete(ctx, o, "turned off"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // writeStatus writes the cluster's status through the writer, with a new

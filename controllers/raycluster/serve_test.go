@@ -100,3 +100,79 @@ func TestServeServiceAndIngress(t *testing.T) {
 		return nil
 	})
 }
+
+// Turning the serve Service and the Ingress off deletes them; an object of
+// their names that Loom made for no one, or that another object controls,
+// is left alone.
+func TestTurnedOffServeServiceAndIngressGo(t *testing.T) {
+	ctx := context.Background()
+	startManager(t, "none")
+	rc := sample(t, "ray-cluster.sample.yaml", "ray-serve-off")
+	rc.Annotations = map[string]string{"ray.io/enable-serve-service": "true"}
+	rc.Spec.HeadGroupSpec.EnableIngress = ptr.To(true)
+	head := &rc.Spec.HeadGroupSpec.Template.Spec.Containers[0]
+	head.Ports = append(head.Ports, corev1.ContainerPort{Name: "serve", ContainerPort: 8000})
+	if err := env.Client.Create(ctx, rc); err != nil {
+		t.Fatal(err)
+	}
+	svcKey := client.ObjectKey{Namespace: rc.Namespace, Name: "raycluster-kuberay-serve-svc"}
+	ingKey := client.ObjectKey{Namespace: rc.Namespace, Name: "raycluster-kuberay-head-ingress"}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if err := env.Client.Get(ctx, svcKey, &corev1.Service{}); err != nil {
+			return err
+		}
+		return env.Client.Get(ctx, ingKey, &networkingv1.Ingress{})
+	})
+	update(t, rc, func(c *rayv1.RayCluster) {
+		delete(c.Annotations, "ray.io/enable-serve-service")
+		c.Spec.HeadGroupSpec.EnableIngress = ptr.To(false)
+	})
+	testenv.Eventually(t, 30*time.Second, func() error {
+		for _, o := range []client.Object{&corev1.Service{}, &networkingv1.Ingress{}} {
+			key := svcKey
+			if _, ok := o.(*networkingv1.Ingress); ok {
+				key = ingKey
+			}
+			if err := env.Client.Get(ctx, key, o); err == nil && o.GetDeletionTimestamp() == nil {
+				return fmt.Errorf("%s is still there after the cluster turned it off", key.Name)
+			} else if client.IgnoreNotFound(err) != nil {
+				return err
+			}
+		}
+		return nil
+	})
+
+	// Objects of the names that the cluster does not control, in the
+	// cache (Loom's label): one controlled by no one, one by a ConfigMap.
+	other := sample(t, "ray-cluster.sample.yaml", "ray-serve-kept")
+	owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "owner", Namespace: other.Namespace}}
+	if err := env.Client.Create(ctx, owner); err != nil {
+		t.Fatal(err)
+	}
+	loom := map[string]string{"app.kubernetes.io/managed-by": "loom"}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: svcKey.Name, Namespace: other.Namespace, Labels: loom},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "serve", Port: 8000}}}}
+	ing := &networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Name: ingKey.Name, Namespace: other.Namespace, Labels: loom,
+		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(owner, corev1.SchemeGroupVersion.WithKind("ConfigMap"))}},
+		Spec: networkingv1.IngressSpec{DefaultBackend: &networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{
+			Name: "x", Port: networkingv1.ServiceBackendPort{Number: 80}}}}}
+	for _, o := range []client.Object{svc, ing} {
+		if err := env.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := env.Client.Create(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	// A pass creates the pods after it has settled the children.
+	waitPods(t, other, map[string]int{"headgroup": 1, "workergroup": 1})
+	for _, o := range []client.Object{&corev1.Service{}, &networkingv1.Ingress{}} {
+		key := client.ObjectKey{Namespace: other.Namespace, Name: svcKey.Name}
+		if _, ok := o.(*networkingv1.Ingress); ok {
+			key.Name = ingKey.Name
+		}
+		if err := env.Client.Get(ctx, key, o); err != nil || o.GetDeletionTimestamp() != nil {
+			t.Fatalf("%s not controlled by the cluster was deleted: %v", key.Name, err)
+		}
+	}
+}
