@@ -68,8 +68,10 @@ var conditions = []string{
 type observed struct {
 	// pods of the cluster (cache plus expectations).
 	pods []*corev1.Pod
-	// headService is the head Service, nil when absent.
+	// headService is the head Service, nil when absent; oldHeads are the
+	// cluster's head Services of another name (headService renamed).
 	headService *corev1.Service
+	oldHeads    []*corev1.Service
 	podGroup    *schedulingv1beta1.PodGroup
 	volcano     bool
 	// queue is what stops Volcano from admitting the cluster's gang to
@@ -104,10 +106,8 @@ type decision struct {
 	// are those created as KubeRay does, left alone when someone else's
 	// (the autoscaler's ServiceAccount, Role and RoleBinding).
 	children, shared []client.Object
-	// unwanted name the children the cluster may have and no longer
-	// wants (the serve Service, the dashboard Ingress, the headless
-	// worker Service, turned off): each goes when Loom made it and the
-	// cluster controls it.
+	// unwanted are children turned off or renamed (unwantedChildren,
+	// observed.oldHeads), to delete when Loom's and the cluster's.
 	unwanted []client.Object
 	// err is why a child could not be built; it is reported as a failed
 	// apply.
@@ -365,7 +365,7 @@ func volcano(p *pass) bool {
 func children(p *pass) bool {
 	p.d.children, p.d.shared, p.d.err = buildChildren(p.ctx, p.rc)
 	if p.d.err == nil {
-		p.d.unwanted = unwantedChildren(p.rc, p.d.children)
+		p.d.unwanted = unwantedChildren(p.rc, p.d.children, p.obs.oldHeads)
 		if svc := headServicePrototype(p.ctx, p.rc); svc != nil {
 			p.d.preflight = append(p.d.preflight, prototype{what: headServiceWhat, obj: svc, known: p.obs.headService != nil})
 		}

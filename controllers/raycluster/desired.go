@@ -246,8 +246,9 @@ func buildChildren(ctx context.Context, rc *rayv1.RayCluster) (children, shared 
 
 // unwantedChildren are the optional children (the headless worker
 // Service, the serve Service, the dashboard Ingress) that children, the
-// cluster's wanted ones, lacks: named and typed, to look for.
-func unwantedChildren(rc *rayv1.RayCluster, children []client.Object) []client.Object {
+// cluster's wanted ones, lacks, named and typed to look for, and the head
+// Services of old names.
+func unwantedChildren(rc *rayv1.RayCluster, children []client.Object, oldHeads []*corev1.Service) []client.Object {
 	optional := []client.Object{
 		&corev1.Service{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}, ObjectMeta: metav1.ObjectMeta{Name: rc.Name + "-" + utils.HeadlessServiceSuffix}},
 		&corev1.Service{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}, ObjectMeta: metav1.ObjectMeta{Name: utils.GenerateServeServiceName(rc.Name)}},
@@ -262,6 +263,9 @@ func unwantedChildren(rc *rayv1.RayCluster, children []client.Object) []client.O
 		}) {
 			out = append(out, o)
 		}
+	}
+	for _, svc := range oldHeads {
+		out = append(out, svc)
 	}
 	return out
 }

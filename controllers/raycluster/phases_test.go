@@ -241,7 +241,7 @@ func TestUnwantedChildren(t *testing.T) {
 				t.Fatal(err)
 			}
 			var got []string
-			for _, o := range unwantedChildren(rc, children) {
+			for _, o := range unwantedChildren(rc, children, nil) {
 				if o.GetNamespace() != rc.Namespace {
 					t.Fatalf("%s in namespace %q", o.GetName(), o.GetNamespace())
 				}

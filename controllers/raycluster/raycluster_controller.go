@@ -325,7 +325,7 @@ func (r *Reconciler) observe(ctx context.Context, rc *rayv1.RayCluster, sched st
 	if obs.pods, err = r.pods.List(ctx, rc, client.MatchingLabels{utils.RayClusterLabelKey: rc.Name}, now); err != nil {
 		return obs, err
 	}
-	if obs.headService, err = r.headService(ctx, rc); err != nil {
+	if obs.headService, obs.oldHeads, err = r.headServices(ctx, rc); err != nil {
 		return obs, err
 	}
 	obs.podGroup, obs.volcano, err = r.volcano.Group(ctx, rc, podGroupName(rc))
@@ -354,18 +354,30 @@ func (r *Reconciler) observe(ctx context.Context, rc *rayv1.RayCluster, sched st
 	return obs, nil
 }
 
-// headService reads the cluster's head Service from the cache (nil when
-// absent).
-func (r *Reconciler) headService(ctx context.Context, rc *rayv1.RayCluster) (*corev1.Service, error) {
+// headServices reads the cluster's head Service from the cache (nil when
+// absent) and the head Services of other names it controls, left from
+// before spec.headGroupSpec.headService renamed it.
+func (r *Reconciler) headServices(ctx context.Context, rc *rayv1.RayCluster) (*corev1.Service, []*corev1.Service, error) {
 	name, err := utils.GenerateHeadServiceName(utils.RayClusterCRD, rc.Spec, rc.Name)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	var list corev1.ServiceList
+	if err := r.List(ctx, &list, client.InNamespace(rc.Namespace),
+		client.MatchingLabels{utils.RayClusterLabelKey: rc.Name, utils.RayNodeTypeLabelKey: string(rayv1.HeadNode)}); err != nil {
+		return nil, nil, err
+	}
+	var old []*corev1.Service
+	for i := range list.Items {
+		if svc := &list.Items[i]; svc.Name != name && metav1.IsControlledBy(svc, rc) {
+			old = append(old, svc)
+		}
 	}
 	svc := &corev1.Service{}
 	if err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: name}, svc); err != nil {
-		return nil, client.IgnoreNotFound(err)
+		return nil, old, client.IgnoreNotFound(err)
 	}
-	return svc, nil
+	return svc, old, nil
 }
 
 // applyChildren makes the PodGroup, the Services, the autoscaler's RBAC and

@@ -176,3 +176,30 @@ func TestTurnedOffServeServiceAndIngressGo(t *testing.T) {
 		}
 	}
 }
+
+// A head Service renamed through spec.headGroupSpec.headService replaces
+// the one of the old name, which goes.
+func TestRenamedHeadServiceGoes(t *testing.T) {
+	ctx := context.Background()
+	startManager(t, "none")
+	rc := sample(t, "ray-cluster.sample.yaml", "ray-head-rename")
+	rc.Spec.HeadGroupSpec.HeadService = &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "head-a"}}
+	if err := env.Client.Create(ctx, rc); err != nil {
+		t.Fatal(err)
+	}
+	key := func(name string) client.ObjectKey { return client.ObjectKey{Namespace: rc.Namespace, Name: name} }
+	testenv.Eventually(t, 30*time.Second, func() error { return env.Client.Get(ctx, key("head-a"), &corev1.Service{}) })
+	update(t, rc, func(c *rayv1.RayCluster) { c.Spec.HeadGroupSpec.HeadService.Name = "head-b" })
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if err := env.Client.Get(ctx, key("head-b"), &corev1.Service{}); err != nil {
+			return err
+		}
+		old := &corev1.Service{}
+		if err := env.Client.Get(ctx, key("head-a"), old); err == nil && old.DeletionTimestamp == nil {
+			return fmt.Errorf("the head Service of the old name is still there")
+		} else if client.IgnoreNotFound(err) != nil {
+			return err
+		}
+		return nil
+	})
+}
