@@ -74,6 +74,10 @@ func TestValidationNamesTheField(t *testing.T) {
 			rc.Annotations = map[string]string{"kubernetes.io/ingress.class": "Nginx_Public"}
 			rc.Spec.HeadGroupSpec.EnableIngress = ptr.To(true)
 		}, ReasonInvalidSpec, []string{`metadata.annotations[kubernetes.io/ingress.class]: "Nginx_Public", the Ingress's class, is no IngressClass name`}},
+		{"Ingress to a dashboard port the head Service lacks", func(rc *rayv1.RayCluster) {
+			rc.Spec.HeadGroupSpec.EnableIngress = ptr.To(true)
+			rc.Spec.HeadGroupSpec.Template.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "gcs-server", ContainerPort: 6379}, {Name: "client", ContainerPort: 10001}}
+		}, ReasonInvalidSpec, []string{"spec.headGroupSpec.template.spec.containers[0].ports: no port is named dashboard", "8265", "enableIngress"}},
 		{"KubeRay's spec validator, on a worker group", func(rc *rayv1.RayCluster) {
 			rc.Spec.WorkerGroupSpecs[0].Template.Spec.Containers = nil
 		}, ReasonInvalidSpec, []string{"spec.workerGroupSpecs[0]: workerGroupSpec should have at least one container"}},
@@ -145,6 +149,44 @@ func TestValidationNamesTheField(t *testing.T) {
 			}
 			if len(d.create) != 0 || len(d.remove) != 0 {
 				t.Fatalf("a held cluster: create %d remove %d", len(d.create), len(d.remove))
+			}
+		})
+	}
+}
+
+// The dashboard Ingress sends to the head Service's port 8265 unless the
+// head container names another dashboard port: a head Service with that
+// port, under any name, is all it needs.
+func TestIngressFindsTheDashboardPort(t *testing.T) {
+	ports := func(ps ...corev1.ContainerPort) func(*rayv1.RayCluster) {
+		return func(rc *rayv1.RayCluster) {
+			rc.Spec.HeadGroupSpec.EnableIngress = ptr.To(true)
+			rc.Spec.HeadGroupSpec.Template.Spec.Containers[0].Ports = ps
+		}
+	}
+	gcs := corev1.ContainerPort{Name: "gcs-server", ContainerPort: 6379}
+	for _, tt := range []struct {
+		name    string
+		mutate  func(*rayv1.RayCluster)
+		invalid bool
+	}{
+		{"KubeRay's default ports", ports(), false},
+		{"named dashboard, another number", ports(gcs, corev1.ContainerPort{Name: "dashboard", ContainerPort: 9000}), false},
+		{"8265 under another name", ports(gcs, corev1.ContainerPort{Name: "ui", ContainerPort: 8265}), false},
+		{"8265 in the custom head Service", func(rc *rayv1.RayCluster) {
+			ports(gcs)(rc)
+			rc.Spec.HeadGroupSpec.HeadService = &corev1.Service{Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "ui", Port: 8265}}}}
+		}, false},
+		{"no dashboard port", ports(gcs), true},
+		{"no dashboard port, Ingress off", func(rc *rayv1.RayCluster) {
+			ports(gcs)(rc)
+			rc.Spec.HeadGroupSpec.EnableIngress = ptr.To(false)
+		}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := validateCluster(unitCluster(t, tt.mutate), "none")
+			if (err != nil) != tt.invalid {
+				t.Fatalf("validateCluster: %v, want invalid %v", err, tt.invalid)
 			}
 		})
 	}
