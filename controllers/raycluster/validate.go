@@ -4,11 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"strings"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
-	"github.com/ray-project/kuberay/ray-operator/controllers/ray/common"
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	corev1 "k8s.io/api/core/v1"
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
@@ -143,6 +141,7 @@ func validateCluster(rc *rayv1.RayCluster, sched string) error {
 	groupNames(rc, &ps)
 	replicaBounds(rc, &ps)
 	serviceNames(rc, &ps)
+	headPort(rc, &ps)
 	exposed(rc, &ps)
 	templateMeta(rc, &ps)
 	templateScheduling(rc, &ps)
@@ -463,56 +462,6 @@ func serviceNames(rc *rayv1.RayCluster, ps *problems) {
 			return
 		}
 	}
-}
-
-// exposed: with the ray.io/enable-serve-service annotation, the head
-// container has the port named serve that the serve Service serves on
-// (KubeRay's default ports, when the container names none, have it;
-// KubeRay refuses to build the Service without it); with
-// spec.headGroupSpec.enableIngress, the kubernetes.io/ingress.class
-// annotation, the Ingress's class, is a name an IngressClass can have,
-// and the head Service has the port the Ingress sends to (see
-// dashboardPort).
-func exposed(rc *rayv1.RayCluster, ps *problems) {
-	if rc.Annotations[utils.EnableServeServiceKey] == utils.EnableServeServiceTrue {
-		if cs := rc.Spec.HeadGroupSpec.Template.Spec.Containers; len(cs) > 0 && len(cs[0].Ports) > 0 &&
-			!slices.ContainsFunc(cs[0].Ports, func(p corev1.ContainerPort) bool { return p.Name == utils.ServingPortName }) {
-			ps.add(field.NewPath("spec", "headGroupSpec", "template", "spec", "containers").Index(0).Child("ports"),
-				"no port is named %s, which the serve Service the annotation %s=true asks for serves on: name the Ray Serve port (8000) %s, or remove the annotation",
-				utils.ServingPortName, utils.EnableServeServiceKey, utils.ServingPortName)
-		}
-	}
-	if !ptr.Deref(rc.Spec.HeadGroupSpec.EnableIngress, false) {
-		return
-	}
-	if class, ok := rc.Annotations[common.IngressClassAnnotationKey]; ok {
-		if errs := validation.IsDNS1123Subdomain(class); len(errs) > 0 {
-			ps.add(field.NewPath("metadata", "annotations").Key(common.IngressClassAnnotationKey), "%s, the Ingress's class, is no IngressClass name: %s", quoted(class), strings.Join(errs, "; "))
-		}
-	}
-	dashboardPort(rc, ps)
-}
-
-// dashboardPort: the Ingress sends to the head Service's port named
-// dashboard, else to port 8265 (KubeRay's builder), which a head container
-// that names its ports without a dashboard port may not give the head
-// Service: then the dashboard behind the Ingress is unreachable, which
-// nothing else would say.
-func dashboardPort(rc *rayv1.RayCluster, ps *problems) {
-	cs := rc.Spec.HeadGroupSpec.Template.Spec.Containers
-	if len(cs) == 0 || len(cs[0].Ports) == 0 ||
-		slices.ContainsFunc(cs[0].Ports, func(p corev1.ContainerPort) bool {
-			return p.Name == utils.DashboardPortName || p.ContainerPort == utils.DefaultDashboardPort
-		}) {
-		return
-	}
-	if hs := rc.Spec.HeadGroupSpec.HeadService; hs != nil &&
-		slices.ContainsFunc(hs.Spec.Ports, func(p corev1.ServicePort) bool { return p.Port == utils.DefaultDashboardPort }) {
-		return
-	}
-	ps.add(field.NewPath("spec", "headGroupSpec", "template", "spec", "containers").Index(0).Child("ports"),
-		"no port is named %s, and none is %d, the head Service's port the Ingress spec.headGroupSpec.enableIngress asks for sends to: name the Ray dashboard port (%d) %s, or turn enableIngress off",
-		utils.DashboardPortName, utils.DefaultDashboardPort, utils.DefaultDashboardPort, utils.DashboardPortName)
 }
 
 // templateMeta: the metadata the CRD does not check (the pod templates',

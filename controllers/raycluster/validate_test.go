@@ -192,6 +192,52 @@ func TestIngressFindsTheDashboardPort(t *testing.T) {
 	}
 }
 
+// Workers dial the head Service at the head's rayStartParams port: a
+// value that is no port number, or, through a Service that is not
+// headless, a port the Service lacks, is invalid.
+func TestHeadPortReachesTheWorkers(t *testing.T) {
+	lb := func(port string, ps ...corev1.ContainerPort) func(*rayv1.RayCluster) {
+		return func(rc *rayv1.RayCluster) {
+			rc.Spec.HeadGroupSpec.ServiceType = corev1.ServiceTypeLoadBalancer
+			if port != "" {
+				rc.Spec.HeadGroupSpec.RayStartParams = map[string]string{"port": port}
+			}
+			if ps != nil {
+				rc.Spec.HeadGroupSpec.Template.Spec.Containers[0].Ports = ps
+			}
+		}
+	}
+	for _, tt := range []struct {
+		name   string
+		mutate func(*rayv1.RayCluster)
+		want   string // "" valid
+	}{
+		{"the sample", func(*rayv1.RayCluster) {}, ""},
+		{"LoadBalancer, the default port", lb(""), ""},
+		{"LoadBalancer, KubeRay's default ports", lb("", []corev1.ContainerPort{}...), ""},
+		{"headless, another port", func(rc *rayv1.RayCluster) { rc.Spec.HeadGroupSpec.RayStartParams = map[string]string{"port": "6380"} }, ""},
+		{"LoadBalancer, another port the container has", lb("6380", corev1.ContainerPort{Name: "gcs-server", ContainerPort: 6380}), ""},
+		{"LoadBalancer, another port the Service lacks", lb("6380"),
+			"spec.headGroupSpec.rayStartParams[port]: the workers dial the head Service (type LoadBalancer) at port 6380, which it lacks"},
+		{"LoadBalancer, container ports without 6379", lb("", corev1.ContainerPort{Name: "dashboard", ContainerPort: 8265}),
+			"at port 6379, which it lacks"},
+		{"no port number", func(rc *rayv1.RayCluster) { rc.Spec.HeadGroupSpec.RayStartParams = map[string]string{"port": "abc"} },
+			`spec.headGroupSpec.rayStartParams[port]: "abc" is no port number (1-65535)`},
+		{"port 0", func(rc *rayv1.RayCluster) { rc.Spec.HeadGroupSpec.RayStartParams = map[string]string{"port": "0"} },
+			`"0" is no port number`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := validateCluster(unitCluster(t, tt.mutate), "none")
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("invalid: %v", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("validateCluster: %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
 // A valid cluster has no spec-validity condition (a fixed one loses it).
 func TestValidClusterHasNoSpecCondition(t *testing.T) {
 	rc := unitCluster(t, func(*rayv1.RayCluster) {})
