@@ -3,6 +3,7 @@ package raycluster
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -365,7 +366,7 @@ func volcano(p *pass) bool {
 func children(p *pass) bool {
 	p.d.children, p.d.shared, p.d.err = buildChildren(p.ctx, p.rc)
 	if p.d.err == nil {
-		p.d.unwanted = unwantedChildren(p.rc, p.d.children, p.obs.oldHeads)
+		p.d.unwanted = unwantedChildren(p.rc, slices.Concat(p.d.children, p.d.shared), p.obs.oldHeads)
 		if svc := headServicePrototype(p.ctx, p.rc); svc != nil {
 			p.d.preflight = append(p.d.preflight, prototype{what: headServiceWhat, obj: svc, known: p.obs.headService != nil})
 		}

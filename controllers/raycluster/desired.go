@@ -245,20 +245,33 @@ func buildChildren(ctx context.Context, rc *rayv1.RayCluster) (children, shared 
 }
 
 // unwantedChildren are the optional children (the headless worker
-// Service, the serve Service, the dashboard Ingress) that children, the
-// cluster's wanted ones, lacks, named and typed to look for, and the head
-// Services of old names.
-func unwantedChildren(rc *rayv1.RayCluster, children []client.Object, oldHeads []*corev1.Service) []client.Object {
+// Service, the serve Service, the dashboard Ingress, the autoscaler's
+// ServiceAccount, Role and RoleBinding) that wanted, the cluster's
+// children and shared ones, lacks, named and typed to look for (the Role
+// and RoleBinding as metadata, as they are cached), and the head Services
+// of old names. A ServiceAccount that a pod template names stays: its
+// pods would be refused without it.
+func unwantedChildren(rc *rayv1.RayCluster, wanted []client.Object, oldHeads []*corev1.Service) []client.Object {
+	svc := metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}
+	rbac := func(kind string) client.Object {
+		m := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: rc.Name}}
+		m.SetGroupVersionKind(rbacv1.SchemeGroupVersion.WithKind(kind))
+		return m
+	}
 	optional := []client.Object{
-		&corev1.Service{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}, ObjectMeta: metav1.ObjectMeta{Name: rc.Name + "-" + utils.HeadlessServiceSuffix}},
-		&corev1.Service{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}, ObjectMeta: metav1.ObjectMeta{Name: utils.GenerateServeServiceName(rc.Name)}},
+		&corev1.Service{TypeMeta: svc, ObjectMeta: metav1.ObjectMeta{Name: rc.Name + "-" + utils.HeadlessServiceSuffix}},
+		&corev1.Service{TypeMeta: svc, ObjectMeta: metav1.ObjectMeta{Name: utils.GenerateServeServiceName(rc.Name)}},
 		&networkingv1.Ingress{TypeMeta: metav1.TypeMeta{APIVersion: networkingv1.SchemeGroupVersion.String(), Kind: "Ingress"},
 			ObjectMeta: metav1.ObjectMeta{Name: utils.GenerateIngressName(rc.Name)}},
+		rbac("Role"), rbac("RoleBinding"),
+	}
+	if !namesServiceAccount(rc, rc.Name) {
+		optional = append(optional, &corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}, ObjectMeta: metav1.ObjectMeta{Name: rc.Name}})
 	}
 	var out []client.Object
 	for _, o := range optional {
 		o.SetNamespace(rc.Namespace)
-		if !slices.ContainsFunc(children, func(c client.Object) bool {
+		if !slices.ContainsFunc(wanted, func(c client.Object) bool {
 			return c.GetName() == o.GetName() && c.GetObjectKind().GroupVersionKind().Kind == o.GetObjectKind().GroupVersionKind().Kind
 		}) {
 			out = append(out, o)
@@ -268,6 +281,15 @@ func unwantedChildren(rc *rayv1.RayCluster, children []client.Object, oldHeads [
 		out = append(out, svc)
 	}
 	return out
+}
+
+// namesServiceAccount: a pod template of the cluster names ServiceAccount
+// sa.
+func namesServiceAccount(rc *rayv1.RayCluster, sa string) bool {
+	if rc.Spec.HeadGroupSpec.Template.Spec.ServiceAccountName == sa {
+		return true
+	}
+	return slices.ContainsFunc(rc.Spec.WorkerGroupSpecs, func(g rayv1.WorkerGroupSpec) bool { return g.Template.Spec.ServiceAccountName == sa })
 }
 
 // buildHeadService is KubeRay's head Service (<cluster>-head-svc, headless

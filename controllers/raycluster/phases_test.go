@@ -206,7 +206,8 @@ func TestBuildChildren(t *testing.T) {
 
 // The optional children a cluster does not want are named as the builders
 // name them: a cluster that wants them all has none unwanted (a wanted
-// child is never deleted), one that wants none has the three.
+// child is never deleted), one that wants none has them all, less a
+// ServiceAccount a pod template names.
 func TestUnwantedChildren(t *testing.T) {
 	ctx := context.Background()
 	allOn := func(rc *rayv1.RayCluster) {
@@ -215,13 +216,17 @@ func TestUnwantedChildren(t *testing.T) {
 		rc.Spec.HeadGroupSpec.EnableIngress = ptr.To(true)
 		head := &rc.Spec.HeadGroupSpec.Template.Spec.Containers[0]
 		head.Ports = append(head.Ports, corev1.ContainerPort{Name: "serve", ContainerPort: 8000})
+		rc.Spec.EnableInTreeAutoscaling = ptr.To(true)
 	}
+	rbac := []string{"Role raycluster-kuberay", "RoleBinding raycluster-kuberay"}
+	sa := "ServiceAccount raycluster-kuberay"
 	tests := []struct {
 		name   string
 		mutate func(*rayv1.RayCluster)
 		want   []string
 	}{
-		{"none", func(*rayv1.RayCluster) {}, []string{"Service raycluster-kuberay-headless", "Service raycluster-kuberay-serve-svc", "Ingress raycluster-kuberay-head-ingress"}},
+		{"none", func(*rayv1.RayCluster) {}, append([]string{"Service raycluster-kuberay-headless", "Service raycluster-kuberay-serve-svc",
+			"Ingress raycluster-kuberay-head-ingress"}, append(rbac, sa)...)},
 		{"all", allOn, nil},
 		{"serve annotation false", func(rc *rayv1.RayCluster) {
 			allOn(rc)
@@ -231,17 +236,30 @@ func TestUnwantedChildren(t *testing.T) {
 			allOn(rc)
 			rc.Spec.WorkerGroupSpecs[0].NumOfHosts = 1
 		}, []string{"Service raycluster-kuberay-headless"}},
+		{"autoscaler off", func(rc *rayv1.RayCluster) {
+			allOn(rc)
+			rc.Spec.EnableInTreeAutoscaling = ptr.To(false)
+		}, append(slices.Clone(rbac), sa)},
+		{"autoscaler off, a worker template names its ServiceAccount", func(rc *rayv1.RayCluster) {
+			allOn(rc)
+			rc.Spec.EnableInTreeAutoscaling = ptr.To(false)
+			rc.Spec.WorkerGroupSpecs[0].Template.Spec.ServiceAccountName = "raycluster-kuberay"
+		}, rbac},
+		{"autoscaler on, the head names another ServiceAccount", func(rc *rayv1.RayCluster) {
+			allOn(rc)
+			rc.Spec.HeadGroupSpec.Template.Spec.ServiceAccountName = "mine"
+		}, []string{sa}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rc := normalized(sample(t, "ray-cluster.sample.yaml", "unit"))
 			tt.mutate(rc)
-			children, _, err := buildChildren(ctx, rc)
+			children, shared, err := buildChildren(ctx, rc)
 			if err != nil {
 				t.Fatal(err)
 			}
 			var got []string
-			for _, o := range unwantedChildren(rc, children, nil) {
+			for _, o := range unwantedChildren(rc, slices.Concat(children, shared), nil) {
 				if o.GetNamespace() != rc.Namespace {
 					t.Fatalf("%s in namespace %q", o.GetName(), o.GetNamespace())
 				}

@@ -9,6 +9,7 @@ import (
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -199,6 +200,41 @@ func TestRenamedHeadServiceGoes(t *testing.T) {
 			return fmt.Errorf("the head Service of the old name is still there")
 		} else if client.IgnoreNotFound(err) != nil {
 			return err
+		}
+		return nil
+	})
+}
+
+// The autoscaler turned off takes its ServiceAccount, Role and RoleBinding
+// with it.
+func TestTurnedOffAutoscalerRBACGoes(t *testing.T) {
+	ctx := context.Background()
+	startManager(t, "none")
+	rc := sample(t, "ray-cluster.sample.yaml", "ray-autoscaler-off")
+	rc.Spec.EnableInTreeAutoscaling = ptr.To(true)
+	if err := env.Client.Create(ctx, rc); err != nil {
+		t.Fatal(err)
+	}
+	key := client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}
+	objs := func() []client.Object {
+		return []client.Object{&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}}
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		for _, o := range objs() {
+			if err := env.Client.Get(ctx, key, o); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	update(t, rc, func(c *rayv1.RayCluster) { c.Spec.EnableInTreeAutoscaling = ptr.To(false) })
+	testenv.Eventually(t, 30*time.Second, func() error {
+		for _, o := range objs() {
+			if err := env.Client.Get(ctx, key, o); err == nil && o.GetDeletionTimestamp() == nil {
+				return fmt.Errorf("%T %s is still there after the autoscaler was turned off", o, key.Name)
+			} else if client.IgnoreNotFound(err) != nil {
+				return err
+			}
 		}
 		return nil
 	})
