@@ -227,6 +227,11 @@ func TestLabellerUnhealthyTaint(t *testing.T) {
 	ours := corev1.Taint{Key: gpuv1alpha1.TaintUnhealthy, Value: "XidCriticalError", Effect: corev1.TaintEffectNoSchedule}
 	wantTaints(t, node.Name, user, ours)
 
+	// Removed by hand while the GPU is still unhealthy: put back, as the
+	// node lifecycle controller puts back its not-ready taint.
+	patchNode(t, node.Name, func(n *corev1.Node) { n.Spec.Taints = WithTaint(n.Spec.Taints, nil) })
+	wantTaints(t, node.Name, user, ours)
+
 	// A user adds a taint while Loom's is on; the GPU recovers.
 	other := corev1.Taint{Key: "maintenance", Effect: corev1.TaintEffectPreferNoSchedule}
 	patchNode(t, node.Name, func(n *corev1.Node) { n.Spec.Taints = append(n.Spec.Taints, other) })
@@ -244,6 +249,73 @@ func TestLabellerUnhealthyTaint(t *testing.T) {
 		return env.Client.Update(ctx, cp)
 	})
 	wantTaints(t, node.Name, user, other)
+}
+
+// Loom lifts and puts back only the taint it recorded placing: a
+// nvidia.com/gpu.unhealthy taint a person set is never replaced or
+// lifted (nor one of another effect), and Loom's taint removed by hand
+// once the GPUs are healthy again is not put back.
+func TestLabellerUnhealthyTaintOwnership(t *testing.T) {
+	ctx := context.Background()
+	deletePolicies(t)
+	startManager(t)
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "labels-taint-owner"},
+		Spec: gpuv1alpha1.ClusterPolicySpec{Health: gpuv1alpha1.GPUHealthSpec{TaintUnhealthyNodes: true}}}
+	if err := env.Client.Create(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deletePolicies(t) })
+
+	person := corev1.Taint{Key: gpuv1alpha1.TaintUnhealthy, Value: "ops", Effect: corev1.TaintEffectNoSchedule}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "taint-owner"}, Spec: corev1.NodeSpec{Taints: []corev1.Taint{person}}}
+	if err := env.Client.Create(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	st := collected(t, collect.SimOptions{System: "dgx-h100", GPUs: intPtr(2)})
+	sick := *st.DeepCopy()
+	sick.GPUs[0].Health = gpuv1alpha1.GPUHealth{State: gpuv1alpha1.GPUUnhealthy, Reason: "XidCriticalError", Xid: 79}
+	setStatus(t, node.Name, sick)
+	wantLabels(t, node.Name, map[string]string{gpuv1alpha1.LabelPresent: "true"})
+	time.Sleep(2 * time.Second) // the labeller had its chance to touch the person's taint
+	wantTaints(t, node.Name, person)
+	wantTaintAnnotation(t, node.Name, "")
+
+	// The person lifts theirs while the GPU is unhealthy: Loom's comes.
+	patchNode(t, node.Name, func(n *corev1.Node) { n.Spec.Taints = nil })
+	ours := corev1.Taint{Key: gpuv1alpha1.TaintUnhealthy, Value: "XidCriticalError", Effect: corev1.TaintEffectNoSchedule}
+	wantTaints(t, node.Name, ours)
+	wantTaintAnnotation(t, node.Name, ours.Value)
+
+	// A taint of the key with another effect is the person's: it stays
+	// through Loom's lift.
+	evict := corev1.Taint{Key: gpuv1alpha1.TaintUnhealthy, Value: "ops", Effect: corev1.TaintEffectNoExecute}
+	patchNode(t, node.Name, func(n *corev1.Node) { n.Spec.Taints = append(n.Spec.Taints, evict) })
+	setStatus(t, node.Name, st)
+	wantTaints(t, node.Name, evict)
+	wantTaintAnnotation(t, node.Name, "")
+
+	// Unhealthy again; healthy, and Loom's taint removed by hand as well:
+	// the record goes, and the taint does not come back.
+	setStatus(t, node.Name, sick)
+	wantTaints(t, node.Name, evict, ours)
+	setStatus(t, node.Name, st)
+	patchNode(t, node.Name, func(n *corev1.Node) { n.Spec.Taints = []corev1.Taint{evict} })
+	wantTaintAnnotation(t, node.Name, "")
+	time.Sleep(2 * time.Second)
+	wantTaints(t, node.Name, evict)
+}
+
+// wantTaintAnnotation waits until the node's record of Loom's taint is
+// value ("": none).
+func wantTaintAnnotation(t *testing.T, name, value string) {
+	t.Helper()
+	testenv.Eventually(t, 20*time.Second, func() error {
+		_, n := nodeLabels(t, name)
+		if got, ok := n.Annotations[AnnotationTaint]; got != value || ok != (value != "") {
+			return fmt.Errorf("%s = %q (set %v), want %q", AnnotationTaint, got, ok, value)
+		}
+		return nil
+	})
 }
 
 // wantTaints waits until the node has exactly these taints (any order),

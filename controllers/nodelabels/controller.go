@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -51,8 +52,8 @@ const ReasonInvalidConfig = "InvalidDevicePluginConfig"
 // garbage-collected), deleting one whose Node is gone itself.
 type Reconciler struct {
 	client.Client
-	// Live reads Nodes in full (their taints), around the metadata-only
-	// cache, only when the taint is to change.
+	// Live reads around the cache: whether a GPUNode's Node is gone
+	// before the GPUNode is deleted.
 	Live client.Reader
 	// Recorder records config errors on the ClusterPolicy.
 	Recorder recorder.EventRecorder
@@ -66,9 +67,10 @@ func New(c client.Client, live client.Reader, rec recorder.EventRecorder, namesp
 	return &Reconciler{Client: c, Live: live, Recorder: rec, Namespace: namespace, w: apply.NewWriter(c, FieldOwner, apply.Options{})}
 }
 
-// Setup registers the labeller. Nodes are watched as metadata only: labels
-// and annotations are all it reads (NFD's PCI labels included), and a
-// Node's status is most of its size.
+// Setup registers the labeller. Nodes are watched as metadata (labels and
+// annotations, NFD's PCI labels included) and as the trimmed typed Nodes
+// the inventory caches, for their taints: a Node's status is most of its
+// size, and neither cache holds it.
 func Setup(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	r := New(mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder(FieldOwner), opts.Namespace)
 	return ctrl.NewControllerManagedBy(mgr).
@@ -79,6 +81,11 @@ func Setup(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
 				return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetName()}}}
 			}),
 			builder.WithPredicates(metadataChanged())).
+		// Typed Nodes (trimmed, cached for the inventory) for their
+		// taints: Loom's taint removed by hand.
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetName()}}}
+		}), builder.WithPredicates(taintChanged())).
 		// The policy in force shapes the labels (MIG strategy, sharing)
 		// and the taint.
 		Watches(&gpuv1alpha1.ClusterPolicy{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
@@ -128,6 +135,23 @@ func metadataChanged() predicate.Funcs {
 	}
 }
 
+// taintChanged passes Node creations and the updates that change the
+// nvidia.com/gpu.unhealthy:NoSchedule taint.
+func taintChanged() predicate.Funcs {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, ok := e.ObjectOld.(*corev1.Node)
+			n, ok2 := e.ObjectNew.(*corev1.Node)
+			if !ok || !ok2 {
+				return false
+			}
+			a, b := loomTaint(o.Spec.Taints), loomTaint(n.Spec.Taints)
+			return (a == nil) != (b == nil) || (a != nil && a.Value != b.Value)
+		},
+		DeleteFunc: func(event.DeleteEvent) bool { return false },
+	}
+}
+
 // Reconcile observes the Node, its GPUNode, the policy in force and its
 // device plugin config in the cache, computes the labels and the taint,
 // and writes only what differs.
@@ -173,13 +197,24 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			return ctrl.Result{}, err
 		}
 	}
-	if desired := Desired(in); !labelsUpToDate(node, desired) {
-		if err := r.applyLabels(ctx, node.Name, desired); err != nil {
-			return ctrl.Result{}, err
-		}
+	// The taint first: its patch holds the cached resourceVersion, which a
+	// label write would make stale. A conflict (the cache behind the
+	// Node) is no failure: the pass runs again.
+	err = r.syncTaint(ctx, node, UnhealthyTaint(st, cp != nil && cp.Spec.Health.TaintUnhealthyNodes))
+	if apierrors.IsConflict(err) {
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	} else if err != nil {
+		return ctrl.Result{}, err
 	}
-	return ctrl.Result{}, r.syncTaint(ctx, node, UnhealthyTaint(st, cp != nil && cp.Spec.Health.TaintUnhealthyNodes))
+	if desired := Desired(in); !labelsUpToDate(node, desired) {
+		return ctrl.Result{}, r.applyLabels(ctx, node.Name, desired)
+	}
+	return ctrl.Result{}, nil
 }
+
+// conflictRetry is how soon a pass whose taint patch met a newer Node
+// runs again: its cache is about to catch up.
+const conflictRetry = 250 * time.Millisecond
 
 // loomDriverReady reports whether a driver pod of Loom's on the node is
 // ready, read from the API server (the pod cache keeps no labels or
@@ -260,34 +295,44 @@ func (r *Reconciler) sharingFor(ctx context.Context, cp *gpuv1alpha1.ClusterPoli
 	return &n, nil
 }
 
-// syncTaint puts the node's nvidia.com/gpu.unhealthy taint in line with
-// want (nil: none). The cache's annotation says whether anything is to
-// change; only then is the Node read in full and its taints patched, with
-// the resourceVersion as a precondition, so no taint someone else adds in
-// between is lost. Node taints are an atomic list: a server-side apply
-// would own, and so replace, all of them.
+// syncTaint puts the node's nvidia.com/gpu.unhealthy:NoSchedule taint in
+// line with want (nil: none), as the node lifecycle controller keeps its
+// not-ready taint: Loom's taint removed by hand while a GPU is unhealthy
+// comes back. The taint is Loom's when the node's annotation records it; a
+// taint of the key Loom did not record is someone else's and never
+// touched. The taints are read from the cache of typed Nodes and patched
+// with the cached resourceVersion as a precondition, so no taint someone
+// else adds in between is lost (a stale cache is a conflict, and the pass
+// runs again). Node taints are an atomic list: a server-side apply would
+// own, and so replace, all of them.
 func (r *Reconciler) syncTaint(ctx context.Context, meta *metav1.PartialObjectMetadata, want *corev1.Taint) error {
-	cur, tainted := meta.Annotations[AnnotationTaint]
-	if (want == nil && !tainted) || (want != nil && tainted && cur == want.Value) {
+	recorded, ours := meta.Annotations[AnnotationTaint]
+	if !ours && want == nil {
 		return nil
 	}
 	node := &corev1.Node{}
-	if err := r.Live.Get(ctx, client.ObjectKey{Name: meta.Name}, node); err != nil {
-		return client.IgnoreNotFound(err)
+	if err := r.Get(ctx, client.ObjectKey{Name: meta.Name}, node); err != nil {
+		return client.IgnoreNotFound(err) // its create event follows
 	}
-	base := node.DeepCopy()
-	node.Spec.Taints = WithTaint(node.Spec.Taints, want)
+	cur := loomTaint(node.Spec.Taints)
+	switch {
+	case !ours && cur != nil:
+		return nil // someone else's taint holds the node
+	case want != nil && cur != nil && cur.Value == want.Value && recorded == want.Value:
+		return nil
+	}
+	base, patched := node.DeepCopy(), node.DeepCopy()
+	base.Annotations, patched.Annotations = map[string]string{}, map[string]string{}
+	if ours {
+		base.Annotations[AnnotationTaint] = recorded
+	}
+	patched.Spec.Taints = WithTaint(node.Spec.Taints, want)
 	why := "GPUs healthy again (or remediation off): taint lifted"
-	if want == nil {
-		delete(node.Annotations, AnnotationTaint)
-	} else {
-		if node.Annotations == nil {
-			node.Annotations = map[string]string{}
-		}
-		node.Annotations[AnnotationTaint] = want.Value
+	if want != nil {
+		patched.Annotations[AnnotationTaint] = want.Value
 		why = "unhealthy GPU: " + want.Value
 	}
-	return r.w.Patch(ctx, node, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), why)
+	return r.w.Patch(ctx, patched, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), why)
 }
 
 // managedList is the keys of the labels the labeller set on the node.

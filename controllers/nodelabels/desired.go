@@ -208,12 +208,13 @@ func UnhealthyTaint(st *gpuv1alpha1.GPUNodeStatus, enabled bool) *corev1.Taint {
 	return nil
 }
 
-// WithTaint is taints with Loom's unhealthy taint replaced by want
-// (removed when want is nil); every other taint stays, in order.
+// WithTaint is taints with the nvidia.com/gpu.unhealthy:NoSchedule taint
+// replaced by want (removed when want is nil); every other taint stays, in
+// order, one of the key with another effect included.
 func WithTaint(taints []corev1.Taint, want *corev1.Taint) []corev1.Taint {
 	out := make([]corev1.Taint, 0, len(taints)+1)
 	for _, t := range taints {
-		if t.Key != gpuv1alpha1.TaintUnhealthy {
+		if !gpuv1alpha1.IsUnhealthyTaint(t) {
 			out = append(out, t)
 		}
 	}
@@ -221,4 +222,15 @@ func WithTaint(taints []corev1.Taint, want *corev1.Taint) []corev1.Taint {
 		out = append(out, *want)
 	}
 	return out
+}
+
+// loomTaint is the nvidia.com/gpu.unhealthy:NoSchedule taint of taints,
+// nil when there is none.
+func loomTaint(taints []corev1.Taint) *corev1.Taint {
+	for i := range taints {
+		if gpuv1alpha1.IsUnhealthyTaint(taints[i]) {
+			return &taints[i]
+		}
+	}
+	return nil
 }

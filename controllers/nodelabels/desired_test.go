@@ -189,6 +189,7 @@ func TestWithTaint(t *testing.T) {
 	foreign := corev1.Taint{Key: "dedicated", Value: "ml", Effect: corev1.TaintEffectNoSchedule}
 	ours := corev1.Taint{Key: gpuv1alpha1.TaintUnhealthy, Value: "XidCriticalError", Effect: corev1.TaintEffectNoSchedule}
 	other := corev1.Taint{Key: gpuv1alpha1.TaintUnhealthy, Value: "DoubleBitECC", Effect: corev1.TaintEffectNoSchedule}
+	evict := corev1.Taint{Key: gpuv1alpha1.TaintUnhealthy, Value: "ops", Effect: corev1.TaintEffectNoExecute}
 	tests := []struct {
 		name   string
 		taints []corev1.Taint
@@ -199,6 +200,8 @@ func TestWithTaint(t *testing.T) {
 		{"replace the reason", []corev1.Taint{other, foreign}, &ours, []corev1.Taint{foreign, ours}},
 		{"lift, the foreign stays", []corev1.Taint{foreign, ours}, nil, []corev1.Taint{foreign}},
 		{"lift from none", nil, nil, []corev1.Taint{}},
+		{"another effect of the key stays", []corev1.Taint{evict, ours}, nil, []corev1.Taint{evict}},
+		{"add beside another effect of the key", []corev1.Taint{evict}, &ours, []corev1.Taint{evict, ours}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -404,7 +404,7 @@ func unlabelNode(ctx context.Context, c client.Client, n *corev1.Node, out io.Wr
 		return client.IgnoreNotFound(err)
 	}
 	base := fresh.DeepCopy()
-	fresh.Spec.Taints = slices.DeleteFunc(fresh.Spec.Taints, func(t corev1.Taint) bool { return t.Key == gpuv1alpha1.TaintUnhealthy })
+	fresh.Spec.Taints = slices.DeleteFunc(fresh.Spec.Taints, gpuv1alpha1.IsUnhealthyTaint)
 	delete(fresh.Annotations, gpuv1alpha1.AnnotationUnhealthyTaint)
 	if err := c.Patch(ctx, fresh, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("removing Loom's taint from node %s: %w", n.Name, err)

@@ -45,6 +45,7 @@ func cleanupFixture(t *testing.T, ctx context.Context, c client.Client) {
 		Annotations: map[string]string{gpuv1alpha1.AnnotationClaim: "default", gpuv1alpha1.AnnotationUnhealthyTaint: "xid-79"}},
 		Spec: corev1.NodeSpec{Unschedulable: true, Taints: []corev1.Taint{
 			{Key: gpuv1alpha1.TaintUnhealthy, Value: "xid-79", Effect: corev1.TaintEffectNoSchedule},
+			{Key: gpuv1alpha1.TaintUnhealthy, Value: "ops", Effect: corev1.TaintEffectNoExecute},
 			{Key: "team", Value: "ml", Effect: corev1.TaintEffectNoSchedule}}}}
 	must(t, c.Create(ctx, node, client.FieldOwner("kubectl")))
 	labels := &unstructured.Unstructured{}
@@ -137,15 +138,16 @@ func TestUninstallCleanup(t *testing.T) {
 			t.Errorf("annotation %s left on the node", k)
 		}
 	}
-	team := false
+	team, evict := false, false
 	for _, taint := range n.Spec.Taints {
 		team = team || taint.Key == "team"
-		if taint.Key == gpuv1alpha1.TaintUnhealthy {
+		evict = evict || (taint.Key == gpuv1alpha1.TaintUnhealthy && taint.Effect == corev1.TaintEffectNoExecute)
+		if gpuv1alpha1.IsUnhealthyTaint(taint) {
 			t.Errorf("Loom's taint left: %v", n.Spec.Taints)
 		}
 	}
-	if !team || n.Spec.Unschedulable {
-		t.Errorf("taints %v unschedulable %v, want the user's taint kept and the node uncordoned", n.Spec.Taints, n.Spec.Unschedulable)
+	if !team || !evict || n.Spec.Unschedulable {
+		t.Errorf("taints %v unschedulable %v, want the user's taints kept (a NoExecute of Loom's key too) and the node uncordoned", n.Spec.Taints, n.Spec.Unschedulable)
 	}
 	gns := &gpuv1alpha1.GPUNodeList{}
 	must(t, c.List(ctx, gns))

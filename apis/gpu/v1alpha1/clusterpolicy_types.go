@@ -350,7 +350,10 @@ type GPUHealthSpec struct {
 	// TaintUnhealthyNodes taints a node nvidia.com/gpu.unhealthy:NoSchedule
 	// (value: the reason) while any of its GPUs is unhealthy (a critical Xid,
 	// a pending row remap, a double-bit ECC error), so no new work lands on
-	// it; the taint is lifted when its GPUs are healthy again. Off by default.
+	// it; the taint is lifted when its GPUs are healthy again, and put back
+	// if removed by hand before (clear the GPU's health record, the
+	// gpu.loom.dev/reset-gpu-health annotation on its GPUNode, or turn this
+	// off to lift it). Off by default.
 	// +optional
 	TaintUnhealthyNodes bool `json:"taintUnhealthyNodes,omitempty"`
 }

@@ -1,5 +1,7 @@
 package v1alpha1
 
+import corev1 "k8s.io/api/core/v1"
+
 // The label, annotation and selector vocabulary the GPU stack's
 // reconcilers (ClusterPolicy, driver upgrade, node labels) and the
 // monitoring reconcilers share. Node labels use GPU feature discovery's and
@@ -238,3 +240,11 @@ const (
 	// health.taintUnhealthyNodes is on.
 	TaintUnhealthy = "nvidia.com/gpu.unhealthy"
 )
+
+// IsUnhealthyTaint reports whether t is of the labeller's kind:
+// TaintUnhealthy with the NoSchedule effect. One of the key with another
+// effect is someone else's; one of this kind is Loom's only while the
+// Node's AnnotationUnhealthyTaint records it.
+func IsUnhealthyTaint(t corev1.Taint) bool {
+	return t.Key == TaintUnhealthy && t.Effect == corev1.TaintEffectNoSchedule
+}
