@@ -44,7 +44,7 @@ const ReasonInvalidConfig = "InvalidDevicePluginConfig"
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=list
+// +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch
 
 // Reconciler keeps each GPU node's GFD labels in line with its GPUNode, its
 // NFD labels and its device plugin config, taints nodes with unhealthy GPUs
@@ -57,9 +57,13 @@ type Reconciler struct {
 	Live client.Reader
 	// Recorder records config errors on the ClusterPolicy.
 	Recorder recorder.EventRecorder
-	// Namespace is Loom's: the device plugin's ConfigMap lives there.
+	// Namespace is Loom's: the device plugin's ConfigMap and the driver
+	// pods live there.
 	Namespace string
-	w         *apply.Writer
+	// DriverPods reads Loom's driver pods (driverPodCache), indexed by
+	// node.
+	DriverPods client.Reader
+	w          *apply.Writer
 }
 
 // New returns a labeller writing through c.
@@ -71,8 +75,13 @@ func New(c client.Client, live client.Reader, rec recorder.EventRecorder, namesp
 // annotations, NFD's PCI labels included) and as the trimmed typed Nodes
 // the inventory caches, for their taints: a Node's status is most of its
 // size, and neither cache holds it.
-func Setup(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
+func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	r := New(mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder(FieldOwner), opts.Namespace)
+	pods, err := driverPodCache(ctx, mgr, opts.Namespace)
+	if err != nil {
+		return err
+	}
+	r.DriverPods = pods
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("gpu-labels").
 		For(&gpuv1alpha1.GPUNode{}).
@@ -93,6 +102,9 @@ func Setup(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		}), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		// So does the content of the device plugin's ConfigMap.
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.configMapNodes)).
+		// A driver pod of Loom's ready or not decides a host driver's
+		// pre-installed label.
+		WatchesRawSource(driverPods(pods)).
 		Complete(r)
 }
 
@@ -215,26 +227,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // conflictRetry is how soon a pass whose taint patch met a newer Node
 // runs again: its cache is about to catch up.
 const conflictRetry = 250 * time.Millisecond
-
-// loomDriverReady reports whether a driver pod of Loom's on the node is
-// ready, read from the API server (the pod cache keeps no labels or
-// conditions of operand pods): only for a node HostDriver picks, not yet
-// labelled.
-func (r *Reconciler) loomDriverReady(ctx context.Context, node string) (bool, error) {
-	pods := &corev1.PodList{}
-	if err := r.Live.List(ctx, pods, client.InNamespace(r.Namespace), client.MatchingFields{"spec.nodeName": node},
-		client.MatchingLabels{apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver}); err != nil {
-		return false, err
-	}
-	for _, p := range pods.Items {
-		for _, c := range p.Status.Conditions {
-			if p.DeletionTimestamp == nil && c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-				return true, nil
-			}
-		}
-	}
-	return false, nil
-}
 
 // deleteOrphan deletes gn (nil: nothing to do), whose Node the cache does
 // not have, once the API server confirms the Node is gone: the garbage

@@ -133,11 +133,9 @@ func TestLabellerPreInstalledDriver(t *testing.T) {
 	wantLabels(t, "preinst-host", map[string]string{gpuv1alpha1.LabelDriverFull: "550.54.15"})
 	stays(t, "preinst-host", "") // Loom's driver is ready there
 
-	// Loom's driver pod does not get ready (the host's driver holds the
-	// GPUs): the node is labelled, with the next GPUNode change.
+	// Loom's driver pod is no longer ready (the host's driver holds the
+	// GPUs): the node is labelled at once, with no GPUNode or Node change.
 	setPodReady(t, pod, false)
-	host.NVMLVersion += ".1"
-	setStatus(t, "preinst-host", host)
 	wantLabels(t, "preinst-host", map[string]string{k: pre})
 
 	// NVML unavailable: the label stays.
@@ -149,6 +147,17 @@ func TestLabellerPreInstalledDriver(t *testing.T) {
 	container.Driver = &gpuv1alpha1.GPUDriver{Source: gpuv1alpha1.DriverContainer}
 	setStatus(t, "preinst-host", container)
 	wantLabels(t, "preinst-host", map[string]string{gpuv1alpha1.LabelPresent: "true"}, k)
+
+	// Loom's ready driver pod deleted: labelled at once too.
+	createNode(t, "preinst-deleted", nil)
+	pod = loomDriverPod(t, "preinst-deleted", true)
+	setStatus(t, "preinst-deleted", host)
+	wantLabels(t, "preinst-deleted", map[string]string{gpuv1alpha1.LabelDriverFull: "550.54.15"})
+	stays(t, "preinst-deleted", "")
+	if err := env.Client.Delete(context.Background(), pod, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	wantLabels(t, "preinst-deleted", map[string]string{k: pre})
 
 	// A person's value stays, whatever the driver.
 	createNode(t, "preinst-person", map[string]string{k: "true"})
