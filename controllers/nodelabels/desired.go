@@ -46,7 +46,9 @@ type Input struct {
 //   - with only PCI devices (no NVML yet), gpu.present, gpu.count and, when
 //     PCI names the product, gpu.product;
 //   - with neither but NVML unavailable, the labels the labeller set
-//     before, unchanged: an NVML failure never takes a label away;
+//     before, unchanged: an NVML failure never takes a label away (a key
+//     in the record that the labeller never sets, the record edited or
+//     copied by hand, is left to its owner, not taken over);
 //   - and gpu.present=true whenever one of NFD's NVIDIA PCI labels is, also
 //     on a node without a GPUNode: that is how the driver reaches a bare
 //     node.
@@ -62,7 +64,7 @@ func Desired(in Input) map[string]string {
 		l = PCILabels(st.PCIDevices)
 	case nvmlUnavailable(st):
 		for _, k := range in.Managed {
-			if v, ok := in.NodeLabels[k]; ok {
+			if v, ok := in.NodeLabels[k]; ok && labellerKey(k) {
 				l[k] = v
 			}
 		}
@@ -72,6 +74,26 @@ func Desired(in Input) map[string]string {
 	}
 	preInstalled(l, in)
 	return l
+}
+
+// labellerKeys are the node labels the labeller sets, besides the MIG
+// profiles' (labellerKey).
+var labellerKeys = []string{gpuv1alpha1.LabelPresent, gpuv1alpha1.LabelCount, gpuv1alpha1.LabelProduct, gpuv1alpha1.LabelMemory,
+	gpuv1alpha1.LabelFamily, gpuv1alpha1.LabelComputeMajor, gpuv1alpha1.LabelComputeMinor, gpuv1alpha1.LabelReplicas,
+	gpuv1alpha1.LabelSharingStrategy, gpuv1alpha1.LabelMIGCapable, gpuv1alpha1.LabelMIGStrategy,
+	gpuv1alpha1.LabelDriverMajor, gpuv1alpha1.LabelDriverMinor, gpuv1alpha1.LabelDriverRevision, gpuv1alpha1.LabelDriverFull,
+	gpuv1alpha1.LabelRuntimeMajor, gpuv1alpha1.LabelRuntimeMinor, gpuv1alpha1.LabelRuntimeFull, gpuv1alpha1.LabelDeployDriver}
+
+// labellerKey reports whether k is a label the labeller may set: one of
+// labellerKeys or a MIG profile's nvidia.com/mig-<profile>.{count,memory}.
+// Others under nvidia.com/ (mig.config, device-plugin.config, GPU
+// Operator's gpu.deploy.* switches) are people's and tools'.
+func labellerKey(k string) bool {
+	if slices.Contains(labellerKeys, k) {
+		return true
+	}
+	p, ok := strings.CutPrefix(k, gpuv1alpha1.LabelPrefix+"mig-")
+	return ok && p != "" && (strings.HasSuffix(p, ".count") || strings.HasSuffix(p, ".memory"))
 }
 
 // HostDriver reports whether the node is to be labelled

@@ -108,9 +108,16 @@ func TestDesiredNVMLUnavailable(t *testing.T) {
 	// An agent that lost its GPUs with NVML: the labels stay as set.
 	node := maps.Clone(good)
 	node["team"] = "ml"
+	node[gpuv1alpha1.LabelMIGConfig] = "all-1g.10gb"
 	empty := nvmlUnavailableStatus(gpuv1alpha1.GPUNodeStatus{})
 	if got := Desired(Input{GPUNode: &empty, NodeLabels: node, Managed: slices.Sorted(maps.Keys(good))}); !maps.Equal(got, good) {
 		t.Errorf("NVML unavailable, no GPUs: labels %v, want the previous %v", got, good)
+	}
+	// A key in the record that the labeller never sets (the record edited
+	// by hand, copied from another node) is not its: keeping it would take
+	// a person's label over, and remove it once NVML is back.
+	if got := Desired(Input{GPUNode: &empty, NodeLabels: node, Managed: append(slices.Sorted(maps.Keys(good)), "team", gpuv1alpha1.LabelMIGConfig)}); !maps.Equal(got, good) {
+		t.Errorf("NVML unavailable, a foreign key recorded: labels %v, want the previous %v", got, good)
 	}
 	// NVML available and no GPUs: they are gone, and so are the labels.
 	gone := gpuv1alpha1.GPUNodeStatus{}

@@ -90,6 +90,9 @@ func assertValid(t testing.TB, labels map[string]string) {
 		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
 			t.Errorf("label %s value %q: %v", k, v, errs)
 		}
+		if !labellerKey(k) {
+			t.Errorf("label %s is not among the labeller's keys (labellerKey)", k)
+		}
 	}
 }
 
