@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -64,6 +65,7 @@ type Reconciler struct {
 	// node.
 	DriverPods client.Reader
 	w          *apply.Writer
+	orphans    orphans
 }
 
 // New returns a labeller writing through c.
@@ -182,7 +184,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 	if nodeErr != nil {
-		return ctrl.Result{}, r.deleteOrphan(ctx, gn)
+		wait, err := r.deleteOrphan(ctx, gn)
+		return ctrl.Result{RequeueAfter: wait}, err
 	}
 	if gn != nil && !ownedBy(gn, node) {
 		if err := r.applyOwner(ctx, gn, node); err != nil {
@@ -234,18 +237,62 @@ const conflictRetry = 250 * time.Millisecond
 // never had its owner reference (its Node deleted while the manager was
 // down, or the agent writing after the Node was deleted). The delete is
 // for gn's UID only, so a GPUNode made since for a new Node of that name
-// stays.
-func (r *Reconciler) deleteOrphan(ctx context.Context, gn *gpuv1alpha1.GPUNode) error {
+// stays. A name whose GPUNode it deleted less than orphanRetry ago waits
+// out the rest (returned): the agent of a Node deleted while it still runs
+// puts its GPUNode back at once, and the two would otherwise delete and
+// create it in a loop until the pod goes.
+func (r *Reconciler) deleteOrphan(ctx context.Context, gn *gpuv1alpha1.GPUNode) (time.Duration, error) {
 	if gn == nil || gn.DeletionTimestamp != nil {
-		return nil
+		return 0, nil
+	}
+	if wait := r.orphans.wait(gn.Name, time.Now()); wait > 0 {
+		return wait, nil
 	}
 	node := &metav1.PartialObjectMetadata{}
 	node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
 	if err := r.Live.Get(ctx, client.ObjectKey{Name: gn.Name}, node); !apierrors.IsNotFound(err) {
-		return err // the Node is there (the cache is behind: its event follows), or the read failed
+		return 0, err // the Node is there (the cache is behind: its event follows), or the read failed
 	}
 	log.FromContext(ctx).Info("deleting the GPUNode of a deleted Node", "gpunode", gn.Name, "uid", gn.UID)
-	return r.w.Delete(ctx, gn, "its Node is gone")
+	r.orphans.deleted(gn.Name, time.Now())
+	return 0, r.w.Delete(ctx, gn, "its Node is gone")
+}
+
+// orphanRetry is how long after deleting the GPUNode of a deleted Node the
+// labeller leaves one made again under its name.
+const orphanRetry = time.Minute
+
+// orphans remembers when the labeller last deleted each name's GPUNode,
+// for orphanRetry (in the manager's memory: its own monotonic clock, no
+// other's).
+type orphans struct {
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
+// wait is how long name's GPUNode is still to be left alone; entries past
+// orphanRetry are forgotten on the way.
+func (o *orphans) wait(name string, now time.Time) time.Duration {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for n, at := range o.at {
+		if now.Sub(at) >= orphanRetry {
+			delete(o.at, n)
+		}
+	}
+	if at, ok := o.at[name]; ok {
+		return orphanRetry - now.Sub(at)
+	}
+	return 0
+}
+
+func (o *orphans) deleted(name string, now time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.at == nil {
+		o.at = map[string]time.Time{}
+	}
+	o.at[name] = now
 }
 
 // activePolicy is the ClusterPolicy in force, nil when none is.

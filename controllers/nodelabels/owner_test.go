@@ -75,6 +75,15 @@ func TestGPUNodeLivesAsLongAsItsNode(t *testing.T) {
 	orphan := createGPUNode(t, "owner-orphan")
 	gone(t, orphan.Name, orphan.UID)
 
+	// Made again at once under that name, as the agent of a Node deleted
+	// while it still runs puts its GPUNode back: not deleted again within
+	// the minute, so the two do not delete and create it in a loop.
+	again := createGPUNode(t, orphan.Name)
+	time.Sleep(2 * time.Second)
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(again), again); err != nil || again.DeletionTimestamp != nil {
+		t.Errorf("a GPUNode made again for a deleted Node was deleted at once: %v, deleting %v", err, again.DeletionTimestamp)
+	}
+
 	// The Node deleted: its GPUNode goes.
 	node := createNode(t, "owner-readded", nil)
 	gn := createGPUNode(t, node.Name)
@@ -85,9 +94,9 @@ func TestGPUNodeLivesAsLongAsItsNode(t *testing.T) {
 	gone(t, gn.Name, gn.UID)
 
 	// Re-added, with a new UID: the agent's new GPUNode is the new Node's.
-	again := createNode(t, node.Name, nil)
+	readded := createNode(t, node.Name, nil)
 	createGPUNode(t, node.Name)
-	ownedByOnly(t, node.Name, again)
+	ownedByOnly(t, node.Name, readded)
 
 	// Re-added before the old GPUNode went (the garbage collector had not
 	// come to it yet): the old Node's reference is replaced, so the
