@@ -136,8 +136,9 @@ func decide(o observed) decision {
 	case rayv1.JobDeploymentStatusWaiting:
 		// KubeRay v1.5 waits for spec.jobId whatever suspend and the
 		// deadline say: Kueue could not take the cluster back, nor the
-		// deadline end the wait.
-		if suspendOrDeadline(o, &d) {
+		// deadline end the wait. A cluster gone ends it too: waited on,
+		// it would be Running for a pass before it failed.
+		if suspendOrDeadline(o, &d) || clusterLost(o, &d) {
 			break
 		}
 		if o.job.Spec.JobId == "" {

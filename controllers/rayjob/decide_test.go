@@ -112,6 +112,32 @@ func TestDecide(t *testing.T) {
 			o.job.Status.JobDeploymentStatus = rayv1.JobDeploymentStatusWaiting
 			o.dash = dashObs{asked: true, err: errors.New("connection refused"), failures: 1, since: t0}
 		}, want{jds: rayv1.JobDeploymentStatusWaiting, msg: "connection refused; asking again in 1s"}},
+		{"waiting: a cluster deleted fails the RayJob at once, not after a pass Running", func(o *observed) {
+			o.job.Spec.SubmissionMode, o.job.Spec.JobId = rayv1.InteractiveMode, "mine"
+			o.job.Status.JobDeploymentStatus, o.job.Status.JobId = rayv1.JobDeploymentStatusWaiting, ""
+			o.job.Status.DashboardURL = "rj-fghij-head-svc.ns.svc.cluster.local:8265"
+			o.cluster = nil
+		}, want{jds: rayv1.JobDeploymentStatusFailed, js: rayv1.JobStatusFailed, reason: rayv1.AppFailed,
+			msg: "RayCluster rj-fghij was deleted while the RayJob waited for its Ray job (spec.jobId)", failed: 1}},
+		{"waiting for spec.jobId: a cluster deleted fails the RayJob instead of waiting for ever", func(o *observed) {
+			o.job.Spec.SubmissionMode = rayv1.InteractiveMode
+			o.job.Status.JobDeploymentStatus, o.job.Status.JobId = rayv1.JobDeploymentStatusWaiting, ""
+			o.job.Status.DashboardURL = "rj-fghij-head-svc.ns.svc.cluster.local:8265"
+			o.cluster = nil
+		}, want{jds: rayv1.JobDeploymentStatusFailed, js: rayv1.JobStatusFailed, reason: rayv1.AppFailed, msg: "was deleted while the RayJob waited", failed: 1}},
+		{"waiting: a cluster being deleted fails the RayJob", func(o *observed) {
+			o.job.Spec.SubmissionMode, o.job.Spec.JobId = rayv1.InteractiveMode, "mine"
+			o.job.Status.JobDeploymentStatus, o.job.Status.JobId = rayv1.JobDeploymentStatusWaiting, ""
+			o.cluster.DeletionTimestamp = &metav1.Time{Time: t0}
+			o.dash = info(rayv1.JobStatusRunning, "")
+		}, want{jds: rayv1.JobDeploymentStatusFailed, js: rayv1.JobStatusFailed, reason: rayv1.AppFailed, msg: "was deleted while the RayJob waited", failed: 1}},
+		{"waiting: a selected cluster created again under its name is not the attempt's", func(o *observed) {
+			o.job.Spec.SubmissionMode, o.job.Spec.JobId = rayv1.InteractiveMode, "mine"
+			o.job.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "rj-fghij"}
+			o.job.Status.JobDeploymentStatus, o.job.Status.JobId = rayv1.JobDeploymentStatusWaiting, ""
+			o.job.Annotations = map[string]string{AnnotationClusterUID: "uid-1"}
+			o.cluster, o.replacedBy = nil, "uid-2"
+		}, want{jds: rayv1.JobDeploymentStatusFailed, js: rayv1.JobStatusFailed, reason: rayv1.AppFailed, msg: "was deleted and created again (UID uid-1, now uid-2)", failed: 1}},
 		{"running: HTTPMode submits what the dashboard does not know", func(o *observed) {
 			o.job = baseJob(rayv1.HTTPMode, rayv1.JobDeploymentStatusRunning)
 			o.dash = dashObs{asked: true, notFound: true}

@@ -57,10 +57,10 @@ func running(o observed, d *decision) {
 }
 
 // clusterLost ends the attempt of a RayJob whose cluster was deleted while
-// it ran (by hand: Loom deletes a created one only once the RayJob
-// finished, or to suspend or retry, and never one picked by
-// clusterSelector): its Ray job went with it, Failed, unless it had
-// finished. KubeRay v1.5 creates a created cluster again, which runs the
+// it ran, or waited for spec.jobId (InteractiveMode), (by hand: Loom
+// deletes a created one only once the RayJob finished, or to suspend or
+// retry, and never one picked by clusterSelector): its Ray job went with
+// it, Failed, unless it had finished. KubeRay v1.5 creates a created cluster again, which runs the
 // job a second time, uncounted, on the rayClusterSpec as edited since, and
 // leaves a RayJob whose selected cluster is gone Running for ever; here, a
 // retry (backoffLimit) starts over on a new cluster, and one on a selected
@@ -95,6 +95,9 @@ func clusterLost(o observed, d *decision) bool {
 	}
 	st.JobStatus, st.JobDeploymentStatus, st.Reason = rayv1.JobStatusFailed, rayv1.JobDeploymentStatusFailed, rayv1.AppFailed
 	st.Message = fmt.Sprintf("%s %s while the RayJob ran on it: Ray job %s is lost with it", name, deleted, st.JobId)
+	if st.JobId == "" { // an InteractiveMode RayJob Waiting for spec.jobId
+		st.Message = fmt.Sprintf("%s %s while the RayJob waited for its Ray job (spec.jobId) on it", name, deleted)
+	}
 	return true
 }
 
