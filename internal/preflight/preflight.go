@@ -166,11 +166,15 @@ func dryRun(ctx context.Context, c client.Client, obj client.Object) []string {
 	return causes(status)
 }
 
-// causes are the fields an Invalid answer names, each with its message.
+// causes are the fields an Invalid answer names, each with its message;
+// a cause that names none (an admission policy's) is the spec's.
 func causes(status apierrors.APIStatus) []string {
 	var out []string
 	if d := status.Status().Details; d != nil {
 		for _, c := range d.Causes {
+			if c.Field == "" {
+				c.Field = "spec"
+			}
 			out = append(out, c.Field+": "+c.Message)
 		}
 	}

@@ -41,6 +41,10 @@ func TestRefused(t *testing.T) {
 	}{
 		{"admitted", nil, ""},
 		{"invalid", invalid, `spec.workerGroupSpecs[0].template.spec.containers[0].ports[0].containerPort: Invalid value: 70000: must be between 1 and 65535, inclusive`},
+		{"invalid, naming no field (a ValidatingAdmissionPolicy)", &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: 422,
+			Reason: metav1.StatusReasonInvalid, Message: "pods is invalid: ValidatingAdmissionPolicy 'p' with binding 'b' denied request: no",
+			Details: &metav1.StatusDetails{Causes: []metav1.StatusCause{{Message: "ValidatingAdmissionPolicy 'p' with binding 'b' denied request: no"}}}}},
+			`spec.workerGroupSpecs[0].template.spec: ValidatingAdmissionPolicy 'p' with binding 'b' denied request: no`},
 		{"forbidden by quota", apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "p", errors.New("exceeded quota")), ""},
 		{"a webhook refuses dry runs", apierrors.NewBadRequest("admission webhook does not support dry run"), ""},
 		{"timeout", apierrors.NewTimeoutError("slow", 1), ""},
