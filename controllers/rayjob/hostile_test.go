@@ -3,11 +3,13 @@ package rayjob
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -174,6 +176,103 @@ func TestARefusedSubmitterTemplateHoldsTheRayJob(t *testing.T) {
 			waitCluster(t, rj)
 		})
 	}
+}
+
+// A submitter Job the API server refuses where a pod of its template
+// would pass (a template label the Job sets itself, an admission policy on
+// Jobs, which refuses KubeRay's default template too) holds the RayJob
+// ValidationFailed before anything is made, the message quoting the
+// refused fields as the RayJob's, instead of a cluster brought up for a
+// Job whose create fails on every pass. A template label job-name of the
+// Job's own name, which the API server would set, is no refusal.
+func TestARefusedSubmitterJobHoldsTheRayJob(t *testing.T) {
+	ctx := context.Background()
+	template := func(labels map[string]string) *corev1.PodTemplateSpec {
+		return &corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{Name: "submitter", Image: "rayproject/ray:2.46.0"}}}}
+	}
+	tests := []struct {
+		name   string
+		edit   func(*rayv1.RayJob)
+		policy bool
+		want   string // a pattern of what the message quotes; "": admitted
+	}{
+		{"a controller-uid template label", func(j *rayv1.RayJob) {
+			j.Spec.SubmitterPodTemplate = template(map[string]string{"controller-uid": "mine"})
+		},
+			false, `spec\.submitterPodTemplate\.metadata\.labels\[controller-uid\]: Invalid value`},
+		{"a job-name template label of another name", func(j *rayv1.RayJob) {
+			j.Spec.SubmitterPodTemplate = template(map[string]string{batchv1.JobNameLabel: "another"})
+		}, false, `spec\.submitterPodTemplate\.metadata\.labels\[batch\.kubernetes\.io/job-name\]: Invalid value: .*: must be 'rayjob-sample-`},
+		{"a policy on Jobs, KubeRay's default template", func(*rayv1.RayJob) {}, true, `spec: ValidatingAdmissionPolicy .* denied request: ttlSecondsAfterFinished is required`},
+		{"a job-name template label of the Job's own name", func(j *rayv1.RayJob) {
+			j.Spec.SubmitterPodTemplate = template(map[string]string{batchv1.JobNameLabel: j.Name, "job-name": j.Name})
+		}, false, ""},
+	}
+	fake := newFake(t, time.Hour)
+	startManager(t, fake)
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rj := sampleJob(t, "ray-job.sample.yaml", fmt.Sprintf("rj-refused-job-%d", i))
+			if tt.policy {
+				jobsNeedATTL(t, rj.Namespace)
+			}
+			tt.edit(rj)
+			create(t, rj)
+			if tt.want == "" {
+				waitCluster(t, rj)
+				return
+			}
+			got := waitJob(t, rj, "held on its submitter Job", deploymentStatus(rayv1.JobDeploymentStatusValidationFailed))
+			if !regexp.MustCompile(`^the API server refuses the submitter Job: `+tt.want).MatchString(got.Status.Message) || got.Status.Reason != rayv1.ValidationFailed {
+				t.Fatalf("status %q %q, want ValidationFailed naming %s", got.Status.Reason, got.Status.Message, tt.want)
+			}
+			warned(t, rj, "InvalidRayJobSpec")
+			time.Sleep(time.Second) // passes after the hold make nothing either
+			var clusters rayv1.RayClusterList
+			if err := env.Client.List(ctx, &clusters, client.InNamespace(rj.Namespace)); err != nil || len(clusters.Items) != 0 {
+				t.Fatalf("a held RayJob made %d RayClusters (%v)", len(clusters.Items), err)
+			}
+			if n := len(submitters(t, rj.Namespace)); n != 0 {
+				t.Fatalf("a held RayJob made %d submitter Jobs", n)
+			}
+		})
+	}
+}
+
+// jobsNeedATTL has the API server refuse, in namespace ns only, a Job
+// without ttlSecondsAfterFinished (a ValidatingAdmissionPolicy, as a
+// cluster's policy may ask), once a dry run says the policy is in force.
+func jobsNeedATTL(t *testing.T, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: ns + "-jobs-need-a-ttl"},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+					Rule: admissionregistrationv1.Rule{APIGroups: []string{"batch"}, APIVersions: []string{"v1"}, Resources: []string{"jobs"}}}}}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "has(object.spec.ttlSecondsAfterFinished)", Message: "ttlSecondsAfterFinished is required"}},
+		}}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: policy.Name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+			MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{
+				MatchLabels: map[string]string{corev1.LabelMetadataName: ns}}}}}
+	create(t, policy)
+	create(t, binding)
+	t.Cleanup(func() {
+		_ = env.Client.Delete(ctx, binding)
+		_ = env.Client.Delete(ctx, policy)
+	})
+	testenv.Eventually(t, 30*time.Second, func() error {
+		probe := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{GenerateName: "probe-", Namespace: ns}, Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{
+			Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}}}
+		if err := env.Client.Create(ctx, probe, client.DryRunAll); !apierrors.IsInvalid(err) {
+			return fmt.Errorf("the policy is not in force yet: %v", err)
+		}
+		return nil
+	})
 }
 
 // A RayJob past its deadline whose dashboard does not answer the stop

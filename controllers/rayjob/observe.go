@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"strings"
 	"time"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
@@ -105,37 +107,71 @@ func replaced(j *rayv1.RayJob, rc *rayv1.RayCluster) bool {
 	return false
 }
 
-// preflightSubmitter asks the API server, with a dry run, whether it admits
-// a pod of the user's submitter template (spec.submitterPodTemplate, with
-// what Loom adds to it), before the submitter Job is made: while the RayJob
-// has not started (so before its cluster is made) or comes up. A Job whose
-// pods the API server refuses is made all the same, and its pods never
-// are; a refusal as invalid is the RayJob's spec error, naming the fields
-// (internal/preflight). KubeRay's default template is not asked about.
+// preflightSubmitter asks the API server, with dry runs, whether it admits
+// the submitter Job Loom makes (K8sJobMode) and a pod of the user's
+// submitter template (spec.submitterPodTemplate, with what Loom adds to
+// it), before the Job is made: while the RayJob has not started (so
+// before its cluster is made) or comes up. The Job is refused for what a
+// pod is not (a template label the Job sets itself: job-name,
+// controller-uid; an admission policy on Jobs), and a pod for what its Job
+// is not (an admission policy on pods): a Job whose pods the API server
+// refuses is made all the same, and its pods never are. A refusal as
+// invalid is the RayJob's spec error, naming the fields
+// (internal/preflight), those of the Job as the RayJob's fields they come
+// from. The pod of KubeRay's default template (the head's image) is not
+// asked about; in clusterSelector mode, without a template, neither is
+// its Job, whose image is the selected cluster's.
 func (r *Reconciler) preflightSubmitter(ctx context.Context, j *rayv1.RayJob) error {
 	switch j.Status.JobDeploymentStatus {
 	case rayv1.JobDeploymentStatusNew, rayv1.JobDeploymentStatusValidationFailed, rayv1.JobDeploymentStatusSuspended, rayv1.JobDeploymentStatusInitializing:
 	default:
 		return nil
 	}
-	if j.Spec.SubmissionMode != rayv1.K8sJobMode || j.Spec.SubmitterPodTemplate == nil {
+	if j.Spec.SubmissionMode != rayv1.K8sJobMode {
 		return nil
 	}
-	// The job id and dashboard of any attempt: the pod's shape, and so the
-	// answer kept for it, is the same for every RayJob of this template.
+	rc := &rayv1.RayCluster{}
+	if j.Spec.RayClusterSpec != nil && !selectorMode(j) {
+		rc.Spec = *j.Spec.RayClusterSpec
+	}
+	// The job id and dashboard of any attempt: the shape, and so the
+	// answer kept for it, is the same for every RayJob of this spec.
 	st := rayv1.RayJobStatus{JobId: j.Name, DashboardURL: j.Name + "-head-svc:8265"}
-	sj, err := desiredSubmitter(j, st, &rayv1.RayCluster{})
+	sj, err := desiredSubmitter(j, st, rc)
 	if err != nil {
 		return nil // said when the submitter is made
 	}
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: sj.Name, Namespace: sj.Namespace, Labels: sj.Spec.Template.Labels, Annotations: sj.Spec.Template.Annotations},
-		Spec:       sj.Spec.Template.Spec,
+	if j.Spec.SubmitterPodTemplate != nil {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: sj.Name, Namespace: sj.Namespace, Labels: sj.Spec.Template.Labels, Annotations: sj.Spec.Template.Annotations},
+			Spec:       sj.Spec.Template.Spec,
+		}
+		if why := preflight.Refused(ctx, r.Client, j.Name, "spec.submitterPodTemplate", pod); why != "" {
+			return fmt.Errorf("the API server refuses the submitter pod: %s", why)
+		}
 	}
-	if why := preflight.Refused(ctx, r.Client, j.Name, "spec.submitterPodTemplate", pod); why != "" {
-		return fmt.Errorf("the API server refuses the submitter pod: %s", why)
+	// The dry run's Job has a generated name: the job-name labels the API
+	// server would set itself to the Job's name are not the template's
+	// error.
+	for _, k := range []string{batchv1.JobNameLabel, "job-name"} {
+		if sj.Spec.Template.Labels[k] == sj.Name {
+			delete(sj.Spec.Template.Labels, k)
+		}
+	}
+	if why := preflight.Refused(ctx, r.Client, j.Name, "", sj); why != "" {
+		return fmt.Errorf("the API server refuses the submitter Job: %s", jobFields.ReplaceAllStringFunc(why, rayJobField))
 	}
 	return nil
+}
+
+// jobFields finds the submitter Job's fields that come from the RayJob's
+// in the API server's causes ("<field>: <message>", joined by "; ").
+var jobFields = regexp.MustCompile(`(^|; )(spec\.template|spec\.backoffLimit)\b`)
+
+// rayJobField is the RayJob's field a submitter Job's field comes from.
+func rayJobField(s string) string {
+	s = strings.Replace(s, "spec.template", "spec.submitterPodTemplate", 1)
+	return strings.Replace(s, "spec.backoffLimit", "spec.submitterConfig.backoffLimit", 1)
 }
 
 // submitterTrouble is why a pod of the submitter Job, which has not
