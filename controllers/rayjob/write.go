@@ -188,8 +188,9 @@ func (r *Reconciler) submit(ctx context.Context, o observed, st rayv1.RayJobStat
 // Stopping a given-up Ray job is tried again with backoff (1 s, 2 s, 4 s …
 // up to a minute) while its cluster stands, at most stopTries times, and
 // not past stopRetryWindow after the RayJob ended. The tries are counted
-// in memory: a manager restarted within the window starts the count over,
-// the window still bounding the tries (one restarted later does not try).
+// in memory and said in the status message after each failure, from which
+// a restarted manager takes the count up (triedBefore): a restart tries
+// again at once, but never more than stopTries times in all.
 const (
 	stopTries       = 8
 	stopRetryWindow = 10 * time.Minute
@@ -223,7 +224,7 @@ func (r *Reconciler) stopJob(ctx context.Context, job *rayv1.RayJob, d *decision
 	a := r.stops[key]
 	r.mu.Unlock()
 	if a.jobID != st.JobId {
-		a = stopAttempts{jobID: st.JobId}
+		a = triedBefore(job.Status.Message, st.JobId)
 	}
 	if a.done {
 		return
@@ -266,6 +267,24 @@ func (r *Reconciler) stopJob(ctx context.Context, job *rayv1.RayJob, d *decision
 	}
 	r.stops[key] = a
 	r.mu.Unlock()
+}
+
+// triedBefore is what a RayJob's stored message (msg) says of the failed
+// stops of Ray job id, which stopJob says after each: how many failed, and
+// whether Loom gave up. The count so outlives the manager, without a
+// write of its own.
+func triedBefore(msg, id string) stopAttempts {
+	a := stopAttempts{jobID: id}
+	_, note, ok := strings.Cut(msg, stopNote+id+" failed ")
+	switch {
+	case !ok:
+	case strings.HasPrefix(note, "("):
+		_, _ = fmt.Sscanf(note, "(%d of", &a.n)
+	default:
+		_, err := fmt.Sscanf(note, "%d times", &a.n)
+		a.done = err == nil
+	}
+	return a
 }
 
 // soonest is the shorter of two waits, 0 being none.
