@@ -364,6 +364,28 @@ func TestFinished(t *testing.T) {
 			j.Spec.ShutdownAfterJobFinishes = true
 			j.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "x"}
 		}, false, false, false, 0},
+		{"selected cluster, shutdown after a TTL: nothing to look again for", func(j *rayv1.RayJob, _ *observed) {
+			j.Spec.ShutdownAfterJobFinishes, j.Spec.TTLSecondsAfterFinished = true, 60
+			j.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "x"}
+		}, false, false, false, 0},
+		{"selected cluster: a DeleteSelf rule deletes the RayJob", func(j *rayv1.RayJob, _ *observed) {
+			j.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "x"}
+			j.Spec.DeletionStrategy = &rayv1.DeletionStrategy{DeletionRules: []rayv1.DeletionRule{
+				{Policy: rayv1.DeleteSelf, Condition: rayv1.DeletionCondition{JobStatus: rayv1.JobStatusSucceeded}},
+			}}
+		}, false, false, true, 0},
+		{"selected cluster: legacy onSuccess DeleteSelf deletes the RayJob", func(j *rayv1.RayJob, _ *observed) {
+			j.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "x"}
+			j.Spec.DeletionStrategy = &rayv1.DeletionStrategy{OnSuccess: policy(rayv1.DeleteSelf), OnFailure: policy(rayv1.DeleteNone)}
+		}, false, false, true, 0},
+		{"selected cluster: a DeleteCluster rule (edited in after the end) leaves it alone", func(j *rayv1.RayJob, o *observed) {
+			j.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "x"}
+			j.Spec.DeletionStrategy = &rayv1.DeletionStrategy{DeletionRules: []rayv1.DeletionRule{
+				{Policy: rayv1.DeleteCluster, Condition: rayv1.DeletionCondition{JobStatus: rayv1.JobStatusSucceeded}},
+				{Policy: rayv1.DeleteWorkers, Condition: rayv1.DeletionCondition{JobStatus: rayv1.JobStatusSucceeded}},
+			}}
+			o.cluster.Spec.WorkerGroupSpecs = []rayv1.WorkerGroupSpec{{GroupName: "w"}}
+		}, false, false, false, 0},
 		{"legacy onSuccess DeleteWorkers", func(j *rayv1.RayJob, o *observed) {
 			j.Spec.DeletionStrategy = &rayv1.DeletionStrategy{OnSuccess: policy(rayv1.DeleteWorkers), OnFailure: policy(rayv1.DeleteNone)}
 			o.cluster.Spec.WorkerGroupSpecs = []rayv1.WorkerGroupSpec{{GroupName: "w"}}

@@ -10,12 +10,14 @@ import (
 // finished applies the clean-up a finished RayJob asks for: its
 // deletionStrategy (rules, or the legacy onSuccess/onFailure pair), else
 // shutdownAfterJobFinishes after ttlSecondsAfterFinished. A cluster picked
-// by clusterSelector is never touched.
+// by clusterSelector is never touched, but DeleteSelf, which KubeRay's
+// validation allows with one, deletes the RayJob (KubeRay v1.5 and v1.6
+// skip every policy of such a RayJob, so it stayed).
 func finished(o observed, d *decision) {
 	d.requeue = 0
 	j := o.job
 	stopAgain(o, d)
-	if selectorMode(j) || d.status.EndTime == nil {
+	if d.status.EndTime == nil {
 		return
 	}
 	end, js := d.status.EndTime.Time, outcome(d.status)
@@ -33,7 +35,7 @@ func finished(o observed, d *decision) {
 		if p != nil && *p != rayv1.DeleteNone && due(o, d, end.Add(ttl(j.Spec.TTLSecondsAfterFinished))) {
 			execute(o, d, *p)
 		}
-	case j.Spec.ShutdownAfterJobFinishes:
+	case j.Spec.ShutdownAfterJobFinishes && !selectorMode(j):
 		if due(o, d, end.Add(ttl(j.Spec.TTLSecondsAfterFinished))) {
 			execute(o, d, rayv1.DeleteCluster)
 		}
@@ -109,7 +111,7 @@ func done(o observed, p rayv1.DeletionPolicyType) bool {
 }
 
 func execute(o observed, d *decision, p rayv1.DeletionPolicyType) {
-	if done(o, p) {
+	if done(o, p) || (selectorMode(o.job) && p != rayv1.DeleteSelf) {
 		return
 	}
 	switch p {
