@@ -169,12 +169,41 @@ func validate(j *rayv1.RayJob) error {
 	if strings.TrimSpace(j.Spec.Entrypoint) == "" && usesEntrypoint(j) {
 		return fmt.Errorf("spec.entrypoint must be set in %s: it is the command the Ray job runs", j.Spec.SubmissionMode)
 	}
+	// The submitter runs `ray job submit` as one argument of bash, which
+	// Linux holds to 128 KiB (MAX_ARG_STRLEN): past it, its pod never
+	// starts (argument list too long) and the Job fails after its retries.
+	if j.Spec.SubmissionMode == rayv1.K8sJobMode && usesEntrypoint(j) {
+		if n := submitCommandSize(j); n >= maxArgStrlen {
+			return fmt.Errorf("spec.entrypoint, with runtimeEnvYAML and metadata, makes the submitter's command %d bytes, past the %d a Linux process takes in one argument: use HTTPMode, or keep the code in the image or in a runtime env's working_dir", n, maxArgStrlen)
+		}
+	}
 	// Refused here rather than by the API server when the submitter Job is
 	// created, after a cluster has come up for nothing.
 	if c := j.Spec.SubmitterConfig; j.Spec.SubmissionMode == rayv1.K8sJobMode && c != nil && c.BackoffLimit != nil && *c.BackoffLimit < 0 {
 		return fmt.Errorf("spec.submitterConfig.backoffLimit must not be negative, got %d", *c.BackoffLimit)
 	}
 	return nil
+}
+
+// maxArgStrlen is Linux's bound on one argument of a process, its
+// terminating NUL included.
+const maxArgStrlen = 128 << 10
+
+// submitCommandSize is the size of the submitter's `ray job submit`
+// command for the RayJob, with a job id and dashboard address as long as
+// an attempt's (0 if it cannot be built: validated before).
+func submitCommandSize(j *rayv1.RayJob) int {
+	w := &rayv1.RayJob{ObjectMeta: j.ObjectMeta, Spec: j.Spec}
+	w.Status.JobId = j.Spec.JobId
+	if w.Status.JobId == "" {
+		w.Status.JobId = utils.GenerateRayJobId(j.Name)
+	}
+	w.Status.DashboardURL = utils.GenerateRayClusterName(j.Name) + "-head-svc." + j.Namespace + ".svc.cluster.local:8265"
+	cmd, err := common.BuildJobSubmitCommand(w, rayv1.K8sJobMode)
+	if err != nil {
+		return 0
+	}
+	return len(strings.Join(cmd, " ")) + 1
 }
 
 // usesEntrypoint reports whether Loom submits spec.entrypoint: in HTTPMode,

@@ -123,6 +123,12 @@ func TestValidateKubeRaySamples(t *testing.T) {
 		"no entrypoint":           func(j *rayv1.RayJob) { j.Spec.Entrypoint = "" },
 		"a blank entrypoint":      func(j *rayv1.RayJob) { j.Spec.Entrypoint = " \n\t" },
 		"HTTPMode, no entrypoint": func(j *rayv1.RayJob) { j.Spec.SubmissionMode, j.Spec.Entrypoint = rayv1.HTTPMode, "" },
+		"an entrypoint past what one argument of a process holds": func(j *rayv1.RayJob) {
+			j.Spec.Entrypoint = "python -c '" + strings.Repeat("x", maxArgStrlen) + "'"
+		},
+		"a runtime env making the submit command past what one argument holds": func(j *rayv1.RayJob) {
+			j.Spec.RuntimeEnvYAML = "env_vars:\n  BIG: " + strings.Repeat("x", maxArgStrlen-200)
+		},
 		"a submitter restarting Always": func(j *rayv1.RayJob) {
 			j.Spec.SubmitterPodTemplate = &corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyAlways,
 				Containers: []corev1.Container{{Name: "submit", Image: "rayproject/ray:2.46.0"}}}}
@@ -138,6 +144,17 @@ func TestValidateKubeRaySamples(t *testing.T) {
 	j.Spec.ClusterSelector, j.Spec.BackoffLimit = map[string]string{"ray.io/cluster": "theirs"}, ptr.To[int32](0)
 	if err := validate(j); err != nil {
 		t.Errorf("a selected cluster with backoffLimit 0: %v", err)
+	}
+	// A long entrypoint that fits is no error, nor one Loom sends the
+	// dashboard (HTTPMode) rather than a process's command line.
+	j = baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusNew)
+	j.Spec.Entrypoint = "python -c '" + strings.Repeat("x", 100<<10) + "'"
+	if err := validate(j); err != nil {
+		t.Errorf("a 100 KiB entrypoint: %v", err)
+	}
+	j.Spec.SubmissionMode, j.Spec.Entrypoint = rayv1.HTTPMode, strings.Repeat("x", maxArgStrlen)
+	if err := validate(j); err != nil {
+		t.Errorf("a 128 KiB entrypoint in HTTPMode: %v", err)
 	}
 	// No entrypoint is needed where Loom submits none: the user does
 	// (InteractiveMode), or the submitter template's own command does.
