@@ -3,6 +3,7 @@ package rayjob
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
@@ -87,6 +88,7 @@ func desiredSubmitter(j *rayv1.RayJob, st rayv1.RayJobStatus, rc *rayv1.RayClust
 	if err != nil {
 		return nil, fmt.Errorf("building the submit command: %w", err)
 	}
+	shellQuoteJSON(cmd)
 	// A Job's pods restart Never or OnFailure: a template that says
 	// nothing would be defaulted to Always by the API server and the Job
 	// refused on every pass (KubeRay v1.5 leaves it so). Always is refused
@@ -122,6 +124,22 @@ func desiredSubmitter(j *rayv1.RayJob, st rayv1.RayJobStatus, rc *rayv1.RayClust
 		ObjectMeta: metav1.ObjectMeta{Name: j.Name, Namespace: j.Namespace, Labels: labels},
 		Spec:       batchv1.JobSpec{BackoffLimit: limit, Template: tmpl},
 	}, nil
+}
+
+// shellQuoteJSON single-quotes the JSON arguments of the submit command
+// (the runtime env, metadata, entrypoint resources), which KubeRay quotes
+// as Go strings: in the double quotes bash reads those in, a $ or ` of the
+// user's (an env var's value, a password in a pip index URL) is expanded,
+// and Ray is given, silently, another runtime env than the RayJob's.
+func shellQuoteJSON(cmd []string) {
+	for i := 1; i < len(cmd); i++ {
+		switch cmd[i-1] {
+		case "--runtime-env-json", "--metadata-json", "--entrypoint-resources":
+			if s, err := strconv.Unquote(cmd[i]); err == nil {
+				cmd[i] = "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+			}
+		}
+	}
 }
 
 // desiredService is KubeRay's RayJob-level head Service (<rayjob>-head-svc),
@@ -203,6 +221,7 @@ func submitCommandSize(j *rayv1.RayJob) int {
 	if err != nil {
 		return 0
 	}
+	shellQuoteJSON(cmd)
 	return len(strings.Join(cmd, " ")) + 1
 }
 

@@ -5,10 +5,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"github.com/ray-project/kuberay/ray-operator/controllers/ray/common"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
@@ -29,8 +31,8 @@ func TestDesiredSubmitterIsKubeRays(t *testing.T) {
 	for _, want := range []string{
 		"if ! ray job status --address http://" + j.Status.DashboardURL + " rj-abcde",
 		"ray job submit --address http://" + j.Status.DashboardURL + " --no-wait",
-		`--runtime-env-json "{\"env_vars\":{\"A\":\"b\"}}"`,
-		"--submission-id rj-abcde", "--entrypoint-num-cpus 1.000000", `--entrypoint-resources "{\"r\": 1}"`,
+		`--runtime-env-json '{"env_vars":{"A":"b"}}'`,
+		"--submission-id rj-abcde", "--entrypoint-num-cpus 1.000000", `--entrypoint-resources '{"r": 1}'`,
 		"-- python x.py ; fi ; ray job logs --address http://" + j.Status.DashboardURL + " --follow rj-abcde",
 	} {
 		if !strings.Contains(args, want) {
@@ -179,6 +181,49 @@ func TestValidateKubeRaySamples(t *testing.T) {
 	}
 	if p := sj.Spec.Template.Spec.RestartPolicy; p != corev1.RestartPolicyNever {
 		t.Errorf("the submitter of a template without restartPolicy restarts %q, want Never", p)
+	}
+}
+
+// The submitter's bash gives Ray the runtime env, metadata and
+// entrypoint resources as the RayJob has them: a $, a backtick, quotes,
+// backslashes, a newline and non-ASCII text are not expanded or lost.
+func TestTheSubmitCommandPassesTheJSONAsWritten(t *testing.T) {
+	j := baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
+	j.Spec.RayClusterSpec.RayVersion = "2.46.0"
+	j.Spec.RuntimeEnvYAML = "env_vars:\n  PASSWORD: 'pa$$word $HOME `id` it''s'\n  PATHS: \"C:\\\\tmp\\n\\\"é\\\"\"\n"
+	j.Spec.Metadata = map[string]string{"owner": "$USER `whoami` 'me'"}
+	j.Spec.EntrypointResources = `{"$r": 1}`
+	rc := readyCluster()
+	rc.Spec = *j.Spec.RayClusterSpec
+	sj, err := desiredSubmitter(j, j.Status, rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kuberay, err := common.BuildJobSubmitCommand(j, rayv1.K8sJobMode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// ray prints the argument after each flag; `ray job status` says the
+	// job is not there, so the submit runs.
+	ray := `ray() { [ "$2" = status ] && return 1; [ "$2" = submit ] || return 0; while [ $# -gt 0 ]; do case "$1" in --runtime-env-json|--metadata-json|--entrypoint-resources) printf '%s\0' "$2";; esac; shift; done; }; `
+	out, err := exec.Command("bash", "-c", ray+sj.Spec.Template.Spec.Containers[0].Args[0]).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Split(strings.TrimSuffix(string(out), "\x00"), "\x00")
+	var want []string
+	for i := 1; i < len(kuberay); i++ {
+		switch kuberay[i-1] {
+		case "--runtime-env-json", "--metadata-json", "--entrypoint-resources":
+			s, err := strconv.Unquote(kuberay[i])
+			if err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, s)
+		}
+	}
+	if len(want) != 3 || strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("bash gave Ray\n%q\nwant\n%q", got, want)
 	}
 }
 
