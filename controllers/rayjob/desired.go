@@ -3,6 +3,7 @@ package rayjob
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -88,7 +89,7 @@ func desiredSubmitter(j *rayv1.RayJob, st rayv1.RayJobStatus, rc *rayv1.RayClust
 	if err != nil {
 		return nil, fmt.Errorf("building the submit command: %w", err)
 	}
-	shellQuoteJSON(cmd)
+	shellQuote(cmd, withStatus.Status.JobId)
 	// A Job's pods restart Never or OnFailure: a template that says
 	// nothing would be defaulted to Always by the API server and the Job
 	// refused on every pass (KubeRay v1.5 leaves it so). Always is refused
@@ -126,21 +127,30 @@ func desiredSubmitter(j *rayv1.RayJob, st rayv1.RayJobStatus, rc *rayv1.RayClust
 	}, nil
 }
 
-// shellQuoteJSON single-quotes the JSON arguments of the submit command
-// (the runtime env, metadata, entrypoint resources), which KubeRay quotes
-// as Go strings: in the double quotes bash reads those in, a $ or ` of the
-// user's (an env var's value, a password in a pip index URL) is expanded,
-// and Ray is given, silently, another runtime env than the RayJob's.
-func shellQuoteJSON(cmd []string) {
+// shellQuote single-quotes the words of the submit command that KubeRay
+// gives bash in Go's double quotes, the JSON of the runtime env, metadata
+// and entrypoint resources (where a $ or ` of the user's, an env var's
+// value or a password in a pip index URL, is expanded and Ray given,
+// silently, another runtime env than the RayJob's), or as they are, the
+// job id (a spec.jobId with a space, a ; or a $ splits the command).
+func shellQuote(cmd []string, jobID string) {
 	for i := 1; i < len(cmd); i++ {
-		switch cmd[i-1] {
-		case "--runtime-env-json", "--metadata-json", "--entrypoint-resources":
+		switch flag := cmd[i-1]; {
+		case flag == "--runtime-env-json" || flag == "--metadata-json" || flag == "--entrypoint-resources":
 			if s, err := strconv.Unquote(cmd[i]); err == nil {
-				cmd[i] = "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+				cmd[i] = singleQuoted(s)
 			}
+		case cmd[i] != jobID || shellSafe.MatchString(jobID):
+		case flag == "--submission-id" || flag == "--follow" || (i >= 3 && cmd[i-3] == "status" && cmd[i-2] == "--address"):
+			cmd[i] = singleQuoted(jobID)
 		}
 	}
 }
+
+// shellSafe matches a word bash takes as it is.
+var shellSafe = regexp.MustCompile(`^[A-Za-z0-9_.,:/=+@%-]+$`)
+
+func singleQuoted(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // desiredService is KubeRay's RayJob-level head Service (<rayjob>-head-svc),
 // which follows the RayJob from cluster to cluster.
@@ -221,7 +231,7 @@ func submitCommandSize(j *rayv1.RayJob) int {
 	if err != nil {
 		return 0
 	}
-	shellQuoteJSON(cmd)
+	shellQuote(cmd, w.Status.JobId)
 	return len(strings.Join(cmd, " ")) + 1
 }
 

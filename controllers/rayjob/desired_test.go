@@ -185,14 +185,17 @@ func TestValidateKubeRaySamples(t *testing.T) {
 }
 
 // The submitter's bash gives Ray the runtime env, metadata and
-// entrypoint resources as the RayJob has them: a $, a backtick, quotes,
-// backslashes, a newline and non-ASCII text are not expanded or lost.
-func TestTheSubmitCommandPassesTheJSONAsWritten(t *testing.T) {
+// entrypoint resources as the RayJob has them (a $, a backtick, quotes,
+// backslashes, a newline and non-ASCII text are not expanded or lost), and
+// the job id as one word, whatever spec.jobId holds.
+func TestTheSubmitCommandPassesTheRayJobsWordsAsWritten(t *testing.T) {
 	j := baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusRunning)
 	j.Spec.RayClusterSpec.RayVersion = "2.46.0"
 	j.Spec.RuntimeEnvYAML = "env_vars:\n  PASSWORD: 'pa$$word $HOME `id` it''s'\n  PATHS: \"C:\\\\tmp\\n\\\"é\\\"\"\n"
 	j.Spec.Metadata = map[string]string{"owner": "$USER `whoami` 'me'"}
 	j.Spec.EntrypointResources = `{"$r": 1}`
+	j.Spec.JobId = "my job; $(id) 'x'"
+	j.Status.JobId = j.Spec.JobId
 	rc := readyCluster()
 	rc.Spec = *j.Spec.RayClusterSpec
 	sj, err := desiredSubmitter(j, j.Status, rc)
@@ -203,15 +206,17 @@ func TestTheSubmitCommandPassesTheJSONAsWritten(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// ray prints the argument after each flag; `ray job status` says the
-	// job is not there, so the submit runs.
-	ray := `ray() { [ "$2" = status ] && return 1; [ "$2" = submit ] || return 0; while [ $# -gt 0 ]; do case "$1" in --runtime-env-json|--metadata-json|--entrypoint-resources) printf '%s\0' "$2";; esac; shift; done; }; `
+	// ray prints the job id it is asked the status of, then, as the job is
+	// not there, the words after the submit's and the logs' flags.
+	// (the status's through fd 3: the command sends its output away).
+	ray := `exec 3>&1; ray() { if [ "$2" = status ]; then printf 'status %s\0' "$5" >&3; return 1; fi; ` +
+		`while [ $# -gt 0 ]; do case "$1" in --runtime-env-json|--metadata-json|--entrypoint-resources|--submission-id|--follow) printf '%s %s\0' "$1" "$2";; esac; shift; done; }; `
 	out, err := exec.Command("bash", "-c", ray+sj.Spec.Template.Spec.Containers[0].Args[0]).Output()
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := strings.Split(strings.TrimSuffix(string(out), "\x00"), "\x00")
-	var want []string
+	want := []string{"status " + j.Spec.JobId}
 	for i := 1; i < len(kuberay); i++ {
 		switch kuberay[i-1] {
 		case "--runtime-env-json", "--metadata-json", "--entrypoint-resources":
@@ -219,10 +224,12 @@ func TestTheSubmitCommandPassesTheJSONAsWritten(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want = append(want, s)
+			want = append(want, kuberay[i-1]+" "+s)
+		case "--submission-id", "--follow":
+			want = append(want, kuberay[i-1]+" "+j.Spec.JobId)
 		}
 	}
-	if len(want) != 3 || strings.Join(got, "\n") != strings.Join(want, "\n") {
+	if len(want) != 6 || strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("bash gave Ray\n%q\nwant\n%q", got, want)
 	}
 }
