@@ -213,8 +213,9 @@ type stopAttempts struct {
 // on it (why: past its deadline, after its submitter failed): the RayJob
 // fails whether the dashboard answers or not. A stopped job's jobStatus
 // becomes STOPPED, with a StoppedRayJob event; a job the dashboard does not
-// know was never submitted (or is gone), and is not asked of again. A
-// failed stop is tried again later (stopTries, with backoff): the first
+// know was never submitted (or is gone), and is not asked of again (the
+// message says no more of earlier failed stops). A failed stop is tried
+// again later (stopTries, with backoff): the first
 // failure and the last are FailedToStopRayJob Warnings, not every one, and
 // the message says how many failed and when the next try is.
 func (r *Reconciler) stopJob(ctx context.Context, job *rayv1.RayJob, d *decision, why string, now time.Time) {
@@ -240,6 +241,7 @@ func (r *Reconciler) stopJob(ctx context.Context, job *rayv1.RayJob, d *decision
 	switch {
 	case errors.Is(err, ErrJobNotFound):
 		a.done = true
+		st.Message = base
 	case err != nil:
 		a.n++
 		if a.n >= stopTries {

@@ -10,8 +10,12 @@ import (
 	utiltypes "github.com/ray-project/kuberay/ray-operator/controllers/ray/utils/types"
 )
 
-// downDashboard answers every stop with an error, counting them.
-type downDashboard struct{ stops int }
+// downDashboard answers every stop with err (connection refused when
+// nil), counting them.
+type downDashboard struct {
+	stops int
+	err   error
+}
 
 func (d *downDashboard) Submit(context.Context, *utiltypes.RayJobRequest) (string, error) {
 	return "", errors.New("down")
@@ -21,6 +25,9 @@ func (d *downDashboard) Get(context.Context, string) (*utiltypes.RayJobInfo, err
 }
 func (d *downDashboard) Stop(context.Context, string) error {
 	d.stops++
+	if d.err != nil {
+		return d.err
+	}
 	return errors.New("connection refused")
 }
 func (d *downDashboard) Logs(context.Context, string) (string, error) {
@@ -62,5 +69,26 @@ func TestFailedStopsAreCountedAcrossARestart(t *testing.T) {
 				t.Fatalf("%d stops, message %q; want %d, %q", dash.stops, d.status.Message, tt.wantStops, tt.want)
 			}
 		})
+	}
+}
+
+// A stop the dashboard answers that it does not know the job (gone with
+// its head, or never submitted) is the last: the message no longer says
+// a failed stop is tried again.
+func TestAStopOfAJobTheDashboardLacksEndsTheTries(t *testing.T) {
+	failed := "The RayJob has passed the activeDeadlineSeconds."
+	dash := &downDashboard{err: ErrJobNotFound}
+	r := &Reconciler{DashboardFor: func(string) Dashboard { return dash }}
+	j := baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusFailed)
+	j.Status.DashboardURL = "rj-fghij-head-svc.ns.svc.cluster.local:8265"
+	j.Status.Message = failed + stopNote + "rj-abcde failed (3 of 8 tries): connection refused; trying again in 4s"
+	d := decision{status: *j.Status.DeepCopy()}
+	r.stopJob(context.Background(), j, &d, "past the activeDeadlineSeconds", t0)
+	if dash.stops != 1 || d.status.Message != failed {
+		t.Fatalf("%d stops, message %q; want 1, %q", dash.stops, d.status.Message, failed)
+	}
+	r.stopJob(context.Background(), j, &d, "past the activeDeadlineSeconds", t0)
+	if dash.stops != 1 {
+		t.Fatalf("asked again after the dashboard said it lacks the job: %d stops", dash.stops)
 	}
 }
