@@ -61,11 +61,8 @@ type Reconciler struct {
 	// Namespace is Loom's: the device plugin's ConfigMap and the driver
 	// pods live there.
 	Namespace string
-	// DriverPods reads Loom's driver pods (driverPodCache), indexed by
-	// node.
-	DriverPods client.Reader
-	w          *apply.Writer
-	orphans    orphans
+	w         *apply.Writer
+	orphans   orphans
 }
 
 // New returns a labeller writing through c.
@@ -79,11 +76,6 @@ func New(c client.Client, live client.Reader, rec recorder.EventRecorder, namesp
 // size, and neither cache holds it.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	r := New(mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder(FieldOwner), opts.Namespace)
-	pods, err := driverPodCache(ctx, mgr, opts.Namespace)
-	if err != nil {
-		return err
-	}
-	r.DriverPods = pods
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("gpu-labels").
 		For(&gpuv1alpha1.GPUNode{}).
@@ -106,7 +98,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.configMapNodes)).
 		// A driver pod of Loom's ready or not decides a host driver's
 		// pre-installed label.
-		WatchesRawSource(driverPods(pods)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podNode), builder.WithPredicates(r.driverPodChanged())).
 		Complete(r)
 }
 

@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
@@ -76,8 +77,12 @@ func TestDesiredPreInstalled(t *testing.T) {
 func loomDriverPod(t *testing.T, node string, ready bool) *corev1.Pod {
 	t.Helper()
 	ctx := context.Background()
+	// Controlled by a DaemonSet, as a real one: the manager's pod cache
+	// keeps the labels and readiness of its operand DaemonSets' pods only.
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "loom-driver-" + node, Namespace: "loom-system",
-		Labels: map[string]string{apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver}},
+		Labels: map[string]string{apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "loom-driver", UID: "0b1c6e3e-driver",
+			Controller: ptr.To(true)}}},
 		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "driver", Image: "driver"}}}}
 	if err := env.Client.Create(ctx, p); err != nil {
 		t.Fatal(err)
