@@ -377,15 +377,41 @@ func TestManagerDeploymentIsHardened(t *testing.T) {
 	}
 }
 
-func TestServiceMonitorIsOptional(t *testing.T) {
-	out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2")
-	if err != nil {
-		t.Fatal(err)
+// The manager's metrics, which Loom's GPU alerts are built on, are scraped
+// by default: the manager is told its metrics Service and writes the
+// ServiceMonitor itself once the Prometheus Operator is installed, so the
+// chart renders none and needs no CRD. false turns it off; true renders
+// the chart's own instead, which needs the CRD.
+func TestManagerServiceMonitorByDefault(t *testing.T) {
+	args := func(set ...string) string {
+		dep, ok := find[*appsv1.Deployment](render(t, set...), "")
+		if !ok {
+			t.Fatal("no Deployment rendered")
+		}
+		return strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " ")
 	}
-	if strings.Contains(out, "kind: ServiceMonitor") {
-		t.Error("ServiceMonitor rendered although disabled")
+	if a := args(); !strings.Contains(a, "--metrics-service-monitor=loom-metrics --metrics-scrape-interval=30s") ||
+		strings.Contains(a, "--metrics-service-monitor-labels") {
+		t.Errorf("default args %s", a)
 	}
-	out, err = helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", "metrics.serviceMonitor.enabled=true",
+	if a := args("metrics.serviceMonitor.labels.release=kube-prometheus-stack"); !strings.Contains(a, "--metrics-service-monitor-labels=release=kube-prometheus-stack") {
+		t.Errorf("args %s", a)
+	}
+	for _, v := range []string{"false", "true"} {
+		if a := args("metrics.serviceMonitor.enabled=" + v); strings.Contains(a, "--metrics-service-monitor") {
+			t.Errorf("enabled=%s: args %s", v, a)
+		}
+	}
+	for _, v := range []string{"auto", "false"} {
+		out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", "metrics.serviceMonitor.enabled="+v)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		if strings.Contains(out, "kind: ServiceMonitor") {
+			t.Errorf("enabled=%s: the chart rendered a ServiceMonitor", v)
+		}
+	}
+	out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", "metrics.serviceMonitor.enabled=true",
 		"--set", "metrics.serviceMonitor.labels.release=kube-prometheus-stack", "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -396,6 +422,9 @@ func TestServiceMonitorIsOptional(t *testing.T) {
 	out, err = helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", "metrics.serviceMonitor.enabled=true")
 	if err == nil || !strings.Contains(out, "needs the Prometheus Operator's ServiceMonitor CRD") {
 		t.Errorf("enabling the ServiceMonitor without its CRD did not fail clearly: %v\n%.300s", err, out)
+	}
+	if out, err := helm(t, "template", "loom", chartDir(), "--set", "metrics.serviceMonitor.enabled=yes"); err == nil {
+		t.Errorf("enabled=yes accepted:\n%.300s", out)
 	}
 }
 

@@ -39,7 +39,8 @@ func monitoringCondition(t *testing.T, obj client.Object, ct, reason string, con
 }
 
 // The real Prometheus Operator (v0.85.0) decides what is selected: Loom's
-// dcgm-exporter ServiceMonitor, GPU rules and workload PodMonitors appear
+// dcgm-exporter ServiceMonitor, the manager's own (scraped over HTTPS with
+// Prometheus's token), GPU rules and workload PodMonitors appear
 // in the configuration it generates for a kube-prometheus-stack style
 // Prometheus (release: kps), because Loom learned the label; a Prometheus
 // that selects other labels gets none of them, and the conditions say so.
@@ -50,7 +51,8 @@ func TestMonitoringSelectedByTheRealPrometheusOperator(t *testing.T) {
 		Labels: map[string]string{"nvidia.com/gpu.present": "true"}}); err != nil {
 		t.Fatal(err)
 	}
-	startLoomManager(t)
+	// As the chart's Deployment runs it: the manager's own metrics Service.
+	startLoomManager(t, "--metrics-service-monitor=loom-metrics", "--metrics-scrape-interval=30s")
 	for _, ns := range []string{"monitoring", "team", "ml-mon"} {
 		if err := cluster.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); client.IgnoreAlreadyExists(err) != nil {
 			t.Fatal(err)
@@ -82,6 +84,7 @@ func TestMonitoringSelectedByTheRealPrometheusOperator(t *testing.T) {
 	msg := monitoringCondition(t, cp, monitoring.ConditionMonitoring, monitoring.ReasonSelected, func() []metav1.Condition { return cp.Status.Conditions })
 	for _, want := range []string{"ServiceMonitor loom-system/loom-dcgm-exporter selected by Prometheus monitoring/kps",
 		"labels release=kps learned from Prometheus monitoring/kps",
+		"ServiceMonitor loom-system/loom-manager-metrics selected by Prometheus monitoring/kps",
 		"not by Prometheus team/team: serviceMonitorSelector {release=team} needs label release=team"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("ClusterPolicy Monitoring message %q lacks %q", msg, want)
@@ -104,6 +107,7 @@ func TestMonitoringSelectedByTheRealPrometheusOperator(t *testing.T) {
 
 	jobs := []string{
 		"serviceMonitor/loom-system/loom-dcgm-exporter/0",
+		"serviceMonitor/loom-system/loom-manager-metrics/0",
 		"podMonitor/loom-system/loom-node-agent/0",
 		"podMonitor/ml-mon/loom-trainingjob-bert-mon/0",
 		"podMonitor/ml-mon/loom-raycluster-" + rc.Name + "/0",
@@ -121,7 +125,8 @@ func TestMonitoringSelectedByTheRealPrometheusOperator(t *testing.T) {
 		t.Fatalf("the operator's config for monitoring/kps lacks Loom's jobs %v: %v\n%s", jobs, err, cfg)
 	}
 	t.Logf("the Prometheus Operator selected Loom's monitors within %.1fs", time.Since(started).Seconds())
-	for _, want := range []string{"__meta_kubernetes_pod_node_name", "honor_labels: true", "port_name", "gpu-metrics"} {
+	for _, want := range []string{"__meta_kubernetes_pod_node_name", "honor_labels: true", "port_name", "gpu-metrics",
+		"https-metrics", "scheme: https", "bearer_token_file: /var/run/secrets/kubernetes.io/serviceaccount/token"} {
 		if !strings.Contains(cfg, want) {
 			t.Errorf("generated config lacks %q", want)
 		}
@@ -144,7 +149,7 @@ func TestMonitoringSelectedByTheRealPrometheusOperator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(other, "loom-dcgm-exporter") || strings.Contains(other, "loom-trainingjob") {
+	if strings.Contains(other, "loom-dcgm-exporter") || strings.Contains(other, "loom-manager-metrics") || strings.Contains(other, "loom-trainingjob") {
 		t.Errorf("Prometheus team/team selected Loom's monitors:\n%s", other)
 	}
 

@@ -118,7 +118,7 @@ func TestChartRBACSuffices(t *testing.T) {
 	must(t, err)
 	objs = slices.DeleteFunc(objs, func(o *unstructured.Unstructured) bool {
 		return o.GetAPIVersion() != rbacv1.SchemeGroupVersion.String() && !strings.HasPrefix(o.GetKind(), "ValidatingAdmissionPolicy") &&
-			o.GetKind() != "ServiceAccount"
+			o.GetKind() != "ServiceAccount" && o.GetKind() != "Service" // the manager's metrics Service, its ServiceMonitor's owner
 	})
 	must(t, testenv.Apply(ctx, env.Config, c, objs))
 
@@ -149,6 +149,7 @@ func TestChartRBACSuffices(t *testing.T) {
 	ray := startRayDashboard(t)
 	opts := testenv.ManagerOptions(t)
 	opts.Namespace = rbacNS
+	opts.MetricsServiceMonitor = "loom-metrics" // the chart's default
 	mgr, _, err := manager.New(ctx, mgrCfg, opts, registry())
 	must(t, err)
 	mgrCtx, stopMgr := context.WithCancel(ctx)
@@ -206,6 +207,7 @@ func TestChartRBACSuffices(t *testing.T) {
 			{"the RayCluster's serve Service", &corev1.Service{}, client.ObjectKey{Namespace: "ml", Name: "ray-served-serve-svc"}},
 			{"the RayCluster's dashboard Ingress", &networkingv1.Ingress{}, client.ObjectKey{Namespace: "ml", Name: "ray-served-head-ingress"}},
 			{"the GPU alert rules", &monitoringv1.PrometheusRule{}, client.ObjectKey{Namespace: rbacNS, Name: monitoring.RuleName}},
+			{"the manager's ServiceMonitor", &monitoringv1.ServiceMonitor{}, client.ObjectKey{Namespace: rbacNS, Name: monitoring.ManagerServiceMonitorName}},
 			{"the Grafana dashboards", &corev1.ConfigMap{}, client.ObjectKey{Namespace: rbacNS, Name: monitoring.DashboardsConfigMap}},
 		} {
 			if err := c.Get(ctx, w.key, w.obj); err != nil {

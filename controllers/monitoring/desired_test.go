@@ -101,6 +101,15 @@ func TestGPUDesired(t *testing.T) {
 	if c := gpuCondition(o, d, nil); c.Reason != ReasonExporterDisabled || c.Status != metav1.ConditionFalse {
 		t.Errorf("condition %+v", c)
 	}
+	// The manager's own ServiceMonitor (written apart, owned by its
+	// Service) is in the condition whatever dcgm-exporter: the inventory
+	// metrics come from the manager.
+	r.Manager = ManagerScrape{Service: "loom-metrics", Secure: true}
+	o.metricsService = &metav1.PartialObjectMetadata{}
+	d = r.desired(o)
+	if len(d.parts) != 3 || d.parts[0].key != loomNS+"/"+ManagerServiceMonitorName || len(d.ensure) != 3 {
+		t.Errorf("parts %+v, ensure %v", d.parts, names(d.ensure))
+	}
 }
 
 // TestUsersServiceIsLeftAlone: a Service of the exporter's name that is not
@@ -223,9 +232,11 @@ func TestGPUConditionPartialCRDs(t *testing.T) {
 // a namespace label (enforcedNamespaceLabel, as multi-tenant setups do)
 // would give every GPU series Loom's namespace instead of the workload's,
 // and confine the rules to Loom's namespace: the condition names it and
-// the objects to list in its excludedFromEnforcement, until they are.
+// the objects to list in its excludedFromEnforcement, until they are. The
+// manager's own ServiceMonitor is not named: its series are of Loom's
+// namespace anyway.
 func TestGPUConditionNamesEnforcedNamespaceLabel(t *testing.T) {
-	r := &GPUReconciler{Namespace: loomNS}
+	r := &GPUReconciler{Namespace: loomNS, Manager: ManagerScrape{Service: "loom-metrics", Secure: true}}
 	matchAll := &metav1.LabelSelector{}
 	prom := func(excluded ...monitoringv1.ObjectReference) *monitoringv1.Prometheus {
 		p := &monitoringv1.Prometheus{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: "tenant"}}
@@ -253,7 +264,8 @@ func TestGPUConditionNamesEnforcedNamespaceLabel(t *testing.T) {
 			note + "ServiceMonitor loom-system/loom-dcgm-exporter (resource servicemonitors) (enforcedNamespaceLabel)"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			o := gpuObserved{policy: &gpuv1alpha1.ClusterPolicy{}, missing: crdsMissing{}, proms: []*monitoringv1.Prometheus{tt.prom}}
+			o := gpuObserved{policy: &gpuv1alpha1.ClusterPolicy{}, missing: crdsMissing{}, proms: []*monitoringv1.Prometheus{tt.prom},
+				metricsService: &metav1.PartialObjectMetadata{}}
 			c := gpuCondition(o, r.desired(o), nil)
 			if c.Status != metav1.ConditionTrue || c.Reason != ReasonSelected {
 				t.Errorf("condition %s %s %q", c.Status, c.Reason, c.Message)

@@ -22,7 +22,8 @@ import (
 // GPUReconciler onboards the GPU fleet's monitoring for the ClusterPolicy in
 // force: dcgm-exporter's Service, counters and ServiceMonitor, the node
 // agent's PodMonitor, the GPU alert and recording rules, and the Grafana
-// dashboards. Its condition
+// dashboards; and the manager's own ServiceMonitor, policy or not
+// (manager_monitor.go). Its condition
 // Monitoring on the policy says which Prometheus selects them, or why none
 // does.
 type GPUReconciler struct {
@@ -35,6 +36,11 @@ type GPUReconciler struct {
 	// DashboardsNamespace is where the dashboards ConfigMap goes; empty
 	// turns the dashboards off.
 	DashboardsNamespace string
+	// Manager is how the manager's own metrics are scraped; its Service
+	// empty: no ServiceMonitor for them. ManagerLabels are that
+	// ServiceMonitor's configured labels (beside Labels).
+	Manager       ManagerScrape
+	ManagerLabels map[string]string
 
 	// writer writes the children and the Monitoring condition; it reads
 	// around the cache before creating a Service (the cache holds only
@@ -43,6 +49,8 @@ type GPUReconciler struct {
 	crds   operatorCRDs
 	// proms reads the Prometheus objects (of every namespace).
 	proms client.Reader
+	// live reads around the cache: the manager's metrics Service.
+	live client.Reader
 }
 
 // gpuObserved is what the GPU reconciler reads before deciding.
@@ -58,6 +66,9 @@ type gpuObserved struct {
 	proms []*monitoringv1.Prometheus
 	// nsLabels are the labels of the operands' namespace.
 	nsLabels map[string]string
+	// metricsService is the manager's metrics Service, read when its
+	// ServiceMonitor is wanted; nil when it does not exist.
+	metricsService *metav1.PartialObjectMetadata
 }
 
 // gpuDesired is what the GPU reconciler wants: the children to ensure, the
@@ -72,18 +83,31 @@ type gpuDesired struct {
 // is one, and its children go with it by garbage collection.
 func (r *GPUReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
 	o, err := r.observe(ctx)
-	if err != nil || o.policy == nil {
+	if err != nil {
 		return observeResult(err)
+	}
+	var res ctrl.Result
+	if r.Manager.Service != "" && o.missing.has(KindServiceMonitor) && o.metricsService == nil {
+		// The manager's metrics Service is not watched: asked again.
+		res.RequeueAfter = conflictRecheck
+	}
+	// The manager's ServiceMonitor goes with its Service, policy or not.
+	mgrConflict, mgrErr := r.writeManagerMonitor(ctx, o)
+	if o.policy == nil {
+		return res, mgrErr
 	}
 	d := r.desired(o)
 	// A name conflict needs a person and goes into the condition; other
 	// errors are retried after the condition is written.
 	conflict, err := writeChildren(ctx, r.writer, o.policy, d.ensure, d.remove)
+	if conflict == nil {
+		conflict = mgrConflict
+	}
+	err = errors.Join(err, mgrErr)
 	cond := gpuCondition(o, d, conflict)
 	if err != nil && conflict == nil {
 		cond = applyFailedCondition(ConditionMonitoring, err)
 	}
-	var res ctrl.Result
 	if conflict != nil {
 		// The cache holds only Loom's Services: a user's that holds the
 		// name is not watched, and its deletion is seen by asking again.
@@ -98,14 +122,16 @@ func (r *GPUReconciler) observe(ctx context.Context) (gpuObserved, error) {
 	if err := r.List(ctx, policies); err != nil {
 		return o, err
 	}
-	if o.policy = gpuv1alpha1.Active(policies.Items); o.policy == nil {
+	if o.policy = gpuv1alpha1.Active(policies.Items); o.policy == nil && r.Manager.Service == "" {
 		return o, nil
 	}
-	dashboards := &corev1.ConfigMapList{}
-	if err := r.List(ctx, dashboards, client.MatchingLabels(ownedLabels(componentDashboards))); err != nil {
-		return o, err
+	if o.policy != nil {
+		dashboards := &corev1.ConfigMapList{}
+		if err := r.List(ctx, dashboards, client.MatchingLabels(ownedLabels(componentDashboards))); err != nil {
+			return o, err
+		}
+		o.dashboards = dashboards.Items
 	}
-	o.dashboards = dashboards.Items
 	var err error
 	if o.missing, err = r.crds.missing(ctx, r.Client); err != nil {
 		return o, err
@@ -114,7 +140,10 @@ func (r *GPUReconciler) observe(ctx context.Context) (gpuObserved, error) {
 		return o, err
 	}
 	o.nsLabels = namespaceLabels(ctx, r.Client, r.Namespace)
-	return o, nil
+	if r.Manager.Service != "" && o.missing.has(KindServiceMonitor) {
+		o.metricsService, err = r.managerService(ctx)
+	}
+	return o, err
 }
 
 // desired computes the children from what was observed. The Service,
@@ -154,6 +183,10 @@ func (r *GPUReconciler) desired(o gpuObserved) gpuDesired {
 		if exporter {
 			d.parts = append(d.parts, selected{KindServiceMonitor, r.Namespace + "/" + ExporterName, sel})
 		}
+	}
+	if o.metricsService != nil {
+		// Written by writeManagerMonitor, owned by the Service.
+		d.parts = append(d.parts, selected{KindServiceMonitor, r.Namespace + "/" + ManagerServiceMonitorName, r.managerSelection(o)})
 	}
 	if o.missing.has(KindPrometheusRule) {
 		sel := selection(KindPrometheusRule, componentAlerts)
@@ -228,7 +261,8 @@ func enforcementNotes(proms []*monitoringv1.Prometheus, parts []selected) []stri
 		var enforced []string
 		for _, part := range parts {
 			resource, ok := resources[part.kind]
-			if !ok || !slices.Contains(part.sel.SelectedBy, ref(p)) {
+			// The manager's series are of Loom's namespace anyway.
+			if !ok || strings.HasSuffix(part.key, "/"+ManagerServiceMonitorName) || !slices.Contains(part.sel.SelectedBy, ref(p)) {
 				continue
 			}
 			ns, name, _ := strings.Cut(part.key, "/")

@@ -72,6 +72,7 @@ func removeGPUChildren() {
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: CountersConfigMap}},
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: DashboardsConfigMap}},
 		&monitoringv1.ServiceMonitor{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: ExporterName}},
+		&monitoringv1.ServiceMonitor{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: ManagerServiceMonitorName}},
 		&monitoringv1.PrometheusRule{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: RuleName}},
 		&monitoringv1.PodMonitor{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: NodeAgentPodMonitorName}},
 	} {
@@ -153,7 +154,8 @@ func key(ns, name string) metav1.ObjectMeta { return metav1.ObjectMeta{Namespace
 // written, and the condition says there are no rules and no Prometheus to
 // check them against; the rules follow their CRD.
 func TestOnboardsWhenTheOperatorArrives(t *testing.T) {
-	startManager(t)
+	metricsService(t)
+	startManager(t, managerMetrics)
 	cp := createPolicy(t, gpuv1alpha1.ClusterPolicySpec{})
 	c := policyCondition(t, cp, ReasonOperatorMissing)
 	if !strings.Contains(c.Message, "servicemonitors.monitoring.coreos.com") || c.Status != metav1.ConditionFalse {
@@ -185,9 +187,11 @@ func TestOnboardsWhenTheOperatorArrives(t *testing.T) {
 	sm := &monitoringv1.ServiceMonitor{ObjectMeta: key(loomNS, ExporterName)}
 	exists(t, sm)
 	exists(t, &monitoringv1.PodMonitor{ObjectMeta: key(loomNS, NodeAgentPodMonitorName)})
+	// The manager's own metrics too, which the alerts are built on.
+	exists(t, &monitoringv1.ServiceMonitor{ObjectMeta: key(loomNS, ManagerServiceMonitorName)})
 	c = policyCondition(t, cp, ReasonWritten)
 	for _, want := range []string{"no PrometheusRule CRD (prometheusrules.monitoring.coreos.com) is installed, so Loom's GPU alerts and recording rules are not written",
-		"ServiceMonitor loom-system/loom-dcgm-exporter, PodMonitor loom-system/loom-node-agent written; no Prometheus CRD is installed"} {
+		"ServiceMonitor loom-system/loom-dcgm-exporter, ServiceMonitor loom-system/loom-manager-metrics, PodMonitor loom-system/loom-node-agent written; no Prometheus CRD is installed"} {
 		if !strings.Contains(c.Message, want) || c.Status != metav1.ConditionTrue {
 			t.Errorf("condition %s %q lacks %q", c.Status, c.Message, want)
 		}
@@ -530,7 +534,8 @@ func writes(t *testing.T) map[string]float64 {
 // unrelated changes compare with the cache and write nothing.
 func TestSteadyStateWritesNothing(t *testing.T) {
 	withOperatorCRDs(t)
-	startManager(t)
+	metricsService(t)
+	startManager(t, managerMetrics)
 	createProm(t, "monitoring", "kps", kpsSpec("kps"))
 	cp := createPolicy(t, gpuv1alpha1.ClusterPolicySpec{})
 	if err := env.CreateNamespace(ctx(), "steady"); err != nil {

@@ -46,6 +46,11 @@ const (
 	// NodeAgentPodMonitorName names the node agent's PodMonitor, in the
 	// namespace Loom runs in.
 	NodeAgentPodMonitorName = "loom-node-agent"
+	// ManagerServiceMonitorName names the manager's own ServiceMonitor, in
+	// the namespace Loom runs in, and ManagerMetricsPortName the port of
+	// the manager's metrics Service it scrapes (the chart's).
+	ManagerServiceMonitorName = "loom-manager-metrics"
+	ManagerMetricsPortName    = "https-metrics"
 )
 
 // Components of the children that are no operand's (dcgm-exporter's
@@ -58,6 +63,9 @@ const (
 	// componentNodeAgent is the node agent's component label (the chart's
 	// app.kubernetes.io/component on its pods).
 	componentNodeAgent = "node-agent"
+	// componentManager is the manager's component label (the chart's
+	// app.kubernetes.io/component on its metrics Service).
+	componentManager = "manager"
 )
 
 // ownedLabels are the labels of a monitoring child: Loom's, and the
@@ -124,6 +132,48 @@ func ExporterServiceMonitor(namespace string, selection map[string]string) *moni
 					{Action: "labeldrop", Regex: "namespace|pod|container"},
 				},
 			}},
+		},
+	}
+}
+
+// ManagerScrape says how the manager's metrics are served: the Service
+// (empty: no ServiceMonitor for them), whether over HTTPS with Kubernetes
+// authentication, and how often to scrape (empty: the Prometheus's own).
+type ManagerScrape struct {
+	Service, Interval string
+	Secure            bool
+}
+
+// ManagerServiceMonitor scrapes the manager's own metrics (the inventory
+// metrics the GPU alerts are built on, and controller-runtime's): the
+// Service named by m, among the Services of the manager's component in
+// namespace. Served securely, the scrape sends Prometheus's service
+// account token, which must be allowed to get the non-resource URL
+// /metrics, and does not verify the manager's certificate (self-signed
+// unless --metrics-cert-dir names one).
+func ManagerServiceMonitor(namespace string, m ManagerScrape, selection map[string]string) *monitoringv1.ServiceMonitor {
+	labels := ownedLabels(componentManager)
+	maps.Copy(labels, selection)
+	ep := monitoringv1.Endpoint{
+		Port:     ManagerMetricsPortName,
+		Path:     "/metrics",
+		Scheme:   ptr.To(monitoringv1.Scheme("http")),
+		Interval: monitoringv1.Duration(m.Interval),
+		RelabelConfigs: []monitoringv1.RelabelConfig{{SourceLabels: []monitoringv1.LabelName{"__meta_kubernetes_service_name"},
+			Regex: m.Service, Action: "keep"}},
+	}
+	if m.Secure {
+		ep.Scheme = ptr.To(monitoringv1.Scheme("https"))
+		ep.BearerTokenFile = "/var/run/secrets/kubernetes.io/serviceaccount/token" //nolint:staticcheck // the token of Prometheus's own service account
+		ep.TLSConfig = &monitoringv1.TLSConfig{SafeTLSConfig: monitoringv1.SafeTLSConfig{InsecureSkipVerify: ptr.To(true)}}
+	}
+	return &monitoringv1.ServiceMonitor{
+		TypeMeta:   metav1.TypeMeta{APIVersion: monitoringv1.SchemeGroupVersion.String(), Kind: monitoringv1.ServiceMonitorsKind},
+		ObjectMeta: metav1.ObjectMeta{Name: ManagerServiceMonitorName, Namespace: namespace, Labels: labels},
+		Spec: monitoringv1.ServiceMonitorSpec{
+			Selector:          metav1.LabelSelector{MatchLabels: map[string]string{gpuv1alpha1.LabelComponent: componentManager}},
+			NamespaceSelector: monitoringv1.NamespaceSelector{MatchNames: []string{namespace}},
+			Endpoints:         []monitoringv1.Endpoint{ep},
 		},
 	}
 }

@@ -18,6 +18,7 @@ package monitoring
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strings"
 
@@ -48,6 +49,7 @@ import (
 // +kubebuilder:rbac:groups=monitoring.coreos.com,resources=prometheuses;prometheusagents,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=services;configmaps,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=services/finalizers,verbs=update
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies/status,verbs=get;patch
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies/finalizers,verbs=update
 // +kubebuilder:rbac:groups=training.loom.dev,resources=trainingjobs/finalizers,verbs=update
@@ -88,7 +90,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	// Prometheus).
 	gr.crds = append(operatorCRDs{
 		crdKind("servicemonitors", monitoringv1.SchemeGroupVersion.WithKind(monitoringv1.ServiceMonitorsKind), watch(gc, &monitoringv1.ServiceMonitor{}, one,
-			predicate.Or(loomComponent, named(opts.Namespace, ExporterName)))),
+			predicate.Or(loomComponent, named(opts.Namespace, ExporterName), named(opts.Namespace, ManagerServiceMonitorName)))),
 		crdKind("prometheusrules", monitoringv1.SchemeGroupVersion.WithKind(monitoringv1.PrometheusRuleKind), watch(gc, &monitoringv1.PrometheusRule{}, one,
 			predicate.Or(loomComponent, named(opts.Namespace, RuleName)))),
 		crdKind("podmonitors", monitoringv1.SchemeGroupVersion.WithKind(monitoringv1.PodMonitorsKind), watch(gc, &monitoringv1.PodMonitor{}, one,
@@ -105,10 +107,20 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 // the cache through live and the Prometheus objects through proms, without
 // the watches Setup adds (crds).
 func newGPUReconciler(c client.Client, live, proms client.Reader, opts manager.Options) *GPUReconciler {
-	gr := &GPUReconciler{Client: c, Namespace: opts.Namespace, Labels: opts.MonitoringLabels, proms: proms,
+	gr := &GPUReconciler{Client: c, Namespace: opts.Namespace, Labels: opts.MonitoringLabels, proms: proms, live: live,
+		Manager: ManagerScrape{Service: opts.MetricsServiceMonitor, Interval: opts.MetricsScrapeInterval, Secure: opts.MetricsSecure},
 		// The cache holds only Loom's Services: before creating one, the
 		// writer makes sure the name is not someone else's.
 		writer: apply.NewWriter(c, FieldOwner, apply.Options{Live: live, Conditions: []string{ConditionMonitoring}})}
+	gr.ManagerLabels = opts.MonitoringLabels
+	if len(opts.MetricsServiceMonitorLabels) > 0 {
+		gr.ManagerLabels = maps.Clone(opts.MetricsServiceMonitorLabels)
+		for k, v := range opts.MonitoringLabels {
+			if _, ok := gr.ManagerLabels[k]; !ok {
+				gr.ManagerLabels[k] = v
+			}
+		}
+	}
 	if opts.GrafanaDashboards {
 		gr.DashboardsNamespace = opts.DashboardsNamespace
 		if gr.DashboardsNamespace == "" {

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -77,6 +78,18 @@ type Options struct {
 	// release=kube-prometheus-stack). Empty: learned from the Prometheus
 	// objects' selectors.
 	MonitoringLabels map[string]string
+	// MetricsServiceMonitor names the manager's metrics Service (in
+	// Namespace, port https-metrics) that the monitoring controller writes
+	// a ServiceMonitor for, owned by the Service, once the Prometheus
+	// Operator's ServiceMonitor CRD is served; empty: none.
+	MetricsServiceMonitor string
+	// MetricsScrapeInterval is that ServiceMonitor's interval (empty: the
+	// Prometheus's own).
+	MetricsScrapeInterval string
+	// MetricsServiceMonitorLabels are set on that ServiceMonitor beside
+	// MonitoringLabels (and win over them); with neither, its labels are
+	// learned like every monitor's.
+	MetricsServiceMonitorLabels map[string]string
 	// GrafanaDashboards writes the dashboards ConfigMap (label
 	// grafana_dashboard=1) into DashboardsNamespace (default: Namespace).
 	GrafanaDashboards   bool
@@ -169,6 +182,14 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr, "address of the metrics endpoint; \"0\" disables it")
 	fs.BoolVar(&o.MetricsSecure, "metrics-secure", o.MetricsSecure, "serve metrics over HTTPS with Kubernetes authentication and authorization")
 	fs.StringVar(&o.MetricsCertDir, "metrics-cert-dir", o.MetricsCertDir, "directory with tls.crt and tls.key for the metrics endpoint (default: self-signed)")
+	fs.StringVar(&o.MetricsServiceMonitor, "metrics-service-monitor", o.MetricsServiceMonitor,
+		"name of the manager's metrics Service in --namespace (port https-metrics) to write a ServiceMonitor for once the Prometheus Operator is installed (default: none)")
+	fs.StringVar(&o.MetricsScrapeInterval, "metrics-scrape-interval", o.MetricsScrapeInterval, "scrape interval of the manager's ServiceMonitor (default: the Prometheus's)")
+	fs.Func("metrics-service-monitor-labels", "comma-separated key=value labels for the manager's ServiceMonitor, beside --monitoring-labels", func(s string) error {
+		l, err := parseLabels(s)
+		o.MetricsServiceMonitorLabels = l
+		return err
+	})
 	fs.BoolVar(&o.EnableHTTP2, "enable-http2", o.EnableHTTP2, "allow HTTP/2 on the metrics endpoint (off: HTTP/2 rapid-reset CVEs)")
 	fs.StringVar(&o.PprofAddr, "pprof-bind-address", o.PprofAddr, "address of net/http/pprof; empty or \"0\" (default) turns it off")
 	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", o.ProbeAddr, "address of /healthz and /readyz")
@@ -243,8 +264,17 @@ func (o *Options) Validate() error {
 	if o.LogFormat != "json" && o.LogFormat != "text" {
 		errs = append(errs, fmt.Errorf("--log-format must be json or text, got %q", o.LogFormat))
 	}
+	if o.MetricsServiceMonitor != "" && len(validation.IsDNS1035Label(o.MetricsServiceMonitor)) > 0 {
+		errs = append(errs, fmt.Errorf("--metrics-service-monitor must name a Service, got %q", o.MetricsServiceMonitor))
+	}
+	if o.MetricsScrapeInterval != "" && !scrapeInterval.MatchString(o.MetricsScrapeInterval) {
+		errs = append(errs, fmt.Errorf("--metrics-scrape-interval must be a Prometheus duration such as 30s or 1m30s, got %q", o.MetricsScrapeInterval))
+	}
 	return errors.Join(errs...)
 }
+
+// scrapeInterval is the Prometheus Operator's Duration, not zero.
+var scrapeInterval = regexp.MustCompile(`^(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?$`)
 
 // ParseLogLevel maps debug/info/warn/error or a verbosity number N (logr V(N))
 // to a zap level.
