@@ -110,6 +110,13 @@ func TestGPUDesired(t *testing.T) {
 	if len(d.parts) != 3 || d.parts[0].key != loomNS+"/"+ManagerServiceMonitorName || len(d.ensure) != 3 {
 		t.Errorf("parts %+v, ensure %v", d.parts, names(d.ensure))
 	}
+	// Its Service missing (a wrong name, or not created yet): said.
+	o.metricsService = nil
+	d = r.desired(o)
+	want := "no Service loom-system/loom-metrics (--metrics-service-monitor) exists, so the manager's metrics, which the GPU alerts read, are not scraped"
+	if c := gpuCondition(o, d, nil); len(d.parts) != 2 || !strings.Contains(c.Message, want) {
+		t.Errorf("parts %+v, condition %q lacks %q", d.parts, c.Message, want)
+	}
 }
 
 // TestUsersServiceIsLeftAlone: a Service of the exporter's name that is not

@@ -77,6 +77,8 @@ type gpuObserved struct {
 type gpuDesired struct {
 	ensure, remove []client.Object
 	parts          []selected
+	// notes go first in the condition's message.
+	notes []string
 }
 
 // Reconcile works on the policy in force whatever the request names: there
@@ -187,6 +189,9 @@ func (r *GPUReconciler) desired(o gpuObserved) gpuDesired {
 	if o.metricsService != nil {
 		// Written by writeManagerMonitor, owned by the Service.
 		d.parts = append(d.parts, selected{KindServiceMonitor, r.Namespace + "/" + ManagerServiceMonitorName, r.managerSelection(o)})
+	} else if r.Manager.Service != "" && o.missing.has(KindServiceMonitor) {
+		d.notes = append(d.notes, fmt.Sprintf("no Service %s/%s (--metrics-service-monitor) exists, so the manager's metrics, "+
+			"which the GPU alerts read, are not scraped", r.Namespace, r.Manager.Service))
 	}
 	if o.missing.has(KindPrometheusRule) {
 		sel := selection(KindPrometheusRule, componentAlerts)
@@ -231,6 +236,7 @@ func gpuCondition(o gpuObserved, d gpuDesired, conflict *apply.ForeignError) met
 	if crd := o.missing.of(KindPodMonitor); len(crd) > 0 {
 		notes = append(notes, fmt.Sprintf("no PodMonitor CRD (%s) is installed, so the node agent's metrics are not scraped", crd[0]))
 	}
+	notes = append(notes, d.notes...)
 	notes = append(notes, enforcementNotes(o.proms, d.parts)...)
 	if len(notes) > 0 {
 		// First: a long selection message is cut at its end.
