@@ -91,7 +91,7 @@ func TestNameConflicts(t *testing.T) {
 
 // A cluster asking for more pods than --max-workload-pods is held: no pod
 // is created, the spec-validity condition says why; asking for fewer
-// releases it.
+// releases it. Held, it still deletes the pods workersToDelete names.
 func TestTooManyPodsIsHeld(t *testing.T) {
 	startManager(t, "none")
 	ctx := context.Background()
@@ -108,11 +108,24 @@ func TestTooManyPodsIsHeld(t *testing.T) {
 		t.Fatalf("a held cluster has pods: %v", pods)
 	}
 	update(t, rc, func(c *rayv1.RayCluster) { c.Spec.WorkerGroupSpecs[0].Replicas = ptr.To[int32](2) })
-	waitPods(t, rc, map[string]int{"headgroup": 1, "workergroup": 2})
+	workers := waitPods(t, rc, map[string]int{"headgroup": 1, "workergroup": 2})["workergroup"]
 	testenv.Eventually(t, 10*time.Second, func() error {
 		if c := meta.FindStatusCondition(get(t, rc).Status.Conditions, ConditionValid); c != nil {
 			return fmt.Errorf("still %+v", c)
 		}
 		return nil
 	})
+
+	// Held again (replicas raised past the limit, as an autoscaler may),
+	// the pod workersToDelete names still goes; none is created.
+	update(t, rc, func(c *rayv1.RayCluster) {
+		g := &c.Spec.WorkerGroupSpecs[0]
+		g.Replicas = ptr.To[int32](100000)
+		g.ScaleStrategy.WorkersToDelete = []string{workers[0].Name}
+	})
+	waitCondition(t, rc, ConditionValid, ReasonTooManyPods, "asks for 100001 pods")
+	left := waitPods(t, rc, map[string]int{"headgroup": 1, "workergroup": 1})
+	if left["workergroup"][0].Name != workers[1].Name {
+		t.Fatalf("kept %s, want %s", left["workergroup"][0].Name, workers[1].Name)
+	}
 }

@@ -181,7 +181,10 @@ type pass struct {
 	byGroup map[string][]*corev1.Pod
 	// missing are the pods each group lacks, in rollout order, for build.
 	missing []shortfall
-	d       decision
+	// held: the cluster asks for too many pods; scale only deletes, and
+	// rolls nothing.
+	held bool
+	d    decision
 }
 
 // shortfall is how many pods a group lacks.
@@ -244,10 +247,15 @@ func begin(p *pass) bool {
 
 // validate holds a cluster whose spec KubeRay's validators or Loom's
 // reject, whose pods the API server refuses (obs.refused), or that asks
-// for more pods than the manager allows: no pod is
-// created, and the condition names the fields. Its pods are deleted only
-// when it is suspended, which needs nothing of the spec: Kueue suspends a
-// cluster to take its quota back, and the pods must not outlive it.
+// for more pods than the manager allows: no pod is created, and the
+// condition names the fields. A spec Loom cannot read deletes pods only
+// when the cluster is suspended, which needs nothing of the spec: Kueue
+// suspends a cluster to take its quota back, and the pods must not
+// outlive it. One that only asks for too many pods (the autoscaler raised
+// a group's replicas past the limit) still has the pods it no longer asks
+// for deleted: those in workersToDelete, beyond a group's replicas, of a
+// group gone, finished; so the autoscaler scales down and an idle cluster
+// gives its GPUs back. No outdated pod is rolled while it is held.
 func validate(p *pass) bool {
 	st := &p.d.status
 	reason, msg := "", ""
@@ -265,6 +273,13 @@ func validate(p *pass) bool {
 	}
 	p.set(ConditionValid, metav1.ConditionFalse, reason, msg)
 	setState(st, "", p.obs.now)
+	if reason == ReasonTooManyPods {
+		p.held = true
+		sortPods(p)
+		scale(p)
+		p.missing = nil
+		return true
+	}
 	suspend(p)
 	return true
 }

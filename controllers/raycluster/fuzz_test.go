@@ -39,7 +39,8 @@ type fuzzInput struct {
 // and any set of observed pods, some of another owner. Invariants: no
 // panic; no group gets more creates than it wants minus the pods it keeps;
 // no pass creates more than the executor's per-pass cap; nothing is created
-// for a cluster held (invalid, over the pod limit, suspended); another
+// for a cluster held (invalid, over the pod limit, suspended), and one
+// held over the pod limit deletes only what it no longer asks for; another
 // owner's pods are never deleted nor counted (the decision is the same
 // without them); a removed pod is removed once; the status passes KubeRay's
 // own status validation.
@@ -62,6 +63,8 @@ func FuzzDecide(f *testing.F) {
 		{2, 0, 5, 1, 1, "Bad_Name", "Bad_Group", "headgroup", false, false, false, "", all, 5000},
 		{2, 0, 5, 3, 2, strings.Repeat("n", 60), strings.Repeat("g", 70), "b", false, true, false, "p3,foreign-7", all, 5000},
 		{700, 0, 1000, 1, 900, "many", "a", "b", false, false, true, "", all, 5000},
+		{100000, 0, math.MaxInt32, 1, 1, "held-auto", "a", "b", false, true, false, "p1,p2,p5", all, 5000},
+		{0, 0, 5, 1, 100000, "held", "a", "b", false, false, false, "p1", all, 5000},
 	}
 	for _, s := range seeds {
 		f.Add(s.replicas, s.minReplicas, s.maxReplicas, s.numOfHosts, s.replicas2, s.name, s.group0, s.group1,
@@ -283,13 +286,18 @@ func checkCreates(t *testing.T, rc *rayv1.RayCluster, pods []*corev1.Pod, d deci
 		t.Fatalf("%d creates for a held cluster (total %d, limit %d): %+v", len(d.create), total, limit, meta.FindStatusCondition(d.status.Conditions, ConditionValid))
 	}
 	// A cluster held by its spec deletes nothing, unless it is suspended:
-	// then every pod goes (Kueue takes the quota back).
-	if meta.IsStatusConditionFalse(d.status.Conditions, ConditionValid) && !in.suspend && len(d.remove) > 0 {
+	// then every pod goes (Kueue takes the quota back). One held for
+	// asking too many pods deletes only what it no longer asks for.
+	valid := meta.FindStatusCondition(d.status.Conditions, ConditionValid)
+	if valid != nil && valid.Status == metav1.ConditionFalse && valid.Reason != ReasonTooManyPods && !in.suspend && len(d.remove) > 0 {
 		t.Fatalf("%d removes for a cluster held by its spec", len(d.remove))
 	}
 	removed := map[string]bool{}
 	for _, p := range d.remove {
 		removed[p.Name] = true
+	}
+	if valid != nil && valid.Reason == ReasonTooManyPods {
+		checkHeldRemoves(t, rc, pods, d, want)
 	}
 	if in.suspend {
 		// Suspended, valid or not: every live pod of the cluster goes.
@@ -315,6 +323,34 @@ func checkCreates(t *testing.T, rc *rayv1.RayCluster, pods []*corev1.Pod, d deci
 	for g, n := range created {
 		if n > max(want[g]-kept[g], 0) {
 			t.Fatalf("group %q: %d creates, but it wants %d and keeps %d", g, n, want[g], kept[g])
+		}
+	}
+}
+
+// checkHeldRemoves: a cluster held for asking too many pods removes a
+// live pod only when it is named in workersToDelete, its group is gone, or
+// its group keeps at least the pods it asks for.
+func checkHeldRemoves(t *testing.T, rc *rayv1.RayCluster, pods []*corev1.Pod, d decision, want map[string]int64) {
+	t.Helper()
+	drop := map[string]bool{}
+	for _, g := range rc.Spec.WorkerGroupSpecs {
+		for _, n := range g.ScaleStrategy.WorkersToDelete {
+			drop[n] = true
+		}
+	}
+	removed, kept := map[string]bool{}, map[string]int64{}
+	for _, p := range d.remove {
+		removed[p.Name] = true
+	}
+	for _, p := range pods {
+		if metav1.IsControlledBy(p, rc) && p.DeletionTimestamp == nil && !removed[p.Name] && p.Status.Phase != corev1.PodFailed && p.Status.Phase != corev1.PodSucceeded {
+			kept[groupOf(p)]++
+		}
+	}
+	for _, p := range d.remove {
+		finished := p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
+		if _, known := want[groupOf(p)]; !finished && !drop[p.Name] && known && kept[groupOf(p)] < want[groupOf(p)] {
+			t.Fatalf("held cluster removes %s, leaving group %s %d of the %d pods it asks for", p.Name, groupOf(p), kept[groupOf(p)], want[groupOf(p)])
 		}
 	}
 }

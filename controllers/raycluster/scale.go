@@ -40,7 +40,7 @@ func scale(p *pass) bool {
 	}
 	rolling := false
 	for _, g := range groups {
-		scaleGroup(p, g, rolling)
+		scaleGroup(p, g, rolling || p.held)
 		if !groupSettled(g) {
 			rolling = true
 		}

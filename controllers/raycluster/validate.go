@@ -520,6 +520,6 @@ func podLimit(rc *rayv1.RayCluster, limit int) string {
 		asked = "more than " + asked
 	}
 	g := &rc.Spec.WorkerGroupSpecs[biggest]
-	return fmt.Sprintf("spec.workerGroupSpecs: the cluster asks for %s pods (the head and each group's replicas × numOfHosts; the most, spec.workerGroupSpecs[%d] (group %s): %d replicas × %d hosts), more than the %d pods one RayCluster may have (the manager's --max-workload-pods): no pod is created or deleted until it asks for at most %d",
+	return fmt.Sprintf("spec.workerGroupSpecs: the cluster asks for %s pods (the head and each group's replicas × numOfHosts; the most, spec.workerGroupSpecs[%d] (group %s): %d replicas × %d hosts), more than the %d pods one RayCluster may have (the manager's --max-workload-pods): no pod is created until it asks for at most %d (the pods it no longer asks for, as workersToDelete, are still deleted)",
 		asked, biggest, quoted(g.GroupName), groupPods(g)/hosts(g), hosts(g), most, most)
 }

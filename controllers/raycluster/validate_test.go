@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -453,5 +454,72 @@ func TestPriorityClassLabelIsAName(t *testing.T) {
 		if len(d.create) != 0 || len(d.children) != 0 || d.podGroup != nil {
 			t.Errorf("%q: held cluster makes %d pods, %d children, PodGroup %v", tt.value, len(d.create), len(d.children), d.podGroup)
 		}
+	}
+}
+
+// A cluster held at TooManyPods (the autoscaler raised a group past
+// --max-workload-pods) creates nothing and rolls nothing, but still
+// deletes the pods it no longer asks for: those in workersToDelete, beyond
+// a lowered replicas, of a group gone. Otherwise the autoscaler could not
+// scale down until it lowered replicas, and an idle cluster kept its GPUs.
+func TestTooManyPodsStillDeletes(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name   string
+		auto   bool
+		mutate func(*rayv1.RayCluster)
+		remove []string
+	}{
+		{"workersToDelete", true, func(rc *rayv1.RayCluster) {
+			rc.Spec.WorkerGroupSpecs[0].ScaleStrategy.WorkersToDelete = []string{"a-1"}
+			rc.Spec.WorkerGroupSpecs[1].ScaleStrategy.WorkersToDelete = []string{"b-0", "gone"}
+		}, []string{"a-1", "b-0"}},
+		{"beyond a lowered replicas", false, func(rc *rayv1.RayCluster) {
+			rc.Spec.WorkerGroupSpecs[0].Replicas = ptr.To[int32](1)
+		}, []string{"a-0", "a-1"}}, // outdated first
+		{"a group gone", false, func(rc *rayv1.RayCluster) {
+			rc.Spec.WorkerGroupSpecs = rc.Spec.WorkerGroupSpecs[1:]
+		}, []string{"a-0", "a-1", "a-2"}},
+		{"autoscaler without workersToDelete", true, func(*rayv1.RayCluster) {}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rc := unitCluster(t, func(rc *rayv1.RayCluster) {
+				rc.Spec.EnableInTreeAutoscaling = ptr.To(tt.auto)
+				a := rc.Spec.WorkerGroupSpecs[0]
+				a.GroupName, a.Replicas, a.MaxReplicas = "a", ptr.To[int32](3), ptr.To[int32](100)
+				b := *a.DeepCopy()
+				b.GroupName, b.Replicas = "b", ptr.To[int32](50) // raised past the limit
+				rc.Spec.WorkerGroupSpecs = []rayv1.WorkerGroupSpec{a, b}
+			})
+			head := buildHeadPod(ctx, rc, "")
+			head.Name = "h"
+			pods := []*corev1.Pod{head}
+			for _, n := range []string{"a-0", "a-1", "a-2", "b-0"} {
+				g := &rc.Spec.WorkerGroupSpecs[0]
+				if n[0] == 'b' {
+					g = &rc.Spec.WorkerGroupSpecs[1]
+				}
+				p := buildWorkerPod(ctx, rc, g, "")
+				p.Name, p.UID, p.CreationTimestamp = n, types.UID("u-"+n), metav1.NewTime(time.Unix(int64(len(pods)), 0))
+				p.Annotations[AnnotationTemplateHash] = "outdated" // held: not rolled
+				pods = append(pods, p)
+			}
+			for _, p := range pods {
+				p.Status.Phase = corev1.PodRunning
+				p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+			}
+			tt.mutate(rc)
+			d := decide(ctx, rc, observed{pods: pods, now: time.Now(), maxPods: 20}, "none")
+			if c := validCondition(d); c == nil || c.Reason != ReasonTooManyPods || !strings.Contains(c.Message, "more than the 20 pods") {
+				t.Fatalf("condition %+v", c)
+			}
+			got := podNames(d.remove)
+			slices.Sort(got)
+			want := slices.Sorted(slices.Values(tt.remove))
+			if len(d.create) != 0 || !slices.Equal(got, want) {
+				t.Fatalf("creates %d, removes %v, want none and %v", len(d.create), got, want)
+			}
+		})
 	}
 }
