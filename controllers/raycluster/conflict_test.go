@@ -9,6 +9,8 @@ import (
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -127,5 +129,73 @@ func TestTooManyPodsIsHeld(t *testing.T) {
 	left := waitPods(t, rc, map[string]int{"headgroup": 1, "workergroup": 1})
 	if left["workergroup"][0].Name != workers[1].Name {
 		t.Fatalf("kept %s, want %s", left["workergroup"][0].Name, workers[1].Name)
+	}
+}
+
+// A person's objects holding the names of the cluster's optional children
+// (the serve Service, the dashboard Ingress) do not stop the cluster: its
+// pods are made, the objects are left exactly as they were, and
+// ReplicaFailure says NameConflict naming each and what to rename. Once
+// they are gone, the cluster makes its own and the condition clears.
+func TestOptionalChildNameConflict(t *testing.T) {
+	startManager(t, "none")
+	ctx := context.Background()
+	rc := sample(t, "ray-cluster.sample.yaml", "ray-conflict-opt")
+	rc.Name = "opt-taken"
+	rc.Annotations = map[string]string{"ray.io/enable-serve-service": "true"}
+	rc.Spec.HeadGroupSpec.EnableIngress = ptr.To(true)
+	head := &rc.Spec.HeadGroupSpec.Template.Spec.Containers[0]
+	head.Ports = append(head.Ports, corev1.ContainerPort{Name: "serve", ContainerPort: 8000})
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "opt-taken-serve-svc", Namespace: rc.Namespace},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}}}
+	ing := &networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Name: "opt-taken-head-ingress", Namespace: rc.Namespace},
+		Spec: networkingv1.IngressSpec{DefaultBackend: &networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{
+			Name: "mine", Port: networkingv1.ServiceBackendPort{Number: 80}}}}}
+	for _, o := range []client.Object{svc, ing, rc} {
+		if err := env.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitPods(t, rc, map[string]int{"headgroup": 1, "workergroup": 1})
+	waitCondition(t, rc, string(rayv1.RayClusterReplicaFailure), ReasonNameConflict,
+		"Service ray-conflict-opt/opt-taken-serve-svc exists", "Ingress ray-conflict-opt/opt-taken-head-ingress exists", "rename the RayCluster")
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: "opt-taken-head-svc"}, &corev1.Service{}); err != nil {
+		t.Fatalf("the head Service: %v", err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		list := &eventsv1.EventList{}
+		if err := env.Client.List(ctx, list, client.InNamespace(rc.Namespace)); err != nil {
+			return err
+		}
+		for _, e := range list.Items {
+			if e.Regarding.Name == rc.Name && e.Type == corev1.EventTypeWarning && e.Reason == ReasonNameConflict && strings.Contains(e.Note, "opt-taken-serve-svc") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no NameConflict Warning among %d events", len(list.Items))
+	})
+	time.Sleep(time.Second)
+	for _, o := range []client.Object{svc, ing} {
+		got := o.DeepCopyObject().(client.Object)
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(o), got); err != nil {
+			t.Fatal(err)
+		}
+		if got.GetResourceVersion() != o.GetResourceVersion() || len(got.GetOwnerReferences()) != 0 {
+			t.Fatalf("the person's %s was touched: rv %s → %s, owners %v", o.GetName(), o.GetResourceVersion(), got.GetResourceVersion(), got.GetOwnerReferences())
+		}
+	}
+
+	// The person's objects go: the cluster makes its own, and the
+	// condition clears.
+	for _, o := range []client.Object{svc, ing} {
+		if err := env.Client.Delete(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	update(t, rc, func(c *rayv1.RayCluster) { c.Spec.WorkerGroupSpecs[0].Replicas = ptr.To[int32](2) }) // a change wakes it
+	waitCondition(t, rc, string(rayv1.RayClusterReplicaFailure), "Applied")
+	own := &corev1.Service{}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(svc), own); err != nil || !metav1.IsControlledBy(own, get(t, rc)) {
+		t.Fatalf("the cluster's serve Service: %v, owners %v", err, own.OwnerReferences)
 	}
 }

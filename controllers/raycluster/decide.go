@@ -111,6 +111,10 @@ type decision struct {
 	// err is why a child could not be built; it is reported as a failed
 	// apply.
 	err error
+	// skipped are the optional children (not the head Service) left out
+	// because an object the cluster does not control holds their names:
+	// the apply sets it, and it is reported as a NameConflict.
+	skipped error
 	// events are the notable transitions to record.
 	events []event
 	// deferred are the missing pods not built this pass (the executor's

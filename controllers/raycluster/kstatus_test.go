@@ -104,11 +104,11 @@ func TestKstatusSuspendedAndApplied(t *testing.T) {
 	rc.Spec.Suspend = nil
 	obs := observed{pods: readyPods(ctx, rc), now: time.Now()}
 	rc.Status = decide(ctx, rc, obs, "none").status
-	applied(&rc.Status, errors.New("deleting pod x: forbidden"), rc.Generation, obs.now)
+	applied(&rc.Status, errors.New("deleting pod x: forbidden"), nil, rc.Generation, obs.now)
 	if got := kstatusOf(t, rc); got != kstatus.InProgressStatus {
 		t.Fatalf("after a failed apply: %s", got)
 	}
-	applied(&rc.Status, fmt.Errorf("creating pod x: %w", &podset.ConflictError{Namespace: "unit", Pod: "x", Owner: rc.Name}), rc.Generation, obs.now)
+	applied(&rc.Status, fmt.Errorf("creating pod x: %w", &podset.ConflictError{Namespace: "unit", Pod: "x", Owner: rc.Name}), nil, rc.Generation, obs.now)
 	if got := kstatusOf(t, rc); got != kstatus.FailedStatus {
 		t.Fatalf("after a name conflict: %s", got)
 	}

@@ -3,6 +3,7 @@ package raycluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -295,17 +296,27 @@ func TestApplied(t *testing.T) {
 	now := time.Now()
 	failure := string(rayv1.RayClusterReplicaFailure)
 	st := rayv1.RayClusterStatus{}
-	applied(&st, nil, 1, now)
+	applied(&st, nil, nil, 1, now)
 	if len(st.Conditions) != 0 {
 		t.Fatalf("a successful first apply added %+v", st.Conditions)
 	}
-	applied(&st, errors.New("creating pod x: forbidden"), 1, now)
+	applied(&st, errors.New("creating pod x: forbidden"), nil, 1, now)
 	if c := meta.FindStatusCondition(st.Conditions, failure); c == nil || c.Status != metav1.ConditionTrue || c.Reason != "FailedToApply" {
 		t.Fatalf("after a failure: %+v", c)
 	}
-	applied(&st, nil, 1, now)
+	applied(&st, nil, nil, 1, now)
 	if c := meta.FindStatusCondition(st.Conditions, failure); c == nil || c.Status != metav1.ConditionFalse || c.Reason != "Applied" {
 		t.Fatalf("after a success: %+v", c)
+	}
+
+	// An optional child left out for a name taken: NameConflict, and
+	// kstatus's conditions stay the pods' (nothing stalls).
+	skipped := fmt.Errorf("%w: the cluster runs without it", &apply.ForeignError{Kind: "Service", Key: "ns/c-serve-svc", Reason: "is not managed by Loom"})
+	st = rayv1.RayClusterStatus{}
+	applied(&st, nil, skipped, 1, now)
+	if c := meta.FindStatusCondition(st.Conditions, failure); c == nil || c.Status != metav1.ConditionTrue || c.Reason != ReasonNameConflict ||
+		!strings.Contains(c.Message, "Service ns/c-serve-svc exists") || len(st.Conditions) != 1 {
+		t.Fatalf("after a child skipped: %+v", st.Conditions)
 	}
 }
 

@@ -16,7 +16,10 @@
 // --max-workload-pods, is held with loom.dev/SpecValid False naming the
 // field; one pass builds at most the pods one pass creates
 // (podset.PerPass); a name taken by an object the cluster does not control
-// is a NameConflict on ReplicaFailure, and the object is left alone.
+// is a NameConflict on ReplicaFailure, and the object is left alone: the
+// head Service's or a pod's holds the cluster up, an optional child's (the
+// serve Service, the dashboard Ingress, the headless worker Service) only
+// leaves that child out.
 package raycluster
 
 import (
@@ -252,15 +255,18 @@ func (r *Reconciler) preflight(ctx context.Context, rc *rayv1.RayCluster, protos
 // rc its normalized copy. A status write that met a newer cluster (a
 // guarded one: suspend, resume) is decided again shortly from a fresher
 // copy; a name taken by an object the cluster does not control is reported
-// on the status and looked at again later, neither logged as an error.
+// on the status and looked at again later, neither logged as an error (an
+// optional child's, d.skipped, holds nothing else up).
 func (r *Reconciler) execute(ctx context.Context, orig, rc *rayv1.RayCluster, obs observed, d decision) (ctrl.Result, error) {
 	r.record(orig, &d)
 	res, applyErr := r.applyChildren(ctx, rc, obs, &d)
 	res.Deferred += int(clamp32(d.deferred))
 	if apply.IsForeign(applyErr) {
 		r.conflictEvent(orig, applyErr)
+	} else if applyErr == nil && d.skipped != nil {
+		r.conflictEvent(orig, d.skipped)
 	}
-	applied(&d.status, applyErr, rc.Generation, obs.now)
+	applied(&d.status, applyErr, d.skipped, rc.Generation, obs.now)
 	was := orig.Status.DeepCopy()
 	wait, err := r.writeStatus(ctx, orig, &d.status, obs.now, d.guard)
 	if err == nil && wait == 0 {
@@ -275,6 +281,11 @@ func (r *Reconciler) execute(ctx context.Context, orig, rc *rayv1.RayCluster, ob
 	}
 	if err := errors.Join(applyErr, err); err != nil {
 		return ctrl.Result{}, err
+	}
+	if d.skipped != nil {
+		// The object in the way is not the cluster's: no watch event says
+		// it is gone.
+		return ctrl.Result{RequeueAfter: res.RequeueAfter(wait, conflictRecheck)}, nil
 	}
 	return ctrl.Result{RequeueAfter: res.RequeueAfter(wait)}, nil
 }
@@ -392,8 +403,17 @@ func (r *Reconciler) applyChildren(ctx context.Context, rc *rayv1.RayCluster, ob
 			return podset.Result{}, err
 		}
 	}
+	var skipped []error
 	for i, c := range d.children {
 		if err := r.writer.Ensure(ctx, rc, c); err != nil {
+			if i > 0 && apply.IsForeign(err) {
+				// An optional child (the serve Service, the dashboard
+				// Ingress, the headless worker Service): someone else's
+				// object of its name is left alone (KubeRay would use it
+				// as its own), and the cluster runs without it.
+				skipped = append(skipped, fmt.Errorf("%w: the cluster runs without it; rename the RayCluster or that %s", err, c.GetObjectKind().GroupVersionKind().Kind))
+				continue
+			}
 			if i == 0 {
 				// The head Service, built from what the user wrote: a
 				// refusal as invalid (what a dry run does not check: a
@@ -411,6 +431,7 @@ func (r *Reconciler) applyChildren(ctx context.Context, rc *rayv1.RayCluster, ob
 			return podset.Result{}, err
 		}
 	}
+	d.skipped = joined(skipped)
 	if err := r.removeUnwanted(ctx, rc, d.unwanted); err != nil {
 		return podset.Result{}, err
 	}
@@ -427,6 +448,19 @@ func (r *Reconciler) applyChildren(ctx context.Context, rc *rayv1.RayCluster, ob
 		}
 	}
 	return r.pods.Sync(ctx, rc, d.remove, d.create)
+}
+
+// joined is errs as one error wrapping each, "; " between their messages
+// (errors.Join's newlines do not fit a condition); nil for none.
+func joined(errs []error) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	args := make([]any, len(errs))
+	for i, err := range errs {
+		args[i] = err
+	}
+	return fmt.Errorf(strings.TrimSuffix(strings.Repeat("%w; ", len(errs)), "; "), args...)
 }
 
 // removeUnwanted deletes the children the cluster no longer wants (the

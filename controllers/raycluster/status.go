@@ -149,9 +149,15 @@ func head(p *pass, st *rayv1.RayClusterStatus) bool {
 // applied records on the status how applying the decision went: a failure
 // as ReplicaFailure (KubeRay's condition for it; NameConflict when a name
 // the cluster wants is taken by an object it does not control), cleared
-// once an apply succeeds.
-func applied(st *rayv1.RayClusterStatus, err error, gen int64, now time.Time) {
+// once an apply succeeds. skipped are the optional children left out for
+// a name taken: NameConflict too, but the cluster's pods go on, so
+// kstatus's conditions stay the pods'.
+func applied(st *rayv1.RayClusterStatus, err, skipped error, gen int64, now time.Time) {
 	failure := string(rayv1.RayClusterReplicaFailure)
+	if err == nil && skipped != nil {
+		setCond(st, failure, metav1.ConditionTrue, ReasonNameConflict, podset.Message(skipped), gen, now)
+		return
+	}
 	if err != nil {
 		reason := "FailedToApply"
 		if nameConflict(err) {

@@ -410,7 +410,7 @@ func TestNameConflictReason(t *testing.T) {
 	}
 	for _, tt := range tests {
 		st := rayv1.RayClusterStatus{}
-		applied(&st, tt.err, 1, now)
+		applied(&st, tt.err, nil, 1, now)
 		c := meta.FindStatusCondition(st.Conditions, failure)
 		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != tt.reason || !strings.Contains(c.Message, tt.names) {
 			t.Errorf("%v: condition %+v", tt.err, c)
