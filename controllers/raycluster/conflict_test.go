@@ -80,6 +80,23 @@ func TestNameConflicts(t *testing.T) {
 	if n := len(rayPods(t, rc2)); n != 0 {
 		t.Fatalf("svc-taken has %d groups of pods without its head Service", n)
 	}
+	// A multi-host group's hosts find each other through the headless
+	// worker Service: a stranger's of its name holds the cluster too.
+	rc3 := sample(t, "ray-cluster.sample.yaml", "ray-conflict")
+	rc3.Name = "headless-taken"
+	rc3.Spec.WorkerGroupSpecs[0].NumOfHosts = 2
+	headless := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "headless-taken-headless", Namespace: rc3.Namespace},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}}}
+	for _, o := range []client.Object{headless, rc3} {
+		if err := env.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitCondition(t, rc3, string(rayv1.RayClusterReplicaFailure), ReasonNameConflict, "Service ray-conflict/headless-taken-headless exists")
+	time.Sleep(time.Second)
+	if n := len(rayPods(t, rc3)); n != 0 {
+		t.Fatalf("headless-taken has %d groups of pods without its headless worker Service", n)
+	}
 
 	// The stranger's pod goes: the cluster gets its head, and the
 	// condition clears.

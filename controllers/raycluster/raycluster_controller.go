@@ -17,9 +17,9 @@
 // field; one pass builds at most the pods one pass creates
 // (podset.PerPass); a name taken by an object the cluster does not control
 // is a NameConflict on ReplicaFailure, and the object is left alone: the
-// head Service's or a pod's holds the cluster up, an optional child's (the
-// serve Service, the dashboard Ingress, the headless worker Service) only
-// leaves that child out.
+// head Service's, the headless worker Service's or a pod's holds the
+// cluster up, an optional child's (the serve Service, the dashboard
+// Ingress) only leaves that child out.
 package raycluster
 
 import (
@@ -406,11 +406,12 @@ func (r *Reconciler) applyChildren(ctx context.Context, rc *rayv1.RayCluster, ob
 	var skipped []error
 	for i, c := range d.children {
 		if err := r.writer.Ensure(ctx, rc, c); err != nil {
-			if i > 0 && apply.IsForeign(err) {
+			if i > 0 && apply.IsForeign(err) && c.GetName() != rc.Name+"-"+utils.HeadlessServiceSuffix {
 				// An optional child (the serve Service, the dashboard
-				// Ingress, the headless worker Service): someone else's
-				// object of its name is left alone (KubeRay would use it
-				// as its own), and the cluster runs without it.
+				// Ingress): someone else's object of its name is left
+				// alone (KubeRay would use it as its own), and the cluster
+				// runs without it. Not the headless worker Service: a
+				// multi-host group's hosts find each other through it.
 				skipped = append(skipped, fmt.Errorf("%w: the cluster runs without it; rename the RayCluster or that %s", err, c.GetObjectKind().GroupVersionKind().Kind))
 				continue
 			}
