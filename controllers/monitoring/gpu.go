@@ -124,6 +124,13 @@ func (r *GPUReconciler) observe(ctx context.Context) (gpuObserved, error) {
 	if err := r.List(ctx, policies); err != nil {
 		return o, err
 	}
+	var err error
+	// Before anything else: a nil crdsMissing would say every CRD is
+	// installed (the manager's ServiceMonitor removed through a cache that
+	// cannot serve its kind).
+	if o.missing, err = r.crds.missing(ctx, r.Client); err != nil {
+		return o, err
+	}
 	if o.policy = gpuv1alpha1.Active(policies.Items); o.policy == nil && r.Manager.Service == "" {
 		return o, nil
 	}
@@ -133,10 +140,6 @@ func (r *GPUReconciler) observe(ctx context.Context) (gpuObserved, error) {
 			return o, err
 		}
 		o.dashboards = dashboards.Items
-	}
-	var err error
-	if o.missing, err = r.crds.missing(ctx, r.Client); err != nil {
-		return o, err
 	}
 	if o.proms, err = prometheuses(ctx, r.proms, o.missing); err != nil {
 		return o, err

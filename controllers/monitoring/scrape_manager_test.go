@@ -1,13 +1,20 @@
 package monitoring
 
 import (
+	"context"
+	"slices"
 	"strings"
 	"testing"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/runtime"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/manager"
@@ -115,4 +122,38 @@ func TestManagerServiceMonitorTurnedOff(t *testing.T) {
 		t.Errorf("message %q names the manager's ServiceMonitor", c.Message)
 	}
 	gone(t, &monitoringv1.ServiceMonitor{ObjectMeta: key(loomNS, ManagerServiceMonitorName)})
+}
+
+// readLog is a client that records the kinds it is asked to read.
+type readLog struct {
+	client.Client
+	kinds []string
+}
+
+func (r *readLog) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	gvk, _ := apiutil.GVKForObject(obj, r.Scheme())
+	r.kinds = append(r.kinds, gvk.Kind)
+	return r.Client.Get(ctx, key, obj, opts...)
+}
+
+// With no ClusterPolicy, no manager ServiceMonitor asked for and no
+// Prometheus Operator installed, a pass reads no ServiceMonitor: the
+// manager's cache cannot serve a kind whose CRD is absent, and would ask
+// the API server's discovery on each pass.
+func TestNoPolicyNoOperatorReadsNoServiceMonitor(t *testing.T) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{gpuv1alpha1.AddToScheme, monitoringv1.AddToScheme, apiextensionsv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &readLog{Client: fake.NewClientBuilder().WithScheme(scheme).Build()}
+	r := &GPUReconciler{Client: c, Namespace: loomNS}
+	r.crds = operatorCRDs{crdKind("servicemonitors", monitoringv1.SchemeGroupVersion.WithKind(KindServiceMonitor), nil)}
+	if _, err := r.Reconcile(context.Background(), ctrl.Request{}); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(c.kinds, KindServiceMonitor) {
+		t.Errorf("a pass without the ServiceMonitor CRD read a ServiceMonitor (reads: %v)", c.kinds)
+	}
 }
