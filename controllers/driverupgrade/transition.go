@@ -451,16 +451,7 @@ func describe(left int, blocked []string) string {
 
 // runsWanted reports whether driver is of the wanted template and ready.
 func runsWanted(driver *corev1.Pod, template string) bool {
-	return driver != nil && driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == template && podReady(driver)
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
+	return driver != nil && driver.Annotations[gpuv1alpha1.AnnotationTemplateHash] == template && podset.Ready(driver)
 }
 
 // needsPods reports whether next reads the pods on a node in state.

@@ -16,6 +16,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/podset"
 )
 
 // The inventory as metrics, for the alerts that compare it with what
@@ -139,7 +140,7 @@ func collectOperands(ctx context.Context, src inventorySource, exists map[string
 		if k.node == "" || k.component == "" || !exists[k.node] || p.DeletionTimestamp != nil {
 			continue
 		}
-		ready[k] = ready[k] || podReady(p)
+		ready[k] = ready[k] || podset.Ready(p)
 	}
 	for k, r := range ready {
 		ch <- prometheus.MustNewConstMetric(operandReadyDesc, prometheus.GaugeValue, one(r), k.node, k.component)
@@ -152,15 +153,6 @@ func one(b bool) float64 {
 		return 1
 	}
 	return 0
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 var (

@@ -12,16 +12,8 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/podset"
 )
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
 
 // isLoomDriver: the pod is one of Loom's driver pods (in Loom's
 // namespace, with its labels: the manager's pod cache keeps them, with the
@@ -41,7 +33,7 @@ func (r *Reconciler) driverPodChanged() predicate.Predicate {
 		UpdateFunc: func(e event.UpdateEvent) bool {
 			o, ok1 := e.ObjectOld.(*corev1.Pod)
 			n, ok2 := e.ObjectNew.(*corev1.Pod)
-			return ok1 && ok2 && r.isLoomDriver(n) && (podReady(o) != podReady(n) || o.Spec.NodeName != n.Spec.NodeName ||
+			return ok1 && ok2 && r.isLoomDriver(n) && (podset.Ready(o) != podset.Ready(n) || o.Spec.NodeName != n.Spec.NodeName ||
 				(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil))
 		},
 	}
@@ -66,7 +58,7 @@ func (r *Reconciler) loomDriverReady(ctx context.Context, node string) (bool, er
 		return false, err
 	}
 	for _, p := range pods.Items {
-		if p.Spec.NodeName == node && p.DeletionTimestamp == nil && podReady(&p) {
+		if p.Spec.NodeName == node && p.DeletionTimestamp == nil && podset.Ready(&p) {
 			return true, nil
 		}
 	}

@@ -456,6 +456,16 @@ func (e *Executor) delete(ctx context.Context, owner client.Object, pods []*core
 	return int(deleted.Load()), nil
 }
 
+// Ready reports whether the pod's Ready condition is True.
+func Ready(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
 // WaitingWhy is the first container of a pod (init containers first) that
 // waits for a reason other than its creation, and the kubelet's words; or,
 // for a pod not placed, the scheduler's.
