@@ -70,14 +70,14 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var list gpuv1alpha1.GPUNodeList
-	if err := cp.List(ctx, &list); err != nil {
+	if err := cp.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return
 	}
 	// Only GPUNodes whose Node exists, as the index counts them: one left
 	// behind by a deleted node is no GPU missing and no agent silent.
 	// (The cache's typed Nodes keep their labels and Ready condition.)
 	nodes := &corev1.NodeList{}
-	if err := cp.List(ctx, nodes); err != nil {
+	if err := cp.List(ctx, nodes, client.UnsafeDisableDeepCopy); err != nil {
 		return
 	}
 	exists := make(map[string]bool, len(nodes.Items))
@@ -129,7 +129,7 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 // LoomGPUNodeAgentNotReporting. Pods being deleted do not count.
 func collectOperands(ctx context.Context, src inventorySource, exists map[string]bool, ch chan<- prometheus.Metric) {
 	pods := &corev1.PodList{}
-	if err := src.List(ctx, pods, client.InNamespace(src.namespace), client.MatchingLabels{apply.LabelManagedBy: apply.ManagedBy}); err != nil {
+	if err := src.List(ctx, pods, client.InNamespace(src.namespace), client.MatchingLabels{apply.LabelManagedBy: apply.ManagedBy}, client.UnsafeDisableDeepCopy); err != nil {
 		return
 	}
 	type key struct{ node, component string }

@@ -14,6 +14,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/testenv"
 )
 
 // The inventory metrics count a GPUNode only while its Node exists, as the
@@ -72,7 +73,7 @@ func TestInventoryMetricsCountOnlyGPUNodesWithANode(t *testing.T) {
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-e"}, Status: nodeReady(corev1.ConditionTrue)}, failedNode,
 	).Build()
 	col := &inventoryCollector{}
-	col.cache.Store(&inventorySource{Reader: c, namespace: "loom-system"})
+	col.cache.Store(&inventorySource{Reader: testenv.NoCopyLists{Reader: c, T: t}, namespace: "loom-system"})
 	want := `
 # HELP loom_gpunode_driver_upgrade 1 while the node is in a driver upgrade (cordoned for it: from wait-for-jobs-required to uncordon-required), else 0.
 # TYPE loom_gpunode_driver_upgrade gauge

@@ -51,7 +51,7 @@ kuberay_cluster_info{name="a",namespace="ns",owner_kind="None",uid="ua"} 1
 kuberay_cluster_info{name="b",namespace="ns",owner_kind="RayJob",uid="ub"} 1
 `
 	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(&clustersCollector{cache: c})
+	reg.MustRegister(&clustersCollector{cache: testenv.NoCopyLists{Reader: c, T: t}})
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
 		t.Fatal(err)
 	}

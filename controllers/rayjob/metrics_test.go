@@ -13,6 +13,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/loom-dev/loom/internal/testenv"
 )
 
 // KubeRay's kuberay_job_info and kuberay_job_deployment_status, by
@@ -40,7 +42,7 @@ kuberay_job_info{name="a",namespace="ns",uid="ua"} 1
 kuberay_job_info{name="b",namespace="ns",uid="ub"} 1
 `
 	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(&jobsCollector{cache: c})
+	reg.MustRegister(&jobsCollector{cache: testenv.NoCopyLists{Reader: c, T: t}})
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
@@ -43,7 +44,7 @@ var allStates = []trainingv1alpha1.JobState{
 
 // jobsCollector counts jobs by state from the cache at scrape time: no
 // bookkeeping to go stale, no API calls.
-type jobsCollector struct{ cache cache.Cache }
+type jobsCollector struct{ cache client.Reader }
 
 func (c jobsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- jobsDesc }
 
@@ -51,7 +52,7 @@ func (c jobsCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var list trainingv1alpha1.TrainingJobList
-	if err := c.cache.List(ctx, &list); err != nil {
+	if err := c.cache.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return
 	}
 	counts := map[trainingv1alpha1.JobState]float64{}

@@ -53,3 +53,22 @@ func kindOf(obj interface{ GetObjectKind() schema.ObjectKind }) string {
 	}
 	return fmt.Sprintf("%T", obj)
 }
+
+// NoCopyLists is a reader that fails t on a List that asks the cache for
+// deep copies (no client.UnsafeDisableDeepCopy): a metrics collector reads
+// every cached object of a kind at each scrape, and copying them all once
+// a scrape is garbage in proportion to the cluster.
+type NoCopyLists struct {
+	client.Reader
+	T interface{ Errorf(string, ...any) }
+}
+
+// List passes the list on after checking it asks for no copies.
+func (r NoCopyLists) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	lo := &client.ListOptions{}
+	lo.ApplyOptions(opts)
+	if lo.UnsafeDisableDeepCopy == nil || !*lo.UnsafeDisableDeepCopy {
+		r.T.Errorf("a %T list deep-copies every cached object: pass client.UnsafeDisableDeepCopy", list)
+	}
+	return r.Reader.List(ctx, list, opts...)
+}
