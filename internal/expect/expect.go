@@ -45,6 +45,39 @@ func (e *Pods) Created(owner types.NamespacedName, pod *corev1.Pod, now time.Tim
 	e.creates[owner][pod.Name] = expected{pod: pod, at: now}
 }
 
+// Observed drops the expectation of a created pod that the cache now
+// shows (the pod informer's handler calls it with each pod added), so that
+// the copy of a created pod is held until its watch event arrives, not
+// until its owner's next pass: with many owners converging at once, their
+// passes lag the watch by seconds, and 400 pods' copies were held at the
+// peak. owner is the pod's controller's key; a pod of that name created
+// for another object (its controller's UID differs), or that same says is
+// not the one created, leaves the expectation to Overlay.
+func (e *Pods) Observed(owner types.NamespacedName, pod *corev1.Pod, same func(cached, created *corev1.Pod) bool) {
+	ref := metav1.GetControllerOfNoCopy(pod)
+	if ref == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	creates := e.creates[owner]
+	x, ok := creates[pod.Name]
+	if !ok || !createdFor(x.pod, ref.UID) || (same != nil && !same(pod, x.pod)) {
+		return
+	}
+	delete(creates, pod.Name)
+	if len(creates) == 0 {
+		delete(e.creates, owner)
+	}
+}
+
+// Expected is how many pods created for owner the cache has not shown yet.
+func (e *Pods) Expected(owner types.NamespacedName) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.creates[owner])
+}
+
 // CreateFailed forgets a pod whose creation failed.
 func (e *Pods) CreateFailed(owner types.NamespacedName, name string) {
 	e.mu.Lock()

@@ -89,3 +89,37 @@ func names(ps []*corev1.Pod) []string {
 	}
 	return out
 }
+
+// Observed ends a create's expectation when the informer shows that pod
+// created for that owner; not a pod of the name another object controls,
+// not one same says is another, not one without a controller.
+func TestObserved(t *testing.T) {
+	owner := types.NamespacedName{Namespace: "ns", Name: "o"}
+	controlled := func(name, ownerUID string) *corev1.Pod {
+		p := pod(name, "u-"+name)
+		p.OwnerReferences = []metav1.OwnerReference{{Name: "o", UID: types.UID(ownerUID), Controller: new(true)}}
+		return p
+	}
+	differs := func(_, _ *corev1.Pod) bool { return false }
+	for _, tt := range []struct {
+		name   string
+		seen   *corev1.Pod
+		same   func(cached, created *corev1.Pod) bool
+		expect int
+	}{
+		{"the created pod", controlled("p", "owner-uid"), nil, 0},
+		{"another object's pod of the name", controlled("p", "other-uid"), nil, 1},
+		{"same says it is another", controlled("p", "owner-uid"), differs, 1},
+		{"no controller", pod("p", "u-p"), nil, 1},
+		{"another name", controlled("q", "owner-uid"), nil, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := New()
+			e.Created(owner, controlled("p", "owner-uid"), time.Now())
+			e.Observed(owner, tt.seen, tt.same)
+			if got := e.Expected(owner); got != tt.expect {
+				t.Fatalf("expected %d, want %d", got, tt.expect)
+			}
+		})
+	}
+}

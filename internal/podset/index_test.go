@@ -100,3 +100,40 @@ func TestListByControllerIndex(t *testing.T) {
 		}
 	}
 }
+
+// A created pod is expected only until the informer shows it: the
+// executor's copy of it goes at the pod's watch event, with no pass of its
+// owner in between (owners converging together pass seconds apart).
+func TestCreatedPodsExpectedUntilTheCacheShowsThem(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ns := "podset-observed"
+	o := owner(t, ns)
+	c, err := cache.New(env.Config, cache.Options{Scheme: manager.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached, err := client.New(env.Config, client.Options{Scheme: manager.Scheme(), Cache: &client.CacheOptions{Reader: c}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := podset.New(cached, env.Client, &recorded{}, nil)
+	if err := e.IndexCache(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Start(ctx) }()
+	if !c.WaitForCacheSync(ctx) {
+		t.Fatal("cache did not sync")
+	}
+	want := pods(o, "new", 3, true)
+	if res, err := e.Sync(ctx, o, nil, want); err != nil || res.Created != 3 {
+		t.Fatalf("created %d: %v", res.Created, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for e.Expected(o) > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := e.Expected(o); n != 0 {
+		t.Fatalf("%d created pods still expected after the cache showed them, with no pass in between", n)
+	}
+}

@@ -18,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -106,8 +107,30 @@ func (e *Executor) IndexCache(ctx context.Context, c cache.Cache) error {
 			return fmt.Errorf("indexing pods by controller: %w", err)
 		}
 	}
+	// A created pod's expectation is dropped as soon as the informer has
+	// it, not at the owner's next pass.
+	if _, err := shared.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: e.observed}); err != nil {
+		return fmt.Errorf("watching pods for the executor's creates: %w", err)
+	}
 	e.byOwner = shared.GetIndexer()
 	return nil
+}
+
+// observed drops the expectation of a pod the informer added.
+func (e *Executor) observed(obj any) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	if ref := metav1.GetControllerOfNoCopy(p); ref != nil {
+		e.exp.Observed(types.NamespacedName{Namespace: p.Namespace, Name: ref.Name}, p, e.Same)
+	}
+}
+
+// Expected is how many pods the executor created for owner that its cache
+// has not shown yet.
+func (e *Executor) Expected(owner client.Object) int {
+	return e.exp.Expected(client.ObjectKeyFromObject(owner))
 }
 
 // controllerUID is ControllerIndex's function.
