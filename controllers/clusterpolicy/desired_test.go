@@ -103,17 +103,18 @@ func checkGolden(t *testing.T, file string, cp *gpuv1alpha1.ClusterPolicy) {
 // not move them by accident. These are the hashes of spec: {} since the
 // template was introduced; change them only on purpose. (The driver's
 // moved with KERNEL_MODULE_TYPE, the MIG manager's with its mounted
-// config.)
+// config, the validator's and the node status exporter's with the command
+// that runs nvidia-validator.)
 func TestTemplateHashesAreStable(t *testing.T) {
 	want := map[string]string{
 		gpuv1alpha1.OperandDriver:             "2dec423ca06fae91",
 		gpuv1alpha1.OperandToolkit:            "9a021e7d68714123",
-		gpuv1alpha1.OperandValidator:          "a7cc5dcc918a9013",
+		gpuv1alpha1.OperandValidator:          "4a1cf3d0e0edff7f",
 		gpuv1alpha1.OperandDevicePlugin:       "624eb836d15be9e3",
 		gpuv1alpha1.OperandDCGM:               "4130989bb3143811",
 		gpuv1alpha1.OperandDCGMExporter:       "72c0096e3c539d32",
 		gpuv1alpha1.OperandMIGManager:         "dd029c827afbc17b",
-		gpuv1alpha1.OperandNodeStatusExporter: "0f409936cfad2f21",
+		gpuv1alpha1.OperandNodeStatusExporter: "fb240e0f32d21875",
 	}
 	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
 	for _, op := range operands {

@@ -43,9 +43,13 @@ type operand struct {
 	privileged bool
 	// runtimeClass: runs under the NVIDIA runtime (after the toolkit).
 	runtimeClass bool
-	hostPaths    []hostPath
-	ports        []corev1.ContainerPort
-	env          func(cp *gpuv1alpha1.ClusterPolicy) []corev1.EnvVar
+	// command runs the operand's program where its image's entrypoint
+	// does not (the validator image's is /bin/bash, which exits at once
+	// without a terminal); the policy's args follow it.
+	command   []string
+	hostPaths []hostPath
+	ports     []corev1.ContainerPort
+	env       func(cp *gpuv1alpha1.ClusterPolicy) []corev1.EnvVar
 	// config returns the operand's configuration whose change must restart
 	// its pods (hashed onto the pod template).
 	config func(cp *gpuv1alpha1.ClusterPolicy) any
@@ -68,7 +72,10 @@ type hostPath struct {
 	propagation *corev1.MountPropagationMode
 }
 
-var bidirectional = ptr.To(corev1.MountPropagationBidirectional)
+var (
+	bidirectional   = ptr.To(corev1.MountPropagationBidirectional)
+	hostToContainer = ptr.To(corev1.MountPropagationHostToContainer)
+)
 
 // operands lists the operands in per-node dependency order.
 var operands = []operand{
@@ -84,7 +91,11 @@ var operands = []operand{
 		hostPaths: []hostPath{{"run-nvidia", "/run/nvidia", bidirectional}, {"toolkit-root", "/usr/local/nvidia", nil}, {"containerd-config", "/etc/containerd", nil}},
 	},
 	{
+		// Validates the toolkit (nvidia-smi through the NVIDIA runtime),
+		// writes the toolkit-ready marker the later operands wait for, then
+		// stays up, as GPU Operator's validator does after its checks.
 		name: gpuv1alpha1.OperandValidator, privileged: true, runtimeClass: true,
+		command:   []string{"sh", "-c", `nvidia-validator "$@" && echo all validations are successful && exec sleep infinity`, "nvidia-validator"},
 		hostPaths: []hostPath{{"run-nvidia", "/run/nvidia", bidirectional}},
 		env: func(*gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
 			return []corev1.EnvVar{{Name: "COMPONENT", Value: "toolkit"}, {Name: "WITH_WAIT", Value: "true"}}
@@ -137,8 +148,17 @@ var operands = []operand{
 		config: func(cp *gpuv1alpha1.ClusterPolicy) any { return cp.Spec.MIGManager },
 	},
 	{
-		name: gpuv1alpha1.OperandNodeStatusExporter, runtimeClass: true, waitFor: "toolkit-ready",
-		ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 8000, Protocol: corev1.ProtocolTCP}},
+		// The validator's metrics component: the validation markers, the
+		// driver (nvidia-smi in the host's root, hence privileged, as GPU
+		// Operator runs it) and the node's GPU resources as gauges on port
+		// 8000.
+		name: gpuv1alpha1.OperandNodeStatusExporter, privileged: true, runtimeClass: true, waitFor: "toolkit-ready",
+		command:   []string{"nvidia-validator"},
+		hostPaths: []hostPath{{"run-nvidia", "/run/nvidia", hostToContainer}, {"host-root", "/", hostToContainer}},
+		ports:     []corev1.ContainerPort{{Name: "metrics", ContainerPort: 8000, Protocol: corev1.ProtocolTCP}},
+		env: func(*gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
+			return []corev1.EnvVar{{Name: "COMPONENT", Value: "metrics"}, {Name: "METRICS_PORT", Value: "8000"}}
+		},
 	},
 }
 
@@ -302,6 +322,7 @@ func container(op operand, cp *gpuv1alpha1.ClusterPolicy) corev1.Container {
 		Name:            op.name,
 		Image:           ref,
 		ImagePullPolicy: img.PullPolicy,
+		Command:         op.command,
 		Args:            spec.Args,
 		Ports:           op.ports,
 		SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(op.privileged)},

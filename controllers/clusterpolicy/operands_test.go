@@ -1,6 +1,9 @@
 package clusterpolicy
 
 import (
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -143,6 +146,48 @@ func TestPolicyEnvOverridesBuiltIn(t *testing.T) {
 			if seen[want.Name] != want.Value {
 				t.Errorf("%s: env %s = %q, want the policy's %q", op.name, want.Name, seen[want.Name], want.Value)
 			}
+		}
+	}
+}
+
+// The validator image's entrypoint is /bin/bash, which exits at once
+// without a terminal: the validator and the node status exporter name
+// their program, run here with a stand-in nvidia-validator and sleep. The
+// validator validates the toolkit (writing the toolkit-ready marker the
+// later operands wait for), with the policy's args, then stays up; the
+// node status exporter serves the metrics component.
+func TestValidatorImageOperandsRunTheValidator(t *testing.T) {
+	dir := t.TempDir()
+	for name, script := range map[string]string{
+		"nvidia-validator": `echo "nvidia-validator COMPONENT=$COMPONENT METRICS_PORT=$METRICS_PORT $*"`,
+		"sleep":            `echo "sleep $*"`,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("#!/bin/sh\n"+script+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	cp := &gpuv1alpha1.ClusterPolicy{}
+	cp.Spec.Validator.Args = []string{"--sleep-interval-seconds=2"}
+	cp.Spec.NodeStatusExporter.Enabled = ptr.To(true)
+	for op, want := range map[string]string{
+		gpuv1alpha1.OperandValidator: "nvidia-validator COMPONENT=toolkit METRICS_PORT= --sleep-interval-seconds=2\n" +
+			"all validations are successful\nsleep infinity\n",
+		gpuv1alpha1.OperandNodeStatusExporter: "nvidia-validator COMPONENT=metrics METRICS_PORT=8000 \n",
+	} {
+		c := BuildDaemonSet(operandByName(op), cp, "ns").Spec.Template.Spec.Containers[0]
+		if len(c.Command) == 0 {
+			t.Errorf("%s runs its image's entrypoint (/bin/bash), which does nothing", op)
+			continue
+		}
+		cmd := exec.Command(c.Command[0], append(c.Command[1:], c.Args...)...)
+		cmd.Env = os.Environ()
+		for _, e := range c.Env {
+			cmd.Env = append(cmd.Env, e.Name+"="+e.Value)
+		}
+		out, err := cmd.CombinedOutput()
+		if err != nil || string(out) != want {
+			t.Errorf("%s ran %q: %v\n%s\nwant\n%s", op, cmd.Args, err, out, want)
 		}
 	}
 }
