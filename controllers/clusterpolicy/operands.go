@@ -536,58 +536,6 @@ func pullSecrets(names []string) []corev1.LocalObjectReference {
 	return out
 }
 
-// deployLabelPrefix starts GPU Operator's per-node opt-out labels:
-// nvidia.com/gpu.deploy.<operand>=false, nvidia.com/gpu.deploy.operands=false.
-const deployLabelPrefix = "nvidia.com/gpu.deploy."
-
-// preInstalled is GPU Operator's nvidia.com/gpu.deploy.driver value for a
-// node whose host has a driver of its own: a driver container there would
-// fight it for the kernel modules.
-const preInstalled = gpuv1alpha1.DeployDriverPreInstalled
-
-// optedOut are the values of nvidia.com/gpu.deploy.<operand> that keep the
-// operand off a node: false, and for the driver pre-installed.
-func optedOut(op string) []string {
-	if op == gpuv1alpha1.OperandDriver {
-		return []string{"false", preInstalled}
-	}
-	return []string{"false"}
-}
-
-// optedOutLabels names the labels that keep the operand off a node, e.g.
-// nvidia.com/gpu.deploy.driver=false or =pre-installed.
-func optedOutLabels(op string) string {
-	return deployLabelPrefix + op + "=" + strings.Join(optedOut(op), " or =")
-}
-
-// optOut makes the pod's opt-out requirement on nvidia.com/gpu.deploy.<op>
-// name every value of optedOut.
-func optOut(pod *corev1.PodSpec, op string) {
-	exprs := pod.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions
-	for i := range exprs {
-		if exprs[i].Key == deployLabelPrefix+op {
-			exprs[i].Values = optedOut(op)
-		}
-	}
-}
-
-// meantFor reports whether the operand is meant to run on the GPU node n:
-// n has not opted out of it (nvidia.com/gpu.deploy.<operand>=false, for the
-// driver also =pre-installed, or nvidia.com/gpu.deploy.operands=false) and
-// matches its node selector.
-func meantFor(n *corev1.Node, cp *gpuv1alpha1.ClusterPolicy, op string) bool {
-	l := n.Labels
-	if l[deployLabelPrefix+"operands"] == "false" || slices.Contains(optedOut(op), l[deployLabelPrefix+op]) {
-		return false
-	}
-	for k, v := range cp.Spec.Operand(op).NodeSelector {
-		if cur, ok := l[k]; !ok || cur != v {
-			return false
-		}
-	}
-	return true
-}
-
 // enabledOperands returns the operands the policy runs, in order, and
 // those it does not.
 func enabledOperands(cp *gpuv1alpha1.ClusterPolicy) (on, off []operand) {
