@@ -227,3 +227,24 @@ func operandByName(name string) operand {
 	}
 	panic("no operand " + name)
 }
+
+// driverReadyMarker is what the driver container writes once its driver
+// answers (GPU Operator's name): the validator's driver check, in the
+// toolkit's init container, waits for it.
+const driverReadyMarker = validationsDir + "/.driver-ctr-ready"
+
+// driverStartup makes the driver container Ready only once its driver
+// answers, as GPU Operator's does: a startup probe runs nvidia-smi (for up
+// to 20 minutes, a driver being built for the node's kernel) and then
+// writes driverReadyMarker; stopping removes it. Without it the pod is
+// Ready as soon as its container starts, and a driver upgrade's validation
+// passes, and uncordons the node, while the new driver is still building.
+func driverStartup(c *corev1.Container) {
+	c.StartupProbe = &corev1.Probe{
+		ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"sh", "-c",
+			"nvidia-smi && mkdir -p " + validationsDir + " && touch " + driverReadyMarker}}},
+		InitialDelaySeconds: 60, PeriodSeconds: 10, TimeoutSeconds: 60, SuccessThreshold: 1, FailureThreshold: 120,
+	}
+	c.Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{
+		Command: []string{"sh", "-c", "rm -f " + driverReadyMarker}}}}
+}

@@ -253,6 +253,11 @@ func buildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string,
 	// outside the hash, so that adding it upgraded no driver.
 	template.Spec.Tolerations = append(template.Spec.Tolerations,
 		corev1.Toleration{Key: gpuv1alpha1.TaintUnhealthy, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
+	if op.name == gpuv1alpha1.OperandDriver {
+		// Outside the hash too: adding it upgraded no driver; the pods
+		// made from here on (a new node, the next version) have it.
+		driverStartup(&template.Spec.Containers[0])
+	}
 	return &appsv1.DaemonSet{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: labels},

@@ -191,3 +191,30 @@ func TestValidatorImageOperandsRunTheValidator(t *testing.T) {
 		}
 	}
 }
+
+// The driver pod is Ready only once its driver answers: a startup probe
+// runs nvidia-smi before it writes the marker the validator's driver check
+// waits for (GPU Operator's .driver-ctr-ready), and stopping removes the
+// marker. The driver upgrade's validation step waits for that readiness.
+// Both stay outside the template hash (TestTemplateHashesAreStable): a
+// Loom upgrade restarts no driver for them.
+func TestDriverReadyOnlyOnceItsDriverAnswers(t *testing.T) {
+	cp := &gpuv1alpha1.ClusterPolicy{}
+	c := BuildDaemonSet(operandByName(gpuv1alpha1.OperandDriver), cp, "ns").Spec.Template.Spec.Containers[0]
+	p := c.StartupProbe
+	if p == nil || p.Exec == nil {
+		t.Fatalf("driver container without a startup probe: Ready as soon as it starts, its driver still building")
+	}
+	probe := strings.Join(p.Exec.Command, " ")
+	smi, marker := strings.Index(probe, "nvidia-smi &&"), strings.Index(probe, "touch /run/nvidia/validations/.driver-ctr-ready")
+	if smi < 0 || marker < smi {
+		t.Errorf("startup probe %q: want nvidia-smi, then the marker", probe)
+	}
+	if p.FailureThreshold*p.PeriodSeconds < 20*60 {
+		t.Errorf("startup probe gives the driver %ds to build, want at least 20 minutes", p.FailureThreshold*p.PeriodSeconds)
+	}
+	if c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Exec == nil ||
+		!strings.Contains(strings.Join(c.Lifecycle.PreStop.Exec.Command, " "), "rm -f /run/nvidia/validations/.driver-ctr-ready") {
+		t.Errorf("driver container lifecycle %+v: stopping must remove the marker", c.Lifecycle)
+	}
+}
