@@ -246,6 +246,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if obs.cp != nil {
 		pl = plan(obs.nodes, obs.cp.Spec.Driver.UpgradePolicy, req.Name, obs.cp.Annotations[gpuv1alpha1.AnnotationResume] != "")
 		recordGauges(req.Name, pl.summary)
+	} else {
+		forgetGauges(req.Name)
 	}
 	if obs.release {
 		pl = planned{todo: claimedBy(obs.nodes, req.Name)}

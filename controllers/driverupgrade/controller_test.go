@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -607,5 +608,45 @@ func testLostTwice(t *testing.T, step, state string) {
 	}
 	if c := meta.FindStatusCondition(cp.Status.Conditions, gpuv1alpha1.ConditionDriverUpgrade); c == nil || !strings.Contains(c.Message, "failed (1): "+n.Name) {
 		t.Errorf("condition %+v", c)
+	}
+}
+
+// A deleted policy's gauges go with it: its failed node, released with
+// it, must not keep loom_driver_upgrade_nodes{state="failed"} (and
+// LoomGPUDriverUpgradeFailed) up until the manager restarts.
+func TestReconcileForgetsTheGaugesOfADeletedPolicy(t *testing.T) {
+	ctx := context.Background()
+	const name = "forgotten"
+	cp, ds := envDriver(t, name, gpuv1alpha1.DriverUpgradePolicy{}, corev1.PodSpec{})
+	envNode(t, "forgotten-0", true, map[string]string{gpuv1alpha1.LabelPresent: "true", gpuv1alpha1.LabelUpgradeState: gpuv1alpha1.UpgradeFailed})
+	n := getNode(t, "forgotten-0")
+	n.Annotations = map[string]string{gpuv1alpha1.AnnotationClaim: name, gpuv1alpha1.AnnotationFailedTemplate: wanted,
+		gpuv1alpha1.AnnotationFailure: "the new driver pod was not ready within 10m0s", gpuv1alpha1.AnnotationUpgradeStarted: t0.Format(time.RFC3339)}
+	if err := env.Client.Update(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	envDriverPod(t, ds, "forgotten-0", "old-template")
+	r := New(env.Client, env.Client, loomNS)
+	r.Now = func() time.Time { return t0 }
+	req := ctrl.Request{NamespacedName: client.ObjectKey{Name: name}}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(upgradeNodes.WithLabelValues(name, "failed")); got != 1 {
+		t.Fatalf("failed nodes gauge %v, want 1", got)
+	}
+	if err := env.Client.Delete(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if got := getNode(t, "forgotten-0"); got.Annotations[gpuv1alpha1.AnnotationClaim] != "" || got.Labels[gpuv1alpha1.LabelUpgradeState] != "" {
+		t.Errorf("the failed node was not released: %v %v", got.Labels, got.Annotations)
+	}
+	for _, state := range []string{"done", "pending", "in_progress", "failed"} {
+		if upgradeNodes.DeleteLabelValues(name, state) {
+			t.Errorf("loom_driver_upgrade_nodes{policy=%q,state=%q} outlived its policy", name, state)
+		}
 	}
 }

@@ -63,3 +63,10 @@ func recordGauges(policy string, s summary) {
 		upgradeNodes.WithLabelValues(policy, state).Set(float64(n))
 	}
 }
+
+// forgetGauges removes the gauges of a policy that is gone: its failed
+// nodes, released with it, must not keep LoomGPUDriverUpgradeFailed
+// firing until the manager restarts.
+func forgetGauges(policy string) {
+	upgradeNodes.DeletePartialMatch(prometheus.Labels{"policy": policy})
+}
