@@ -35,6 +35,20 @@ func TestOperandOrdering(t *testing.T) {
 	}
 }
 
+// The operands that wait for the validator's toolkit-ready marker are
+// the API's AfterToolkit, which may run only with the validator.
+func TestAfterToolkitWaitForTheValidator(t *testing.T) {
+	var waiting []string
+	for _, op := range operands {
+		if op.waitFor == "toolkit-ready" {
+			waiting = append(waiting, op.name)
+		}
+	}
+	if strings.Join(waiting, ",") != strings.Join(gpuv1alpha1.AfterToolkit, ",") {
+		t.Errorf("operands waiting for toolkit-ready %v, AfterToolkit %v", waiting, gpuv1alpha1.AfterToolkit)
+	}
+}
+
 // Config changes move exactly the affected operand's pod-template hash.
 func TestConfigHashTouchesOnlyTheAffectedOperand(t *testing.T) {
 	base := &gpuv1alpha1.ClusterPolicy{Spec: gpuv1alpha1.ClusterPolicySpec{MIG: gpuv1alpha1.MIGSpec{Strategy: gpuv1alpha1.MIGStrategySingle}}}

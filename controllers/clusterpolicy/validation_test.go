@@ -154,6 +154,10 @@ func TestClusterPolicyRejectsCarelessValues(t *testing.T) {
 			[]string{"spec.devicePlugin.config.configMapName"}},
 		{"an env name twice", `{devicePlugin: {env: [{name: FOO, value: a}, {name: FOO, value: b}]}}`,
 			[]string{"spec.devicePlugin.env[1]", "Duplicate value"}},
+		{"validator off, the device plugin waiting for it", `{validator: {enabled: false}, dcgmExporter: {enabled: false}, migManager: {enabled: false}}`,
+			[]string{"spec.validator.enabled", "toolkit-ready marker only the validator writes"}},
+		{"validator off, the opt-in DCGM waiting for it", `{validator: {enabled: false}, devicePlugin: {enabled: false}, dcgmExporter: {enabled: false}, migManager: {enabled: false}, dcgm: {enabled: true}}`,
+			[]string{"spec.validator.enabled"}},
 		{"wait selector too long", `{driver: {upgradePolicy: {waitForCompletion: {podSelector: "` + strings.Repeat("a", 1025) + `"}}}}`,
 			[]string{"spec.driver.upgradePolicy.waitForCompletion.podSelector", "1024"}},
 	}
@@ -163,6 +167,8 @@ func TestClusterPolicyRejectsCarelessValues(t *testing.T) {
 		`{driver: {image: {version: "550.54.15-rhel9.4"}, upgradePolicy: {maxParallelUpgrades: 0}}}`,
 		`{driver: {upgradePolicy: {drain: {podSelector: "app"}, waitForCompletion: {podSelector: "!app"}}}}`,
 		`{toolkit: {image: {version: latest}}}`, // only the driver's version is a driver version
+		// Nothing waits for a validator that is off: a driver and toolkit alone.
+		`{validator: {enabled: false}, devicePlugin: {enabled: false}, dcgmExporter: {enabled: false}, migManager: {enabled: false}}`,
 		`{toolkit: {image: {repository: "registry.example:5000/mirror/nvidia", image: "k8s/container-toolkit", version: v1}}}`,
 	}
 	ctx := context.Background()

@@ -35,6 +35,10 @@ var Defaults = []struct {
 	{OperandNodeStatusExporter, OperandDefaults{ImageSpec{Repository: "nvcr.io/nvidia/cloud-native", Image: "gpu-operator-validator", Version: "v25.3.2"}, false}},
 }
 
+// AfterToolkit are the operands that start on a node only once the
+// validator has written its toolkit-ready marker there.
+var AfterToolkit = []string{OperandDevicePlugin, OperandDCGM, OperandDCGMExporter, OperandMIGManager, OperandNodeStatusExporter}
+
 // Operand returns the spec of a named operand (nil for an unknown name).
 func (s *ClusterPolicySpec) Operand(name string) *OperandSpec {
 	switch name {

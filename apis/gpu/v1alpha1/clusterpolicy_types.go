@@ -313,6 +313,7 @@ type DCGMExporterSpec struct {
 
 // ClusterPolicySpec is the desired GPU software stack. Every field has a
 // default: spec: {} is a working stack.
+// +kubebuilder:validation:XValidation:rule="!has(self.validator) || !has(self.validator.enabled) || self.validator.enabled || ((has(self.devicePlugin) && has(self.devicePlugin.enabled) && !self.devicePlugin.enabled) && !(has(self.dcgm) && has(self.dcgm.enabled) && self.dcgm.enabled) && (has(self.dcgmExporter) && has(self.dcgmExporter.enabled) && !self.dcgmExporter.enabled) && (has(self.migManager) && has(self.migManager.enabled) && !self.migManager.enabled) && !(has(self.nodeStatusExporter) && has(self.nodeStatusExporter.enabled) && self.nodeStatusExporter.enabled))",message="validator.enabled: false leaves the device plugin, DCGM, dcgm-exporter, the MIG manager and the node status exporter waiting for ever on every node for the toolkit-ready marker only the validator writes: keep the validator, or disable those too",fieldPath=".validator.enabled"
 type ClusterPolicySpec struct {
 	// +optional
 	// +kubebuilder:default={}
@@ -322,6 +323,9 @@ type ClusterPolicySpec struct {
 	Driver DriverSpec `json:"driver,omitempty"`
 	// +optional
 	Toolkit OperandSpec `json:"toolkit,omitempty"`
+	// Validator validates the toolkit on each node and writes the
+	// toolkit-ready marker the operands after it (AfterToolkit) wait for:
+	// it can be disabled only with them.
 	// +optional
 	Validator OperandSpec `json:"validator,omitempty"`
 	// +optional

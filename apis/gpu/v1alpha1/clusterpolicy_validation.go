@@ -130,6 +130,7 @@ func (s *ClusterPolicySpec) Validate() field.ErrorList {
 			errs = append(errs, field.Invalid(spec.Child("daemonsets", "annotations").Key(k), k, msg))
 		}
 	}
+	errs = append(errs, s.validateValidator(spec)...)
 	for _, op := range s.operandFields() {
 		errs = append(errs, validateLabels(op.spec.NodeSelector, spec.Child(op.field, "nodeSelector"))...)
 		img := spec.Child(op.field, "image")
@@ -141,6 +142,27 @@ func (s *ClusterPolicySpec) Validate() field.ErrorList {
 		}
 	}
 	return errs
+}
+
+// validateValidator refuses a validator disabled while an operand that
+// waits for its toolkit-ready marker (AfterToolkit) runs: it would wait for
+// ever on every node.
+func (s *ClusterPolicySpec) validateValidator(spec *field.Path) field.ErrorList {
+	if s.OperandEnabled(OperandValidator) {
+		return nil
+	}
+	var waiting []string
+	for _, op := range AfterToolkit {
+		if s.OperandEnabled(op) {
+			waiting = append(waiting, op)
+		}
+	}
+	if len(waiting) == 0 {
+		return nil
+	}
+	return field.ErrorList{field.Invalid(spec.Child("validator", "enabled"), false, fmt.Sprintf(
+		"%s would wait for ever on every node for the toolkit-ready marker only the validator writes: keep the validator, or disable those too",
+		strings.Join(waiting, ", ")))}
 }
 
 // operandFields are the operands' specs by their field names in the spec.

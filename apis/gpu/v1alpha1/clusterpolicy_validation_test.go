@@ -201,6 +201,22 @@ func TestValidateNamesTheField(t *testing.T) {
 // CRD from the markers; this keeps the markers and the constants one).
 // usePrecompiled takes the branch from a plain version: one with an OS
 // suffix is rejected.
+// A validator disabled while an operand waits for its toolkit-ready
+// marker (a policy stored before the CRD's rule) names the field and the
+// operands; with them off it is fine.
+func TestValidateValidatorOff(t *testing.T) {
+	off := ptr.To(false)
+	spec := ClusterPolicySpec{Validator: OperandSpec{Enabled: off}}
+	errs := spec.Validate()
+	if len(errs) != 1 || errs[0].Field != "spec.validator.enabled" || !strings.Contains(errs[0].Detail, "device-plugin, dcgm-exporter, mig-manager would wait") {
+		t.Errorf("validator off: %v", errs)
+	}
+	spec.DevicePlugin.Enabled, spec.DCGMExporter.Enabled, spec.MIGManager.Enabled = off, off, off
+	if errs := spec.Validate(); len(errs) != 0 {
+		t.Errorf("validator off, nothing waiting for it: %v", errs)
+	}
+}
+
 func TestValidatePrecompiled(t *testing.T) {
 	spec := ClusterPolicySpec{Driver: DriverSpec{UsePrecompiled: true}}
 	spec.Driver.Image.Version = "570.172.08-ubuntu22.04"
