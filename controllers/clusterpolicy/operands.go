@@ -278,7 +278,7 @@ func podSpec(op operand, cp *gpuv1alpha1.ClusterPolicy) corev1.PodSpec {
 	var volumes []corev1.Volume
 	var initContainers []corev1.Container
 	if v, ic := validationInit(op, cp); ic != nil {
-		volumes, initContainers = append(volumes, v), append(initContainers, *ic)
+		volumes, initContainers = append(volumes, v...), append(initContainers, *ic)
 	}
 	if op.volumes != nil {
 		v, m := op.volumes(cp)
@@ -365,18 +365,21 @@ func withEnv(env, set []corev1.EnvVar) []corev1.EnvVar {
 	return env
 }
 
-// validationInit is the operand's validation init container and the host
-// volume of the markers (nil for an operand that neither validates nor
-// waits). As GPU Operator does: validation writes a marker per stage on the
-// host (/run/nvidia/validations/<stage>-ready); later operands wait for
-// theirs, so nothing starts on a node before what it needs.
-func validationInit(op operand, cp *gpuv1alpha1.ClusterPolicy) (corev1.Volume, *corev1.Container) {
+// validationInit is the operand's validation init container and its host
+// volumes (nil for an operand that neither validates nor waits). As GPU
+// Operator does: validation writes a marker per stage on the host
+// (/run/nvidia/validations/<stage>-ready); later operands wait for theirs,
+// so nothing starts on a node before what it needs. The driver's
+// validation looks for a driver installed on the host in the host's root
+// at /host (nvidia-smi there), else for a driver container's under
+// /run/nvidia/driver, and links the NVIDIA devices in /dev/char.
+func validationInit(op operand, cp *gpuv1alpha1.ClusterPolicy) ([]corev1.Volume, *corev1.Container) {
 	if op.waitFor == "" && op.validates == "" {
-		return corev1.Volume{}, nil
+		return nil, nil
 	}
 	validator, validatorRef := cp.Spec.Validator.EffectiveImage(defaultsFor(gpuv1alpha1.OperandValidator))
-	v := corev1.Volume{Name: "validations", VolumeSource: corev1.VolumeSource{
-		HostPath: &corev1.HostPathVolumeSource{Path: validationsDir, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}}}
+	v := []corev1.Volume{{Name: "validations", VolumeSource: corev1.VolumeSource{
+		HostPath: &corev1.HostPathVolumeSource{Path: validationsDir, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}}}}
 	ic := &corev1.Container{
 		Image: validatorRef, ImagePullPolicy: validator.PullPolicy,
 		VolumeMounts: []corev1.VolumeMount{{Name: "validations", MountPath: validationsDir}},
@@ -386,7 +389,11 @@ func validationInit(op operand, cp *gpuv1alpha1.ClusterPolicy) (corev1.Volume, *
 		ic.Command = []string{"sh", "-c", "nvidia-validator"}
 		ic.Env = []corev1.EnvVar{{Name: "COMPONENT", Value: op.validates}, {Name: "WITH_WAIT", Value: "true"}}
 		ic.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
-		ic.VolumeMounts = append(ic.VolumeMounts, corev1.VolumeMount{Name: "run-nvidia", MountPath: "/run/nvidia", MountPropagation: ptr.To(corev1.MountPropagationHostToContainer)})
+		ic.VolumeMounts = append(ic.VolumeMounts, corev1.VolumeMount{Name: "run-nvidia", MountPath: "/run/nvidia", MountPropagation: hostToContainer},
+			corev1.VolumeMount{Name: "host-root", MountPath: "/host", ReadOnly: true, MountPropagation: hostToContainer},
+			corev1.VolumeMount{Name: "host-dev-char", MountPath: "/host-dev-char"})
+		v = append(v, corev1.Volume{Name: "host-root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}},
+			corev1.Volume{Name: "host-dev-char", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/dev/char"}}})
 	} else {
 		ic.Name = "wait-for-" + strings.TrimSuffix(op.waitFor, "-ready")
 		ic.Command = []string{"sh", "-c", fmt.Sprintf("until [ -f %s/%s ]; do echo waiting for %s; sleep 5; done", validationsDir, op.waitFor, op.waitFor)}

@@ -49,6 +49,30 @@ func TestAfterToolkitWaitForTheValidator(t *testing.T) {
 	}
 }
 
+// The toolkit's driver validation finds a driver installed on the host
+// (nvidia.com/gpu.deploy.driver=pre-installed, where Loom runs no driver
+// container) where nvidia-validator looks for it, in the host's root at
+// /host, and links the NVIDIA devices into the host's /dev/char, as GPU
+// Operator's: without them it waits for ever for a driver container's.
+func TestDriverValidationSeesTheHostsDriver(t *testing.T) {
+	spec := BuildDaemonSet(operandByName(gpuv1alpha1.OperandToolkit), &gpuv1alpha1.ClusterPolicy{}, "ns").Spec.Template.Spec
+	paths := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			paths[v.Name] = v.HostPath.Path
+		}
+	}
+	want := map[string]string{"/host": "/", "/host-dev-char": "/dev/char", "/run/nvidia": "/run/nvidia"}
+	for _, m := range spec.InitContainers[0].VolumeMounts {
+		if host, ok := want[m.MountPath]; ok && paths[m.Name] == host && (m.MountPath != "/host" || m.ReadOnly) {
+			delete(want, m.MountPath)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("%s mounts %+v (volumes %v); want the host's %v (the root read-only)", spec.InitContainers[0].Name, spec.InitContainers[0].VolumeMounts, paths, want)
+	}
+}
+
 // Config changes move exactly the affected operand's pod-template hash.
 func TestConfigHashTouchesOnlyTheAffectedOperand(t *testing.T) {
 	base := &gpuv1alpha1.ClusterPolicy{Spec: gpuv1alpha1.ClusterPolicySpec{MIG: gpuv1alpha1.MIGSpec{Strategy: gpuv1alpha1.MIGStrategySingle}}}
