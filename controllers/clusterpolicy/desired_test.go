@@ -105,11 +105,11 @@ func checkGolden(t *testing.T, file string, cp *gpuv1alpha1.ClusterPolicy) {
 // moved with KERNEL_MODULE_TYPE, the MIG manager's with its mounted
 // config, the validator's and the node status exporter's with the command
 // that runs nvidia-validator, the toolkit's with the host's root its driver
-// validation reads.)
+// validation reads and with containerd and the driver root it configures.)
 func TestTemplateHashesAreStable(t *testing.T) {
 	want := map[string]string{
 		gpuv1alpha1.OperandDriver:             "2dec423ca06fae91",
-		gpuv1alpha1.OperandToolkit:            "6f693f19ad2e738a",
+		gpuv1alpha1.OperandToolkit:            "41f119d0a84f7eef",
 		gpuv1alpha1.OperandValidator:          "4a1cf3d0e0edff7f",
 		gpuv1alpha1.OperandDevicePlugin:       "624eb836d15be9e3",
 		gpuv1alpha1.OperandDCGM:               "4130989bb3143811",

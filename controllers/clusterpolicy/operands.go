@@ -43,6 +43,8 @@ type operand struct {
 	privileged bool
 	// runtimeClass: runs under the NVIDIA runtime (after the toolkit).
 	runtimeClass bool
+	// hostPID: sees (and signals) the host's processes.
+	hostPID bool
 	// command runs the operand's program where its image's entrypoint
 	// does not (the validator image's is /bin/bash, which exits at once
 	// without a terminal); the policy's args follow it.
@@ -80,15 +82,25 @@ var (
 // operands lists the operands in per-node dependency order.
 var operands = []operand{
 	{
-		name: gpuv1alpha1.OperandDriver, privileged: true, onDelete: true,
+		name: gpuv1alpha1.OperandDriver, privileged: true, onDelete: true, hostPID: true,
 		hostPaths: []hostPath{{"run-nvidia", "/run/nvidia", bidirectional}, {"host-root", "/", nil}, {"dev", "/dev", nil}},
 		env: func(cp *gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
 			return []corev1.EnvVar{{Name: "KERNEL_MODULE_TYPE", Value: kernelModuleType(cp)}}
 		},
 	},
 	{
-		name: gpuv1alpha1.OperandToolkit, privileged: true, validates: "driver",
-		hostPaths: []hostPath{{"run-nvidia", "/run/nvidia", bidirectional}, {"toolkit-root", "/usr/local/nvidia", nil}, {"containerd-config", "/etc/containerd", nil}},
+		// Installs the NVIDIA runtime and adds it to containerd's config
+		// (the installer configures docker unless told), then signals
+		// containerd through its socket (hence the host's PIDs), for the
+		// driver root its validation found (toolkitScript).
+		name: gpuv1alpha1.OperandToolkit, privileged: true, validates: "driver", hostPID: true,
+		command: []string{"sh", "-c", toolkitScript, "nvidia-toolkit"},
+		hostPaths: []hostPath{{"run-nvidia", "/run/nvidia", bidirectional}, {"toolkit-root", "/usr/local/nvidia", nil}, {"containerd-config", "/etc/containerd", nil},
+			{"containerd-socket", "/run/containerd", nil}},
+		env: func(*gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
+			return []corev1.EnvVar{{Name: "RUNTIME", Value: "containerd"}, {Name: "CONTAINERD_CONFIG", Value: "/etc/containerd/config.toml"},
+				{Name: "CONTAINERD_SOCKET", Value: "/run/containerd/containerd.sock"}}
+		},
 	},
 	{
 		// Validates the toolkit (nvidia-smi through the NVIDIA runtime),
@@ -289,6 +301,11 @@ func podSpec(op operand, cp *gpuv1alpha1.ClusterPolicy) corev1.PodSpec {
 		volumes = append(volumes, corev1.Volume{Name: hp.name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: hp.path}}})
 		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: hp.name, MountPath: hostMountPath(hp), MountPropagation: hp.propagation})
 	}
+	if op.validates == gpuv1alpha1.OperandDriver {
+		// A driver installed on the host is read where its validation
+		// found it (DRIVER_ROOT_CTR_PATH=/host).
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "host-root", MountPath: "/host", ReadOnly: true, MountPropagation: hostToContainer})
+	}
 	pod := corev1.PodSpec{
 		ServiceAccountName: objectName(op.name),
 		PriorityClassName:  cp.Spec.DaemonSets.PriorityClassName,
@@ -307,7 +324,7 @@ func podSpec(op operand, cp *gpuv1alpha1.ClusterPolicy) corev1.PodSpec {
 		InitContainers:   initContainers,
 		Containers:       []corev1.Container{c},
 		Volumes:          volumes,
-		HostPID:          op.name == gpuv1alpha1.OperandDriver,
+		HostPID:          op.hostPID,
 		ImagePullSecrets: pullSecrets(img.PullSecrets),
 	}
 	if op.runtimeClass {
@@ -364,6 +381,21 @@ func withEnv(env, set []corev1.EnvVar) []corev1.EnvVar {
 	}
 	return env
 }
+
+// toolkitScript starts the toolkit's installer for the node's driver root
+// (NVIDIA_DRIVER_ROOT, and DRIVER_ROOT_CTR_PATH where the container reads
+// it), as GPU Operator's toolkit entrypoint does: Loom's driver
+// container's, /run/nvidia/driver, unless the driver validation found a
+// driver installed on the host (/, read at /host), which it says in the
+// driver-ready marker it writes (older validators: host-driver-ready).
+// The policy's toolkit args go to the installer.
+const toolkitScript = `NVIDIA_DRIVER_ROOT=/run/nvidia/driver DRIVER_ROOT_CTR_PATH=/run/nvidia/driver
+if [ -f ` + validationsDir + `/host-driver-ready ]; then NVIDIA_DRIVER_ROOT=/ DRIVER_ROOT_CTR_PATH=/host; fi
+set -a
+. ` + validationsDir + `/driver-ready
+set +a
+export NVIDIA_DRIVER_ROOT DRIVER_ROOT_CTR_PATH
+exec nvidia-toolkit "$@" /usr/local/nvidia`
 
 // validationInit is the operand's validation init container and its host
 // volumes (nil for an operand that neither validates nor waits). As GPU

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -70,6 +71,61 @@ func TestDriverValidationSeesTheHostsDriver(t *testing.T) {
 	}
 	if len(want) > 0 {
 		t.Errorf("%s mounts %+v (volumes %v); want the host's %v (the root read-only)", spec.InitContainers[0].Name, spec.InitContainers[0].VolumeMounts, paths, want)
+	}
+}
+
+// The toolkit configures containerd (its installer's default is docker),
+// through the config and socket of the host's it mounts, with the host's
+// PIDs to signal it, and for the driver root the driver validation found:
+// Loom's driver container's, or a driver installed on the host (the
+// validator's driver-ready marker says so, or, from older validators,
+// host-driver-ready). Its script runs here with a stand-in installer.
+func TestToolkitConfiguresContainerdForTheDriverRoot(t *testing.T) {
+	cp := &gpuv1alpha1.ClusterPolicy{}
+	cp.Spec.Toolkit.Args = []string{"--cdi-enabled"}
+	spec := BuildDaemonSet(operandByName(gpuv1alpha1.OperandToolkit), cp, "ns").Spec.Template.Spec
+	c := spec.Containers[0]
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	mounts := map[string]bool{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.MountPath] = true
+	}
+	if env["RUNTIME"] != "containerd" || !spec.HostPID || !mounts[filepath.Dir(env["CONTAINERD_CONFIG"])] || !mounts[filepath.Dir(env["CONTAINERD_SOCKET"])] || !mounts["/host"] {
+		t.Errorf("toolkit env %v, mounts %v, hostPID %v: want containerd's config and socket mounted, the host's PIDs and root", env, mounts, spec.HostPID)
+	}
+	if len(c.Command) == 0 {
+		t.Fatalf("the toolkit runs its installer without a driver root")
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "nvidia-toolkit"), []byte("#!/bin/sh\necho \"$NVIDIA_DRIVER_ROOT $DRIVER_ROOT_CTR_PATH $*\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	container, host := "/run/nvidia/driver /run/nvidia/driver --cdi-enabled /usr/local/nvidia", "/ /host --cdi-enabled /usr/local/nvidia"
+	for _, tc := range []struct {
+		markers map[string]string
+		want    string
+	}{
+		{map[string]string{"driver-ready": "IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=/run/nvidia/driver\nDRIVER_ROOT_CTR_PATH=/run/nvidia/driver\n"}, container},
+		{map[string]string{"driver-ready": "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH=/host\n"}, host},
+		{map[string]string{"driver-ready": ""}, container},
+		{map[string]string{"driver-ready": "", "host-driver-ready": ""}, host},
+	} {
+		validations := t.TempDir()
+		for f, content := range tc.markers {
+			if err := os.WriteFile(filepath.Join(validations, f), []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		args := append(slices.Clone(c.Command[1:]), c.Args...)
+		args[1] = strings.ReplaceAll(args[1], validationsDir, validations)
+		out, err := exec.Command(c.Command[0], args...).CombinedOutput()
+		if got := strings.TrimSpace(string(out)); err != nil || got != tc.want {
+			t.Errorf("markers %q: the installer ran with %q (%v), want %q", tc.markers, got, err, tc.want)
+		}
 	}
 }
 
