@@ -312,9 +312,10 @@ func (s transition) validate() (string, []action) {
 }
 
 // driverTrouble says, for a failed validation, what the node's driver pod
-// shows: none made yet, still the old one, or the kubelet's or the
+// shows: none made yet, still the old one, the kubelet's or the
 // scheduler's reason for the new one (an image that cannot be pulled, a
-// crash loop, no room on the node).
+// crash loop, no room on the node), or a container running whose startup
+// probe (nvidia-smi) has not passed.
 func driverTrouble(driver *corev1.Pod, template string) string {
 	switch {
 	case driver == nil:
@@ -324,6 +325,12 @@ func driverTrouble(driver *corev1.Pod, template string) string {
 	}
 	if why := podset.WaitingWhy(driver); why != "" {
 		return fmt.Sprintf(": pod %s: %s", driver.Name, why)
+	}
+	for _, cs := range driver.Status.ContainerStatuses {
+		if cs.State.Running != nil && (cs.Started == nil || !*cs.Started) {
+			return fmt.Sprintf(": pod %s: container %s runs, but its driver does not answer (its startup probe's nvidia-smi has not passed: "+
+				"still building or loading it, or failed; see the container's log)", driver.Name, cs.Name)
+		}
 	}
 	return ""
 }

@@ -180,6 +180,10 @@ func TestNext(t *testing.T) {
 	pulling.Spec.NodeName = "n"
 	pulling.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "nvidia-driver",
 		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: `Back-off pulling image "nvcr.io/nvidia/driver:999"`}}}}
+	building := driverPod(wanted, false)
+	building.Spec.NodeName = "n"
+	building.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "driver", Started: ptr.To(false),
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
 	unplaced := driverPod(wanted, false)
 	unplaced.Spec.NodeName = ""
 	unplaced.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Message: "0/1 nodes are available: 1 Insufficient memory"}}
@@ -472,6 +476,9 @@ func TestNext(t *testing.T) {
 			want: gpuv1alpha1.UpgradeFailed, actions: []string{"state upgrade-failed " + failedTmpl + " failure=the new driver pod was not ready within 10m0s: no driver pod runs on the node (the DaemonSet made none: see its events)"}},
 		{name: "validate: an image that cannot be pulled is named", node: node(gpuv1alpha1.ValidationRequired, true, "target", wanted), driver: pulling, elapsed: time.Hour,
 			want: gpuv1alpha1.UpgradeFailed, actions: []string{"state upgrade-failed " + failedTmpl + ` failure=the new driver pod was not ready within 10m0s: pod loom-driver-x: container nvidia-driver waits: ImagePullBackOff: Back-off pulling image "nvcr.io/nvidia/driver:999"`}},
+		{name: "validate: a driver that never answered its startup probe is named", node: node(gpuv1alpha1.ValidationRequired, true, "target", wanted), driver: building, elapsed: time.Hour,
+			want: gpuv1alpha1.UpgradeFailed, actions: []string{"state upgrade-failed " + failedTmpl + " failure=the new driver pod was not ready within 10m0s: pod loom-driver-x: " +
+				"container driver runs, but its driver does not answer (its startup probe's nvidia-smi has not passed: still building or loading it, or failed; see the container's log)"}},
 		{name: "validate: a driver pod the scheduler cannot place is named", node: node(gpuv1alpha1.ValidationRequired, true, "target", wanted), driver: unplaced, elapsed: time.Hour,
 			want: gpuv1alpha1.UpgradeFailed, actions: []string{"state upgrade-failed " + failedTmpl + " failure=the new driver pod was not ready within 10m0s: pod loom-driver-x: not placed: 0/1 nodes are available: 1 Insufficient memory"}},
 		{name: "validate: a second version bump restarts the driver for it", node: node(gpuv1alpha1.ValidationRequired, true, "target", "middle"),
