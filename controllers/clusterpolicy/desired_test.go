@@ -105,7 +105,8 @@ func checkGolden(t *testing.T, file string, cp *gpuv1alpha1.ClusterPolicy) {
 // moved with KERNEL_MODULE_TYPE, the MIG manager's with its mounted
 // config, the validator's and the node status exporter's with the command
 // that runs nvidia-validator, the toolkit's with the host's root its driver
-// validation reads and with containerd and the driver root it configures.)
+// validation reads and with containerd and the driver root it configures,
+// dcgm-exporter's with its /health probe.)
 func TestTemplateHashesAreStable(t *testing.T) {
 	want := map[string]string{
 		gpuv1alpha1.OperandDriver:             "2dec423ca06fae91",
@@ -113,7 +114,7 @@ func TestTemplateHashesAreStable(t *testing.T) {
 		gpuv1alpha1.OperandValidator:          "4a1cf3d0e0edff7f",
 		gpuv1alpha1.OperandDevicePlugin:       "624eb836d15be9e3",
 		gpuv1alpha1.OperandDCGM:               "4130989bb3143811",
-		gpuv1alpha1.OperandDCGMExporter:       "72c0096e3c539d32",
+		gpuv1alpha1.OperandDCGMExporter:       "475360d4e64bfa1f",
 		gpuv1alpha1.OperandMIGManager:         "dd029c827afbc17b",
 		gpuv1alpha1.OperandNodeStatusExporter: "fb240e0f32d21875",
 	}

@@ -7,6 +7,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
@@ -43,6 +44,9 @@ type operand struct {
 	runtimeClass bool
 	// hostPID: sees (and signals) the host's processes.
 	hostPID bool
+	// ready is the container's readiness (and liveness) probe: nil, Ready
+	// once it runs.
+	ready *corev1.Probe
 	// command runs the operand's program where its image's entrypoint
 	// does not (the validator image's is /bin/bash, which exits at once
 	// without a terminal); the policy's args follow it.
@@ -131,6 +135,11 @@ var operands = []operand{
 		name: gpuv1alpha1.OperandDCGMExporter, runtimeClass: true, waitFor: "toolkit-ready",
 		hostPaths: []hostPath{{"pod-resources", "/var/lib/kubelet/pod-resources", nil}},
 		ports:     []corev1.ContainerPort{{Name: "gpu-metrics", ContainerPort: 9400, Protocol: corev1.ProtocolTCP}},
+		// Ready once it serves (GPU Operator's /health probe): a rollout of
+		// an exporter that cannot start stops at its first node, and the
+		// component does not read ready while none serves.
+		ready: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/health", Port: intstr.FromString("gpu-metrics"),
+			Scheme: corev1.URISchemeHTTP}}, InitialDelaySeconds: 45, PeriodSeconds: 10, TimeoutSeconds: 1, SuccessThreshold: 1, FailureThreshold: 3},
 		env: func(*gpuv1alpha1.ClusterPolicy) []corev1.EnvVar {
 			return []corev1.EnvVar{{Name: "DCGM_EXPORTER_LISTEN", Value: ":9400"}, {Name: "DCGM_EXPORTER_KUBERNETES", Value: "true"},
 				{Name: "DCGM_EXPORTER_COLLECTORS", Value: dcgmCountersDir + "/" + gpuv1alpha1.DCGMCountersKey}}
@@ -345,6 +354,8 @@ func container(op operand, cp *gpuv1alpha1.ClusterPolicy) corev1.Container {
 		Command:         op.command,
 		Args:            spec.Args,
 		Ports:           op.ports,
+		ReadinessProbe:  op.ready,
+		LivenessProbe:   op.ready,
 		SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(op.privileged)},
 	}
 	if !op.privileged {

@@ -184,6 +184,20 @@ func TestOperandImagesAndOverrides(t *testing.T) {
 	}
 }
 
+// dcgm-exporter is Ready only once it serves its /health on the metrics
+// port (GPU Operator's probe), and restarted if it stops: a rollout of an
+// exporter that cannot start stops at its first node (a DaemonSet's
+// rolling update waits for each new pod to be Ready), and the component
+// reads ready only where one serves.
+func TestDCGMExporterReadyOnceItServes(t *testing.T) {
+	c := BuildDaemonSet(operandByName(gpuv1alpha1.OperandDCGMExporter), &gpuv1alpha1.ClusterPolicy{}, "ns").Spec.Template.Spec.Containers[0]
+	for name, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/health" || p.HTTPGet.Port.String() != c.Ports[0].Name {
+			t.Errorf("dcgm-exporter %s probe %+v, want GET /health on port %s", name, p, c.Ports[0].Name)
+		}
+	}
+}
+
 // dcgm-exporter reads Loom's counters (with the ECC fields the alerts need)
 // unless the policy names its own ConfigMap; switching restarts it.
 func TestDCGMExporterCounters(t *testing.T) {
