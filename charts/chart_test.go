@@ -51,11 +51,19 @@ func chartDir() string { return "loom" }
 
 func render(t *testing.T, set ...string) []runtime.Object {
 	t.Helper()
-	args := []string{"template", "loom", chartDir(), "--kube-version", "1.37.2", "--namespace", "gpu-platform", "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"}
+	var args []string
 	for _, s := range set {
 		args = append(args, "--set", s)
 	}
-	out, err := helm(t, args...)
+	return renderRelease(t, "loom", args...)
+}
+
+// renderRelease renders the chart as release in gpu-platform with helm
+// template's extra args (--set, -f).
+func renderRelease(t *testing.T, release string, extra ...string) []runtime.Object {
+	t.Helper()
+	args := []string{"template", release, chartDir(), "--kube-version", "1.37.2", "--namespace", "gpu-platform", "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"}
+	out, err := helm(t, append(args, extra...)...)
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, out)
 	}
