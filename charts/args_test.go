@@ -19,7 +19,8 @@ import (
 // hook's timeout), for any release name and values helm accepts, is one
 // the manager takes: a refusal there is a
 // crash loop after a helm install that succeeded. Values files hold every
-// number as a float, which a template prints as 1e+06 from a million up.
+// number as a float, which a template prints as 1e+06 from a million up;
+// a release's name, and so its metrics Service's, may start with a digit.
 func TestManagerTakesTheChartsArguments(t *testing.T) {
 	big := filepath.Join(t.TempDir(), "big.yaml")
 	if err := os.WriteFile(big, []byte("manager:\n  maxWorkloadPods: 1000000\n  kubeAPIQPS: 2000000\n  kubeAPIBurst: 4000000\n"+
@@ -32,6 +33,7 @@ func TestManagerTakesTheChartsArguments(t *testing.T) {
 		want    string
 	}{
 		{"loom", nil, "--max-workload-pods=5000"},
+		{"1gpu", nil, "--metrics-service-monitor=1gpu-loom-metrics"},
 		{"loom", []string{"-f", big}, "--max-workload-pods=1000000"},
 	} {
 		objs := renderRelease(t, tc.release, tc.args...)

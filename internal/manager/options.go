@@ -264,7 +264,10 @@ func (o *Options) Validate() error {
 	if o.LogFormat != "json" && o.LogFormat != "text" {
 		errs = append(errs, fmt.Errorf("--log-format must be json or text, got %q", o.LogFormat))
 	}
-	if o.MetricsServiceMonitor != "" && len(validation.IsDNS1035Label(o.MetricsServiceMonitor)) > 0 {
+	// Whether a Service's name may start with a digit (the chart's for a
+	// release "1gpu": 1gpu-loom-metrics) is the API server's to say
+	// (RelaxedServiceNameValidation); refuse only what no Service is called.
+	if o.MetricsServiceMonitor != "" && len(validation.IsDNS1123Label(o.MetricsServiceMonitor)) > 0 {
 		errs = append(errs, fmt.Errorf("--metrics-service-monitor must name a Service, got %q", o.MetricsServiceMonitor))
 	}
 	if o.MetricsScrapeInterval != "" && !scrapeInterval.MatchString(o.MetricsScrapeInterval) {
