@@ -1,18 +1,23 @@
 package charts
 
 import (
+	"context"
 	"flag"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/loom-dev/loom/internal/manager"
+	"github.com/loom-dev/loom/internal/testenv"
 )
 
 // The command line the chart renders for the manager (and the uninstall
@@ -34,6 +39,7 @@ func TestManagerTakesTheChartsArguments(t *testing.T) {
 	}{
 		{"loom", nil, "--max-workload-pods=5000"},
 		{"1gpu", nil, "--metrics-service-monitor=1gpu-loom-metrics"},
+		{strings.Repeat("r", 53), nil, "--metrics-service-monitor=" + strings.Repeat("r", 53) + "-l-metrics"},
 		{"loom", []string{"-f", big}, "--max-workload-pods=1000000"},
 	} {
 		objs := renderRelease(t, tc.release, tc.args...)
@@ -56,6 +62,9 @@ func TestManagerTakesTheChartsArguments(t *testing.T) {
 		if err != nil || args[0] != "manager" {
 			t.Errorf("%s %v: the manager refuses the chart's %q: %v", tc.release, tc.args, args, err)
 		}
+		if svc, ok := find[*corev1.Service](objs, ""); !ok || !slices.Contains(args, "--metrics-service-monitor="+svc.Name) {
+			t.Errorf("%s %v: the manager is not told its metrics Service (%s): %q", tc.release, tc.args, svc.Name, args)
+		}
 		if job, ok := find[*batchv1.Job](objs, ""); ok {
 			for _, a := range job.Spec.Template.Spec.Containers[0].Args {
 				if v, ok := strings.CutPrefix(a, "--timeout="); ok {
@@ -63,6 +72,53 @@ func TestManagerTakesTheChartsArguments(t *testing.T) {
 						t.Errorf("%s %v: the uninstall hook's %s: %v", tc.release, tc.args, a, err)
 					}
 				}
+			}
+		}
+	}
+}
+
+// Every object the chart renders is one the API server takes, for the
+// longest release name helm allows (53 characters), the longest
+// fullnameOverride (63) and a release name of one letter, with every
+// optional object on: a Service's name and a Job's (its pods' job-name
+// label) are at most 63 characters whatever the names they are built from.
+func TestChartObjectsAreValidWhateverTheNames(t *testing.T) {
+	ctx := context.Background()
+	env, err := testenv.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	if err := env.CreateNamespace(ctx, "gpu-platform"); err != nil {
+		t.Fatal(err)
+	}
+	all := []string{"--set", "uninstall.cleanup=true", "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true",
+		"--api-versions", "monitoring.coreos.com/v1/PrometheusRule"}
+	for _, tc := range []struct {
+		release string
+		args    []string
+	}{
+		{strings.Repeat("r", 53), nil},
+		{"loom", []string{"--set", "fullnameOverride=" + strings.Repeat("f", 63)}},
+		{"x", nil},
+	} {
+		args := append([]string{"template", tc.release, chartDir(), "--kube-version", "1.37.2", "--namespace", "gpu-platform",
+			"--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"}, append(all, tc.args...)...)
+		out, err := helm(t, args...)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		f := filepath.Join(t.TempDir(), "rendered.yaml")
+		if err := os.WriteFile(f, []byte(out), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		objs, err := testenv.ReadManifests(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range objs {
+			if err := env.Client.Create(ctx, o, client.DryRunAll); err != nil {
+				t.Errorf("release %s %v: %s %s: %v", tc.release, tc.args, o.GetKind(), o.GetName(), err)
 			}
 		}
 	}

@@ -14,6 +14,20 @@
 {{- end }}
 {{- end }}
 
+{{/*
+loom.shortName is the fullname and .suffix, the fullname cut so that the
+whole is at most 63 characters: a Service's name is a DNS label, and a
+Job's is its pods' job-name label.
+*/}}
+{{- define "loom.shortName" -}}
+{{- printf "%s%s" (include "loom.fullname" .ctx | trunc (int (sub 63 (len .suffix))) | trimSuffix "-") .suffix }}
+{{- end }}
+
+{{/* The manager's metrics Service. */}}
+{{- define "loom.metricsService" -}}
+{{- include "loom.shortName" (dict "ctx" . "suffix" "-metrics") }}
+{{- end }}
+
 {{/* The app.kubernetes.io labels every object carries (plus a component). */}}
 {{- define "loom.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
