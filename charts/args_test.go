@@ -41,6 +41,8 @@ func TestManagerTakesTheChartsArguments(t *testing.T) {
 		{"1gpu", nil, "--metrics-service-monitor=1gpu-loom-metrics"},
 		{strings.Repeat("r", 53), nil, "--metrics-service-monitor=" + strings.Repeat("r", 53) + "-l-metrics"},
 		{"loom", []string{"-f", big}, "--max-workload-pods=1000000"},
+		{"loom", []string{"--set", "manager.watchNamespaces={team-a,ml}", "--set", "monitoring.grafanaDashboards.namespace=monitoring",
+			"--set", "manager.leaderElection.leaseName=loom.example.com"}, "--watch-namespaces=team-a,ml"},
 	} {
 		objs := renderRelease(t, tc.release, tc.args...)
 		dep, ok := find[*appsv1.Deployment](objs, "")

@@ -115,6 +115,11 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		"nodeAgent.interval=0s",
 		"nodeAgent.interval=",
 		"nodeAgent.interval=5ms",
+		"manager.watchNamespaces={team-a,Team_B}",
+		"manager.watchNamespaces={*}",
+		"manager.leaderElection.leaseName=Loom_Lease",
+		"manager.leaderElection.leaseName=",
+		"monitoring.grafanaDashboards.namespace=Monitoring",
 	} {
 		out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", set)
 		if err == nil || !strings.Contains(out, "values don't meet the specifications of the schema") {

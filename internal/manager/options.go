@@ -255,6 +255,7 @@ func (o *Options) Validate() error {
 	if o.Namespace == "" {
 		errs = append(errs, errors.New("--namespace must not be empty"))
 	}
+	errs = append(errs, o.validateNames()...)
 	if _, err := ParseLogLevel(o.LogLevel); err != nil {
 		errs = append(errs, err)
 	}
@@ -274,6 +275,26 @@ func (o *Options) Validate() error {
 		errs = append(errs, fmt.Errorf("--metrics-scrape-interval must be a Prometheus duration such as 30s or 1m30s, got %q", o.MetricsScrapeInterval))
 	}
 	return errors.Join(errs...)
+}
+
+// validateNames refuses a namespace or Lease name no object can have (a
+// typo, "*", an upper-case letter): the manager would run watching or
+// writing nothing there, or never take the lease, without a word.
+func (o *Options) validateNames() []error {
+	var errs []error
+	namespaces := map[string][]string{"--namespace": {o.Namespace}, "--watch-namespaces": o.WatchNamespaces,
+		"--leader-election-namespace": {o.LeaderElectionNamespace}, "--grafana-dashboards-namespace": {o.DashboardsNamespace}}
+	for _, flag := range []string{"--namespace", "--watch-namespaces", "--leader-election-namespace", "--grafana-dashboards-namespace"} {
+		for _, ns := range namespaces[flag] {
+			if msgs := validation.IsDNS1123Label(ns); ns != "" && len(msgs) > 0 {
+				errs = append(errs, fmt.Errorf("%s: %q is no namespace's name: %s", flag, ns, strings.Join(msgs, "; ")))
+			}
+		}
+	}
+	if msgs := validation.IsDNS1123Subdomain(o.LeaderElectionID); o.LeaderElect && o.LeaderElectionID != "" && len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("--leader-election-id: %q is no Lease's name: %s", o.LeaderElectionID, strings.Join(msgs, "; ")))
+	}
+	return errs
 }
 
 // scrapeInterval is the Prometheus Operator's Duration, not zero.

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"io"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -75,5 +76,39 @@ func TestMetricsServiceMonitorFlags(t *testing.T) {
 	if err := fs.Parse([]string{"--metrics-service-monitor-labels=release=kps,team=gpu"}); err != nil ||
 		!reflect.DeepEqual(o.MetricsServiceMonitorLabels, map[string]string{"release": "kps", "team": "gpu"}) {
 		t.Errorf("labels %v (%v)", o.MetricsServiceMonitorLabels, err)
+	}
+}
+
+// A namespace or Lease name no object can have is refused at start, naming
+// the flag, instead of a manager that watches or writes nothing there, or
+// never takes its lease.
+func TestOptionsRefuseNamesNoObjectHas(t *testing.T) {
+	tests := []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{"--watch-namespaces=team-a,ml", "--grafana-dashboards-namespace=monitoring", "--leader-election-namespace=kube-system",
+			"--leader-election-id=loom.example.com"}, ""},
+		{[]string{"--watch-namespaces=team-a,Team_B"}, `--watch-namespaces: "Team_B" is no namespace's name`},
+		{[]string{"--watch-namespaces=*"}, `--watch-namespaces: "*" is no namespace's name`},
+		{[]string{"--namespace=loom system"}, `--namespace: "loom system" is no namespace's name`},
+		{[]string{"--grafana-dashboards-namespace=Monitoring"}, `--grafana-dashboards-namespace: "Monitoring"`},
+		{[]string{"--leader-election-namespace=kube.system"}, `--leader-election-namespace: "kube.system"`},
+		{[]string{"--leader-election-id=Loom_Lease"}, `--leader-election-id: "Loom_Lease" is no Lease's name`},
+		{[]string{"--leader-election-id=Loom_Lease", "--leader-elect=false"}, ""},
+	}
+	for _, tt := range tests {
+		o := DefaultOptions()
+		o.Namespace = "loom-system"
+		fs := flag.NewFlagSet("loom", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		o.BindFlags(fs)
+		err := fs.Parse(tt.args)
+		if err == nil {
+			err = o.Validate()
+		}
+		if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+			t.Errorf("%q: error %v, want %q", tt.args, err, tt.wantErr)
+		}
 	}
 }
