@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -56,6 +57,9 @@ app.kubernetes.io/component=manager; the release is its
 app.kubernetes.io/instance), and its node agent DaemonSet and leader
 Lease from it; --release picks one of several, and --manager-deployment,
 --node-agent-daemonset and --leader-election-id override what is found.
+No release there while a Loom manager runs in another namespace (a
+mistyped -n or --release) is an error naming it, before anything is
+deleted.
 Loom's CRDs, the namespace and the Helm release stay.`,
 		Example: `  kubectl loom uninstall-cleanup -n loom-system --rayjob-finalizers
   helm uninstall loom -n loom-system`,
@@ -112,6 +116,9 @@ func findRelease(ctx context.Context, c client.Client, namespace, release string
 	found := map[string]string{"leader-election-id": "loom-manager"}
 	switch len(deps.Items) {
 	case 0:
+		if err := refuseWhileLoomRunsElsewhere(ctx, c, namespace, release, out); err != nil {
+			return nil, err
+		}
 		fmt.Fprintf(out, "no Loom manager Deployment in namespace %s (labels %s): no manager to stop\n", namespace, labels.Set(sel))
 	case 1:
 		d := &deps.Items[0]
@@ -153,4 +160,35 @@ func findRelease(ctx context.Context, c client.Client, namespace, release string
 		return nil, fmt.Errorf("namespace %s holds %d Loom node agents: %s; name one with --release or --node-agent-daemonset", namespace, len(names), strings.Join(names, ", "))
 	}
 	return found, nil
+}
+
+// refuseWhileLoomRunsElsewhere: no release found where -n and --release
+// say (a typo, or the release is gone) while a Loom manager runs in the
+// cluster is an error naming it, since the cleanup would delete every
+// ClusterPolicy (and so the GPU stack's operands on every node) and
+// GPUNode that manager serves. One who may not list Deployments in every
+// namespace is told it could not be checked, and goes on.
+func refuseWhileLoomRunsElsewhere(ctx context.Context, c client.Client, namespace, release string, out io.Writer) error {
+	deps := &appsv1.DeploymentList{}
+	err := c.List(ctx, deps, client.MatchingLabels{"app.kubernetes.io/part-of": "loom", "app.kubernetes.io/component": "manager"})
+	if apierrors.IsForbidden(err) {
+		fmt.Fprintf(out, "cannot tell whether a Loom manager runs in another namespace (may not list Deployments in every namespace)\n")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("looking for Loom's manager Deployment in other namespaces: %w", err)
+	}
+	var running []string
+	for _, d := range deps.Items {
+		running = append(running, fmt.Sprintf("release %s in namespace %s (Deployment %s)", d.Labels["app.kubernetes.io/instance"], d.Namespace, d.Name))
+	}
+	if len(running) == 0 {
+		return nil
+	}
+	which := "no Loom release"
+	if release != "" {
+		which = fmt.Sprintf("no Loom release %q", release)
+	}
+	return fmt.Errorf("%s in namespace %s, but Loom's manager runs as %s: the cleanup would delete every ClusterPolicy and GPUNode it serves; "+
+		"name its namespace with -n (and its release with --release)", which, namespace, strings.Join(running, ", "))
 }

@@ -143,7 +143,8 @@ func loomWorkload[T interface {
 // whatever it is named (its manager Deployment's labels), its node agent
 // and its leader Lease, instead of assuming a release named loom; it names
 // the releases when there are several and stops, and says when there is
-// none.
+// none, and refuses when none is where -n and --release say while Loom
+// runs elsewhere.
 func TestUninstallCleanupFindsTheRelease(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -194,6 +195,24 @@ func TestUninstallCleanupFindsTheRelease(t *testing.T) {
 		if err := c.Get(ctx, client.ObjectKey{Namespace: "tenant", Name: name}, obj); err != nil {
 			t.Errorf("the other release's %s: %v", name, err)
 		}
+	}
+	// A namespace or release mistyped, while Loom runs elsewhere, is
+	// refused before anything is deleted: the ClusterPolicy stays.
+	if err := c.Create(ctx, &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"-n", "empty"}, {"-n", "tenant", "--release", "gpx"}} {
+		_, err = runAsOn(t, kc, "", append([]string{"uninstall-cleanup", "--timeout=5s"}, args...)...)
+		if err == nil || !strings.Contains(err.Error(), "but Loom's manager runs as release other in namespace tenant (Deployment other-loom-manager): "+
+			"the cleanup would delete every ClusterPolicy and GPUNode it serves") {
+			t.Errorf("%v while another release runs: %v", args, err)
+		}
+	}
+	if err := c.Get(ctx, client.ObjectKey{Name: "default"}, &gpuv1alpha1.ClusterPolicy{}); err != nil {
+		t.Errorf("the ClusterPolicy, after the refusals: %v", err)
+	}
+	if err := c.Delete(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: "other-loom-manager"}}); err != nil {
+		t.Fatal(err)
 	}
 	out, err = runAsOn(t, kc, "", "uninstall-cleanup", "-n", "empty", "--timeout=5s")
 	if err != nil || !strings.Contains(out, "no Loom manager Deployment in namespace empty") {
