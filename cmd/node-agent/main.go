@@ -86,6 +86,8 @@ func (f *agentFlags) validate(stderr io.Writer) int {
 	}
 	switch {
 	case msg != "":
+	case f.logFormat != "json" && f.logFormat != "text":
+		msg = fmt.Sprintf("--log-format must be json or text, got %q", f.logFormat)
 	case f.interval < time.Second:
 		msg = fmt.Sprintf("--interval must be at least 1s, got %s", f.interval)
 	case !f.once && f.nodeName == "":

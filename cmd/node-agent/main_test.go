@@ -100,6 +100,7 @@ func TestAgentVersionAndHelp(t *testing.T) {
 		{[]string{"-h"}, 0, "-simulate-mig-file"},
 		{[]string{"--no-such-flag"}, 2, "flag provided but not defined: -no-such-flag"},
 		{[]string{"--interval=10ms", "--node-name=n"}, 2, "--interval must be at least 1s"},
+		{[]string{"--log-format=logfmt", "--node-name=n"}, 2, `--log-format must be json or text, got "logfmt"`},
 		{[]string{"--node-name=n", "--once", "false", "--interval=10ms"}, 2, `unexpected argument "false"`},
 	} {
 		var out bytes.Buffer
