@@ -125,3 +125,36 @@ func TestChartObjectsAreValidWhateverTheNames(t *testing.T) {
 		}
 	}
 }
+
+// The image is pinned by image.digest (repository@digest, or
+// repository:tag@digest) in every container the chart runs; a tag that is
+// none (a digest given as the tag) or a digest that is none is refused at
+// install, instead of pods that cannot pull (InvalidImageName).
+func TestImageTagOrDigest(t *testing.T) {
+	digest := "sha256:" + strings.Repeat("0a", 32)
+	for _, tc := range []struct {
+		set  []string
+		want string
+	}{
+		{nil, "ghcr.io/loom-dev/loom:0.1.0"},
+		{[]string{"image.digest=" + digest}, "ghcr.io/loom-dev/loom@" + digest},
+		{[]string{"image.tag=v2", "image.digest=" + digest}, "ghcr.io/loom-dev/loom:v2@" + digest},
+		{[]string{"image.tag=v2@" + digest}, "ghcr.io/loom-dev/loom:v2@" + digest},
+	} {
+		objs := render(t, append(tc.set, "uninstall.cleanup=true")...)
+		dep, _ := find[*appsv1.Deployment](objs, "")
+		ds, _ := find[*appsv1.DaemonSet](objs, "")
+		job, _ := find[*batchv1.Job](objs, "")
+		for _, c := range []corev1.Container{dep.Spec.Template.Spec.Containers[0], ds.Spec.Template.Spec.Containers[0], job.Spec.Template.Spec.Containers[0]} {
+			if c.Image != tc.want {
+				t.Errorf("%v: container %s image %s, want %s", tc.set, c.Name, c.Image, tc.want)
+			}
+		}
+	}
+	for _, set := range []string{"image.tag=" + digest, "image.tag=@" + digest, "image.tag=v2:latest", "image.digest=latest", "image.digest=sha256:abc"} {
+		out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", set)
+		if err == nil || !strings.Contains(out, "values don't meet the specifications of the schema") {
+			t.Errorf("--set %s was accepted (err %v):\n%.300s", set, err, out)
+		}
+	}
+}

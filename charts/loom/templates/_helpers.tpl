@@ -53,8 +53,14 @@ app.kubernetes.io/component: manager
 {{- end }}
 {{- end }}
 
+{{/*
+The image: repository:tag, tag defaulting to the chart's appVersion;
+with a digest, repository@digest (repository:tag@digest when a tag is
+given too: the runtime pulls by the digest).
+*/}}
 {{- define "loom.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- $tag := .Values.image.tag | default (ternary "" .Chart.AppVersion (not (empty .Values.image.digest))) }}
+{{- .Values.image.repository }}{{ with $tag }}:{{ . }}{{ end }}{{ with .Values.image.digest }}@{{ . }}{{ end }}
 {{- end }}
 
 {{/*
