@@ -158,3 +158,38 @@ func TestImageTagOrDigest(t *testing.T) {
 		}
 	}
 }
+
+// With the manager's monitoring controller left out of manager.controllers
+// (training and Ray only), nothing in the manager writes its ServiceMonitor:
+// auto has the chart render one where the CRD is installed, so that the
+// manager is still scraped (and the chart's LoomManagerDown does not fire
+// on a manager that runs).
+func TestManagerServiceMonitorWithoutTheMonitoringController(t *testing.T) {
+	const crd = "monitoring.coreos.com/v1/ServiceMonitor"
+	for _, tc := range []struct {
+		controllers string
+		crd         bool
+		chart       bool // the chart renders the ServiceMonitor
+		flag        bool // the manager is told to write its own
+	}{
+		{"all", true, false, true},
+		{"trainingjob\\,monitoring", true, false, true},
+		{"trainingjob\\,raycluster", true, true, false},
+		{"trainingjob\\,raycluster", false, false, false},
+	} {
+		args := []string{"template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", "manager.controllers=" + tc.controllers}
+		if tc.crd {
+			args = append(args, "--api-versions", crd)
+		}
+		out, err := helm(t, args...)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		if chart := strings.Contains(out, "kind: ServiceMonitor"); chart != tc.chart {
+			t.Errorf("controllers %s, CRD %v: the chart renders a ServiceMonitor: %v, want %v", tc.controllers, tc.crd, chart, tc.chart)
+		}
+		if flag := strings.Contains(out, "--metrics-service-monitor="); flag != tc.flag {
+			t.Errorf("controllers %s, CRD %v: --metrics-service-monitor rendered: %v, want %v", tc.controllers, tc.crd, flag, tc.flag)
+		}
+	}
+}

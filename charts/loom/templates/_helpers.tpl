@@ -97,3 +97,21 @@ app.kubernetes.io/component: node-agent
 {{- end -}}
 {{- join "," $out -}}
 {{- end -}}
+
+{{/* loom.runs is "true" when manager.controllers runs controller .name. */}}
+{{- define "loom.runs" -}}
+{{- $controllers := splitList "," (nospace .ctx.Values.manager.controllers) -}}
+{{- or (has "all" $controllers) (has "*" $controllers) (has .name $controllers) -}}
+{{- end -}}
+
+{{/*
+loom.chartServiceMonitor is "true" when the chart renders the manager's
+ServiceMonitor: enabled true, or auto where the manager writes none (its
+monitoring controller left out of manager.controllers) and the CRD is
+installed.
+*/}}
+{{- define "loom.chartServiceMonitor" -}}
+{{- $enabled := toString .Values.metrics.serviceMonitor.enabled -}}
+{{- $crd := .Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor" -}}
+{{- or (eq $enabled "true") (and (eq $enabled "auto") (ne (include "loom.runs" (dict "ctx" . "name" "monitoring")) "true") $crd) -}}
+{{- end -}}
