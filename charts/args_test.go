@@ -43,6 +43,8 @@ func TestManagerTakesTheChartsArguments(t *testing.T) {
 		{"loom", []string{"-f", big}, "--max-workload-pods=1000000"},
 		{"loom", []string{"--set", "manager.watchNamespaces={team-a,ml}", "--set", "monitoring.grafanaDashboards.namespace=monitoring",
 			"--set", "manager.leaderElection.leaseName=loom.example.com"}, "--watch-namespaces=team-a,ml"},
+		{"loom", []string{"--set", "monitoring.labels.example\\.com/team=ml", "--set", "metrics.serviceMonitor.labels.release=kube-prometheus-stack",
+			"--set", "manager.kueueLabelKeysToCopy={example.com/cost-center}"}, "--monitoring-labels=example.com/team=ml"},
 	} {
 		objs := renderRelease(t, tc.release, tc.args...)
 		dep, ok := find[*appsv1.Deployment](objs, "")

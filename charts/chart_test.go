@@ -120,6 +120,11 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		"manager.leaderElection.leaseName=Loom_Lease",
 		"manager.leaderElection.leaseName=",
 		"monitoring.grafanaDashboards.namespace=Monitoring",
+		"monitoring.labels.release=kube prometheus",
+		"monitoring.labels.bad key=x",
+		"metrics.serviceMonitor.labels.release=" + strings.Repeat("x", 64),
+		"metrics.prometheusRule.labels.-team=gpu",
+		"manager.kueueLabelKeysToCopy={team,-cost}",
 	} {
 		out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", set)
 		if err == nil || !strings.Contains(out, "values don't meet the specifications of the schema") {
