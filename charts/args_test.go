@@ -195,3 +195,25 @@ func TestManagerServiceMonitorWithoutTheMonitoringController(t *testing.T) {
 		}
 	}
 }
+
+// Where the platform picks the UID (OpenShift's restricted SCC refuses a
+// pod that names one outside the namespace's range), runAsUser and
+// runAsGroup set to null leave them out of the manager's and the uninstall
+// hook's pods, which keep the rest of the hardened defaults.
+func TestManagerSecurityContextsAreValues(t *testing.T) {
+	objs := render(t, "uninstall.cleanup=true", "manager.podSecurityContext.runAsUser=null", "manager.podSecurityContext.runAsGroup=null",
+		"manager.securityContext.runAsUser=1000700000")
+	dep, _ := find[*appsv1.Deployment](objs, "")
+	job, _ := find[*batchv1.Job](objs, "")
+	for _, pod := range []corev1.PodSpec{dep.Spec.Template.Spec, job.Spec.Template.Spec} {
+		psc, sc := pod.SecurityContext, pod.Containers[0].SecurityContext
+		if psc == nil || psc.RunAsUser != nil || psc.RunAsGroup != nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot ||
+			psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+			t.Errorf("pod %s securityContext %+v", pod.Containers[0].Name, psc)
+		}
+		if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 1000700000 || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+			sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || len(sc.Capabilities.Drop) != 1 {
+			t.Errorf("container %s securityContext %+v", pod.Containers[0].Name, sc)
+		}
+	}
+}
