@@ -186,7 +186,9 @@ func TestUninstallCleanupHook(t *testing.T) {
 // with a message naming the values: two replicas without leader election
 // would both reconcile (two driver upgrades cordoning nodes, two writers
 // racing on every pod and status), and a metrics port on the probes' port
-// would never bind.
+// would never bind; a pod label that replaces one the Deployment selects
+// its pods by would be refused by the API server with a message that
+// names neither.
 func TestChartRefusesUnsafeCombinations(t *testing.T) {
 	for _, tc := range []struct {
 		set  []string
@@ -194,6 +196,8 @@ func TestChartRefusesUnsafeCombinations(t *testing.T) {
 	}{
 		{[]string{"manager.leaderElection.enabled=false"}, "manager.leaderElection.enabled=false needs manager.replicas <= 1"},
 		{[]string{"metrics.port=8081"}, "metrics.port 8081 is the manager's health probe port"},
+		{[]string{"manager.podLabels.app\\.kubernetes\\.io/name=gpu"}, "manager.podLabels may not set app.kubernetes.io/name: the manager's Deployment selects"},
+		{[]string{"manager.podLabels.app\\.kubernetes\\.io/component=ctl"}, "manager.podLabels may not set app.kubernetes.io/component"},
 	} {
 		args := []string{"template", "loom", chartDir(), "--kube-version", "1.37.2"}
 		for _, s := range tc.set {
@@ -203,6 +207,9 @@ func TestChartRefusesUnsafeCombinations(t *testing.T) {
 		if err == nil || !strings.Contains(out, tc.want) {
 			t.Errorf("--set %v: err %v, want a failure saying %q:\n%.300s", tc.set, err, tc.want, out)
 		}
+	}
+	if _, ok := find[*appsv1.Deployment](render(t, "manager.podLabels.team=ml"), "loom-manager"); !ok {
+		t.Error("a pod label of the user's own does not render")
 	}
 	// One replica without leader election is fine.
 	if _, ok := find[*appsv1.Deployment](render(t, "manager.leaderElection.enabled=false", "manager.replicas=1"), "loom-manager"); !ok {
