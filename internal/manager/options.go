@@ -239,7 +239,7 @@ func (o *Options) Validate() error {
 	if o.MaxWorkloadPods < 1 {
 		errs = append(errs, fmt.Errorf("--max-workload-pods must be at least 1, got %d", o.MaxWorkloadPods))
 	}
-	if o.KubeAPIQPS <= 0 {
+	if !(o.KubeAPIQPS > 0) { // NaN too
 		errs = append(errs, fmt.Errorf("--kube-api-qps must be positive, got %v", o.KubeAPIQPS))
 	}
 	if o.KubeAPIBurst < 1 {

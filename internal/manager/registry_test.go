@@ -2,6 +2,7 @@ package manager
 
 import (
 	"context"
+	"math"
 	"strings"
 	"testing"
 
@@ -74,6 +75,8 @@ func TestOptionsValidate(t *testing.T) {
 		{name: "defaults", mutate: func(*Options) {}},
 		{name: "zero concurrency", mutate: func(o *Options) { o.MaxConcurrentReconciles = 0 }, wantErr: "--max-concurrent-reconciles"},
 		{name: "zero qps", mutate: func(o *Options) { o.KubeAPIQPS = 0 }, wantErr: "--kube-api-qps"},
+		{name: "NaN qps", mutate: func(o *Options) { o.KubeAPIQPS = math.NaN() }, wantErr: "--kube-api-qps must be positive, got NaN"},
+		{name: "unlimited qps", mutate: func(o *Options) { o.KubeAPIQPS = math.Inf(1) }},
 		{name: "zero burst", mutate: func(o *Options) { o.KubeAPIBurst = 0 }, wantErr: "--kube-api-burst"},
 		{name: "bad log level", mutate: func(o *Options) { o.LogLevel = "loud" }, wantErr: "--log-level"},
 		{name: "bad log format", mutate: func(o *Options) { o.LogFormat = "xml" }, wantErr: "--log-format"},
