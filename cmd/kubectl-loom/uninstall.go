@@ -32,8 +32,10 @@ installed without it or uninstalled with --no-hooks. In order:
     a running manager releases them, so run this before helm uninstall;
  2. delete the manager Deployment and the node agent DaemonSet, wait until
     the leader Lease is free and the manager's and the agents' pods are
-    gone (a manager run without leader election holds no Lease), then release
-    the nodes the driver upgrade still claims (below);
+    gone (a manager run without leader election holds no Lease; a pod on a
+    node that is not Ready, whose kubelet cannot stop it, is named and not
+    waited for), then release the nodes the driver upgrade still claims
+    (below);
  3. delete every GPUNode and Loom's nvidia RuntimeClass, and on every Node
     the nvidia.com/* labels, annotations and unhealthy taint Loom's labeller
     set; labels and taints anyone else set stay;

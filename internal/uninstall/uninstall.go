@@ -56,7 +56,8 @@ type Config struct {
 //     manager's driver-upgrade controller has released (uncordoned) every
 //     node it claimed (not for the nodes when no manager leads);
 //  2. the manager Deployment and the node agent DaemonSet, waiting until
-//     the leader Lease is free and their pods are gone, so that
+//     the leader Lease is free and their pods are gone (but for pods
+//     deleted on a node that is not Ready: writerPods), so that
 //     nothing writes GPUNodes or labels again; then it releases the nodes
 //     still claimed itself (releaseNodes);
 //  3. every GPUNode, and on every Node the labels the GPU labeller set
@@ -301,7 +302,8 @@ func stopWriters(ctx context.Context, c client.Client, cfg Config, out io.Writer
 		}
 		fmt.Fprintf(out, "deleted %s %s/%s\n", kinds[i], cfg.Namespace, obj.GetName())
 	}
-	return waitFor(ctx, cfg, "the manager and the node agents stopped", func(ctx context.Context) (string, error) {
+	var stranded []string
+	err := waitFor(ctx, cfg, "the manager and the node agents stopped", func(ctx context.Context) (string, error) {
 		var left []string
 		if holder, err := leaseHolder(ctx, c, cfg.Namespace, cfg.Lease); err != nil {
 			return "", err
@@ -311,20 +313,60 @@ func stopWriters(ctx context.Context, c client.Client, cfg Config, out io.Writer
 		if agentUID == "" && managerPods == nil {
 			return strings.Join(left, ", "), nil
 		}
-		pods := &corev1.PodList{}
-		if err := c.List(ctx, pods, client.InNamespace(cfg.Namespace)); err != nil {
-			return "", err
-		}
-		for _, p := range pods.Items {
-			switch {
-			case agentUID != "" && metav1.IsControlledBy(&p, &metav1.ObjectMeta{UID: agentUID}):
-				left = append(left, "node agent pod "+p.Name)
-			case managerPods != nil && managerPods.Matches(labels.Set(p.Labels)):
-				left = append(left, "manager pod "+p.Name)
-			}
-		}
-		return strings.Join(left, ", "), nil
+		pods, err := writerPods(ctx, c, cfg.Namespace, agentUID, managerPods)
+		stranded = pods.stranded
+		return strings.Join(append(left, pods.left...), ", "), err
 	})
+	if err == nil && len(stranded) > 0 {
+		fmt.Fprintf(out, "not waited for %s: deleted on a node that is not Ready, so no kubelet stops it there; "+
+			"it stops when the node is back (or deleted)\n", strings.Join(stranded, ", "))
+	}
+	return err
+}
+
+// podsLeft are the writers' pods still there: left to wait for, and
+// stranded, deleted on a node that is not Ready or is gone, whose kubelet
+// cannot stop them (one dead node would otherwise hold the uninstall for
+// ever).
+type podsLeft struct{ left, stranded []string }
+
+// writerPods are the node agent's pods (controlled by agentUID) and the
+// manager's (selected by managerPods) in namespace.
+func writerPods(ctx context.Context, c client.Client, namespace string, agentUID types.UID, managerPods labels.Selector) (podsLeft, error) {
+	var out podsLeft
+	pods := &corev1.PodList{}
+	if err := c.List(ctx, pods, client.InNamespace(namespace)); err != nil {
+		return out, err
+	}
+	nodes := &corev1.NodeList{}
+	if err := c.List(ctx, nodes); err != nil {
+		return out, err
+	}
+	up := map[string]bool{}
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		ready := slices.IndexFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == corev1.NodeReady })
+		// A node that has not said whether it is Ready is not known down.
+		up[n.Name] = ready < 0 || n.Status.Conditions[ready].Status == corev1.ConditionTrue
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		var what string
+		switch {
+		case agentUID != "" && metav1.IsControlledBy(p, &metav1.ObjectMeta{UID: agentUID}):
+			what = "node agent pod " + p.Name
+		case managerPods != nil && managerPods.Matches(labels.Set(p.Labels)):
+			what = "manager pod " + p.Name
+		default:
+			continue
+		}
+		if p.DeletionTimestamp != nil && p.Spec.NodeName != "" && !up[p.Spec.NodeName] {
+			out.stranded = append(out.stranded, what+" on node "+p.Spec.NodeName)
+			continue
+		}
+		out.left = append(out.left, what)
+	}
+	return out, nil
 }
 
 // leaseHolder is who holds the Lease now: "" when no one does or the

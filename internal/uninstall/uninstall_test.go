@@ -420,3 +420,60 @@ func TestUninstallCleanupWaitsForAManagerWithoutLeaderElection(t *testing.T) {
 		t.Errorf("the claimed node was not released:\n%s", out.String())
 	}
 }
+
+// A node agent pod deleted on a node that is not Ready (or is gone) stays
+// there, Terminating, until its kubelet is back: the cleanup does not wait
+// for it (one dead GPU node would hold every uninstall), names it and
+// finishes; a deleted pod on a Ready node is still waited for.
+func TestUninstallCleanupDoesNotWaitForPodsOnDeadNodes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	env, err := testenv.StartWithout(ctx, "training.loom.dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	c := env.Client
+	cleanupFixture(t, ctx, c)
+	go fakeManager(ctx, c, true)
+	ds := &appsv1.DaemonSet{}
+	must(t, c.Get(ctx, client.ObjectKey{Namespace: "loom-system", Name: "loom-node-agent"}, ds))
+	agentPod := func(name, node string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "loom-system", Name: name,
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds.Name, UID: ds.UID, Controller: ptr.To(true)}}},
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "loom"}}}}
+		must(t, c.Create(ctx, p))
+		// Bound to a node, it is deleted gracefully: it stays until a
+		// kubelet confirms.
+		must(t, c.Delete(ctx, p))
+		return p
+	}
+	for name, ready := range map[string]corev1.ConditionStatus{"gpu-down": corev1.ConditionUnknown, "gpu-up": corev1.ConditionTrue} {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		must(t, c.Create(ctx, n))
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: ready, LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
+		must(t, c.Status().Update(ctx, n))
+	}
+	agentPod("loom-node-agent-down", "gpu-down")
+	agentPod("loom-node-agent-gone", "gpu-deleted")
+	// A deleted pod on a Ready node goes once its kubelet stops it.
+	up := agentPod("loom-node-agent-up", "gpu-up")
+	var out bytes.Buffer
+	pods, err := writerPods(ctx, c, "loom-system", ds.UID, nil)
+	if err != nil || !slices.Equal(pods.left, []string{"node agent pod loom-node-agent-up"}) {
+		t.Fatalf("pods waited for: %v (%v)", pods, err)
+	}
+	must(t, c.Delete(ctx, up, client.GracePeriodSeconds(0)))
+
+	cfg := Config{Namespace: "loom-system", ManagerDeployment: "loom-manager", AgentDaemonSet: "loom-node-agent",
+		Lease: "loom-manager", Timeout: 3 * time.Second, Poll: 100 * time.Millisecond}
+	if err := Run(ctx, c, cfg, &out); err != nil {
+		t.Fatalf("cleanup with agent pods left on dead nodes: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"not waited for node agent pod loom-node-agent-down on node gpu-down, node agent pod loom-node-agent-gone on node gpu-deleted",
+		"deleted 1 GPUNodes"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
