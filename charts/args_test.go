@@ -45,6 +45,7 @@ func TestManagerTakesTheChartsArguments(t *testing.T) {
 			"--set", "manager.leaderElection.leaseName=loom.example.com"}, "--watch-namespaces=team-a,ml"},
 		{"loom", []string{"--set", "monitoring.labels.example\\.com/team=ml", "--set", "metrics.serviceMonitor.labels.release=kube-prometheus-stack",
 			"--set", "manager.kueueLabelKeysToCopy={example.com/cost-center}"}, "--monitoring-labels=example.com/team=ml"},
+		{"loom", []string{"--set-string", "manager.logLevel=10"}, "--log-level=10"},
 	} {
 		objs := renderRelease(t, tc.release, tc.args...)
 		dep, ok := find[*appsv1.Deployment](objs, "")

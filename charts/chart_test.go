@@ -101,6 +101,8 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 	for _, set := range []string{
 		"manager.replicas=-1",
 		"manager.logLevel=loud",
+		"manager.logLevel=007",
+		"nodeAgent.logLevel=00",
 		"manager.kubeAPIBurst=0",
 		"image.pullPolicy=Sometimes",
 		"manager.unknownKey=1",
