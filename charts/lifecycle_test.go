@@ -7,9 +7,12 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+
+	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 )
 
 func find[T runtime.Object](objs []runtime.Object, name string) (T, bool) {
@@ -31,6 +34,23 @@ func TestNodeAgentIsSystemNodeCritical(t *testing.T) {
 	}
 	if got := ds.Spec.Template.Spec.PriorityClassName; got != "system-node-critical" {
 		t.Errorf("node agent priorityClassName %q, want system-node-critical", got)
+	}
+}
+
+// The node agent tolerates Loom's unhealthy-GPU taint, as the operands
+// do: it is what clears a GPU's health record and so lifts the taint, and
+// an agent pod recreated on a tainted node (a helm upgrade rolls the
+// DaemonSet) would otherwise never come back there.
+func TestNodeAgentToleratesLoomsTaint(t *testing.T) {
+	ds, ok := find[*appsv1.DaemonSet](render(t), "loom-node-agent")
+	if !ok {
+		t.Fatal("no node agent DaemonSet")
+	}
+	if !slices.ContainsFunc(ds.Spec.Template.Spec.Tolerations, func(tol corev1.Toleration) bool {
+		return (tol.Key == gpuv1alpha1.TaintUnhealthy || tol.Key == "") && tol.Operator == corev1.TolerationOpExists &&
+			(tol.Effect == "" || tol.Effect == corev1.TaintEffectNoSchedule)
+	}) {
+		t.Errorf("the node agent does not tolerate %s:NoSchedule: tolerations %+v", gpuv1alpha1.TaintUnhealthy, ds.Spec.Template.Spec.Tolerations)
 	}
 }
 
