@@ -4,6 +4,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -136,4 +137,56 @@ func parseDir(t *testing.T, dir string) []*ast.File {
 		files = append(files, f)
 	}
 	return files
+}
+
+// TestReasonsDocumented holds every condition and event reason a
+// reconciler or the node agent declares (a Reason… constant) to be named,
+// in backquotes, in the user documentation of its area, as are the
+// reasons the raycluster controller sets as literals.
+func TestReasonsDocumented(t *testing.T) {
+	cases := []struct {
+		dir      string
+		docs     []string
+		literals []string
+	}{
+		{"apis/gpu/v1alpha1", []string{"gpu-stack.md", "inventory.md"}, nil},
+		{"controllers/clusterpolicy", []string{"gpu-stack.md"}, nil},
+		{"controllers/driverupgrade", []string{"gpu-stack.md"}, nil},
+		{"controllers/nodelabels", []string{"inventory.md"}, nil},
+		{"controllers/monitoring", []string{"monitoring.md"}, nil},
+		{"controllers/training", []string{"training.md"}, nil},
+		{"internal/gang", []string{"training.md"}, nil},
+		{"internal/gang", []string{"ray.md"}, nil},
+		{"controllers/raycluster", []string{"ray.md"}, []string{"HeadPodNotReady", "FailedToApply", "Applied", "NeverFits", "Fits",
+			"VolcanoNotInstalled", "UnknownScheduler", "RollingGroup"}},
+		{"controllers/rayjob", []string{"ray.md"}, []string{"FailedToReconcile", "FailedToDeleteRayJob", "FailedToStopRayJob",
+			"StoppedRayJob", "SubmittedRayJob", "CreatedRayCluster", "CreatedRayJobSubmitter", "DeletedRayCluster"}},
+	}
+	for _, tc := range cases {
+		var text string
+		for _, d := range tc.docs {
+			b, err := os.ReadFile(filepath.Join("..", "..", "docs", d))
+			if err != nil {
+				t.Fatal(err)
+			}
+			text += string(b)
+		}
+		want := map[string]string{}
+		for name, v := range constants(t, tc.dir) {
+			if strings.HasPrefix(name, "Reason") || strings.HasPrefix(name, "EventReason") {
+				want[v] = tc.dir + "." + name
+			}
+		}
+		for _, lit := range tc.literals {
+			if !sourceHas(t, tc.dir, strconv.Quote(lit)) {
+				t.Errorf("%s no longer sets the reason %q: take it out of this test", tc.dir, lit)
+			}
+			want[lit] = tc.dir + ` "` + lit + `"`
+		}
+		for v, where := range want {
+			if !strings.Contains(text, "`"+v+"`") {
+				t.Errorf("reason %s (%s) is not named in docs/%s", v, where, strings.Join(tc.docs, " or docs/"))
+			}
+		}
+	}
 }
