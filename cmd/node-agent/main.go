@@ -69,7 +69,7 @@ func parseAgentFlags(args []string, stdout, stderr io.Writer) (*agentFlags, int)
 	fs.BoolVar(&f.simHost, "simulate-host-driver", false, "simulate a driver installed on the host: NVML works from the start, "+
 		"and the GPUNode's status.driver.source says Host (as for a real host driver)")
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8090", "address of /metrics and /healthz; \"0\" disables")
-	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, error or a verbosity number")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error or a verbosity number")
 	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
 	f.common.Bind(fs)
 	if code, done := cli.Parse(fs, &f.common, args, stdout); done {

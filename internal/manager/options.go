@@ -68,7 +68,8 @@ type Options struct {
 	// ask for; a bigger one is held with a condition saying so, so that one
 	// object cannot exhaust the manager's memory or the cluster's API.
 	MaxWorkloadPods int
-	// InstallRayCRD applies KubeRay's RayCluster CRD when it is absent.
+	// InstallRayCRD applies KubeRay's RayCluster and RayJob CRDs when they
+	// are absent (the raycluster and rayjob controllers, each its own).
 	InstallRayCRD bool
 	// ApplyCRDs applies Loom's own CRDs at start when the cluster's are
 	// older than this build's (EnsureCRDs).
@@ -217,7 +218,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 		return nil
 	})
 	fs.StringVar(&o.GangScheduler, "gang-scheduler", o.GangScheduler, "gang scheduler of TrainingJobs and RayClusters that name none: auto (Volcano when installed, for TrainingJobs), volcano or none")
-	fs.BoolVar(&o.InstallRayCRD, "install-ray-crd", o.InstallRayCRD, "apply KubeRay's RayCluster CRD (server-side) when it is absent; one applied by someone else is left alone")
+	fs.BoolVar(&o.InstallRayCRD, "install-ray-crd", o.InstallRayCRD, "apply KubeRay's RayCluster and RayJob CRDs (server-side) when absent; one applied by someone else is left alone")
 	fs.BoolVar(&o.ApplyCRDs, "apply-crds", o.ApplyCRDs, "at start, apply Loom's own CRDs (server-side) when the cluster's are older than this build's")
 	fs.Func("monitoring-labels", "comma-separated key=value labels for Loom's ServiceMonitors, PodMonitors and PrometheusRules (default: learned from the Prometheus objects' selectors)", func(s string) error {
 		l, err := parseLabels(s)
@@ -226,7 +227,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	})
 	fs.BoolVar(&o.GrafanaDashboards, "grafana-dashboards", o.GrafanaDashboards, "write Loom's Grafana dashboards ConfigMap (label grafana_dashboard=1)")
 	fs.StringVar(&o.DashboardsNamespace, "grafana-dashboards-namespace", o.DashboardsNamespace, "namespace of the dashboards ConfigMap, where Grafana's sidecar looks (default: --namespace)")
-	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, error, or a verbosity number (higher logs more)")
+	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn, error, or a verbosity number (higher logs more)")
 	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "log format: json or text")
 }
 
