@@ -32,6 +32,8 @@ const (
 	ReasonNameConflict        = "NameConflict"
 	ReasonWorkloadDeactivated = "WorkloadDeactivated"
 	ReasonQueueNameMissing    = "QueueNameMissing"
+	ReasonQueuedInKueue       = "QueuedInKueue"
+	ReasonEvictedByKueue      = "EvictedByKueue"
 	// Volcano queues (internal/gang).
 	ReasonQueueNotFound = "QueueNotFound"
 	ReasonQueueClosed   = "QueueClosed"
@@ -89,7 +91,13 @@ func trainingAdvice(reason string, tj *trainingv1alpha1.TrainingJob, names shari
 		return "raise spec.runPolicy.activeDeadlineSeconds, or make the job shorter"
 	case ReasonWorkloadDeactivated:
 		return fmt.Sprintf("once what the message names is dealt with, reactivate the job's Kueue Workload: kubectl patch workload -n %s %s --type merge -p '{\"spec\":{\"active\":true}}'",
-			tj.Namespace, kueue.WorkloadName(tj.Name, tj.UID, trainingv1alpha1.GroupVersion.WithKind("TrainingJob")))
+			tj.Namespace, workloadOf(tj))
+	case ReasonQueuedInKueue:
+		return fmt.Sprintf("the job starts once Kueue admits its Workload: kubectl get workload -n %s %s -o yaml says what quota it waits for", tj.Namespace, workloadOf(tj))
+	case ReasonEvictedByKueue:
+		return fmt.Sprintf("Kueue evicted or preempted the job; it resumes by itself when Kueue admits it again (kubectl get workload -n %s %s -o yaml)", tj.Namespace, workloadOf(tj))
+	case ReasonInvalidSpec:
+		return fmt.Sprintf("fix what the message names (kubectl edit trainingjob -n %s %s); a pod template changes only while the job is suspended (spec.runPolicy.suspend)", tj.Namespace, tj.Name)
 	case ReasonQueueNameMissing:
 		return fmt.Sprintf("name the job's Kueue LocalQueue (kubectl get localqueues -n %s): kubectl label trainingjob -n %s %s kueue.x-k8s.io/queue-name=<LocalQueue>",
 			tj.Namespace, tj.Namespace, tj.Name)
@@ -99,6 +107,11 @@ func trainingAdvice(reason string, tj *trainingv1alpha1.TrainingJob, names shari
 		return ""
 	}
 	return ""
+}
+
+// workloadOf is the name of a TrainingJob's Kueue Workload.
+func workloadOf(tj *trainingv1alpha1.TrainingJob) string {
+	return kueue.WorkloadName(tj.Name, tj.UID, trainingv1alpha1.GroupVersion.WithKind("TrainingJob"))
 }
 
 // policyAdvice is what to do about a ClusterPolicy's reason.

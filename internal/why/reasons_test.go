@@ -54,6 +54,7 @@ func TestReasonsAreTheReconcilers(t *testing.T) {
 			"ReasonBackoffLimit": ReasonBackoffLimit, "ReasonDeadlineExceeded": ReasonDeadlineExceeded, "ReasonSuspended": ReasonSuspended,
 			"ReasonTooManyPods": ReasonTooManyPods, "ReasonNameConflict": ReasonNameConflict,
 			"ReasonWorkloadDeactivated": ReasonWorkloadDeactivated, "ReasonQueueNameMissing": ReasonQueueNameMissing,
+			"ReasonQueuedInKueue": ReasonQueuedInKueue, "ReasonEvictedByKueue": ReasonEvictedByKueue, "ReasonInvalidSpec": ReasonInvalidSpec,
 		}},
 		{"internal/gang", map[string]string{"ReasonQueueNotFound": ReasonQueueNotFound, "ReasonQueueClosed": ReasonQueueClosed}},
 		{"controllers/clusterpolicy", map[string]string{
