@@ -103,6 +103,7 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		"manager.logLevel=loud",
 		"manager.logLevel=007",
 		"nodeAgent.logLevel=00",
+		"nodeAgent.logFormat=logfmt",
 		"manager.kubeAPIBurst=0",
 		"image.pullPolicy=Sometimes",
 		"manager.unknownKey=1",
@@ -345,7 +346,7 @@ func TestNodeAgentUnprivileged(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	if strings.Contains(out, "privileged: true") || !strings.Contains(out, "allowPrivilegeEscalation: false") ||
-		!strings.Contains(out, "--driver-root=/opt/driver") {
+		!strings.Contains(out, "--driver-root=/opt/driver") || !strings.Contains(out, "--log-format=json") {
 		t.Errorf("unprivileged agent:\n%s", out)
 	}
 }
