@@ -650,3 +650,60 @@ func TestReconcileForgetsTheGaugesOfADeletedPolicy(t *testing.T) {
 		}
 	}
 }
+
+// A GPU pool scaled to zero mid-upgrade (its nodes, their driver pods and
+// the policy's driver DaemonSets gone) leaves nothing in progress: the
+// DriverUpgrade condition says so, instead of keeping UpgradeInProgress
+// until GPU nodes return. A policy that has said nothing yet, before its
+// first driver DaemonSet, still gets no condition.
+func TestReconcilePoolScaledToZero(t *testing.T) {
+	ctx := context.Background()
+	const name = "scaled"
+	cp, ds := envDriver(t, name, gpuv1alpha1.DriverUpgradePolicy{MaxParallelUpgrades: ptr.To[int32](0), MaxUnavailable: ptr.To(intstr.FromInt32(10))},
+		corev1.PodSpec{})
+	envNode(t, "scaled-a", false, map[string]string{gpuv1alpha1.LabelPresent: "true"})
+	envDriverPod(t, ds, "scaled-a", "old-template")
+	r := New(env.Client, env.Client, loomNS)
+	r.Now = func() time.Time { return t0 }
+	req := ctrl.Request{NamespacedName: client.ObjectKey{Name: name}}
+	condition := func() *metav1.Condition {
+		t.Helper()
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
+			t.Fatal(err)
+		}
+		return meta.FindStatusCondition(cp.Status.Conditions, gpuv1alpha1.ConditionDriverUpgrade)
+	}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if c := condition(); c == nil || c.Reason != gpuv1alpha1.ReasonUpgradeInProgress {
+		t.Fatalf("mid-upgrade: condition %+v", c)
+	}
+	for _, o := range []client.Object{&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: loomNS, Name: ds.Name + "-scaled-a"}}, ds,
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "scaled-a"}}} {
+		if err := env.Client.Delete(ctx, o, client.GracePeriodSeconds(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if c := condition(); c == nil || c.Status != metav1.ConditionTrue || c.Reason != gpuv1alpha1.ReasonUpgradeUpToDate {
+		t.Errorf("the pool scaled to zero: condition %+v", c)
+	}
+
+	fresh := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "scaled-fresh"}}
+	if err := env.Client.Create(ctx, fresh); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), fresh) })
+	if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKey{Name: fresh.Name}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(fresh), fresh); err != nil {
+		t.Fatal(err)
+	}
+	if c := meta.FindStatusCondition(fresh.Status.Conditions, gpuv1alpha1.ConditionDriverUpgrade); c != nil {
+		t.Errorf("a policy without driver DaemonSets yet got %+v", c)
+	}
+}

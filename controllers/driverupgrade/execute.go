@@ -147,7 +147,11 @@ func (r *Reconciler) status(ctx context.Context, obs observed, pl planned) error
 			fmt.Sprintf("the driver operand is disabled: releasing %d nodes the driver upgrade claimed", claimed)
 	case obs.release:
 		st, reason, msg = metav1.ConditionTrue, gpuv1alpha1.ReasonDriverDisabled, "the driver operand is disabled: no driver upgrades"
-	case obs.daemonSets == 0 && claimed == 0:
+	case obs.daemonSets == 0 && claimed == 0 && len(currentStatus(obs.cp).Conditions) == 0:
+		// Nothing said yet, and nothing to say: the stack's first pass has
+		// not made a driver DaemonSet. Once said, the condition follows the
+		// nodes (a GPU pool scaled to zero mid-upgrade is no longer in
+		// progress).
 		return nil
 	default:
 		st, reason, msg = condition(pl.summary, pl.invalid)
