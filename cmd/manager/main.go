@@ -47,6 +47,7 @@ func registry() *manager.Registry {
 	reg.Add("raycluster", raycluster.Setup)
 	reg.Add("rayjob", rayjob.Setup)
 	reg.Add("monitoring", monitoring.Setup)
+	reg.AddOff("monitoring", monitoring.Off)
 	return reg
 }
 

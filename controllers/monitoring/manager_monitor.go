@@ -6,11 +6,16 @@ import (
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmanager "sigs.k8s.io/controller-runtime/pkg/manager"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/manager"
 )
 
 // The manager's own ServiceMonitor scrapes the metrics Loom's GPU alerts
@@ -70,9 +75,54 @@ func (r *GPUReconciler) removeManagerMonitor(ctx context.Context) error {
 	if err := r.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: ManagerServiceMonitorName}, cur); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	l := cur.Labels
-	if l[apply.LabelManagedBy] != apply.ManagedBy || l[gpuv1alpha1.LabelComponent] != componentManager || cur.DeletionTimestamp != nil {
+	if !loomsManagerMonitor(cur) {
 		return nil
 	}
 	return r.writer.Delete(ctx, cur, "the manager's metrics are no longer scraped")
+}
+
+// loomsManagerMonitor: cur is the manager's ServiceMonitor as Loom wrote
+// it, not being deleted.
+func loomsManagerMonitor(cur *monitoringv1.ServiceMonitor) bool {
+	l := cur.Labels
+	return l[apply.LabelManagedBy] == apply.ManagedBy && l[gpuv1alpha1.LabelComponent] == componentManager && cur.DeletionTimestamp == nil
+}
+
+// Off is what a manager run without the monitoring controller does: once,
+// as the leader, it deletes the manager's ServiceMonitor that an earlier
+// run of the controller wrote. Nothing else would (it goes with the metrics
+// Service, at uninstall), and the chart renders its own when the controller
+// is left out: the manager would be scraped twice, its series duplicated.
+// A ServiceMonitor of that name that is not Loom's, or a cluster without
+// the Prometheus Operator's CRDs, is left as it is; a failed read or
+// delete is logged, never fatal.
+func Off(_ context.Context, mgr ctrl.Manager, opts manager.Options) error {
+	if opts.Namespace == "" {
+		return nil
+	}
+	return mgr.Add(ctrlmanager.RunnableFunc(func(ctx context.Context) error {
+		if err := removeLeftManagerMonitor(ctx, mgr.GetAPIReader(), mgr.GetClient(), opts.Namespace); err != nil {
+			ctrl.Log.WithName("monitoring").Error(err, "removing the manager's ServiceMonitor left by an earlier run of the monitoring controller")
+		}
+		return nil
+	}))
+}
+
+// removeLeftManagerMonitor deletes Loom's manager ServiceMonitor in
+// namespace, read around the cache (which has no ServiceMonitors without
+// the monitoring controller).
+func removeLeftManagerMonitor(ctx context.Context, r client.Reader, c client.Client, namespace string) error {
+	cur := &monitoringv1.ServiceMonitor{}
+	err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ManagerServiceMonitorName}, cur)
+	if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+		return nil
+	}
+	if err != nil || !loomsManagerMonitor(cur) {
+		return err
+	}
+	err = c.Delete(ctx, cur, client.Preconditions{UID: &cur.UID})
+	if err == nil {
+		ctrl.Log.WithName("monitoring").Info("deleted the manager's ServiceMonitor: the monitoring controller is off", "serviceMonitor", namespace+"/"+ManagerServiceMonitorName)
+	}
+	return client.IgnoreNotFound(err)
 }

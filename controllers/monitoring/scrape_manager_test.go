@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -18,6 +19,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/manager"
+	"github.com/loom-dev/loom/internal/testenv"
 )
 
 // managerMetrics has the manager scrape its own metrics Service, as the
@@ -156,4 +158,44 @@ func TestNoPolicyNoOperatorReadsNoServiceMonitor(t *testing.T) {
 	if slices.Contains(c.kinds, KindServiceMonitor) {
 		t.Errorf("a pass without the ServiceMonitor CRD read a ServiceMonitor (reads: %v)", c.kinds)
 	}
+}
+
+// A manager started without the monitoring controller (--controllers
+// leaving it out, after a run with it) deletes the manager's ServiceMonitor
+// the controller wrote: nothing else would, and the chart then renders its
+// own. A ServiceMonitor of that name that is not Loom's stays.
+func TestManagerServiceMonitorGoesWithTheController(t *testing.T) {
+	withOperatorCRDs(t)
+	if err := env.CreateNamespace(ctx(), loomNS); err != nil {
+		t.Fatal(err)
+	}
+	start := func() *testenv.Manager {
+		reg := &manager.Registry{}
+		reg.Add("monitoring", Setup)
+		reg.AddOff("monitoring", Off)
+		reg.Add("other", func(context.Context, ctrl.Manager, manager.Options) error { return nil })
+		opts := testenv.ManagerOptions(t)
+		opts.LeaderElect = false
+		opts.Controllers = "other"
+		return env.StartManager(t, opts, reg)
+	}
+	mine := ManagerServiceMonitor(loomNS, ManagerScrape{Service: "loom-metrics"}, nil)
+	mine.Labels["app.kubernetes.io/managed-by"] = "loom"
+	if err := env.Client.Create(ctx(), mine); err != nil {
+		t.Fatal(err)
+	}
+	m := start()
+	gone(t, &monitoringv1.ServiceMonitor{ObjectMeta: key(loomNS, ManagerServiceMonitorName)})
+	_ = m.Stop()
+
+	someones := ManagerServiceMonitor(loomNS, ManagerScrape{Service: "loom-metrics"}, nil)
+	someones.Labels["app.kubernetes.io/managed-by"] = "Helm"
+	if err := env.Client.Create(ctx(), someones); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), someones) })
+	m = start()
+	time.Sleep(2 * time.Second) // the removal runs once, at start
+	_ = m.Stop()
+	exists(t, &monitoringv1.ServiceMonitor{ObjectMeta: key(loomNS, ManagerServiceMonitorName)})
 }

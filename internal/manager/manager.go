@@ -78,6 +78,11 @@ func New(ctx context.Context, cfg *rest.Config, opts Options, reg *Registry) (ct
 			return nil, nil, fmt.Errorf("setting up controller %s: %w", name, err)
 		}
 	}
+	for name, off := range reg.unselected(selected) {
+		if err := off(ctx, mgr, opts); err != nil {
+			return nil, nil, fmt.Errorf("setting up controller %s's removal: %w", name, err)
+		}
+	}
 	return mgr, selected, nil
 }
 

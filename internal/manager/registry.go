@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -18,6 +19,7 @@ type SetupFunc func(ctx context.Context, mgr ctrl.Manager, opts Options) error
 // it; the manager runs the entries that --controllers selects.
 type Registry struct {
 	setups map[string]SetupFunc
+	offs   map[string]SetupFunc
 }
 
 // Add registers a controller. Adding a name twice is a programming error.
@@ -29,6 +31,16 @@ func (r *Registry) Add(name string, setup SetupFunc) {
 		panic(fmt.Sprintf("controller %q registered twice", name))
 	}
 	r.setups[name] = setup
+}
+
+// AddOff registers what the manager does for a registered controller that
+// --controllers leaves out: take away what the controller wrote that only
+// it would keep or remove (its setup is not called then).
+func (r *Registry) AddOff(name string, off SetupFunc) {
+	if r.offs == nil {
+		r.offs = map[string]SetupFunc{}
+	}
+	r.offs[name] = off
 }
 
 // Names returns the registered controller names, sorted.
@@ -75,6 +87,17 @@ func (r *Registry) Select(spec string) ([]string, error) {
 }
 
 func (r *Registry) setup(name string) SetupFunc { return r.setups[name] }
+
+// unselected are the off functions of the controllers not in selected.
+func (r *Registry) unselected(selected []string) map[string]SetupFunc {
+	out := map[string]SetupFunc{}
+	for name, off := range r.offs {
+		if !slices.Contains(selected, name) {
+			out[name] = off
+		}
+	}
+	return out
+}
 
 func quote(s []string) []string {
 	out := make([]string, len(s))
