@@ -73,8 +73,15 @@ func TestManagerTakesTheChartsArguments(t *testing.T) {
 		if job, ok := find[*batchv1.Job](objs, ""); ok {
 			for _, a := range job.Spec.Template.Spec.Containers[0].Args {
 				if v, ok := strings.CutPrefix(a, "--timeout="); ok {
-					if _, err := time.ParseDuration(v); err != nil {
+					d, err := time.ParseDuration(v)
+					if err != nil {
 						t.Errorf("%s %v: the uninstall hook's %s: %v", tc.release, tc.args, a, err)
+					}
+					// The cleanup waits twice (operands and claimed nodes,
+					// then the manager and the agents), each up to the
+					// timeout: the Job must outlive both.
+					if dl := job.Spec.ActiveDeadlineSeconds; dl == nil || time.Duration(*dl)*time.Second < 2*d+time.Minute {
+						t.Errorf("%s %v: the uninstall hook's deadline %v s is shorter than its two waits of %s and a minute", tc.release, tc.args, dl, v)
 					}
 				}
 			}
