@@ -150,6 +150,14 @@ func GPUNode(gn *gpuv1alpha1.GPUNode) Answer {
 		a.State = "Ready"
 		a.Message = fmt.Sprintf("%d × %s, driver %s, all healthy", gn.Status.GPUCount, gn.Status.Product, gn.Status.DriverVersion)
 	}
+	if c := cond(cs, gpuv1alpha1.ConditionTruncated); c != nil && c.Status == "True" {
+		// The status holds only what fits: a GPU or MIG device left out
+		// is neither counted nor watched for health here.
+		a.Message += "; the status is cut (" + c.Reason + "): " + c.Message
+		if a.Advice == "" {
+			a.Advice = "the GPUNode lists only what fits its status; nvidia-smi on the node shows the rest"
+		}
+	}
 	return a
 }
 

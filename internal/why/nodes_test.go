@@ -145,6 +145,13 @@ func TestGPUNode(t *testing.T) {
 	if a := GPUNode(inventory("g1", nil)); a.Line() != "gpunode/g1: Ready: 8 × NVIDIA H100 80GB HBM3, driver 570.172.08, all healthy" {
 		t.Errorf("healthy: %q", a.Line())
 	}
+	cut := inventory("g1", nil)
+	cut.Status.Conditions = append(cut.Status.Conditions, metav1.Condition{Type: gpuv1alpha1.ConditionTruncated, Status: metav1.ConditionTrue,
+		Reason: gpuv1alpha1.ReasonTooManyMIGDevices, Message: "56 MIG devices reported, 32 kept"})
+	if a := GPUNode(cut); !strings.HasSuffix(a.Line(), "all healthy; the status is cut (TooManyMIGDevices): 56 MIG devices reported, 32 kept") ||
+		!strings.Contains(a.Advice, "nvidia-smi") {
+		t.Errorf("truncated: %q, advice %q", a.Line(), a.Advice)
+	}
 	if a := GPUNode(&gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: "g2"}}); a.Reason != "NoStatus" || !strings.Contains(a.Advice, "component=node-agent") {
 		t.Errorf("no status: %+v", a)
 	}
