@@ -30,8 +30,10 @@ var (
 		"1 while the node is in a driver upgrade (cordoned for it: from wait-for-jobs-required to uncordon-required), else 0.", []string{"node"}, nil)
 	nodeReadyDesc = prometheus.NewDesc("loom_gpunode_node_ready",
 		"1 when the node's Ready condition is True, else 0 (NotReady, Unknown: its kubelet silent).", []string{"node"}, nil)
-	operandReadyDesc = prometheus.NewDesc("loom_gpunode_operand_ready",
-		"1 when a pod of the operand (component) on the node is Ready, 0 when it has pods there and none is; absent with no pod there.",
+	// Only the operands not ready: one series per node and operand would
+	// be ten per GPU node, nearly all of them saying "ready".
+	operandNotReadyDesc = prometheus.NewDesc("loom_gpunode_operand_not_ready",
+		"1 when the operand (component) has pods on the node and none is Ready; absent otherwise (all ready, or no pod there).",
 		[]string{"node", "component"}, nil)
 )
 
@@ -59,7 +61,7 @@ func (c *inventoryCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- readyDesc
 	ch <- upgradeDesc
 	ch <- nodeReadyDesc
-	ch <- operandReadyDesc
+	ch <- operandNotReadyDesc
 }
 
 func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
@@ -121,9 +123,9 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 	collectOperands(ctx, *cp, exists, ch)
 }
 
-// collectOperands reports, per node and operand, whether a pod of Loom's
-// runs Ready there (the cache keeps their component and Ready condition,
-// see manager.TrimPod): a node in a driver upgrade is left out of
+// collectOperands reports each operand that has pods of Loom's on a node
+// and none Ready there (the cache keeps their component and Ready
+// condition, see manager.TrimPod): a node in a driver upgrade is left out of
 // LoomGPUOperandNotReady only for its own operands, and a node whose
 // driver pod is not ready yet (building the kernel module) out of
 // LoomGPUNodeAgentNotReporting. Pods being deleted do not count.
@@ -143,7 +145,9 @@ func collectOperands(ctx context.Context, src inventorySource, exists map[string
 		ready[k] = ready[k] || podset.Ready(p)
 	}
 	for k, r := range ready {
-		ch <- prometheus.MustNewConstMetric(operandReadyDesc, prometheus.GaugeValue, one(r), k.node, k.component)
+		if !r {
+			ch <- prometheus.MustNewConstMetric(operandNotReadyDesc, prometheus.GaugeValue, 1, k.node, k.component)
+		}
 	}
 }
 

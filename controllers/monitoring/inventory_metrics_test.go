@@ -25,7 +25,8 @@ import (
 // A node in a driver upgrade (cordoned for it) says so, for the alerts
 // that hold their tongue meanwhile, and so does each operand whose pod on
 // a node is not ready (a driver building its module): pods of Loom's, not
-// being deleted, on a node that exists. So does a node that is not Ready
+// being deleted, on a node that exists; an operand ready on its node has
+// no series (the fleet's steady state holds none). So does a node that is not Ready
 // (down, its kubelet silent), whose pods all stop reporting.
 func TestInventoryMetricsCountOnlyGPUNodesWithANode(t *testing.T) {
 	scheme := runtime.NewScheme()
@@ -96,12 +97,10 @@ loom_gpunode_node_ready{node="gpu-b"} 1
 loom_gpunode_node_ready{node="gpu-c"} 0
 loom_gpunode_node_ready{node="gpu-d"} 1
 loom_gpunode_node_ready{node="gpu-e"} 1
-# HELP loom_gpunode_operand_ready 1 when a pod of the operand (component) on the node is Ready, 0 when it has pods there and none is; absent with no pod there.
-# TYPE loom_gpunode_operand_ready gauge
-loom_gpunode_operand_ready{component="container-toolkit",node="gpu-a"} 0
-loom_gpunode_operand_ready{component="driver",node="gpu-a"} 1
-loom_gpunode_operand_ready{component="driver",node="gpu-b"} 0
-loom_gpunode_operand_ready{component="driver",node="gpu-c"} 1
+# HELP loom_gpunode_operand_not_ready 1 when the operand (component) has pods on the node and none is Ready; absent otherwise (all ready, or no pod there).
+# TYPE loom_gpunode_operand_not_ready gauge
+loom_gpunode_operand_not_ready{component="container-toolkit",node="gpu-a"} 1
+loom_gpunode_operand_not_ready{component="driver",node="gpu-b"} 1
 # HELP loom_gpunode_ready 1 when the node agent's last inventory collection succeeded, else 0.
 # TYPE loom_gpunode_ready gauge
 loom_gpunode_ready{node="gpu-a"} 1

@@ -39,7 +39,7 @@ var workloadOwners = []schema.GroupKind{
 //   - Loom's operand pods (its DaemonSets' pods, labelled managed-by loom
 //     and with their component) keep, besides the skeleton below, those two
 //     labels and whether they are Ready: the GPU alerts read, per node,
-//     which operands run ready there (loom_gpunode_operand_ready);
+//     which operands are not ready there (loom_gpunode_operand_not_ready);
 //   - every other pod (the cluster's other workloads: nearly all of a big
 //     cluster's pods) keeps only its name, node, phase and the GPU
 //     resources its containers ask for. The driver upgrade, the one reader

@@ -117,7 +117,12 @@ const inDriverUpgrade = `max by (node) (loom_gpunode_driver_upgrade) == 1`
 // the agent (NVML) and dcgm-exporter cannot work before it is loaded. A
 // driver that never gets ready is LoomGPUOperandNotReady's. Nodes with the
 // host's own driver have no such pod and are not among them.
-const driverStarting = `max by (node) (loom_gpunode_operand_ready{component="` + gpuv1alpha1.OperandDriver + `"}) == 0`
+const driverStarting = `max by (node) (` + operandNotReady + `{component="` + gpuv1alpha1.OperandDriver + `"})`
+
+// operandNotReady is 1 for each operand whose pods on a node are none of
+// them Ready; an operand ready there, or without a pod there, has no
+// series.
+const operandNotReady = `loom_gpunode_operand_not_ready`
 
 // nodeDown are the nodes whose Node is not Ready (powered off, rebooting,
 // its kubelet silent): their exporter, agent and operands stop with them.
@@ -346,7 +351,7 @@ and on ()
 )
 - (
   count by (component) (
-    max by (node, component) (loom_gpunode_operand_ready) == 0
+    max by (node, component) (` + operandNotReady + `)
     and on (node) (` + inDriverUpgrade + ` or ` + nodeDown + `)
   )
   or max by (component) (loom_clusterpolicy_component_desired_nodes) * 0
@@ -355,8 +360,9 @@ and on ()
 		holdFor:     OperandNotReadyFor,
 		summary:     `{{ $labels.component }} is not ready on {{ $value | printf "%.0f" }} GPU node(s).`,
 		description: `{{ $value | printf "%.0f" }} of the nodes that should run {{ $labels.component }} have had no ready pod of it for ` + OperandNotReadyFor + `.`,
-		runbook: `kubectl get clusterpolicy -o yaml shows the component's state; kubectl get pods -A -l ` +
-			`app.kubernetes.io/component={{ $labels.component }} -o wide finds the nodes, whose pod events and logs say why. ` +
+		runbook: `kubectl get clusterpolicy -o yaml shows the component's state; ` + operandNotReady + `{component="{{ $labels.component }}"} ` +
+			`names the nodes, and kubectl get pods -A -l app.kubernetes.io/component={{ $labels.component }} -o wide their pods, ` +
+			`whose events and logs say why. ` +
 			`An operand waits for the driver and the toolkit of its node: fix those first.`,
 	}, {
 		name:        "LoomGPUDriverUpgradeFailed",

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -238,12 +239,46 @@ func upgradingSeries(node, values string) string {
 		fmt.Sprintf(`loom_gpunode_driver_upgrade{job="loom-manager", instance="10.0.0.3:8080", node=%q} %s`, node, values)
 }
 
-// operandSeries is loom_gpunode_operand_ready of component on node (1
-// while its pod there is ready), as two manager replicas report it.
+// operandSeries is loom_gpunode_operand_not_ready of component on node,
+// as two manager replicas report it, from values of its readiness (1
+// while its pod there is ready, 0 while none is; "1x2 0x5 1x3"): the
+// manager reports only the operands not ready, so that a ready one's
+// series ends (a stale marker, as a scrape that no longer has it writes).
 func operandSeries(node, component, values string) string {
+	var out []string
+	notReady := false
+	for _, v := range strings.Fields(values) {
+		value, times, _ := strings.Cut(v, "x")
+		n := 1
+		if times != "" {
+			n += atoi(times)
+		}
+		switch value {
+		case "0":
+			out, notReady = append(out, fmt.Sprintf("1x%d", n-1)), true
+		case "1":
+			if notReady {
+				out, n, notReady = append(out, "stale"), n-1, false
+			}
+			if n > 0 {
+				out = append(out, fmt.Sprintf("_x%d", n))
+			}
+		default:
+			panic("operandSeries takes 0 and 1: " + v)
+		}
+	}
 	labels := fmt.Sprintf(`node=%q, component=%q`, node, component)
-	return loomSeries("loom_gpunode_operand_ready", labels, values) + "\n" +
-		`loom_gpunode_operand_ready{job="loom-manager", instance="10.0.0.3:8080", ` + labels + "} " + values
+	values = strings.Join(out, " ")
+	return loomSeries("loom_gpunode_operand_not_ready", labels, values) + "\n" +
+		`loom_gpunode_operand_not_ready{job="loom-manager", instance="10.0.0.3:8080", ` + labels + "} " + values
+}
+
+func atoi(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		panic(err)
+	}
+	return n
 }
 
 // loomSeries is a metric of Loom's manager.
