@@ -30,6 +30,9 @@ var (
 		"1 while the node is in a driver upgrade (cordoned for it: from wait-for-jobs-required to uncordon-required), else 0.", []string{"node"}, nil)
 	nodeReadyDesc = prometheus.NewDesc("loom_gpunode_node_ready",
 		"1 when the node's Ready condition is True, else 0 (NotReady, Unknown: its kubelet silent).", []string{"node"}, nil)
+	// Only the nodes cordoned: a fleet's nodes are nearly all schedulable.
+	unschedulableDesc = prometheus.NewDesc("loom_gpunode_unschedulable",
+		"1 while the node is cordoned (spec.unschedulable: for maintenance, or by the driver upgrade); absent otherwise.", []string{"node"}, nil)
 	// Only the operands not ready: one series per node and operand would
 	// be ten per GPU node, nearly all of them saying "ready".
 	operandNotReadyDesc = prometheus.NewDesc("loom_gpunode_operand_not_ready",
@@ -61,6 +64,7 @@ func (c *inventoryCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- readyDesc
 	ch <- upgradeDesc
 	ch <- nodeReadyDesc
+	ch <- unschedulableDesc
 	ch <- operandNotReadyDesc
 }
 
@@ -83,9 +87,9 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	exists := make(map[string]bool, len(nodes.Items))
-	inUpgrade, nodeReady := map[string]bool{}, map[string]bool{}
+	inUpgrade, nodeReady, cordoned := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, n := range nodes.Items {
-		exists[n.Name] = true
+		exists[n.Name], cordoned[n.Name] = true, n.Spec.Unschedulable
 		inUpgrade[n.Name] = slices.Contains(upgrading, n.Labels[gpuv1alpha1.LabelUpgradeState])
 		for _, c := range n.Status.Conditions {
 			nodeReady[n.Name] = nodeReady[n.Name] || c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue
@@ -119,6 +123,9 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(upgradeDesc, prometheus.GaugeValue, upgrade, n.Name)
 		ch <- prometheus.MustNewConstMetric(nodeReadyDesc, prometheus.GaugeValue, one(nodeReady[n.Name]), n.Name)
+		if cordoned[n.Name] {
+			ch <- prometheus.MustNewConstMetric(unschedulableDesc, prometheus.GaugeValue, 1, n.Name)
+		}
 	}
 	collectOperands(ctx, *cp, exists, ch)
 }

@@ -26,8 +26,9 @@ import (
 // that hold their tongue meanwhile, and so does each operand whose pod on
 // a node is not ready (a driver building its module): pods of Loom's, not
 // being deleted, on a node that exists; an operand ready on its node has
-// no series (the fleet's steady state holds none). So does a node that is not Ready
-// (down, its kubelet silent), whose pods all stop reporting.
+// no series (the fleet's steady state holds none). So does a node that is
+// not Ready (down, its kubelet silent), whose pods all stop reporting, and
+// one cordoned (for maintenance), the only one with that series.
 func TestInventoryMetricsCountOnlyGPUNodesWithANode(t *testing.T) {
 	scheme := runtime.NewScheme()
 	if err := corev1.AddToScheme(scheme); err != nil {
@@ -70,7 +71,7 @@ func TestInventoryMetricsCountOnlyGPUNodesWithANode(t *testing.T) {
 			Status: nodeReady(corev1.ConditionTrue)}, gpuNode("gpu-b"),
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-c", Labels: map[string]string{gpuv1alpha1.LabelUpgradeState: gpuv1alpha1.UpgradeDone}},
 			Status: nodeReady(corev1.ConditionUnknown)}, gpuNode("gpu-c"),
-		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-d"}, Status: nodeReady(corev1.ConditionTrue)}, unhealthyNode,
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-d"}, Spec: corev1.NodeSpec{Unschedulable: true}, Status: nodeReady(corev1.ConditionTrue)}, unhealthyNode,
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-e"}, Status: nodeReady(corev1.ConditionTrue)}, failedNode,
 	).Build()
 	col := &inventoryCollector{}
@@ -108,6 +109,9 @@ loom_gpunode_ready{node="gpu-b"} 1
 loom_gpunode_ready{node="gpu-c"} 1
 loom_gpunode_ready{node="gpu-d"} 1
 loom_gpunode_ready{node="gpu-e"} 0
+# HELP loom_gpunode_unschedulable 1 while the node is cordoned (spec.unschedulable: for maintenance, or by the driver upgrade); absent otherwise.
+# TYPE loom_gpunode_unschedulable gauge
+loom_gpunode_unschedulable{node="gpu-d"} 1
 # HELP loom_gpunode_unhealthy_gpus GPUs the node agent marks Unhealthy (0 when all are healthy).
 # TYPE loom_gpunode_unhealthy_gpus gauge
 loom_gpunode_unhealthy_gpus{node="gpu-a"} 0

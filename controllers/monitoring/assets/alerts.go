@@ -131,6 +131,18 @@ const operandNotReady = `loom_gpunode_operand_not_ready`
 // runbook that reads pods. Their for: starts again when the node is back.
 const nodeDown = `max by (node) (loom_gpunode_node_ready) == 0`
 
+// cordoned are the nodes cordoned (spec.unschedulable), for maintenance
+// or by Loom's driver upgrade. A maintenance stops, restarts and tests
+// their GPUs, driver and operands on purpose: the alerts that a node's
+// exporter, agent, GPUs or operands are gone leave them out, as they do a
+// node in its driver upgrade, and the GPU health alerts (an Xid, ECC,
+// heat, a burn-in filling the memory) are one severity lower there
+// (cordonedSeverity), still told but paging no one: cordoning is the
+// first step of their runbooks. kube-state-metrics' own
+// kube_node_spec_unschedulable would do, where it is scraped with the
+// node label; Loom's needs neither.
+const cordoned = `max by (node) (loom_gpunode_unschedulable)`
+
 // xidIs selects the Xid series whose value is one of codes.
 func xidIs(codes []int) string {
 	terms := make([]string, len(codes))
@@ -161,6 +173,7 @@ func healthAlerts() []alert {
 		runbook: drainNode + `, then reset the GPU (nvidia-smi -r -i {{ $labels.gpu }}) or reboot the node. ` +
 			`The value stays until dcgm-exporter restarts: delete the node's dcgm-exporter pod after the reset. ` +
 			`Xid 79 or 64 again after a reset, or a row-remap failure: take the node out and RMA the GPU.`,
+		cordonedSeverity: SeverityWarning,
 	}, {
 		name:     "LoomGPUXidError",
 		severity: SeverityWarning,
@@ -181,6 +194,7 @@ func healthAlerts() []alert {
 		runbook: `Xids 13, 31, 43 and 45 are mostly the application's: check the logs of the pod on the GPU ` +
 			`(illegal memory access, a kernel that was killed). Other Xids, or the same one from several pods on this GPU: ` +
 			`look the Xid up in NVIDIA's Xid catalog and check the node's kernel log (dmesg | grep -i xid).`,
+		cordonedSeverity: SeverityInfo,
 	}, {
 		name:     "LoomGPUUncorrectableECCErrors",
 		severity: SeverityCritical,
@@ -190,6 +204,7 @@ func healthAlerts() []alert {
 			`; the application using that memory has most likely crashed.`,
 		runbook: drainNode + ` and reset the GPU: the reset applies the pending row remap (A100 and later) and clears the volatile count. ` +
 			`Errors again after the reset, or LoomGPURowRemapFailure: RMA the GPU.`,
+		cordonedSeverity: SeverityWarning,
 	}, {
 		name:        "LoomGPURowRemapFailure",
 		severity:    SeverityCritical,
@@ -198,6 +213,7 @@ func healthAlerts() []alert {
 		description: gpuOnNode + ` has no spare memory rows left to remap a failing one: its memory errors can no longer be repaired.`,
 		runbook: drainNode + ` and keep it out of service; collect nvidia-smi -q -d ROW_REMAPPER and nvidia-bug-report.sh ` +
 			`and RMA the GPU.`,
+		cordonedSeverity: SeverityWarning,
 	}, {
 		name:        "LoomGPURowRemapPending",
 		severity:    SeverityWarning,
@@ -207,6 +223,7 @@ func healthAlerts() []alert {
 		description: gpuOnNode + ` has a memory row remap pending for ` + RowRemapPendingFor + `; it takes effect at the next GPU reset.`,
 		runbook: `When its workload allows, ` + drainNode + ` and reset the GPU (nvidia-smi -r -i {{ $labels.gpu }}) ` +
 			`or reboot the node; then check that DCGM_FI_DEV_ROW_REMAP_PENDING is 0.`,
+		cordonedSeverity: SeverityInfo,
 	}, {
 		name:        "LoomGPUTemperatureHigh",
 		severity:    SeverityWarning,
@@ -217,6 +234,7 @@ func healthAlerts() []alert {
 		runbook: `Compare with the node's other GPUs: one hot GPU points at its fan or heatsink, all of them at the chassis ` +
 			`or rack cooling. Check nvidia-smi -q -d TEMPERATURE,PERFORMANCE for thermal slowdown; ` +
 			`open a hardware ticket for the node if it persists.`,
+		cordonedSeverity: SeverityInfo,
 	}, {
 		name:     "LoomGPUFramebufferNearlyFull",
 		severity: SeverityWarning,
@@ -230,6 +248,7 @@ func healthAlerts() []alert {
 		runbook: `Tell the owner of the workload: lower its batch size or enable activation checkpointing. ` +
 			`A GPU full while nothing is allocated to it holds memory of a process that did not exit: ` +
 			`find it with nvidia-smi on the node.`,
+		cordonedSeverity: SeverityInfo,
 	}}
 }
 
@@ -238,7 +257,7 @@ func exporterAlerts() []alert {
 	return []alert{{
 		name:     "LoomGPUExporterDown",
 		severity: SeverityWarning,
-		expr:     up + ` == 0 unless on (node) (` + inDriverUpgrade + ` or ` + driverStarting + ` or ` + nodeDown + `)`,
+		expr:     up + ` == 0 unless on (node) (` + inDriverUpgrade + ` or ` + cordoned + ` or ` + driverStarting + ` or ` + nodeDown + `)`,
 		holdFor:  ExporterDownFor,
 		summary:  `dcgm-exporter on {{ $labels.node }} cannot be scraped.`,
 		description: `Prometheus has failed to scrape dcgm-exporter on node {{ $labels.node }} ({{ $labels.instance }}) for ` +
@@ -275,7 +294,7 @@ and on ()
   )
   > 0
 )
-unless on (node) (` + inDriverUpgrade + `)`,
+unless on (node) (` + inDriverUpgrade + ` or ` + cordoned + `)`,
 		holdFor: GPUMissingFor,
 		summary: `{{ $value | printf "%.0f" }} GPU(s) of node {{ $labels.node }} are missing from dcgm-exporter.`,
 		description: `The node agent found more GPUs through NVML on node {{ $labels.node }} than dcgm-exporter reports: ` +
@@ -296,6 +315,7 @@ func inventoryAlerts() []alert {
 		description: `Loom's node agent marks {{ $value | printf "%.0f" }} GPU(s) of node {{ $labels.node }} Unhealthy; pods are no longer placed on them.`,
 		runbook: `kubectl get gpunodes {{ $labels.node }} -o yaml names the GPUs and why; check the node's GPU alerts ` +
 			`(Xid, ECC) and dmesg. ` + drainNode + ` and reset the GPUs or reboot it; RMA a GPU that stays unhealthy.`,
+		cordonedSeverity: SeverityInfo,
 	}, {
 		name:     "LoomGPUNodeAgentNotReporting",
 		severity: SeverityWarning,
@@ -315,7 +335,7 @@ func inventoryAlerts() []alert {
   and on ()
   group(` + agentLastSuccess + `)
 )
-unless on (node) (` + inDriverUpgrade + ` or ` + driverStarting + ` or ` + nodeDown + `)`,
+unless on (node) (` + inDriverUpgrade + ` or ` + cordoned + ` or ` + driverStarting + ` or ` + nodeDown + `)`,
 		holdFor: NodeAgentDownFor,
 		summary: `Loom's node agent on {{ $labels.node }} is not reporting.`,
 		description: `Loom's node agent on node {{ $labels.node }} has not collected the GPU inventory for ` + NodeAgentDownFor +
@@ -341,10 +361,10 @@ and on ()
 	}, {
 		name:     "LoomGPUOperandNotReady",
 		severity: SeverityWarning,
-		// Nodes in a driver upgrade restart their operands: an operand
-		// not ready on such a node is not counted, one not ready on
-		// another node is (a node waiting for its jobs, its operands all
-		// ready, hides nothing).
+		// Nodes in a driver upgrade or cordoned for maintenance restart
+		// their operands: an operand not ready on such a node is not
+		// counted, one not ready on another node is (a node waiting for
+		// its jobs, its operands all ready, hides nothing).
 		expr: `(
   max by (component) (loom_clusterpolicy_component_desired_nodes)
   - max by (component) (loom_clusterpolicy_component_ready_nodes)
@@ -352,7 +372,7 @@ and on ()
 - (
   count by (component) (
     max by (node, component) (` + operandNotReady + `)
-    and on (node) (` + inDriverUpgrade + ` or ` + nodeDown + `)
+    and on (node) (` + inDriverUpgrade + ` or ` + cordoned + ` or ` + nodeDown + `)
   )
   or max by (component) (loom_clusterpolicy_component_desired_nodes) * 0
 )

@@ -125,7 +125,16 @@ type alert struct {
 	// summary, description and runbook are Prometheus templates
 	// ($labels, $value).
 	summary, description, runbook string
+	// cordonedSeverity, when set, is the severity of the alert on a
+	// cordoned node (see cordoned): the alert is then two rules of its
+	// name, severity on schedulable nodes and cordonedSeverity, labelled
+	// cordoned="true", on cordoned ones.
+	cordonedSeverity string
 }
+
+// LabelCordoned marks the alerts of a cordoned node, whose severity is one
+// step lower (critical to warning, warning to info).
+const LabelCordoned = "cordoned"
 
 // Severities of Loom's alerts: critical pages (the GPU is broken or about
 // to break the workloads on it), warning opens a ticket, info is a report.
@@ -135,23 +144,42 @@ const (
 	SeverityInfo     = "info"
 )
 
+// rules are the alerting rules of alerts; an alert with a
+// cordonedSeverity is two: its own expression on schedulable nodes, and on
+// cordoned nodes at the lower severity. Prometheus takes several rules of
+// one alert name; the one alert moves from the first to the second when
+// its node is cordoned (its for: starting again), and back.
 func rules(alerts []alert) []monitoringv1.Rule {
 	out := make([]monitoringv1.Rule, 0, len(alerts))
 	for _, a := range alerts {
-		r := monitoringv1.Rule{
-			Alert:  a.name,
-			Expr:   intstr.FromString(a.expr),
-			Labels: map[string]string{"severity": a.severity},
-			Annotations: map[string]string{
-				"summary":     a.summary,
-				"description": a.description,
-				"runbook":     a.runbook,
-			},
+		if a.cordonedSeverity == "" {
+			out = append(out, rule(a))
+			continue
 		}
-		if a.holdFor != "" {
-			r.For = ptr.To(a.holdFor)
-		}
-		out = append(out, r)
+		schedulable, onCordoned := a, a
+		schedulable.expr = "(\n" + a.expr + "\n)\nunless on (node) (" + cordoned + ")"
+		onCordoned.expr = "(\n" + a.expr + "\n)\nand on (node) (" + cordoned + ")"
+		onCordoned.severity = a.cordonedSeverity
+		r := rule(onCordoned)
+		r.Labels[LabelCordoned] = "true"
+		out = append(out, rule(schedulable), r)
 	}
 	return out
+}
+
+func rule(a alert) monitoringv1.Rule {
+	r := monitoringv1.Rule{
+		Alert:  a.name,
+		Expr:   intstr.FromString(a.expr),
+		Labels: map[string]string{"severity": a.severity},
+		Annotations: map[string]string{
+			"summary":     a.summary,
+			"description": a.description,
+			"runbook":     a.runbook,
+		},
+	}
+	if a.holdFor != "" {
+		r.For = ptr.To(a.holdFor)
+	}
+	return r
 }

@@ -13,7 +13,7 @@ import (
 // raise this module's client_golang.
 func TestGPURulesShape(t *testing.T) {
 	recordName := regexp.MustCompile(`^[a-z_]+:[a-z_]+:[a-z]+$`)
-	groups, alerts, records := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	groups, alerts, records, cordoned := map[string]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, g := range GPURules().Groups {
 		if g.Name == "" || groups[g.Name] {
 			t.Errorf("group name %q is empty or repeated", g.Name)
@@ -43,9 +43,11 @@ func TestGPURulesShape(t *testing.T) {
 					t.Errorf("recording rule %s has for or annotations", r.Record)
 				}
 			case r.Alert != "":
-				if !strings.HasPrefix(r.Alert, "LoomGPU") || alerts[r.Alert] {
+				// Repeated only as its rule for cordoned nodes, right after.
+				if !strings.HasPrefix(r.Alert, "LoomGPU") || alerts[r.Alert] && (r.Labels[LabelCordoned] != "true" || cordoned[r.Alert]) {
 					t.Errorf("alert %q is not named LoomGPU..., or repeated", r.Alert)
 				}
+				cordoned[r.Alert] = r.Labels[LabelCordoned] == "true"
 				alerts[r.Alert] = true
 				switch r.Labels["severity"] {
 				case SeverityCritical, SeverityWarning, SeverityInfo:

@@ -695,7 +695,7 @@ var alertCases = []alertCase{
 
 func TestAlerts(t *testing.T) {
 	t.Parallel()
-	for _, tc := range alertCases {
+	for _, tc := range slices.Concat(alertCases, cordonedCases) {
 		t.Run(tc.alert+"/"+tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := evaluate(t, tc.series, tc.at)

@@ -117,26 +117,30 @@ func evaluate(t *testing.T, series []string, until time.Duration) *evaluation {
 	return e
 }
 
-// firing are the alerts of the named rule that fire at the last evaluation.
+// firing are the alerts of the named rules (an alert with a rule for
+// cordoned nodes has two) that fire at the last evaluation.
 func (e *evaluation) firing(name string) []*rules.Alert {
 	e.t.Helper()
+	var out []*rules.Alert
+	found := false
 	for _, g := range e.groups {
 		for _, r := range g.Rules() {
 			a, ok := r.(*rules.AlertingRule)
 			if !ok || a.Name() != name {
 				continue
 			}
-			var out []*rules.Alert
+			found = true
 			for _, alert := range a.ActiveAlerts() {
 				if alert.State == rules.StateFiring {
 					out = append(out, alert)
 				}
 			}
-			return out
 		}
 	}
-	e.t.Fatalf("no alert %s", name)
-	return nil
+	if !found {
+		e.t.Fatalf("no alert %s", name)
+	}
+	return out
 }
 
 // query evaluates expr at the last evaluation, over the loaded series and
@@ -279,6 +283,13 @@ func atoi(s string) int {
 		panic(err)
 	}
 	return n
+}
+
+// cordonedSeries is loom_gpunode_unschedulable of node (1 while cordoned,
+// none otherwise: "_x5 1x10 stale"), as two manager replicas report it.
+func cordonedSeries(node, values string) string {
+	return loomSeries("loom_gpunode_unschedulable", `node="`+node+`"`, values) + "\n" +
+		fmt.Sprintf(`loom_gpunode_unschedulable{job="loom-manager", instance="10.0.0.3:8080", node=%q} %s`, node, values)
 }
 
 // loomSeries is a metric of Loom's manager.
