@@ -142,8 +142,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if f.metricsAddr != "0" {
 		defer serveAgentMetrics(f.metricsAddr, metrics, log)()
 	}
+	// A simulation's NVML needs no device node.
+	unprivileged := f.simulate == "" && agent.RunsUnprivileged()
 	a := &agent.Agent{NodeName: f.nodeName, Lib: lib, Client: c, Log: log, Interval: f.interval, Simulated: f.simulate,
-		Metrics: metrics, SysfsRoot: f.sysfsRoot, BeforeCollect: before}
+		Metrics: metrics, SysfsRoot: f.sysfsRoot, BeforeCollect: before, Unprivileged: unprivileged}
 	if err := a.Run(ctx); err != nil {
 		log.Error(err, "node agent stopped")
 		return 1

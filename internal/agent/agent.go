@@ -58,6 +58,10 @@ type Agent struct {
 	// BeforeCollect, when set, runs before each NVML collection (the
 	// simulated MIG manager's reload); an error is logged.
 	BeforeCollect func() error
+	// Unprivileged: the agent's container is not privileged
+	// (RunsUnprivileged), so NVML failing to initialise is reported as
+	// Unprivileged, and a pass that publishes the PCI bus is a success.
+	Unprivileged bool
 
 	mu      sync.Mutex
 	health  map[string]gpuv1alpha1.GPUHealth // unhealthy GPUs by UUID: events, checks, restored
@@ -219,7 +223,9 @@ func (a *Agent) pass(ctx context.Context) {
 		a.Log.Error(err, "writing the GPUNode status failed")
 		return
 	}
-	if fresh != nil {
+	// Unprivileged, the PCI bus is all the agent can read: publishing it
+	// is its collection, so that an agent that stops is still told.
+	if fresh != nil || a.nvml.down != nil && a.nvml.down.reason == gpuv1alpha1.ReasonUnprivileged {
 		a.Metrics.lastSuccess.SetToCurrentTime()
 	}
 	a.finishReset(ctx)

@@ -40,6 +40,9 @@ func (a *Agent) ensureNVML() {
 		msg := nvml.ErrorString(ret)
 		a.Metrics.errors.WithLabelValues("nvml_init").Inc()
 		a.nvml.down = &nvmlFailure{reason: gpuv1alpha1.ReasonNVMLInitFailed, message: msg}
+		if a.Unprivileged {
+			a.nvml.down.reason = gpuv1alpha1.ReasonUnprivileged
+		}
 		a.scheduleInit()
 		a.Log.Error(errors.New(msg), "NVML is unavailable; keeping the last inventory and retrying", "retryIn", a.nvml.backoff)
 		return

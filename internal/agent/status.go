@@ -87,7 +87,8 @@ func withKstatus(cs []metav1.Condition) []metav1.Condition {
 	stalled := metav1.Condition{Type: gpuv1alpha1.ConditionStalled, Status: metav1.ConditionFalse,
 		Reason: gpuv1alpha1.ReasonAllHealthy, Message: "no GPU needs a person"}
 	switch r.Reason {
-	case gpuv1alpha1.ReasonCollected:
+	case gpuv1alpha1.ReasonCollected, gpuv1alpha1.ReasonUnprivileged:
+		// Unprivileged is how the agent is run: no retry changes it.
 	case gpuv1alpha1.ReasonUnhealthyGPUs:
 		stalled.Status, stalled.Reason, stalled.Message = metav1.ConditionTrue, r.Reason, r.Message
 	default:
@@ -117,8 +118,12 @@ func ready(st gpuv1alpha1.GPUNodeStatus) []metav1.Condition {
 // Ready says what the status still shows.
 func unavailable(f nvmlFailure, st gpuv1alpha1.GPUNodeStatus, kept bool) []metav1.Condition {
 	what := "NVML could not be initialised"
-	if f.reason == gpuv1alpha1.ReasonNVMLLost {
+	switch f.reason {
+	case gpuv1alpha1.ReasonNVMLLost:
 		what = "NVML calls failed"
+	case gpuv1alpha1.ReasonUnprivileged:
+		what = "the agent runs unprivileged (nodeAgent.privileged=false), without the GPUs' device nodes " +
+			"unless NVIDIA's runtime is the node's default, and NVML could not be initialised"
 	}
 	shows := fmt.Sprintf("%d GPUs on the PCI bus, none read through NVML yet", len(st.PCIDevices))
 	if kept {

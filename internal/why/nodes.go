@@ -135,6 +135,9 @@ func GPUNode(gn *gpuv1alpha1.GPUNode) Answer {
 	}
 	unhealthy := UnhealthyGPUs(gn)
 	switch c := cond(cs, gpuv1alpha1.ConditionNVMLUnavailable); {
+	case c != nil && c.Status == "True" && c.Reason == gpuv1alpha1.ReasonUnprivileged:
+		a.State, a.Reason, a.Message = "NVMLUnavailable", c.Reason, "the node agent runs unprivileged: NVML: "+c.Message
+		a.Advice = "nodeAgent.privileged=true (the chart) lets the agent read the GPUs, or make NVIDIA's container runtime the node's default"
 	case c != nil && c.Status == "True":
 		a.State, a.Reason, a.Message = "NVMLUnavailable", c.Reason, c.Message
 		a.Advice = "check the driver pod on the node: " + podsOn(gpuv1alpha1.OperandDriver, gn.Name)

@@ -82,6 +82,7 @@ func TestNode(t *testing.T) {
 		return m
 	}
 	nvmlDown := c(gpuv1alpha1.ConditionNVMLUnavailable, "True", gpuv1alpha1.ReasonNVMLLost, "NVML: driver not loaded")
+	unprivileged := c(gpuv1alpha1.ConditionNVMLUnavailable, "True", gpuv1alpha1.ReasonUnprivileged, "ERROR_DRIVER_NOT_LOADED")
 	cases := []struct {
 		name   string
 		node   corev1.Node
@@ -102,6 +103,8 @@ func TestNode(t *testing.T) {
 			"node/g1: Cordoned (Unschedulable): the node is cordoned (not by a Loom driver upgrade)", "kubectl uncordon g1"},
 		{"nvml", gpuNode("g1", present, nil, gpus(8)), false, inventory("g1", &nvmlDown),
 			"node/g1: NVMLUnavailable (NVMLLost): GPUNode: NVML: driver not loaded", "check the driver pod on the node: kubectl get pods -A -l app.kubernetes.io/component=driver --field-selector spec.nodeName=g1"},
+		{"agent unprivileged", gpuNode("g1", present, nil, gpus(8)), false, inventory("g1", &unprivileged),
+			"node/g1: NVMLUnavailable (Unprivileged): GPUNode: the node agent runs unprivileged: NVML: ERROR_DRIVER_NOT_LOADED", "nodeAgent.privileged=true"},
 		{"no device plugin", gpuNode("g1", present, nil, corev1.ResourceList{}), false, nil,
 			"node/g1: NoGPUResources (DevicePluginNotReady): the node advertises no GPU resource: the device plugin has not registered its GPUs", "component=device-plugin"},
 		{"NICs only", gpuNode("g1", present, nil, nics(4)), false, nil,

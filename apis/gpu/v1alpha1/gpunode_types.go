@@ -38,6 +38,13 @@ const (
 	// ReasonNVMLLost: NVML worked, then its calls began failing (the driver
 	// was unloaded, e.g. for an upgrade). The agent keeps the last inventory.
 	ReasonNVMLLost = "NVMLLost"
+	// ReasonUnprivileged: NVML could not be initialised and the agent runs
+	// unprivileged (the chart's nodeAgent.privileged=false), without the
+	// GPUs' device nodes: a configuration, not a driver missing. The agent
+	// reports the PCI bus only, its GPUs' health unwatched, and keeps
+	// trying NVML (NVIDIA's runtime as the node's default gives it the
+	// devices).
+	ReasonUnprivileged = "Unprivileged"
 
 	// Reasons of the Truncated condition: what its first cut was.
 	ReasonTooManyGPUs       = "TooManyGPUs"
