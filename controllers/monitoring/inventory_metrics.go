@@ -30,6 +30,10 @@ var (
 		"1 while the node is in a driver upgrade (cordoned for it: from wait-for-jobs-required to uncordon-required), else 0.", []string{"node"}, nil)
 	nodeReadyDesc = prometheus.NewDesc("loom_gpunode_node_ready",
 		"1 when the node's Ready condition is True, else 0 (NotReady, Unknown: its kubelet silent).", []string{"node"}, nil)
+	// Only the nodes whose agent runs unprivileged, by configuration.
+	unprivilegedDesc = prometheus.NewDesc("loom_gpunode_agent_unprivileged",
+		"1 while the node agent runs unprivileged and cannot read the GPUs through NVML (GPUNode reason Unprivileged); absent otherwise.",
+		[]string{"node"}, nil)
 	// Only the nodes cordoned: a fleet's nodes are nearly all schedulable.
 	unschedulableDesc = prometheus.NewDesc("loom_gpunode_unschedulable",
 		"1 while the node is cordoned (spec.unschedulable: for maintenance, or by the driver upgrade); absent otherwise.", []string{"node"}, nil)
@@ -65,6 +69,7 @@ func (c *inventoryCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- upgradeDesc
 	ch <- nodeReadyDesc
 	ch <- unschedulableDesc
+	ch <- unprivilegedDesc
 	ch <- operandNotReadyDesc
 }
 
@@ -109,10 +114,14 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 		// Ready is False also when the collection succeeded and found a
 		// GPU unhealthy: that is LoomGPUNodeUnhealthyGPUs's, not an agent
 		// that does not report.
+		// Unprivileged is Ready False by configuration: its own series.
 		ready := 0.0
-		if r := meta.FindStatusCondition(n.Status.Conditions, gpuv1alpha1.ConditionReady); r != nil &&
-			(r.Status == metav1.ConditionTrue || r.Reason == gpuv1alpha1.ReasonUnhealthyGPUs) {
+		r := meta.FindStatusCondition(n.Status.Conditions, gpuv1alpha1.ConditionReady)
+		if r != nil && (r.Status == metav1.ConditionTrue || r.Reason == gpuv1alpha1.ReasonUnhealthyGPUs) {
 			ready = 1
+		}
+		if r != nil && r.Status == metav1.ConditionFalse && r.Reason == gpuv1alpha1.ReasonUnprivileged {
+			ch <- prometheus.MustNewConstMetric(unprivilegedDesc, prometheus.GaugeValue, 1, n.Name)
 		}
 		ch <- prometheus.MustNewConstMetric(gpusDesc, prometheus.GaugeValue, float64(n.Status.GPUCount), n.Name, n.Status.Product)
 		ch <- prometheus.MustNewConstMetric(unhealthyDesc, prometheus.GaugeValue, float64(unhealthy), n.Name)

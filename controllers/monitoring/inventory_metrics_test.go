@@ -52,6 +52,10 @@ func TestInventoryMetricsCountOnlyGPUNodesWithANode(t *testing.T) {
 	unhealthyNode.Status.Conditions = []metav1.Condition{{Type: gpuv1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: gpuv1alpha1.ReasonUnhealthyGPUs}}
 	failedNode := gpuNode("gpu-e")
 	failedNode.Status.Conditions = []metav1.Condition{{Type: gpuv1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: gpuv1alpha1.ReasonCollectionFailed}}
+	// gpu-f's agent runs unprivileged: not reporting its GPUs, by
+	// configuration.
+	unprivilegedNode := gpuNode("gpu-f")
+	unprivilegedNode.Status.Conditions = []metav1.Condition{{Type: gpuv1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: gpuv1alpha1.ReasonUnprivileged}}
 	pod := func(name, node, component string, ready corev1.ConditionStatus) *corev1.Pod {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "loom-system",
 			Labels: map[string]string{apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: component}},
@@ -73,10 +77,14 @@ func TestInventoryMetricsCountOnlyGPUNodesWithANode(t *testing.T) {
 			Status: nodeReady(corev1.ConditionUnknown)}, gpuNode("gpu-c"),
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-d"}, Spec: corev1.NodeSpec{Unschedulable: true}, Status: nodeReady(corev1.ConditionTrue)}, unhealthyNode,
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-e"}, Status: nodeReady(corev1.ConditionTrue)}, failedNode,
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-f"}, Status: nodeReady(corev1.ConditionTrue)}, unprivilegedNode,
 	).Build()
 	col := &inventoryCollector{}
 	col.cache.Store(&inventorySource{Reader: testenv.NoCopyLists{Reader: c, T: t}, namespace: "loom-system"})
 	want := `
+# HELP loom_gpunode_agent_unprivileged 1 while the node agent runs unprivileged and cannot read the GPUs through NVML (GPUNode reason Unprivileged); absent otherwise.
+# TYPE loom_gpunode_agent_unprivileged gauge
+loom_gpunode_agent_unprivileged{node="gpu-f"} 1
 # HELP loom_gpunode_driver_upgrade 1 while the node is in a driver upgrade (cordoned for it: from wait-for-jobs-required to uncordon-required), else 0.
 # TYPE loom_gpunode_driver_upgrade gauge
 loom_gpunode_driver_upgrade{node="gpu-a"} 0
@@ -84,6 +92,7 @@ loom_gpunode_driver_upgrade{node="gpu-b"} 1
 loom_gpunode_driver_upgrade{node="gpu-c"} 0
 loom_gpunode_driver_upgrade{node="gpu-d"} 0
 loom_gpunode_driver_upgrade{node="gpu-e"} 0
+loom_gpunode_driver_upgrade{node="gpu-f"} 0
 # HELP loom_gpunode_gpus GPUs the node agent found through NVML.
 # TYPE loom_gpunode_gpus gauge
 loom_gpunode_gpus{node="gpu-a",product="NVIDIA-H100-80GB-HBM3"} 8
@@ -91,6 +100,7 @@ loom_gpunode_gpus{node="gpu-b",product="NVIDIA-H100-80GB-HBM3"} 8
 loom_gpunode_gpus{node="gpu-c",product="NVIDIA-H100-80GB-HBM3"} 8
 loom_gpunode_gpus{node="gpu-d",product="NVIDIA-H100-80GB-HBM3"} 8
 loom_gpunode_gpus{node="gpu-e",product="NVIDIA-H100-80GB-HBM3"} 8
+loom_gpunode_gpus{node="gpu-f",product="NVIDIA-H100-80GB-HBM3"} 8
 # HELP loom_gpunode_node_ready 1 when the node's Ready condition is True, else 0 (NotReady, Unknown: its kubelet silent).
 # TYPE loom_gpunode_node_ready gauge
 loom_gpunode_node_ready{node="gpu-a"} 1
@@ -98,6 +108,7 @@ loom_gpunode_node_ready{node="gpu-b"} 1
 loom_gpunode_node_ready{node="gpu-c"} 0
 loom_gpunode_node_ready{node="gpu-d"} 1
 loom_gpunode_node_ready{node="gpu-e"} 1
+loom_gpunode_node_ready{node="gpu-f"} 1
 # HELP loom_gpunode_operand_not_ready 1 when the operand (component) has pods on the node and none is Ready; absent otherwise (all ready, or no pod there).
 # TYPE loom_gpunode_operand_not_ready gauge
 loom_gpunode_operand_not_ready{component="container-toolkit",node="gpu-a"} 1
@@ -109,6 +120,7 @@ loom_gpunode_ready{node="gpu-b"} 1
 loom_gpunode_ready{node="gpu-c"} 1
 loom_gpunode_ready{node="gpu-d"} 1
 loom_gpunode_ready{node="gpu-e"} 0
+loom_gpunode_ready{node="gpu-f"} 0
 # HELP loom_gpunode_unschedulable 1 while the node is cordoned (spec.unschedulable: for maintenance, or by the driver upgrade); absent otherwise.
 # TYPE loom_gpunode_unschedulable gauge
 loom_gpunode_unschedulable{node="gpu-d"} 1
@@ -119,6 +131,7 @@ loom_gpunode_unhealthy_gpus{node="gpu-b"} 0
 loom_gpunode_unhealthy_gpus{node="gpu-c"} 0
 loom_gpunode_unhealthy_gpus{node="gpu-d"} 1
 loom_gpunode_unhealthy_gpus{node="gpu-e"} 0
+loom_gpunode_unhealthy_gpus{node="gpu-f"} 0
 `
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(col)

@@ -131,6 +131,11 @@ const operandNotReady = `loom_gpunode_operand_not_ready`
 // runbook that reads pods. Their for: starts again when the node is back.
 const nodeDown = `max by (node) (loom_gpunode_node_ready) == 0`
 
+// agentUnprivileged are the nodes whose agent runs unprivileged and so
+// cannot read their GPUs: a configuration (nodeAgent.privileged=false),
+// not an agent failing.
+const agentUnprivileged = `max by (node) (loom_gpunode_agent_unprivileged)`
+
 // cordoned are the nodes cordoned (spec.unschedulable), for maintenance
 // or by Loom's driver upgrade. A maintenance stops, restarts and tests
 // their GPUs, driver and operands on purpose: the alerts that a node's
@@ -319,13 +324,16 @@ func inventoryAlerts() []alert {
 	}, {
 		name:     "LoomGPUNodeAgentNotReporting",
 		severity: SeverityWarning,
-		// The GPUNode says Ready=False (the agent failed to collect), or
+		// The GPUNode says Ready=False (the agent failed to collect; not
+		// an agent run unprivileged, which cannot, by configuration), or
 		// still says what a gone agent last wrote: no agent of the node is
-		// scraped, or its last success is old (its writes refused). The
-		// second part waits for some agent to be scraped, so that a
-		// PodMonitor no Prometheus selects is LoomGPUNodeAgentAbsent's.
+		// scraped, or its last success is old (its writes refused; an
+		// unprivileged agent's success is publishing the PCI bus, so it
+		// is told too). The second part waits for some agent to be
+		// scraped, so that a PodMonitor no Prometheus selects is
+		// LoomGPUNodeAgentAbsent's.
 		expr: `(
-  max by (node) (loom_gpunode_ready) == 0
+  (max by (node) (loom_gpunode_ready) == 0 unless on (node) ` + agentUnprivileged + `)
   or
   (
     max by (node) (loom_gpunode_ready)
@@ -344,6 +352,19 @@ unless on (node) (` + inDriverUpgrade + ` or ` + cordoned + ` or ` + driverStart
 		runbook: `kubectl get pods -A -l app.kubernetes.io/component=node-agent --field-selector spec.nodeName={{ $labels.node }}: ` +
 			`no pod, read the DaemonSet's events (taints, resources); a pod, read its logs: NVML failing to initialise usually ` +
 			`means the driver is not loaded (check the driver pod, lsmod | grep nvidia); API errors, its RBAC or the API server.`,
+	}, {
+		// Told once for the fleet, at info: a configuration, no fault.
+		name:     "LoomGPUNodeAgentUnprivileged",
+		severity: SeverityInfo,
+		expr:     `count(` + agentUnprivileged + `)`,
+		holdFor:  NodeAgentDownFor,
+		summary:  `Loom's node agent runs unprivileged on {{ $value | printf "%.0f" }} GPU node(s): their GPU health is not watched.`,
+		description: `Loom's node agent on {{ $value | printf "%.0f" }} GPU node(s) runs unprivileged (nodeAgent.privileged=false) ` +
+			`without NVIDIA's runtime as the node's default, so it cannot open the GPUs: their GPUNodes list the PCI bus only, ` +
+			`no GPU is marked unhealthy and LoomGPUNodeAgentNotReporting leaves them out while the agent publishes.`,
+		runbook: `If that is deliberate, nothing to do (route info alerts away). Otherwise set nodeAgent.privileged=true ` +
+			`(helm upgrade), or make NVIDIA's container runtime the nodes' default. loom_gpunode_agent_unprivileged names the nodes; ` +
+			`kubectl get gpunodes shows NVMLUnavailable with reason Unprivileged.`,
 	}, {
 		name:     "LoomGPUNodeAgentAbsent",
 		severity: SeverityWarning,

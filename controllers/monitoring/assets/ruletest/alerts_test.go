@@ -693,9 +693,13 @@ var alertCases = []alertCase{
 	},
 }
 
+func allCases() []alertCase {
+	return slices.Concat(alertCases, cordonedCases, unprivilegedCases)
+}
+
 func TestAlerts(t *testing.T) {
 	t.Parallel()
-	for _, tc := range slices.Concat(alertCases, cordonedCases) {
+	for _, tc := range allCases() {
 		t.Run(tc.alert+"/"+tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := evaluate(t, tc.series, tc.at)
@@ -737,7 +741,7 @@ func TestAlerts(t *testing.T) {
 // Every alert has a case where it fires and one where it stays quiet.
 func TestEveryAlertHasCases(t *testing.T) {
 	fires, quiet := map[string]bool{}, map[string]bool{}
-	for _, tc := range alertCases {
+	for _, tc := range allCases() {
 		if len(tc.want) > 0 {
 			fires[tc.alert] = true
 			if len(tc.description) == 0 {

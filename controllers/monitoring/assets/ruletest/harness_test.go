@@ -292,6 +292,13 @@ func cordonedSeries(node, values string) string {
 		fmt.Sprintf(`loom_gpunode_unschedulable{job="loom-manager", instance="10.0.0.3:8080", node=%q} %s`, node, values)
 }
 
+// unprivilegedSeries is loom_gpunode_agent_unprivileged of node (1 while
+// its agent runs unprivileged), as two manager replicas report it.
+func unprivilegedSeries(node, values string) string {
+	return loomSeries("loom_gpunode_agent_unprivileged", `node="`+node+`"`, values) + "\n" +
+		fmt.Sprintf(`loom_gpunode_agent_unprivileged{job="loom-manager", instance="10.0.0.3:8080", node=%q} %s`, node, values)
+}
+
 // loomSeries is a metric of Loom's manager.
 func loomSeries(metric, labels, values string) string {
 	if labels != "" {

@@ -39,6 +39,7 @@ var cordonedCases = []alertCase{
 		want: []map[string]string{
 			labelsOf(assets.SeverityCritical, gpuA0.id(), map[string]string{"err_code": "79", "err_msg": "GPU has fallen off the bus"}),
 		},
+		description: []string{"on node gpu-a reported Xid 79"},
 	},
 	{
 		// A burn-in test heats the GPU and fills its memory.
@@ -53,6 +54,7 @@ var cordonedCases = []alertCase{
 			labelsOf(assets.SeverityInfo, gpuA0.id(), map[string]string{assets.LabelCordoned: "true"}),
 			labelsOf(assets.SeverityWarning, gpuB0.id()),
 		},
+		description: []string{"has been above 85 °C for 15m"},
 	},
 	{
 		name:  "unhealthy GPUs on a cordoned node",
@@ -60,8 +62,9 @@ var cordonedCases = []alertCase{
 		series: []string{
 			loomSeries("loom_gpunode_unhealthy_gpus", `node="gpu-a"`, "2x20"), cordonedSeries("gpu-a", "1x20"),
 		},
-		at:   20 * time.Minute,
-		want: []map[string]string{{"severity": assets.SeverityInfo, "node": "gpu-a", assets.LabelCordoned: "true"}},
+		at:          20 * time.Minute,
+		want:        []map[string]string{{"severity": assets.SeverityInfo, "node": "gpu-a", assets.LabelCordoned: "true"}},
+		description: []string{"marks 2 GPU(s) of node gpu-a Unhealthy"},
 	},
 	{
 		name:  "an exporter stopped on a cordoned node",
@@ -70,8 +73,9 @@ var cordonedCases = []alertCase{
 			upSeries("gpu-a", "0x20"), cordonedSeries("gpu-a", "1x20"),
 			upSeries("gpu-b", "0x20"),
 		},
-		at:   20 * time.Minute,
-		want: []map[string]string{{"severity": assets.SeverityWarning, "job": assets.ExporterJob, "instance": "10.1.0.b:9400", "node": "gpu-b", "service": assets.ExporterJob, "endpoint": "gpu-metrics"}},
+		at:          20 * time.Minute,
+		want:        []map[string]string{{"severity": assets.SeverityWarning, "job": assets.ExporterJob, "instance": "10.1.0.b:9400", "node": "gpu-b", "service": assets.ExporterJob, "endpoint": "gpu-metrics"}},
+		description: []string{"dcgm-exporter on node gpu-b"},
 	},
 	{
 		name:  "the agent fails on a cordoned node",
@@ -80,8 +84,9 @@ var cordonedCases = []alertCase{
 			loomSeries("loom_gpunode_ready", `node="gpu-a"`, "0x25"), cordonedSeries("gpu-a", "1x25"),
 			loomSeries("loom_gpunode_ready", `node="gpu-b"`, "0x25"), agentSeries("gpu-b", "0+60x25"),
 		},
-		at:   20 * time.Minute,
-		want: []map[string]string{{"severity": assets.SeverityWarning, "node": "gpu-b"}},
+		at:          20 * time.Minute,
+		want:        []map[string]string{{"severity": assets.SeverityWarning, "node": "gpu-b"}},
+		description: []string{"node agent on node gpu-b has not collected"},
 	},
 	{
 		name:  "GPUs taken out of a cordoned node",
@@ -101,5 +106,60 @@ var cordonedCases = []alertCase{
 			operandSeries("gpu-a", "driver", "1x2 0x38"), operandSeries("gpu-b", "driver", "1x40"),
 		},
 		at: 40 * time.Minute,
+	},
+}
+
+// unprivilegedCases: an agent run unprivileged (nodeAgent.privileged=false)
+// cannot read its GPUs by configuration: its GPUNode's Ready is False, its
+// node is no agent failing but one info alert for the fleet; an agent of
+// such a node that stops publishing is still told.
+var unprivilegedCases = []alertCase{
+	{
+		name:  "every agent runs unprivileged",
+		alert: "LoomGPUNodeAgentNotReporting",
+		series: []string{
+			loomSeries("loom_gpunode_ready", `node="gpu-a"`, "0x25"), unprivilegedSeries("gpu-a", "1x25"), agentSeries("gpu-a", "0+60x25"),
+			loomSeries("loom_gpunode_ready", `node="gpu-b"`, "0x25"), unprivilegedSeries("gpu-b", "1x25"), agentSeries("gpu-b", "0+60x25"),
+		},
+		at: 25 * time.Minute,
+	},
+	{
+		name:  "an unprivileged agent stops",
+		alert: "LoomGPUNodeAgentNotReporting",
+		series: []string{
+			loomSeries("loom_gpunode_ready", `node="gpu-a"`, "0x25"), unprivilegedSeries("gpu-a", "1x25"), agentSeries("gpu-a", "0+60x3"),
+			loomSeries("loom_gpunode_ready", `node="gpu-b"`, "0x25"), unprivilegedSeries("gpu-b", "1x25"), agentSeries("gpu-b", "0+60x25"),
+		},
+		at:          25 * time.Minute,
+		want:        []map[string]string{{"severity": assets.SeverityWarning, "node": "gpu-a"}},
+		description: []string{"node agent on node gpu-a has not collected"},
+	},
+	{
+		name:  "one agent fails beside unprivileged ones",
+		alert: "LoomGPUNodeAgentNotReporting",
+		series: []string{
+			loomSeries("loom_gpunode_ready", `node="gpu-a"`, "0x25"), unprivilegedSeries("gpu-a", "1x25"), agentSeries("gpu-a", "0+60x25"),
+			loomSeries("loom_gpunode_ready", `node="gpu-b"`, "0x25"), agentSeries("gpu-b", "0+60x25"),
+		},
+		at:          25 * time.Minute,
+		want:        []map[string]string{{"severity": assets.SeverityWarning, "node": "gpu-b"}},
+		description: []string{"node agent on node gpu-b has not collected"},
+	},
+	{
+		name:  "agents unprivileged on two nodes",
+		alert: "LoomGPUNodeAgentUnprivileged",
+		series: []string{
+			unprivilegedSeries("gpu-a", "1x25"), unprivilegedSeries("gpu-b", "1x25"),
+			loomSeries("loom_gpunode_ready", `node="gpu-c"`, "1x25"),
+		},
+		at:          25 * time.Minute,
+		want:        []map[string]string{{"severity": assets.SeverityInfo}},
+		description: []string{"on 2 GPU node(s) runs unprivileged (nodeAgent.privileged=false)"},
+	},
+	{
+		name:   "privileged agents",
+		alert:  "LoomGPUNodeAgentUnprivileged",
+		series: []string{loomSeries("loom_gpunode_ready", `node="gpu-a"`, "1x25")},
+		at:     25 * time.Minute,
 	},
 }

@@ -23,7 +23,7 @@ var (
 	// loomMetrics are exported by Loom's manager and node agent;
 	// TestLoomMetricsExist finds each in Loom's source.
 	loomMetrics = []string{
-		"loom_gpunode_gpus", "loom_gpunode_unhealthy_gpus", "loom_gpunode_ready", "loom_gpunode_driver_upgrade", "loom_gpunode_operand_not_ready", "loom_gpunode_node_ready", "loom_gpunode_unschedulable",
+		"loom_gpunode_gpus", "loom_gpunode_unhealthy_gpus", "loom_gpunode_ready", "loom_gpunode_driver_upgrade", "loom_gpunode_operand_not_ready", "loom_gpunode_node_ready", "loom_gpunode_unschedulable", "loom_gpunode_agent_unprivileged",
 		"loom_node_agent_last_success_timestamp_seconds",
 		"loom_clusterpolicy_ready", "loom_clusterpolicy_component_desired_nodes", "loom_clusterpolicy_component_ready_nodes",
 		"loom_trainingjobs", "loom_driver_upgrade_nodes",
