@@ -3,6 +3,7 @@ package monitoring
 import (
 	"context"
 	"errors"
+	"slices"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -39,10 +40,38 @@ func (r *GPUReconciler) managerService(ctx context.Context) (*metav1.PartialObje
 
 // managerSelection is the manager's ServiceMonitor's selection: its
 // configured labels (--monitoring-labels and
-// --metrics-service-monitor-labels), or those learned.
+// --metrics-service-monitor-labels), or those learned. Served securely,
+// a Prometheus that denies file access through ServiceMonitors selects
+// it but does not load it (fileAccessDenied).
 func (r *GPUReconciler) managerSelection(o gpuObserved) Selection {
-	return Select(o.proms, Object{Kind: KindServiceMonitor, Namespace: r.Namespace, Labels: ownedLabels(componentManager)},
+	s := Select(o.proms, Object{Kind: KindServiceMonitor, Namespace: r.Namespace, Labels: ownedLabels(componentManager)},
 		r.ManagerLabels, func(string) map[string]string { return o.nsLabels })
+	if r.Manager.Secure {
+		s = fileAccessDenied(o.proms, s)
+	}
+	return s
+}
+
+// fileAccessDenied moves out of s.SelectedBy each Prometheus (or agent)
+// with arbitraryFSAccessThroughSMs.deny: the Prometheus Operator rejects
+// a ServiceMonitor with a bearerTokenFile there, and the manager's has
+// one. A ServiceMonitor has no other way to send Prometheus's own service
+// account token, which the metrics endpoint authenticates: its
+// authorization and bearerTokenSecret read a Secret, a token that
+// Prometheus's identity does not rotate; only a scrape class of the
+// Prometheus (authorization.credentialsFile) does, and it is the
+// Prometheus owner's to define.
+func fileAccessDenied(proms []*monitoringv1.Prometheus, s Selection) Selection {
+	for _, p := range proms {
+		if !p.Spec.ArbitraryFSAccessThroughSMs.Deny || !slices.Contains(s.SelectedBy, ref(p)) {
+			continue
+		}
+		s.SelectedBy = slices.DeleteFunc(slices.Clone(s.SelectedBy), func(by string) bool { return by == ref(p) })
+		s.Why = append(s.Why, ref(p)+": its arbitraryFSAccessThroughSMs.deny rejects the ServiceMonitor, whose bearerTokenFile "+
+			"sends Prometheus's own service account token to the manager's authenticated metrics endpoint; allow it there, "+
+			"or scrape the manager with a ServiceMonitor of your own (metrics.serviceMonitor.enabled false)")
+	}
+	return s
 }
 
 // writeManagerMonitor makes the manager's ServiceMonitor match, once the

@@ -164,6 +164,8 @@ func ManagerServiceMonitor(namespace string, m ManagerScrape, selection map[stri
 	}
 	if m.Secure {
 		ep.Scheme = ptr.To(monitoringv1.Scheme("https"))
+		// Deprecated for authorization, which reads a Secret: only the
+		// file is Prometheus's own, rotated token (see fileAccessDenied).
 		ep.BearerTokenFile = "/var/run/secrets/kubernetes.io/serviceaccount/token" //nolint:staticcheck // the token of Prometheus's own service account
 		ep.TLSConfig = &monitoringv1.TLSConfig{SafeTLSConfig: monitoringv1.SafeTLSConfig{InsecureSkipVerify: ptr.To(true)}}
 	}

@@ -199,3 +199,28 @@ func TestManagerServiceMonitorGoesWithTheController(t *testing.T) {
 	_ = m.Stop()
 	exists(t, &monitoringv1.ServiceMonitor{ObjectMeta: key(loomNS, ManagerServiceMonitorName)})
 }
+
+// TestManagerServiceMonitorFileAccessDenied: a Prometheus with
+// arbitraryFSAccessThroughSMs.deny selects the manager's ServiceMonitor by
+// its labels, but the Prometheus Operator rejects it for its
+// bearerTokenFile: the condition says so instead of Selected, while
+// dcgm-exporter's ServiceMonitor, which reads no file, is selected.
+func TestManagerServiceMonitorFileAccessDenied(t *testing.T) {
+	withOperatorCRDs(t)
+	metricsService(t)
+	startManager(t, managerMetrics)
+	cp := createPolicy(t, gpuv1alpha1.ClusterPolicySpec{})
+	spec := kpsSpec("kps")
+	spec.ArbitraryFSAccessThroughSMs.Deny = true
+	createProm(t, "monitoring", "kps", spec)
+
+	c := policyCondition(t, cp, ReasonNotSelected)
+	for _, want := range []string{
+		"no Prometheus selects ServiceMonitor loom-system/loom-manager-metrics (Prometheus monitoring/kps: its arbitraryFSAccessThroughSMs.deny rejects",
+		"ServiceMonitor loom-system/loom-dcgm-exporter selected by Prometheus monitoring/kps",
+	} {
+		if !strings.Contains(c.Message, want) {
+			t.Errorf("message %q lacks %q", c.Message, want)
+		}
+	}
+}
