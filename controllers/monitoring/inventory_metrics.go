@@ -26,8 +26,10 @@ var (
 	gpusDesc      = prometheus.NewDesc("loom_gpunode_gpus", "GPUs the node agent found through NVML.", []string{"node", "product"}, nil)
 	unhealthyDesc = prometheus.NewDesc("loom_gpunode_unhealthy_gpus", "GPUs the node agent marks Unhealthy (0 when all are healthy).", []string{"node"}, nil)
 	readyDesc     = prometheus.NewDesc("loom_gpunode_ready", "1 when the node agent's last inventory collection succeeded, else 0.", []string{"node"}, nil)
-	upgradeDesc   = prometheus.NewDesc("loom_gpunode_driver_upgrade",
-		"1 while the node is in a driver upgrade (cordoned for it: from wait-for-jobs-required to uncordon-required), else 0.", []string{"node"}, nil)
+	// Only the nodes in their upgrade, as the other node states below.
+	upgradeDesc = prometheus.NewDesc("loom_gpunode_driver_upgrade",
+		"1 while the node is in a driver upgrade (cordoned for it: from wait-for-jobs-required to uncordon-required); absent otherwise.",
+		[]string{"node"}, nil)
 	nodeReadyDesc = prometheus.NewDesc("loom_gpunode_node_ready",
 		"1 when the node's Ready condition is True, else 0 (NotReady, Unknown: its kubelet silent).", []string{"node"}, nil)
 	// Only the nodes whose agent runs unprivileged, by configuration.
@@ -126,11 +128,9 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(gpusDesc, prometheus.GaugeValue, float64(n.Status.GPUCount), n.Name, n.Status.Product)
 		ch <- prometheus.MustNewConstMetric(unhealthyDesc, prometheus.GaugeValue, float64(unhealthy), n.Name)
 		ch <- prometheus.MustNewConstMetric(readyDesc, prometheus.GaugeValue, ready, n.Name)
-		upgrade := 0.0
 		if inUpgrade[n.Name] {
-			upgrade = 1
+			ch <- prometheus.MustNewConstMetric(upgradeDesc, prometheus.GaugeValue, 1, n.Name)
 		}
-		ch <- prometheus.MustNewConstMetric(upgradeDesc, prometheus.GaugeValue, upgrade, n.Name)
 		ch <- prometheus.MustNewConstMetric(nodeReadyDesc, prometheus.GaugeValue, one(nodeReady[n.Name]), n.Name)
 		if cordoned[n.Name] {
 			ch <- prometheus.MustNewConstMetric(unschedulableDesc, prometheus.GaugeValue, 1, n.Name)
