@@ -16,7 +16,6 @@ import (
 	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/gang"
 	"github.com/loom-dev/loom/internal/inventory"
-	"github.com/loom-dev/loom/internal/kueue"
 	"github.com/loom-dev/loom/internal/podset"
 )
 
@@ -251,6 +250,11 @@ func suspend(p *pass) bool {
 	reason, msg := ReasonSuspended, "runPolicy.suspend is true: the gang's pods and PodGroup are deleted until it is unset"
 	if byKueue {
 		reason, msg = kueueHold(p)
+		if p.obs.kueue.queued {
+			// Made while the job waits: a stranger's Service of its name
+			// stops it (NameConflict) before its Workload takes quota.
+			p.d.children = append(p.d.children, buildService(p.job, frameworks[p.job.Spec.Framework]))
+		}
 	} else if note := queueAnnotationIgnored(p); note != "" {
 		msg += "; " + note
 	} else if note := workloadSuspended(p); note != "" {
@@ -309,17 +313,6 @@ func kueueHold(p *pass) (reason, msg string) {
 		msg += "; the cluster: " + f.Message
 	}
 	return reason, msg
-}
-
-// evictedBy is Kueue's eviction reason and message for a deactivated
-// Workload ("; Kueue: DeactivatedDueToRequeuingLimitExceeded: The workload
-// is deactivated due to exceeding the maximum number of re-queuing
-// retries"), or "" before Kueue evicted it.
-func evictedBy(wl *kueue.Workload) string {
-	if c := wl.Evicted(); c != nil {
-		return "; Kueue: " + c.Reason + ": " + c.Message
-	}
-	return ""
 }
 
 // workloadSuspended says, for a queued job suspended by its runPolicy,

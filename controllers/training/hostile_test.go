@@ -16,6 +16,7 @@ import (
 
 	trainingv1alpha1 "github.com/loom-dev/loom/apis/training/v1alpha1"
 	"github.com/loom-dev/loom/internal/inventory"
+	"github.com/loom-dev/loom/internal/kueue"
 	"github.com/loom-dev/loom/internal/manager"
 	"github.com/loom-dev/loom/internal/testenv"
 )
@@ -203,6 +204,41 @@ func TestANameTakenByAStrangerSaysNameConflict(t *testing.T) {
 	if after.ResourceVersion != svc.ResourceVersion || len(after.OwnerReferences) != 0 {
 		t.Fatalf("the user's Service was touched: %+v", after.ObjectMeta)
 	}
+}
+
+// A queued job whose Service name a user's Service holds says so while it
+// waits, and gets no Kueue Workload: admitted, it would hold quota for a
+// gang that cannot start. Once the name is free it is queued.
+func TestAQueuedJobWithAStrangersServiceHoldsNoQuota(t *testing.T) {
+	installWorkloadCRD(t)
+	ctx := context.Background()
+	ns := namespace(t, "conflict-queued")
+	startManager(t)
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "queued", Namespace: ns},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
+	create(t, svc)
+	job := newJob(ns, "queued", 1, 0, trainingv1alpha1.GangNone)
+	job.Labels = map[string]string{kueue.QueueLabel: "team-a"}
+	create(t, job)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		got := getJob(t, job)
+		if c := cond(got, trainingv1alpha1.ConditionReady); c.Reason != ReasonNameConflict || !strings.Contains(c.Message, "Service "+ns+"/queued exists") {
+			return fmt.Errorf("Ready = %+v", c)
+		}
+		if c := cond(got, trainingv1alpha1.ConditionStalled); c.Status != metav1.ConditionTrue {
+			return fmt.Errorf("Stalled = %+v", c)
+		}
+		return nil
+	})
+	time.Sleep(time.Second)
+	if _, err := workloadOf(t, job); !apierrors.IsNotFound(err) {
+		t.Fatalf("a job stopped by a name conflict has a Workload (%v)", err)
+	}
+	if err := env.Client.Delete(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error { _, err := workloadOf(t, job); return err })
+	waitSuspended(t, job, ReasonQueuedInKueue, "waiting for Kueue")
 }
 
 // A stale copy of a job (the cache behind the server) cannot undo what a

@@ -554,3 +554,14 @@ func queueMovePending(p *pass) string {
 		" holds quota through LocalQueue " + k.wl.Spec.QueueName + ": the move to " + to +
 		" is pending until that quota is released (Kueue evicts the job), the gang running on until then"
 }
+
+// evictedBy is Kueue's eviction reason and message for a deactivated
+// Workload ("; Kueue: DeactivatedDueToRequeuingLimitExceeded: The workload
+// is deactivated due to exceeding the maximum number of re-queuing
+// retries"), or "" before Kueue evicted it.
+func evictedBy(wl *kueue.Workload) string {
+	if c := wl.Evicted(); c != nil {
+		return "; Kueue: " + c.Reason + ": " + c.Message
+	}
+	return ""
+}

@@ -393,16 +393,19 @@ func (r *Reconciler) applyChildren(ctx context.Context, job *trainingv1alpha1.Tr
 			return podset.Result{}, err
 		}
 	}
-	if d.podGroup != nil {
-		if err := r.writer.Ensure(ctx, job, d.podGroup); err != nil {
-			return podset.Result{}, err
-		}
-	}
+	// The Service first: a name a stranger holds stops the pass before
+	// the PodGroup, which Volcano enqueues (reserving its queue's
+	// resources for a gang that cannot start).
 	for _, c := range d.children {
 		if err := r.writer.Ensure(ctx, job, c); err != nil {
 			if apply.IsForeign(err) {
 				err = fmt.Errorf("%w: rename the job or the %s", err, c.GetObjectKind().GroupVersionKind().Kind)
 			}
+			return podset.Result{}, err
+		}
+	}
+	if d.podGroup != nil {
+		if err := r.writer.Ensure(ctx, job, d.podGroup); err != nil {
 			return podset.Result{}, err
 		}
 	}

@@ -386,6 +386,7 @@ func TestVolcano(t *testing.T) {
 	volcanoPending(ctx, t, job, pg, hog)
 	volcanoInqueue(ctx, t, job, pg)
 	volcanoRunning(ctx, t, job, pg)
+	volcanoNameConflict(ctx, t, job.Namespace)
 }
 
 // volcanoJob starts four simulated H100 nodes, one of which another pod
@@ -597,6 +598,33 @@ func volcanoRunning(ctx context.Context, t *testing.T, job *trainingv1alpha1.Tra
 			return fmt.Errorf("minMember %d", pg.Spec.MinMember)
 		}
 		return nil
+	})
+}
+
+// volcanoNameConflict: a job whose Service name a user's Service holds
+// says NameConflict and gets no PodGroup, which Volcano would enqueue,
+// reserving its queue's resources for a gang that cannot start.
+func volcanoNameConflict(ctx context.Context, t *testing.T, ns string) {
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "taken", Namespace: ns},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
+	create(t, svc)
+	job := newJob(ns, "taken", 1, 0, trainingv1alpha1.GangVolcano)
+	create(t, job)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if c := cond(getJob(t, job), trainingv1alpha1.ConditionReady); c.Reason != ReasonNameConflict || !strings.Contains(c.Message, "Service "+ns+"/taken exists") {
+			return fmt.Errorf("Ready = %+v", c)
+		}
+		return nil
+	})
+	time.Sleep(time.Second)
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(job), &schedulingv1beta1.PodGroup{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a job stopped by a name conflict has a PodGroup (%v)", err)
+	}
+	if err := env.Client.Delete(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() error {
+		return env.Client.Get(ctx, client.ObjectKeyFromObject(job), &schedulingv1beta1.PodGroup{})
 	})
 }
 
