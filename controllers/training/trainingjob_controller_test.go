@@ -89,8 +89,40 @@ func TestBadSpecsAreRejectedWithReadableMessages(t *testing.T) {
 		t.Fatalf("changing the pods of a resumed job: %v", err)
 	}
 
+	// Nor its rendezvous settings, which every pod carries; spelling out
+	// a default changes nothing and is taken; suspended, they may change.
+	rdv := newJob(ns, "rendezvous", 2, 0, trainingv1alpha1.GangNone)
+	create(t, rdv)
+	for name, edit := range map[string]func(*trainingv1alpha1.TrainingJob){
+		"masterPort": func(j *trainingv1alpha1.TrainingJob) {
+			j.Spec.PyTorch = &trainingv1alpha1.PyTorchSpec{MasterPort: 29500}
+		},
+		"nprocPerNode": func(j *trainingv1alpha1.TrainingJob) {
+			j.Spec.PyTorch = &trainingv1alpha1.PyTorchSpec{NprocPerNode: "4"}
+		},
+	} {
+		j := getJob(t, rdv)
+		edit(j)
+		if err := env.Client.Update(context.Background(), j); err == nil || !strings.Contains(err.Error(), "framework and pytorch (masterPort, nprocPerNode) can change only while the job is suspended") {
+			t.Fatalf("changing %s of a running job: %v", name, err)
+		}
+	}
+	j := getJob(t, rdv)
+	j.Spec.PyTorch = &trainingv1alpha1.PyTorchSpec{MasterPort: trainingv1alpha1.DefaultMasterPort}
+	if err := env.Client.Update(context.Background(), j); err != nil {
+		t.Fatalf("spelling out the default masterPort: %v", err)
+	}
+	j.Spec.RunPolicy.Suspend = true
+	if err := env.Client.Update(context.Background(), j); err != nil {
+		t.Fatal(err)
+	}
+	j.Spec.PyTorch.MasterPort, j.Spec.PyTorch.NprocPerNode = 29500, "4"
+	if err := env.Client.Update(context.Background(), j); err != nil {
+		t.Fatalf("changing the rendezvous of a suspended job: %v", err)
+	}
+
 	// spec defaults: one master, backoffLimit 3, cleanPodPolicy Running.
-	j := newJob(ns, "defaults", 2, 0, "")
+	j = newJob(ns, "defaults", 2, 0, "")
 	j.Spec.ReplicaSpecs.Master.Replicas = nil
 	create(t, j)
 	got := getJob(t, j)

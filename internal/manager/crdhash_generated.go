@@ -7,5 +7,5 @@ package manager
 var crdHashes = map[string]string{
 	"gpu.loom.dev_clusterpolicies":   "30dd97d4c54d6e35",
 	"gpu.loom.dev_gpunodes":          "79a23a866b13131a",
-	"training.loom.dev_trainingjobs": "29748beb178d382c",
+	"training.loom.dev_trainingjobs": "85b67688451f1eeb",
 }
