@@ -5,6 +5,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
@@ -55,6 +56,8 @@ func cannotRun(job *trainingv1alpha1.TrainingJob, obs *observed) string {
 		return "its pod templates carry metadata no pod may have"
 	case obs.refused != "":
 		return "the API server refuses its pods"
+	case obs.taken != "":
+		return "a pod of another owner holds one of its pods' names"
 	}
 	return ""
 }
@@ -112,4 +115,35 @@ func templateErrors(job *trainingv1alpha1.TrainingJob) field.ErrorList {
 		errs = append(errs, apivalidation.ValidateAnnotations(rs.Template.Annotations, m.Child("annotations"))...)
 	}
 	return errs
+}
+
+// conflictPoll is how often a job held on a pod name a stranger's pod
+// holds looks again: that pod is not the job's, and its deletion does not
+// wake it.
+const conflictPoll = 5 * time.Second
+
+// conflict holds a job one of whose pod names a stranger's pod holds
+// (obs.taken), before anything of its attempt is made: no pod, Service,
+// PodGroup or Kueue Workload, which Volcano would enqueue and Kueue admit,
+// reserving a queue's resources for a gang that cannot start (and, without
+// a gang scheduler, the pods ranked before the name would hold their GPUs).
+// Created and Ready say NameConflict, naming the pod, until it is gone.
+func conflict(p *pass) bool {
+	if p.obs.taken == "" {
+		return false
+	}
+	st := &p.d.status
+	st.State = trainingv1alpha1.StateHeld
+	p.d.removePodGroup = p.obs.podGroup != nil
+	msg := p.obs.taken + "; nothing of the job is made until the name is free"
+	if c := meta.FindStatusCondition(st.Conditions, trainingv1alpha1.ConditionReady); c == nil || c.Reason != ReasonNameConflict {
+		p.event(true, ReasonNameConflict, msg)
+	}
+	p.set(trainingv1alpha1.ConditionCreated, metav1.ConditionFalse, ReasonNameConflict, msg)
+	p.set(trainingv1alpha1.ConditionScheduled, metav1.ConditionFalse, ReasonNameConflict, msg)
+	p.ready(metav1.ConditionFalse, ReasonNameConflict, msg)
+	if p.d.requeue == 0 || p.d.requeue > conflictPoll {
+		p.d.requeue = conflictPoll
+	}
+	return true
 }

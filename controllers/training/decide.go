@@ -41,6 +41,9 @@ type observed struct {
 	// service is the job's headless Service, when the cache holds one the
 	// job controls.
 	service *corev1.Service
+	// taken says which of the gang's pod names a stranger's pod holds
+	// (asked while the attempt has no pod); "" when none does.
+	taken string
 	// refused is why the API server refuses the roles' pods (a dry run,
 	// asked while the gang lacks pods), naming the fields; "" when it
 	// admits them or was not asked.
@@ -175,6 +178,7 @@ var phases = []func(*pass) bool{
 	outcome,
 	limit,
 	invalid,
+	conflict,
 	volcano,
 	neverFits,
 	children,

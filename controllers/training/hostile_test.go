@@ -206,39 +206,49 @@ func TestANameTakenByAStrangerSaysNameConflict(t *testing.T) {
 	}
 }
 
-// A queued job whose Service name a user's Service holds says so while it
-// waits, and gets no Kueue Workload: admitted, it would hold quota for a
-// gang that cannot start. Once the name is free it is queued.
-func TestAQueuedJobWithAStrangersServiceHoldsNoQuota(t *testing.T) {
+// A queued job one of whose names a user's object holds (its Service's,
+// a pod's) says so while it waits, and gets no Kueue Workload: admitted, it
+// would hold quota for a gang that cannot start. Once the name is free it
+// is queued.
+func TestAQueuedJobWithAStrangersNameHoldsNoQuota(t *testing.T) {
 	installWorkloadCRD(t)
 	ctx := context.Background()
 	ns := namespace(t, "conflict-queued")
 	startManager(t)
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "queued", Namespace: ns},
-		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
-	create(t, svc)
-	job := newJob(ns, "queued", 1, 0, trainingv1alpha1.GangNone)
-	job.Labels = map[string]string{kueue.QueueLabel: "team-a"}
-	create(t, job)
-	testenv.Eventually(t, 20*time.Second, func() error {
-		got := getJob(t, job)
-		if c := cond(got, trainingv1alpha1.ConditionReady); c.Reason != ReasonNameConflict || !strings.Contains(c.Message, "Service "+ns+"/queued exists") {
-			return fmt.Errorf("Ready = %+v", c)
+	for _, tt := range []struct {
+		job      string
+		stranger client.Object
+		says     string
+	}{
+		{"svc", &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "svc", Namespace: ns},
+			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}, "Service " + ns + "/svc exists"},
+		{"pod", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pod-worker-0", Namespace: ns},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}}}, "pod pod-worker-0 exists and is not controlled by pod"},
+	} {
+		create(t, tt.stranger)
+		job := newJob(ns, tt.job, 1, 0, trainingv1alpha1.GangNone)
+		job.Labels = map[string]string{kueue.QueueLabel: "team-a"}
+		create(t, job)
+		testenv.Eventually(t, 20*time.Second, func() error {
+			got := getJob(t, job)
+			if c := cond(got, trainingv1alpha1.ConditionReady); c.Reason != ReasonNameConflict || !strings.Contains(c.Message, tt.says) {
+				return fmt.Errorf("Ready = %+v", c)
+			}
+			if c := cond(got, trainingv1alpha1.ConditionStalled); c.Status != metav1.ConditionTrue {
+				return fmt.Errorf("Stalled = %+v", c)
+			}
+			return nil
+		})
+		time.Sleep(time.Second)
+		if _, err := workloadOf(t, job); !apierrors.IsNotFound(err) {
+			t.Fatalf("%s: a job stopped by a name conflict has a Workload (%v)", tt.job, err)
 		}
-		if c := cond(got, trainingv1alpha1.ConditionStalled); c.Status != metav1.ConditionTrue {
-			return fmt.Errorf("Stalled = %+v", c)
+		if err := env.Client.Delete(ctx, tt.stranger, client.GracePeriodSeconds(0)); err != nil {
+			t.Fatal(err)
 		}
-		return nil
-	})
-	time.Sleep(time.Second)
-	if _, err := workloadOf(t, job); !apierrors.IsNotFound(err) {
-		t.Fatalf("a job stopped by a name conflict has a Workload (%v)", err)
+		testenv.Eventually(t, 20*time.Second, func() error { _, err := workloadOf(t, job); return err })
+		waitSuspended(t, job, ReasonQueuedInKueue, "waiting for Kueue")
 	}
-	if err := env.Client.Delete(ctx, svc); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 20*time.Second, func() error { _, err := workloadOf(t, job); return err })
-	waitSuspended(t, job, ReasonQueuedInKueue, "waiting for Kueue")
 }
 
 // A stale copy of a job (the cache behind the server) cannot undo what a

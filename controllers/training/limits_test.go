@@ -218,3 +218,29 @@ func TestUntil(t *testing.T) {
 		}
 	}
 }
+
+// A job one of whose pod names a stranger's pod holds is held before
+// anything of it is made: no pod, Service or PodGroup (an earlier one
+// goes), NameConflict naming the pod, Stalled, and it looks again soon,
+// since that pod's deletion does not wake it.
+func TestDecideHoldsAJobWhosePodNameIsTaken(t *testing.T) {
+	job := newJob("ns", "j", 3, 0, trainingv1alpha1.GangVolcano)
+	const taken = "pod j-worker-1 exists and is not controlled by j: rename the job, or delete the pod"
+	d := decide(job, observed{now: time.Now(), volcano: true, taken: taken, podGroup: buildPodGroup(job, 0),
+		fit: inventory.FitResult{Verdict: inventory.FitsNow}}, trainingv1alpha1.GangNone)
+	if d.status.State != trainingv1alpha1.StateHeld || len(d.create) != 0 || d.deferred != 0 || len(d.children) != 0 || d.podGroup != nil || !d.removePodGroup {
+		t.Fatalf("state %s create %d deferred %d children %d PodGroup %v removePodGroup %v",
+			d.status.State, len(d.create), d.deferred, len(d.children), d.podGroup != nil, d.removePodGroup)
+	}
+	for _, typ := range []string{trainingv1alpha1.ConditionCreated, trainingv1alpha1.ConditionReady} {
+		if c := meta.FindStatusCondition(d.status.Conditions, typ); c == nil || c.Reason != ReasonNameConflict || !strings.Contains(c.Message, taken) {
+			t.Fatalf("%s = %+v", typ, c)
+		}
+	}
+	if !condTrue(&d.status, trainingv1alpha1.ConditionStalled) || d.requeue <= 0 || d.requeue > conflictPoll {
+		t.Fatalf("Stalled %v, requeue %s", condTrue(&d.status, trainingv1alpha1.ConditionStalled), d.requeue)
+	}
+	if why := cannotRun(job, &observed{taken: taken}); why == "" {
+		t.Fatal("a job whose pod name is taken gets a Kueue Workload")
+	}
+}

@@ -319,6 +319,9 @@ func (r *Reconciler) observe(ctx context.Context, job *trainingv1alpha1.Training
 	if obs.podGroup, obs.volcano, err = r.volcano.Group(ctx, job, job.Name); err != nil {
 		return obs, err
 	}
+	if obs.taken, err = r.taken(ctx, job, obs.pods); err != nil {
+		return obs, err
+	}
 	obs.refused = r.preflight(ctx, job, obs)
 	if err = r.kueue.observe(ctx, job, &obs); err != nil {
 		return obs, err
@@ -365,6 +368,34 @@ func (r *Reconciler) preflight(ctx context.Context, job *trainingv1alpha1.Traini
 		}
 	}
 	return strings.Join(refused, "; ")
+}
+
+// taken says which pod name of the gang, by rank, a stranger's pod holds
+// (one the job does not control, and not a deleted job's of its name,
+// which the garbage collector removes), "" when none does. It is asked,
+// from the cache, which holds every pod, only while the job is not
+// finished and has no pod: before its attempt's PodGroup, Workload or
+// pods are made (once some are, the pod executor reports a name taken).
+func (r *Reconciler) taken(ctx context.Context, job *trainingv1alpha1.TrainingJob, pods []*corev1.Pod) (string, error) {
+	if job.Status.Finished() || totalPods(job) > int64(maxPods(r.MaxPods)) || len(ownPods(job, pods)) > 0 {
+		return "", nil
+	}
+	ref := ownerRef(job)
+	for _, role := range roles {
+		for i := range replicas(job, role) {
+			pod := &corev1.Pod{}
+			if err := r.Get(ctx, client.ObjectKey{Namespace: job.Namespace, Name: PodName(job.Name, role, i)}, pod); err != nil {
+				if apierrors.IsNotFound(err) {
+					continue
+				}
+				return "", err
+			}
+			if !metav1.IsControlledBy(pod, job) && !apply.Predecessor(pod, ref) {
+				return fmt.Sprintf("pod %s exists and is not controlled by %s: rename the job, or delete the pod", pod.Name, job.Name), nil
+			}
+		}
+	}
+	return "", nil
 }
 
 // service is the job's Service from the cache (which holds only Loom's),

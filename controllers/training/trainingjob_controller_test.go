@@ -633,31 +633,41 @@ func volcanoRunning(ctx context.Context, t *testing.T, job *trainingv1alpha1.Tra
 	})
 }
 
-// volcanoNameConflict: a job whose Service name a user's Service holds
-// says NameConflict and gets no PodGroup, which Volcano would enqueue,
-// reserving its queue's resources for a gang that cannot start.
+// volcanoNameConflict: a job one of whose names a user's object holds
+// (its Service's, a pod's) says NameConflict and gets no PodGroup, which
+// Volcano would enqueue, reserving its queue's resources for a gang that
+// cannot start; once the name is free it gets one.
 func volcanoNameConflict(ctx context.Context, t *testing.T, ns string) {
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "taken", Namespace: ns},
-		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
-	create(t, svc)
-	job := newJob(ns, "taken", 1, 0, trainingv1alpha1.GangVolcano)
-	create(t, job)
-	testenv.Eventually(t, 20*time.Second, func() error {
-		if c := cond(getJob(t, job), trainingv1alpha1.ConditionReady); c.Reason != ReasonNameConflict || !strings.Contains(c.Message, "Service "+ns+"/taken exists") {
-			return fmt.Errorf("Ready = %+v", c)
+	for _, tt := range []struct {
+		job      string
+		stranger client.Object
+		says     string
+	}{
+		{"svc", &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "svc", Namespace: ns},
+			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}, "Service " + ns + "/svc exists"},
+		{"pod", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pod-master-0", Namespace: ns},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}}}, "pod pod-master-0 exists and is not controlled by pod"},
+	} {
+		create(t, tt.stranger)
+		job := newJob(ns, tt.job, 1, 0, trainingv1alpha1.GangVolcano)
+		create(t, job)
+		testenv.Eventually(t, 20*time.Second, func() error {
+			if c := cond(getJob(t, job), trainingv1alpha1.ConditionReady); c.Reason != ReasonNameConflict || !strings.Contains(c.Message, tt.says) {
+				return fmt.Errorf("Ready = %+v", c)
+			}
+			return nil
+		})
+		time.Sleep(time.Second)
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(job), &schedulingv1beta1.PodGroup{}); !apierrors.IsNotFound(err) {
+			t.Fatalf("%s: a job stopped by a name conflict has a PodGroup (%v)", tt.job, err)
 		}
-		return nil
-	})
-	time.Sleep(time.Second)
-	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(job), &schedulingv1beta1.PodGroup{}); !apierrors.IsNotFound(err) {
-		t.Fatalf("a job stopped by a name conflict has a PodGroup (%v)", err)
+		if err := env.Client.Delete(ctx, tt.stranger, client.GracePeriodSeconds(0)); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 20*time.Second, func() error {
+			return env.Client.Get(ctx, client.ObjectKeyFromObject(job), &schedulingv1beta1.PodGroup{})
+		})
 	}
-	if err := env.Client.Delete(ctx, svc); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 20*time.Second, func() error {
-		return env.Client.Get(ctx, client.ObjectKeyFromObject(job), &schedulingv1beta1.PodGroup{})
-	})
 }
 
 // checkPod checks one pod of the llama job.
