@@ -63,6 +63,9 @@ func TestClassify(t *testing.T) {
 		{"init container OOM killed", job, initFailed(job, "fetch-data", 137, nil), true, "container fetch-data exited with code 137"},
 		{"a sidecar stopped after the container failed", job, initFailed(job, "proxy", 143, ptr(corev1.ContainerRestartPolicyAlways), 1), false, "container pytorch exited with code 1"},
 		{"only a sidecar's exit code", job, initFailed(job, "proxy", 1, ptr(corev1.ContainerRestartPolicyAlways)), true, "no container exit code"},
+		{"a permanent exit listed after a retryable one", job, twoContainers(job, 137, 1), false, "container pytorch exited with code 1 (Error, permanent)"},
+		{"a permanent exit listed before a retryable one", job, twoContainers(job, 1, 137), false, "container a-logger exited with code 1 (Error, permanent)"},
+		{"two retryable exits: the first listed", job, twoContainers(job, 143, 137), true, "container a-logger exited with code 143"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -81,6 +84,16 @@ func TestClassify(t *testing.T) {
 			t.Fatalf("%s: classify = %+v, want a retryable disruption", reason, f)
 		}
 	}
+}
+
+// twoContainers is a failed worker whose containers a-logger and pytorch
+// exited with these codes, listed by name as the kubelet lists them.
+func twoContainers(job *trainingv1alpha1.TrainingJob, logger, main int32) *corev1.Pod {
+	p := failedPod(job, "worker", 0, main, "")
+	p.Spec.Containers = append([]corev1.Container{{Name: "a-logger", Image: "x"}}, p.Spec.Containers...)
+	p.Status.ContainerStatuses = append([]corev1.ContainerStatus{{Name: "a-logger",
+		State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: logger, Reason: "Error"}}}}, p.Status.ContainerStatuses...)
+	return p
 }
 
 func envOf(p *corev1.Pod) map[string]string {

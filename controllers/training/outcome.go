@@ -96,6 +96,9 @@ func classify(job *trainingv1alpha1.TrainingJob, p *corev1.Pod) failure {
 			statuses = append(statuses, cs)
 		}
 	}
+	// A permanent exit code in any container fails the pod for good,
+	// whichever container the kubelet lists first (by name).
+	var retryable *failure
 	for _, cs := range statuses {
 		t := cs.State.Terminated
 		if t == nil || t.ExitCode == 0 {
@@ -110,7 +113,16 @@ func classify(job *trainingv1alpha1.TrainingJob, p *corev1.Pod) failure {
 		if detail == "" {
 			detail = "Error"
 		}
-		return failure{failed: true, retryable: r, why: fmt.Sprintf("pod %s: container %s exited with code %d (%s, %s)", p.Name, cs.Name, t.ExitCode, detail, kind)}
+		f := failure{failed: true, retryable: r, why: fmt.Sprintf("pod %s: container %s exited with code %d (%s, %s)", p.Name, cs.Name, t.ExitCode, detail, kind)}
+		if !r {
+			return f
+		}
+		if retryable == nil {
+			retryable = &f
+		}
+	}
+	if retryable != nil {
+		return *retryable
 	}
 	msg := strings.TrimSpace(p.Status.Reason + " " + p.Status.Message)
 	if msg == "" {
