@@ -184,38 +184,44 @@ func TestARefusedSubmitterTemplateHoldsTheRayJob(t *testing.T) {
 // ValidationFailed before anything is made, the message quoting the
 // refused fields as the RayJob's, instead of a cluster brought up for a
 // Job whose create fails on every pass. A template label job-name of the
-// Job's own name, which the API server would set, is no refusal.
+// Job's own name, which the API server would set, is no refusal; nor is
+// the RayJob's owner reference, which the dry run carries as the Job would
+// (a policy that Jobs be owned).
 func TestARefusedSubmitterJobHoldsTheRayJob(t *testing.T) {
 	ctx := context.Background()
 	template := func(labels map[string]string) *corev1.PodTemplateSpec {
 		return &corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
 			Containers: []corev1.Container{{Name: "submitter", Image: "rayproject/ray:2.46.0"}}}}
 	}
+	needATTL := &admissionregistrationv1.Validation{Expression: "has(object.spec.ttlSecondsAfterFinished)", Message: "ttlSecondsAfterFinished is required"}
 	tests := []struct {
 		name   string
 		edit   func(*rayv1.RayJob)
-		policy bool
+		policy *admissionregistrationv1.Validation
 		want   string // a pattern of what the message quotes; "": admitted
 	}{
 		{"a controller-uid template label", func(j *rayv1.RayJob) {
 			j.Spec.SubmitterPodTemplate = template(map[string]string{"controller-uid": "mine"})
 		},
-			false, `spec\.submitterPodTemplate\.metadata\.labels\[controller-uid\]: Invalid value`},
+			nil, `spec\.submitterPodTemplate\.metadata\.labels\[controller-uid\]: Invalid value`},
 		{"a job-name template label of another name", func(j *rayv1.RayJob) {
 			j.Spec.SubmitterPodTemplate = template(map[string]string{batchv1.JobNameLabel: "another"})
-		}, false, `spec\.submitterPodTemplate\.metadata\.labels\[batch\.kubernetes\.io/job-name\]: Invalid value: .*: must be 'rayjob-sample-`},
-		{"a policy on Jobs, KubeRay's default template", func(*rayv1.RayJob) {}, true, `spec: ValidatingAdmissionPolicy .* denied request: ttlSecondsAfterFinished is required`},
+		}, nil, `spec\.submitterPodTemplate\.metadata\.labels\[batch\.kubernetes\.io/job-name\]: Invalid value: .*: must be 'rayjob-sample-`},
+		{"a policy on Jobs, KubeRay's default template", func(*rayv1.RayJob) {}, needATTL, `spec: ValidatingAdmissionPolicy .* denied request: ttlSecondsAfterFinished is required$`},
 		{"a job-name template label of the Job's own name", func(j *rayv1.RayJob) {
 			j.Spec.SubmitterPodTemplate = template(map[string]string{batchv1.JobNameLabel: j.Name, "job-name": j.Name})
-		}, false, ""},
+		}, nil, ""},
+		{"a policy that Jobs be owned", func(*rayv1.RayJob) {},
+			&admissionregistrationv1.Validation{Expression: "has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, r.kind == 'RayJob' && r.controller)", Message: "a Job must be controlled by a RayJob"},
+			""},
 	}
 	fake := newFake(t, time.Hour)
 	startManager(t, fake)
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rj := sampleJob(t, "ray-job.sample.yaml", fmt.Sprintf("rj-refused-job-%d", i))
-			if tt.policy {
-				jobsNeedATTL(t, rj.Namespace)
+			if tt.policy != nil {
+				jobsMust(t, rj.Namespace, *tt.policy)
 			}
 			tt.edit(rj)
 			create(t, rj)
@@ -240,19 +246,19 @@ func TestARefusedSubmitterJobHoldsTheRayJob(t *testing.T) {
 	}
 }
 
-// jobsNeedATTL has the API server refuse, in namespace ns only, a Job
-// without ttlSecondsAfterFinished (a ValidatingAdmissionPolicy, as a
-// cluster's policy may ask), once a dry run says the policy is in force.
-func jobsNeedATTL(t *testing.T, ns string) {
+// jobsMust has the API server refuse, in namespace ns only, a Job that
+// fails the validation v (a ValidatingAdmissionPolicy, as a cluster's
+// policy may ask), once a dry run says the policy is in force.
+func jobsMust(t *testing.T, ns string, v admissionregistrationv1.Validation) {
 	t.Helper()
 	ctx := context.Background()
-	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: ns + "-jobs-need-a-ttl"},
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: ns + "-jobs-must"},
 		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
 			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
 			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
 				RuleWithOperations: admissionregistrationv1.RuleWithOperations{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
 					Rule: admissionregistrationv1.Rule{APIGroups: []string{"batch"}, APIVersions: []string{"v1"}, Resources: []string{"jobs"}}}}}},
-			Validations: []admissionregistrationv1.Validation{{Expression: "has(object.spec.ttlSecondsAfterFinished)", Message: "ttlSecondsAfterFinished is required"}},
+			Validations: []admissionregistrationv1.Validation{v},
 		}}
 	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
 		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: policy.Name,

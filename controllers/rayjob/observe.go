@@ -158,6 +158,9 @@ func (r *Reconciler) preflightSubmitter(ctx context.Context, j *rayv1.RayJob) er
 			delete(sj.Spec.Template.Labels, k)
 		}
 	}
+	// The Job as the writer makes it: controlled by the RayJob, Loom's.
+	sj.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(j, rayv1.GroupVersion.WithKind("RayJob"))}
+	sj.Labels[apply.LabelManagedBy] = apply.ManagedBy
 	if why := preflight.Refused(ctx, r.Client, j.Name, "", sj); why != "" {
 		return fmt.Errorf("the API server refuses the submitter Job: %s", jobFields.ReplaceAllStringFunc(why, rayJobField))
 	}

@@ -13,11 +13,15 @@
 // (a quota or Pod Security refusal, a webhook that refuses dry runs, a
 // timeout) says nothing, and the workload proceeds as it would have.
 //
+// The dry run is the create the controller will make, owner references
+// included (an admission policy may read them), under a generated name (an
+// object of its own name may exist); nothing of it persists.
+//
 // Answers are kept per namespace, kind and shape: the object with its
-// name, owner references and owner's name taken out (the owner's name
+// name, its owners' UIDs and owner's name taken out (the owner's name
 // reaches labels, env values and hostnames), so that many workloads of
 // one template cost one dry run. Names are not part of it: the controllers
-// check them, and the dry run asks for a generated one.
+// check them.
 package preflight
 
 import (
@@ -33,6 +37,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/singleflight"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/lru"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -116,8 +121,9 @@ func Record(owner string, obj client.Object, err error) {
 	answers.Add(k, answer{causes: causes(status), at: time.Now()})
 }
 
-// shape is a copy of obj to create (nameless, under a generated name) and
-// the key of its answers.
+// shape is a copy of obj to create (nameless, under a generated name,
+// with its owner references) and the key of its answers (its owners' UIDs
+// taken out).
 func shape(owner string, obj client.Object) (client.Object, string) {
 	o := obj.DeepCopyObject().(client.Object)
 	gen := o.GetGenerateName()
@@ -126,9 +132,16 @@ func shape(owner string, obj client.Object) (client.Object, string) {
 	}
 	o.SetName("")
 	o.SetGenerateName("")
-	o.SetOwnerReferences(nil)
 	o.SetResourceVersion("")
+	refs := o.GetOwnerReferences()
+	anon := make([]metav1.OwnerReference, len(refs))
+	for i, ref := range refs {
+		ref.UID = ""
+		anon[i] = ref
+	}
+	o.SetOwnerReferences(anon)
 	k := key(owner, o)
+	o.SetOwnerReferences(refs)
 	o.SetGenerateName(gen)
 	return o, k
 }
@@ -185,8 +198,8 @@ func causes(status apierrors.APIStatus) []string {
 }
 
 // key is an object's namespace, kind and shape: a hash of obj (nameless,
-// ownerless) with owner's name replaced wherever it appears, beside the
-// name's length (what the API server holds names to).
+// its owners' UIDs taken out) with owner's name replaced wherever it
+// appears, beside the name's length (what the API server holds names to).
 func key(owner string, obj client.Object) string {
 	b, _ := json.Marshal(obj)
 	s := string(b)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -11,7 +12,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -131,5 +134,31 @@ func TestRecordAndKnown(t *testing.T) {
 	}
 	if got := Known("ray-a", "", svc("other", "ray-a")); got != "" {
 		t.Fatalf("Known in another namespace: %q", got)
+	}
+}
+
+// The dry run is the create the controller makes, its owner references
+// included (a policy may read them), and costs one dry run for owners of
+// one shape whatever their UIDs.
+func TestTheDryRunCarriesTheOwner(t *testing.T) {
+	var sent []metav1.OwnerReference
+	calls := 0
+	c := fake.NewClientBuilder().WithInterceptorFuncs(interceptor.Funcs{
+		Create: func(_ context.Context, _ client.WithWatch, obj client.Object, _ ...client.CreateOption) error {
+			calls++
+			sent = obj.GetOwnerReferences()
+			return nil
+		}}).Build()
+	for i, owner := range []string{"own-a", "own-b"} {
+		p := pod("owned", owner)
+		ref := metav1.OwnerReference{APIVersion: "ray.io/v1", Kind: "RayCluster", Name: owner, UID: types.UID(fmt.Sprintf("uid-%d", i)), Controller: ptr.To(true)}
+		p.OwnerReferences = []metav1.OwnerReference{ref}
+		Refused(context.Background(), c, owner, "spec", p)
+		if i == 0 && !reflect.DeepEqual(sent, p.OwnerReferences) {
+			t.Fatalf("the dry run's owner references: %+v, want %+v", sent, ref)
+		}
+	}
+	if calls != 1 {
+		t.Fatalf("two owners of one template cost %d dry runs, want 1", calls)
 	}
 }
