@@ -182,11 +182,13 @@ func TestARefusedSubmitterTemplateHoldsTheRayJob(t *testing.T) {
 // would pass (a template label the Job sets itself, an admission policy on
 // Jobs, which refuses KubeRay's default template too) holds the RayJob
 // ValidationFailed before anything is made, the message quoting the
-// refused fields as the RayJob's, instead of a cluster brought up for a
-// Job whose create fails on every pass. A template label job-name of the
-// Job's own name, which the API server would set, is no refusal; nor is
-// the RayJob's owner reference, which the dry run carries as the Job would
-// (a policy that Jobs be owned).
+// refused fields as the RayJob's and naming the Job as it would be named
+// (the RayJob's name), never by the dry run's generated name nor its UID,
+// instead of a cluster brought up for a Job whose create fails on every
+// pass. A template label job-name of the Job's own name, which the API
+// server would set, is no refusal; nor is the RayJob's owner reference,
+// which the dry run carries as the Job would (a policy that Jobs be
+// owned).
 func TestARefusedSubmitterJobHoldsTheRayJob(t *testing.T) {
 	ctx := context.Background()
 	template := func(labels map[string]string) *corev1.PodTemplateSpec {
@@ -203,11 +205,14 @@ func TestARefusedSubmitterJobHoldsTheRayJob(t *testing.T) {
 		{"a controller-uid template label", func(j *rayv1.RayJob) {
 			j.Spec.SubmitterPodTemplate = template(map[string]string{"controller-uid": "mine"})
 		},
-			nil, `spec\.submitterPodTemplate\.metadata\.labels\[controller-uid\]: Invalid value`},
+			nil, `spec\.submitterPodTemplate\.metadata\.labels\[controller-uid\]: Invalid value: .*"job-name":"rayjob-sample".*: must be '<uid>'$`},
 		{"a job-name template label of another name", func(j *rayv1.RayJob) {
 			j.Spec.SubmitterPodTemplate = template(map[string]string{batchv1.JobNameLabel: "another"})
-		}, nil, `spec\.submitterPodTemplate\.metadata\.labels\[batch\.kubernetes\.io/job-name\]: Invalid value: .*: must be 'rayjob-sample-`},
+		}, nil, `spec\.submitterPodTemplate\.metadata\.labels\[batch\.kubernetes\.io/job-name\]: Invalid value: .*: must be 'rayjob-sample'$`},
 		{"a policy on Jobs, KubeRay's default template", func(*rayv1.RayJob) {}, needATTL, `spec: ValidatingAdmissionPolicy .* denied request: ttlSecondsAfterFinished is required$`},
+		{"a policy naming the Job", func(*rayv1.RayJob) {},
+			&admissionregistrationv1.Validation{Expression: "has(object.spec.ttlSecondsAfterFinished)", MessageExpression: "'Job ' + object.metadata.name + ' needs a TTL'"},
+			`spec: ValidatingAdmissionPolicy .* denied request: Job rayjob-sample needs a TTL$`},
 		{"a job-name template label of the Job's own name", func(j *rayv1.RayJob) {
 			j.Spec.SubmitterPodTemplate = template(map[string]string{batchv1.JobNameLabel: j.Name, "job-name": j.Name})
 		}, nil, ""},
@@ -232,6 +237,9 @@ func TestARefusedSubmitterJobHoldsTheRayJob(t *testing.T) {
 			got := waitJob(t, rj, "held on its submitter Job", deploymentStatus(rayv1.JobDeploymentStatusValidationFailed))
 			if !regexp.MustCompile(`^the API server refuses the submitter Job: `+tt.want).MatchString(got.Status.Message) || got.Status.Reason != rayv1.ValidationFailed {
 				t.Fatalf("status %q %q, want ValidationFailed naming %s", got.Status.Reason, got.Status.Message, tt.want)
+			}
+			if regexp.MustCompile(`rayjob-sample-[a-z0-9]{5}`).MatchString(got.Status.Message) {
+				t.Fatalf("the message names the dry run's Job: %s", got.Status.Message)
 			}
 			warned(t, rj, "InvalidRayJobSpec")
 			time.Sleep(time.Second) // passes after the hold make nothing either

@@ -15,22 +15,26 @@
 //
 // The dry run is the create the controller will make, owner references
 // included (an admission policy may read them), under a generated name (an
-// object of its own name may exist); nothing of it persists.
+// object of its own name may exist); nothing of it persists. The API
+// server's answer names the object by the name the controller gives it,
+// not by the dry run's generated one, nor by a UID only the dry run had.
 //
 // Answers are kept per namespace, kind and shape: the object with its
 // name, its owners' UIDs and owner's name taken out (the owner's name
 // reaches labels, env values and hostnames), so that many workloads of
 // one template cost one dry run. Names are not part of it: the controllers
-// check them.
+// check them. An answer that names its owner is asked again for another.
 package preflight
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -54,11 +58,23 @@ const (
 	most = 5
 )
 
-// answer is the API server's word on a shape: the causes it refused it
-// for, none when it admitted it or said nothing that counts.
+// answer is the API server's word on a shape, asked for owner: the
+// causes it refused it for, none when it admitted it or said nothing that
+// counts.
 type answer struct {
 	causes []string
+	owner  string
 	at     time.Time
+}
+
+// fits reports whether the answer is still good for owner: not too old,
+// and asked for owner or naming none (an answer that quotes its owner's
+// name, in a label or a hostname, is not another owner's).
+func (a answer) fits(owner string) bool {
+	if time.Since(a.at) > ttl {
+		return false
+	}
+	return a.owner == owner || a.owner == "" || !strings.Contains(strings.Join(a.causes, "\n"), a.owner)
 }
 
 var (
@@ -83,9 +99,9 @@ func init() { ctrlmetrics.Registry.MustRegister(dryRuns) }
 func Refused(ctx context.Context, c client.Client, owner, path string, obj client.Object) string {
 	o, k := shape(owner, obj)
 	a, ok := answers.Get(k)
-	if !ok || time.Since(a.(answer).at) > ttl {
-		a, _, _ = asking.Do(k, func() (any, error) {
-			a := answer{causes: dryRun(ctx, c, o), at: time.Now()}
+	if !ok || !a.(answer).fits(owner) {
+		a, _, _ = asking.Do(k+"\x00"+owner, func() (any, error) {
+			a := answer{causes: dryRun(ctx, c, o, obj), owner: owner, at: time.Now()}
 			if ctx.Err() == nil { // a cancelled pass's answer is no answer
 				answers.Add(k, a)
 			}
@@ -101,7 +117,7 @@ func Refused(ctx context.Context, c client.Client, owner, path string, obj clien
 func Known(owner, path string, obj client.Object) string {
 	_, k := shape(owner, obj)
 	a, ok := answers.Get(k)
-	if !ok || time.Since(a.(answer).at) > ttl {
+	if !ok || !a.(answer).fits(owner) {
 		return ""
 	}
 	return quote(path, a.(answer).causes)
@@ -118,7 +134,7 @@ func Record(owner string, obj client.Object, err error) {
 		return
 	}
 	_, k := shape(owner, obj)
-	answers.Add(k, answer{causes: causes(status), at: time.Now()})
+	answers.Add(k, answer{causes: causes(status, obj, obj), owner: owner, at: time.Now()})
 }
 
 // shape is a copy of obj to create (nameless, under a generated name,
@@ -162,8 +178,9 @@ func quote(path string, causes []string) string {
 }
 
 // dryRun creates obj (under a generated name) with dry run and returns
-// the causes of an Invalid answer.
-func dryRun(ctx context.Context, c client.Client, obj client.Object) []string {
+// the causes of an Invalid answer, naming the object as the controller
+// does (as): not by the dry run's name, nor by a UID only it had.
+func dryRun(ctx context.Context, c client.Client, obj, as client.Object) []string {
 	err := c.Create(ctx, obj, client.DryRunAll)
 	var status apierrors.APIStatus
 	switch {
@@ -176,14 +193,18 @@ func dryRun(ctx context.Context, c client.Client, obj client.Object) []string {
 		return nil
 	}
 	dryRuns.WithLabelValues("invalid").Inc()
-	return causes(status)
+	return causes(status, obj, as)
 }
 
-// causes are the fields an Invalid answer names, each with its message;
-// a cause that names none (an admission policy's) is the spec's.
-func causes(status apierrors.APIStatus) []string {
+// causes are the fields an Invalid answer to a create of sent names, each
+// with its message; a cause that names none (an admission policy's) is
+// the spec's. The name the API server gave sent (a generated one) is
+// as's, and a UID sent did not carry (the one the API server gave it) is
+// said as <uid>: neither is the object's that will be made.
+func causes(status apierrors.APIStatus, sent, as client.Object) []string {
 	var out []string
-	if d := status.Status().Details; d != nil {
+	d := status.Status().Details
+	if d != nil {
 		for _, c := range d.Causes {
 			if c.Field == "" {
 				c.Field = "spec"
@@ -194,8 +215,29 @@ func causes(status apierrors.APIStatus) []string {
 	if len(out) == 0 {
 		out = []string{"spec: " + status.Status().Message}
 	}
+	name := as.GetName()
+	if name == "" {
+		name = as.GetGenerateName() + "<random>"
+	}
+	gen := sent.GetGenerateName()
+	generated := d != nil && gen != "" && len(d.Name) > len(gen) && strings.HasPrefix(d.Name, gen)
+	b, _ := json.Marshal(sent)
+	for i, s := range out {
+		if generated {
+			s = strings.ReplaceAll(s, d.Name, name)
+		}
+		out[i] = uids.ReplaceAllStringFunc(s, func(u string) string {
+			if bytes.Contains(b, []byte(u)) {
+				return u
+			}
+			return "<uid>"
+		})
+	}
 	return out
 }
+
+// uids matches a UID as the API server makes them.
+var uids = regexp.MustCompile(`\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b`)
 
 // key is an object's namespace, kind and shape: a hash of obj (nameless,
 // its owners' UIDs taken out) with owner's name replaced wherever it

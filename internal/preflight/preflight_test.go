@@ -162,3 +162,41 @@ func TestTheDryRunCarriesTheOwner(t *testing.T) {
 		t.Fatalf("two owners of one template cost %d dry runs, want 1", calls)
 	}
 }
+
+// An answer names the object as the controller names it (the name it was
+// given, or its generateName and <random>), not by the dry run's
+// generated name, and a UID only the dry run had as <uid>. An answer that
+// quotes its owner's name is asked again for another owner, whose own
+// name it then quotes; one that does not is shared.
+func TestRefusedNamesTheObjectAsMade(t *testing.T) {
+	calls := 0
+	c := fake.NewClientBuilder().WithInterceptorFuncs(interceptor.Funcs{
+		Create: func(_ context.Context, _ client.WithWatch, obj client.Object, _ ...client.CreateOption) error {
+			calls++
+			name := obj.GetGenerateName() + "x7k2p"
+			return apierrors.NewInvalid(schema.GroupKind{Kind: "Pod"}, name, field.ErrorList{
+				field.Invalid(field.NewPath("spec", "hostname"), obj.(*corev1.Pod).Spec.Hostname, "must be '"+name+"' of uid 0be7be01-6433-4790-b0c3-a957484b5a14")})
+		}}).Build()
+	named := func(owner string) *corev1.Pod { return pod("names", owner) }
+	generated := func(owner string) *corev1.Pod {
+		p := pod("names", owner)
+		p.Name, p.GenerateName = "", owner+"-head-"
+		return p
+	}
+	tests := []struct {
+		owner string
+		pod   func(string) *corev1.Pod
+		want  string
+		calls int
+	}{
+		{"job-a", named, `spec.hostname: Invalid value: "job-a-worker-0": must be 'job-a-worker-0' of uid <uid>`, 1},
+		{"job-a", named, `spec.hostname: Invalid value: "job-a-worker-0": must be 'job-a-worker-0' of uid <uid>`, 1},
+		{"job-b", named, `spec.hostname: Invalid value: "job-b-worker-0": must be 'job-b-worker-0' of uid <uid>`, 2},
+		{"job-c", generated, `spec.hostname: Invalid value: "job-c-worker-0": must be 'job-c-head-<random>' of uid <uid>`, 3},
+	}
+	for _, tt := range tests {
+		if got := Refused(context.Background(), c, tt.owner, "", tt.pod(tt.owner)); got != tt.want || calls != tt.calls {
+			t.Fatalf("%s: %q after %d dry runs, want %q after %d", tt.owner, got, calls, tt.want, tt.calls)
+		}
+	}
+}
