@@ -354,7 +354,7 @@ func initializing(o observed, d *decision) {
 	}
 	if st.DashboardURL == "" {
 		if o.cluster.Status.State != rayv1.Ready {
-			st.Message = fmt.Sprintf("waiting for RayCluster %s to be ready (state %q)%s", o.cluster.Name, o.cluster.Status.State, clusterProblem(o.cluster))
+			st.Message = fmt.Sprintf("waiting for RayCluster %s to be ready%s", o.cluster.Name, clusterProblem(o.cluster))
 			return
 		}
 		if o.headURL == "" {
@@ -406,18 +406,4 @@ func heldByCluster(o observed, d *decision) bool {
 		d.warn = warning{reason: string(reason), msg: msg}
 	}
 	return true
-}
-
-// clusterProblem is the cluster's own explanation of why it is not ready,
-// if its conditions give one.
-func clusterProblem(rc *rayv1.RayCluster) string {
-	for _, c := range rc.Status.Conditions {
-		if c.Status == metav1.ConditionTrue && c.Type == string(rayv1.RayClusterReplicaFailure) && c.Message != "" {
-			return ": " + c.Message
-		}
-		if c.Status == metav1.ConditionFalse && c.Message != "" && c.Type != string(rayv1.RayClusterSuspended) && c.Type != string(rayv1.RayClusterSuspending) {
-			return ": " + c.Type + ": " + c.Message
-		}
-	}
-	return ""
 }

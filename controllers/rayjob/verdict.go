@@ -74,3 +74,42 @@ func clusterVerdict(rc *rayv1.RayCluster) (rayv1.JobFailedReason, string) {
 	}
 	return "", ""
 }
+
+// clusterConditionReady is kstatus's Ready, which Loom's raycluster
+// controller writes with the reason and message of what holds the
+// cluster.
+const clusterConditionReady = "Ready"
+
+// clusterProblem is why a cluster that is not ready is not, as its
+// conditions say, with the condition's reason (" (reason): message"; ""
+// when they say nothing). Loom's raycluster says it in Ready: the pods on
+// their way, a head pod not ready, a pod create the API server refused.
+// Its ReplicaFailure also tells of an optional child (the serve Service,
+// the dashboard Ingress) left out for a name taken, which holds neither
+// the cluster nor the job, and is not the job's to say. A cluster another
+// operator runs (KubeRay) says it in ReplicaFailure (a pod create
+// refused), HeadPodReady or RayClusterProvisioned.
+func clusterProblem(rc *rayv1.RayCluster) string {
+	conds := rc.Status.Conditions
+	say := func(c *metav1.Condition, name string) string {
+		return fmt.Sprintf(" (%s%s): %s", name, c.Reason, c.Message)
+	}
+	if c := meta.FindStatusCondition(conds, clusterConditionReady); c != nil {
+		if c.Status == metav1.ConditionFalse && c.Message != "" {
+			return say(c, "")
+		}
+		return ""
+	}
+	if c := meta.FindStatusCondition(conds, string(rayv1.RayClusterReplicaFailure)); c != nil && c.Status == metav1.ConditionTrue && c.Message != "" {
+		return say(c, c.Type+", ")
+	}
+	for _, t := range []rayv1.RayClusterConditionType{rayv1.HeadPodReady, rayv1.RayClusterProvisioned} {
+		if c := meta.FindStatusCondition(conds, string(t)); c != nil && c.Status == metav1.ConditionFalse && c.Message != "" {
+			return say(c, c.Type+", ")
+		}
+	}
+	if rc.Status.State != "" {
+		return fmt.Sprintf(" (state %q)", rc.Status.State)
+	}
+	return ""
+}

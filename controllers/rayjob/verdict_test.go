@@ -95,6 +95,49 @@ func TestDecideHeldByCluster(t *testing.T) {
 	}
 }
 
+// While its cluster comes up, an initializing RayJob says what holds the
+// cluster, naming it and the condition's reason: Loom's Ready (the pods on
+// their way, a pod create refused), never the ReplicaFailure of an
+// optional child (the serve Service's name taken), which holds neither
+// the cluster nor the job; of a cluster another operator runs (KubeRay),
+// its ReplicaFailure, HeadPodReady or RayClusterProvisioned.
+func TestWaitingForTheClusterSaysWhatHoldsIt(t *testing.T) {
+	f, tr := metav1.ConditionFalse, metav1.ConditionTrue
+	serveTaken := cond(string(rayv1.RayClusterReplicaFailure), tr, "NameConflict", "Service ns/rj-fghij-serve-svc is controlled by Deployment web (uid 1): rename the RayCluster or that object")
+	cases := []struct {
+		name  string
+		conds []metav1.Condition
+		want  string
+		not   string
+	}{
+		{"nothing said", nil, "waiting for RayCluster rj-fghij to be ready", "("},
+		{"Loom's: an optional child's name taken is not the job's", []metav1.Condition{serveTaken,
+			cond(clusterConditionReady, f, "HeadPodNotReady", "head pod rj-fghij-head-x is Pending and not ready")},
+			"waiting for RayCluster rj-fghij to be ready (HeadPodNotReady): head pod rj-fghij-head-x is Pending and not ready", "serve-svc"},
+		{"Loom's: a pod create refused", []metav1.Condition{
+			cond(string(rayv1.RayClusterReplicaFailure), tr, "FailedToApply", `pods "rj-fghij-head-x" is forbidden: exceeded quota`),
+			cond(clusterConditionReady, f, "FailedToApply", `pods "rj-fghij-head-x" is forbidden: exceeded quota`)},
+			`waiting for RayCluster rj-fghij to be ready (FailedToApply): pods "rj-fghij-head-x" is forbidden: exceeded quota`, ""},
+		{"KubeRay's: a pod create refused", []metav1.Condition{
+			cond(string(rayv1.HeadPodReady), f, "HeadPodNotFound", "no head pod"),
+			cond(string(rayv1.RayClusterReplicaFailure), tr, "FailedCreateHeadPod", "exceeded quota")},
+			"waiting for RayCluster rj-fghij to be ready (ReplicaFailure, FailedCreateHeadPod): exceeded quota", ""},
+		{"KubeRay's: the head not ready", []metav1.Condition{cond(string(rayv1.HeadPodReady), f, "HeadPodNotFound", "no head pod")},
+			"waiting for RayCluster rj-fghij to be ready (HeadPodReady, HeadPodNotFound): no head pod", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := observed{job: baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusInitializing), cluster: readyCluster(), now: t0}
+			o.cluster.Status.State = ""
+			o.cluster.Status.Conditions = tc.conds
+			st := decide(o).status
+			if st.JobDeploymentStatus != rayv1.JobDeploymentStatusInitializing || st.Message != tc.want || (tc.not != "" && strings.Contains(st.Message, tc.not)) {
+				t.Fatalf("status %q %q, want %q", st.JobDeploymentStatus, st.Message, tc.want)
+			}
+		})
+	}
+}
+
 // backoffLimit counts retries after the first attempt; MaxInt32 is as good
 // as unlimited, not an overflow to no retry at all.
 func TestCountAndRetry(t *testing.T) {
