@@ -230,11 +230,13 @@ func buildChildren(ctx context.Context, rc *rayv1.RayCluster) (children, shared 
 	}
 	if ptr.Deref(rc.Spec.HeadGroupSpec.EnableIngress, false) {
 		// <cluster>-head-ingress to the head Service's dashboard port, the
-		// cluster's annotations, its class from kubernetes.io/ingress.class.
+		// cluster's annotations for it, its class from
+		// kubernetes.io/ingress.class.
 		ing, err := common.BuildIngressForHeadService(ctx, *rc)
 		if err != nil {
 			return nil, nil, err
 		}
+		maps.DeleteFunc(ing.Annotations, func(k, _ string) bool { return !forIngress(k) })
 		ing.TypeMeta = metav1.TypeMeta{APIVersion: networkingv1.SchemeGroupVersion.String(), Kind: "Ingress"}
 		children = append(children, ing)
 	}
@@ -242,6 +244,33 @@ func buildChildren(ctx context.Context, rc *rayv1.RayCluster) (children, shared 
 		shared, err = autoscalerRBAC(rc)
 	}
 	return children, shared, err
+}
+
+// notForIngress are the annotation domains of a RayCluster that say
+// something of the cluster itself, not of its Ingress: kubectl's
+// (last-applied-configuration, the whole RayCluster), KubeRay's ray.io
+// (the cluster's options), Loom's, and the ownership marks of Helm and Argo
+// CD, which would claim the Ingress for a release or an application that
+// does not render it.
+var notForIngress = []string{"kubectl.kubernetes.io", "ray.io", "loom.dev", "meta.helm.sh", "argocd.argoproj.io"}
+
+// forIngress reports whether the cluster's annotation key goes on its
+// dashboard Ingress. As KubeRay's builder, every other annotation does
+// (but the class, which becomes ingressClassName), so that an Ingress
+// controller's own, whatever the controller (nginx.ingress.kubernetes.io/,
+// alb.ingress.kubernetes.io/, cert-manager.io/, kubernetes.io/ingress.*),
+// reach it.
+func forIngress(key string) bool {
+	domain, _, ok := strings.Cut(key, "/")
+	if !ok {
+		return true
+	}
+	for _, d := range notForIngress {
+		if domain == d || strings.HasSuffix(domain, "."+d) {
+			return false
+		}
+	}
+	return true
 }
 
 // unwantedChildren are the optional children (the headless worker

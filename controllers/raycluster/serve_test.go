@@ -3,6 +3,7 @@ package raycluster
 import (
 	"context"
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -14,19 +15,54 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/loom-dev/loom/internal/apply"
 	"github.com/loom-dev/loom/internal/testenv"
 )
+
+// The dashboard Ingress takes the cluster's annotations that are for an
+// Ingress, whatever its controller, not those that say something of the
+// cluster itself.
+func TestForIngress(t *testing.T) {
+	for key, want := range map[string]bool{
+		"nginx.ingress.kubernetes.io/rewrite-target":  true,
+		"alb.ingress.kubernetes.io/scheme":            true,
+		"kubernetes.io/ingress.global-static-ip-name": true,
+		"cert-manager.io/cluster-issuer":              true,
+		"external-dns.alpha.kubernetes.io/hostname":   true,
+		"team": true,
+		"kubectl.kubernetes.io/last-applied-configuration": false,
+		"kubectl.kubernetes.io/restartedAt":                false,
+		"ray.io/enable-serve-service":                      false,
+		"ray.io/ft-enabled":                                false,
+		"loom.dev/applied-hash":                            false,
+		"monitoring.loom.dev/scrape":                       false,
+		"ray.loom.dev/cluster-uid":                         false,
+		"meta.helm.sh/release-name":                        false,
+		"argocd.argoproj.io/tracking-id":                   false,
+		"notloom.dev/x":                                    true,
+	} {
+		if got := forIngress(key); got != want {
+			t.Errorf("forIngress(%q) = %v, want %v", key, got, want)
+		}
+	}
+}
 
 // The ray.io/enable-serve-service annotation makes KubeRay's serve Service
 // and headGroupSpec.enableIngress its dashboard Ingress, both controlled by
 // the cluster; a pass that changes neither writes neither, and an edit of
-// the cluster's annotations reaches the Ingress.
+// the cluster's annotations reaches the Ingress. The Ingress carries the
+// cluster's annotations for it (an Ingress controller's, cert-manager's),
+// not those of the cluster itself (kubectl's last-applied configuration,
+// KubeRay's ray.io options, Loom's, Helm's and Argo CD's marks), and an
+// edit of those does not write it.
 func TestServeServiceAndIngress(t *testing.T) {
 	ctx := context.Background()
 	startManager(t, "none")
 	rc := sample(t, "ray-cluster.sample.yaml", "ray-serve")
 	rc.Annotations = map[string]string{"ray.io/enable-serve-service": "true", "kubernetes.io/ingress.class": "nginx",
-		"nginx.ingress.kubernetes.io/rewrite-target": "/$1"}
+		"nginx.ingress.kubernetes.io/rewrite-target": "/$1", "cert-manager.io/cluster-issuer": "letsencrypt", "team": "a",
+		corev1.LastAppliedConfigAnnotation: `{"kind":"RayCluster"}`, "monitoring.loom.dev/scrape": "true",
+		"meta.helm.sh/release-name": "ray", "argocd.argoproj.io/tracking-id": "ray:ray.io/RayCluster:ray-serve/raycluster-kuberay"}
 	rc.Spec.HeadGroupSpec.EnableIngress = ptr.To(true)
 	head := &rc.Spec.HeadGroupSpec.Template.Spec.Containers[0]
 	head.Ports = append(head.Ports, corev1.ContainerPort{Name: "serve", ContainerPort: 8000})
@@ -60,9 +96,11 @@ func TestServeServiceAndIngress(t *testing.T) {
 		len(svc.Spec.Selector) != 1 || svc.Spec.Selector["ray.io/cluster"] != rc.Name || svc.Labels["ray.io/serve"] != "raycluster-kuberay-serve" {
 		t.Fatalf("serve Service ports %v selector %v labels %v", svc.Spec.Ports, svc.Spec.Selector, svc.Labels)
 	}
-	if ptr.Deref(ing.Spec.IngressClassName, "") != "nginx" || ing.Annotations["kubernetes.io/ingress.class"] != "" ||
-		ing.Annotations["nginx.ingress.kubernetes.io/rewrite-target"] != "/$1" {
-		t.Fatalf("Ingress class %v annotations %v", ing.Spec.IngressClassName, ing.Annotations)
+	wantAnnotations := map[string]string{"nginx.ingress.kubernetes.io/rewrite-target": "/$1", "cert-manager.io/cluster-issuer": "letsencrypt", "team": "a"}
+	gotAnnotations := maps.Clone(ing.Annotations)
+	delete(gotAnnotations, apply.AnnotationHash)
+	if ptr.Deref(ing.Spec.IngressClassName, "") != "nginx" || !maps.Equal(gotAnnotations, wantAnnotations) {
+		t.Fatalf("Ingress class %v annotations %v, want %v", ing.Spec.IngressClassName, gotAnnotations, wantAnnotations)
 	}
 	if r := ing.Spec.Rules; len(r) != 1 || r[0].HTTP == nil || len(r[0].HTTP.Paths) != 1 {
 		t.Fatalf("Ingress rules %+v", r)
@@ -72,11 +110,15 @@ func TestServeServiceAndIngress(t *testing.T) {
 		t.Fatalf("Ingress path %+v", p)
 	}
 
-	// Passes that change neither (pods ready, a label edit) write neither.
+	// Passes that change neither (pods ready, a label edit, kubectl's
+	// annotation) write neither.
 	pods := waitPods(t, rc, map[string]int{"headgroup": 1, "workergroup": 1})
 	ready(t, pods["headgroup"][0], pods["workergroup"][0])
 	waitState(t, rc, rayv1.Ready)
-	update(t, rc, func(c *rayv1.RayCluster) { c.Labels = map[string]string{"team": "a"} })
+	update(t, rc, func(c *rayv1.RayCluster) {
+		c.Labels = map[string]string{"team": "a"}
+		c.Annotations[corev1.LastAppliedConfigAnnotation] = `{"kind":"RayCluster","metadata":{"labels":{"team":"a"}}}`
+	})
 	time.Sleep(2 * time.Second)
 	again, againIng := &corev1.Service{}, &networkingv1.Ingress{}
 	if err := env.Client.Get(ctx, svcKey, again); err != nil {
