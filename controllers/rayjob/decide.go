@@ -45,6 +45,9 @@ type observed struct {
 	// not the one the attempt runs on (AnnotationClusterUID): that one was
 	// deleted and this one created since. cluster is nil then.
 	replacedBy string
+	// deleteAfterShutdown: shutdownAfterJobFinishes deletes the RayJob
+	// (Reconciler.DeleteAfterShutdown).
+	deleteAfterShutdown bool
 }
 
 // dashObs is one dashboard read: asked is false when the pass did not need

@@ -360,6 +360,24 @@ func TestFinished(t *testing.T) {
 			true, false, false, 0},
 		{"shutdown, cluster already gone", func(j *rayv1.RayJob, o *observed) { j.Spec.ShutdownAfterJobFinishes = true; o.cluster = nil },
 			false, false, false, 0},
+		{"shutdown under DELETE_RAYJOB_CR_AFTER_JOB_FINISHES before the TTL waits", func(j *rayv1.RayJob, o *observed) {
+			j.Spec.ShutdownAfterJobFinishes, j.Spec.TTLSecondsAfterFinished, o.deleteAfterShutdown = true, 60, true
+		},
+			false, false, false, 51 * time.Second},
+		{"shutdown under DELETE_RAYJOB_CR_AFTER_JOB_FINISHES deletes the RayJob", func(j *rayv1.RayJob, o *observed) {
+			j.Spec.ShutdownAfterJobFinishes, j.Spec.TTLSecondsAfterFinished, o.deleteAfterShutdown = true, 5, true
+		},
+			false, false, true, 0},
+		{"shutdown under DELETE_RAYJOB_CR_AFTER_JOB_FINISHES, cluster already gone, deletes the RayJob", func(j *rayv1.RayJob, o *observed) {
+			j.Spec.ShutdownAfterJobFinishes, o.deleteAfterShutdown, o.cluster = true, true, nil
+		},
+			false, false, true, 0},
+		{"DELETE_RAYJOB_CR_AFTER_JOB_FINISHES: a selected cluster's RayJob is left alone", func(j *rayv1.RayJob, o *observed) {
+			j.Spec.ShutdownAfterJobFinishes, o.deleteAfterShutdown = true, true
+			j.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "x"}
+		}, false, false, false, 0},
+		{"DELETE_RAYJOB_CR_AFTER_JOB_FINISHES without shutdownAfterJobFinishes keeps all", func(_ *rayv1.RayJob, o *observed) { o.deleteAfterShutdown = true },
+			false, false, false, 0},
 		{"selected cluster is left alone", func(j *rayv1.RayJob, _ *observed) {
 			j.Spec.ShutdownAfterJobFinishes = true
 			j.Spec.ClusterSelector = map[string]string{"ray.io/cluster": "x"}

@@ -9,7 +9,10 @@ import (
 
 // finished applies the clean-up a finished RayJob asks for: its
 // deletionStrategy (rules, or the legacy onSuccess/onFailure pair), else
-// shutdownAfterJobFinishes after ttlSecondsAfterFinished. A cluster picked
+// shutdownAfterJobFinishes after ttlSecondsAfterFinished, which deletes
+// the cluster, or the RayJob itself under KubeRay's
+// DELETE_RAYJOB_CR_AFTER_JOB_FINISHES (its cluster, submitter and Service
+// going with it, as they are its own). A cluster picked
 // by clusterSelector is never touched, but DeleteSelf, which KubeRay's
 // validation allows with one, deletes the RayJob (KubeRay v1.5 and v1.6
 // skip every policy of such a RayJob, so it stayed).
@@ -36,8 +39,12 @@ func finished(o observed, d *decision) {
 			execute(o, d, *p)
 		}
 	case j.Spec.ShutdownAfterJobFinishes && !selectorMode(j):
+		p := rayv1.DeleteCluster
+		if o.deleteAfterShutdown {
+			p = rayv1.DeleteSelf
+		}
 		if due(o, d, end.Add(ttl(j.Spec.TTLSecondsAfterFinished))) {
-			execute(o, d, rayv1.DeleteCluster)
+			execute(o, d, p)
 		}
 	}
 }

@@ -36,7 +36,8 @@ func normalized(j *rayv1.RayJob) *rayv1.RayJob {
 // runs, from its dashboard.
 func (r *Reconciler) observe(ctx context.Context, job *rayv1.RayJob, now time.Time) (observed, error) {
 	j := normalized(job)
-	o := observed{job: j, now: now, newJobID: utils.GenerateRayJobId(j.Name), newCluster: utils.GenerateRayClusterName(j.Name), invalid: validate(j)}
+	o := observed{job: j, now: now, newJobID: utils.GenerateRayJobId(j.Name), newCluster: utils.GenerateRayClusterName(j.Name), invalid: validate(j),
+		deleteAfterShutdown: r.DeleteAfterShutdown}
 	if o.invalid == nil {
 		o.invalid = r.preflightSubmitter(ctx, j)
 	}

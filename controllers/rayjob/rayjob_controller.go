@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -79,6 +80,10 @@ type Reconciler struct {
 	// DashboardFor is the dashboard client for a cluster's dashboard
 	// address (status.dashboardURL).
 	DashboardFor func(address string) Dashboard
+	// DeleteAfterShutdown: shutdownAfterJobFinishes deletes the RayJob
+	// itself, its cluster and submitter going with it, rather than the
+	// cluster alone (KubeRay's DELETE_RAYJOB_CR_AFTER_JOB_FINISHES).
+	DeleteAfterShutdown bool
 
 	writer *apply.Writer
 	mu     sync.Mutex
@@ -111,10 +116,17 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts manager.Options) error {
 	if override != "" {
 		log.Info("every Ray dashboard request goes to "+override+" ("+EnvDashboardOverride+", for tests only)", "address", override)
 	}
+	// Read as KubeRay's operator reads it, so that a manager given
+	// KubeRay's environment runs RayJobs as KubeRay did.
+	deleteAfter := strings.EqualFold(os.Getenv(utils.DELETE_RAYJOB_CR_AFTER_JOB_FINISHES), "true")
+	if deleteAfter {
+		log.Info(utils.DELETE_RAYJOB_CR_AFTER_JOB_FINISHES + " is true: shutdownAfterJobFinishes deletes the RayJob itself after ttlSecondsAfterFinished, its RayCluster and submitter Job with it")
+	}
 	r := &Reconciler{
-		Client:    mgr.GetClient(),
-		APIReader: mgr.GetAPIReader(),
-		Recorder:  mgr.GetEventRecorder("loom-rayjob"),
+		Client:              mgr.GetClient(),
+		APIReader:           mgr.GetAPIReader(),
+		Recorder:            mgr.GetEventRecorder("loom-rayjob"),
+		DeleteAfterShutdown: deleteAfter,
 		DashboardFor: func(address string) Dashboard {
 			if override != "" {
 				address = override

@@ -920,6 +920,35 @@ func TestDeleteWorkersKeepsTheClusterAsItRuns(t *testing.T) {
 	})
 }
 
+// Under KubeRay's DELETE_RAYJOB_CR_AFTER_JOB_FINISHES, set in the
+// manager's environment as in KubeRay's operator's, shutdownAfterJobFinishes
+// deletes the RayJob itself ttlSecondsAfterFinished after it finished (its
+// cluster owned by it, for the garbage collector), instead of the cluster
+// alone; the cluster is not deleted before the TTL.
+func TestDeleteRayJobCRAfterJobFinishes(t *testing.T) {
+	t.Setenv(utils.DELETE_RAYJOB_CR_AFTER_JOB_FINISHES, "true")
+	fake := newFake(t, 500*time.Millisecond)
+	startManager(t, fake)
+	rj := sampleJob(t, "ray-job.sample.yaml", "rj-delete-cr")
+	rj.Spec.SubmissionMode = rayv1.HTTPMode
+	rj.Spec.ShutdownAfterJobFinishes, rj.Spec.TTLSecondsAfterFinished = true, 2
+	create(t, rj)
+	rc, _ := waitCluster(t, rj)
+	bringUp(t, rc, true)
+	waitJob(t, rj, "Complete", deploymentStatus(rayv1.JobDeploymentStatusComplete))
+	if live := getCluster(t, rc); live.DeletionTimestamp != nil {
+		t.Fatalf("the cluster was deleted before the TTL")
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(rj), &rayv1.RayJob{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("RayJob still there (%v)", err)
+	})
+	controlledBy(t, getCluster(t, rc), rj) // the garbage collector's to delete
+}
+
 // behindCache is a manager's cache that has not seen the RayJob's cluster
 // and submitter Job yet.
 type behindCache struct{ client.Client }

@@ -125,7 +125,7 @@ func (r *Reconciler) write(ctx context.Context, o observed, d *decision) error {
 		r.stopJob(ctx, o.job, d, d.stopJob, o.now)
 	}
 	if d.deleteSelf {
-		return failed("FailedToDeleteRayJob", r.writer.Delete(ctx, owner, "deletionStrategy DeleteSelf"))
+		return failed("FailedToDeleteRayJob", r.writer.Delete(ctx, owner, "DeleteSelf after the RayJob finished"))
 	}
 	if d.submit {
 		return failed(ReasonFailedToSubmit, r.submit(ctx, o, d.status))
