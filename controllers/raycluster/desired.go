@@ -353,6 +353,9 @@ func headServicePrototype(ctx context.Context, rc *rayv1.RayCluster) *corev1.Ser
 	}
 	sortPorts(svc.Spec.Ports[own:]) // KubeRay's, from a map
 	svc.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}
+	// As the writer makes it: controlled by the cluster (a policy may read
+	// its owners).
+	svc.OwnerReferences = []metav1.OwnerReference{ownerRef(rc)}
 	return svc
 }
 

@@ -8,9 +8,12 @@ import (
 	"time"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -276,4 +279,65 @@ func TestRefusedHeadServiceEditHoldsTheCluster(t *testing.T) {
 		return nil
 	})
 	waitPods(t, rc, map[string]int{headGroup: 1, group: 3})
+}
+
+// The dry runs are the creates the cluster will make, its owner reference
+// included: under a policy that pods and Services be controlled by a
+// RayCluster, the cluster gets its head Service and pods, instead of being
+// held InvalidSpec on the dry runs' want of an owner.
+func TestDryRunsCarryTheClustersOwnerReference(t *testing.T) {
+	ctx := context.Background()
+	startManager(t, "none")
+	rc := sample(t, "ray-cluster.sample.yaml", "preflight-owned")
+	ownedOnly(t, rc.Namespace)
+	if err := env.Client.Create(ctx, rc); err != nil {
+		t.Fatal(err)
+	}
+	waitPods(t, rc, map[string]int{"headgroup": 1, "workergroup": 1})
+	testenv.Eventually(t, 30*time.Second, func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-head-svc"}, &corev1.Service{})
+	})
+	if c := meta.FindStatusCondition(get(t, rc).Status.Conditions, ConditionValid); c != nil && c.Status != metav1.ConditionTrue {
+		t.Fatalf("SpecValid %+v", c)
+	}
+}
+
+// ownedOnly has the API server refuse, in namespace ns only, a pod or a
+// Service that no RayCluster controls (a ValidatingAdmissionPolicy), once
+// a dry run says the policy is in force.
+func ownedOnly(t *testing.T, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: ns + "-owned-only"},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+					Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods", "services"}}}}}},
+			Validations: []admissionregistrationv1.Validation{{
+				Expression: "has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, r.kind == 'RayCluster' && has(r.controller) && r.controller)",
+				Message:    "must be controlled by a RayCluster"}},
+		}}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: policy.Name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+			MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{
+				MatchLabels: map[string]string{corev1.LabelMetadataName: ns}}}}}
+	for _, o := range []client.Object{policy, binding} {
+		if err := env.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_ = env.Client.Delete(ctx, binding)
+		_ = env.Client.Delete(ctx, policy)
+	})
+	testenv.Eventually(t, 30*time.Second, func() error {
+		probe := &corev1.Service{ObjectMeta: metav1.ObjectMeta{GenerateName: "probe-", Namespace: ns},
+			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}}}
+		if err := env.Client.Create(ctx, probe, client.DryRunAll); !apierrors.IsInvalid(err) {
+			return fmt.Errorf("the policy is not in force yet: %v", err)
+		}
+		return nil
+	})
 }
