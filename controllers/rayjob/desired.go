@@ -37,9 +37,10 @@ func originLabels(j *rayv1.RayJob) map[string]string {
 // too, and does not queue the cluster a second time: the writer makes the
 // cluster controlled by the RayJob in the create itself, and Kueue skips an
 // object whose controller is a job it manages (the RayJob, suspended and
-// admitted through Kueue's ray.io/rayjob integration). One difference from
+// admitted through Kueue's ray.io/rayjob integration). Differences from
 // KubeRay: kubectl's last-applied annotation, which describes the RayJob,
-// is not copied.
+// is not copied, nor the UID of the cluster the RayJob's attempt runs on
+// (AnnotationClusterUID: an earlier attempt's, on a retry's new cluster).
 func desiredCluster(j *rayv1.RayJob, name string) *rayv1.RayCluster {
 	labels := make(map[string]string, len(j.Labels)+2)
 	for k, v := range j.Labels {
@@ -52,7 +53,7 @@ func desiredCluster(j *rayv1.RayJob, name string) *rayv1.RayCluster {
 	if len(j.Annotations) > 0 {
 		annotations = make(map[string]string, len(j.Annotations))
 		for k, v := range j.Annotations {
-			if k != corev1.LastAppliedConfigAnnotation {
+			if k != corev1.LastAppliedConfigAnnotation && k != AnnotationClusterUID {
 				annotations[k] = v
 			}
 		}

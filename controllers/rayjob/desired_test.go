@@ -58,9 +58,11 @@ func TestDesiredSubmitterIsKubeRays(t *testing.T) {
 func TestDesiredClusterAndService(t *testing.T) {
 	j := baseJob(rayv1.K8sJobMode, rayv1.JobDeploymentStatusInitializing)
 	j.Labels = map[string]string{"team": "a"}
-	j.Annotations = map[string]string{corev1.LastAppliedConfigAnnotation: "{}", "kueue": "x"}
+	j.Annotations = map[string]string{corev1.LastAppliedConfigAnnotation: "{}", "kueue": "x", AnnotationClusterUID: "uid-of-an-earlier-attempt",
+		"ray.io/ft-enabled": "true"}
 	rc := desiredCluster(j, "rj-fghij")
 	if rc.Name != "rj-fghij" || rc.Labels["team"] != "a" || rc.Labels["ray.io/originated-from-cr-name"] != "rj" || rc.Annotations["kueue"] != "x" ||
+		rc.Annotations["ray.io/ft-enabled"] != "true" || rc.Annotations[AnnotationClusterUID] != "" ||
 		rc.Annotations[corev1.LastAppliedConfigAnnotation] != "" || rc.Spec.HeadGroupSpec.Template.Spec.Containers[0].Image != "rayproject/ray:2.46.0" {
 		t.Fatalf("cluster %+v", rc)
 	}
