@@ -259,13 +259,24 @@ func TestARefusedSubmitterJobHoldsTheRayJob(t *testing.T) {
 // policy may ask), once a dry run says the policy is in force.
 func jobsMust(t *testing.T, ns string, v admissionregistrationv1.Validation) {
 	t.Helper()
+	probe := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{GenerateName: "probe-", Namespace: ns}, Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{
+		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}}}
+	policyOn(t, ns, "batch", "jobs", v, probe)
+}
+
+// policyOn has the API server refuse, in namespace ns only, an object of
+// the group's resource that fails the validation v (a
+// ValidatingAdmissionPolicy), once a dry run of probe, which fails it,
+// says the policy is in force.
+func policyOn(t *testing.T, ns, group, resource string, v admissionregistrationv1.Validation, probe client.Object) {
+	t.Helper()
 	ctx := context.Background()
-	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: ns + "-jobs-must"},
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: ns + "-" + resource + "-must"},
 		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
 			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
 			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
 				RuleWithOperations: admissionregistrationv1.RuleWithOperations{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
-					Rule: admissionregistrationv1.Rule{APIGroups: []string{"batch"}, APIVersions: []string{"v1"}, Resources: []string{"jobs"}}}}}},
+					Rule: admissionregistrationv1.Rule{APIGroups: []string{group}, APIVersions: []string{"v1"}, Resources: []string{resource}}}}}},
 			Validations: []admissionregistrationv1.Validation{v},
 		}}
 	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
@@ -280,13 +291,45 @@ func jobsMust(t *testing.T, ns string, v admissionregistrationv1.Validation) {
 		_ = env.Client.Delete(ctx, policy)
 	})
 	testenv.Eventually(t, 30*time.Second, func() error {
-		probe := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{GenerateName: "probe-", Namespace: ns}, Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{
-			Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}}}
-		if err := env.Client.Create(ctx, probe, client.DryRunAll); !apierrors.IsInvalid(err) {
+		if err := env.Client.Create(ctx, probe.DeepCopyObject().(client.Object), client.DryRunAll); !apierrors.IsInvalid(err) {
 			return fmt.Errorf("the policy is not in force yet: %v", err)
 		}
 		return nil
 	})
+}
+
+// A RayCluster the API server refuses for the RayJob (an admission policy
+// on RayClusters, which the RayJob's labels and rayClusterSpec reach)
+// holds the RayJob ValidationFailed before anything is made, the message
+// quoting the refusal and naming the cluster as an attempt's would be
+// named, instead of a RayJob started whose cluster's create fails on
+// every pass; mended, it runs.
+func TestARefusedClusterHoldsTheRayJob(t *testing.T) {
+	ctx := context.Background()
+	fake := newFake(t, time.Hour)
+	startManager(t, fake)
+	rj := sampleJob(t, "ray-job.sample.yaml", "rj-refused-cluster")
+	probe := &rayv1.RayCluster{ObjectMeta: metav1.ObjectMeta{GenerateName: "probe-", Namespace: rj.Namespace}, Spec: *rj.Spec.RayClusterSpec.DeepCopy()}
+	policyOn(t, rj.Namespace, "ray.io", "rayclusters", admissionregistrationv1.Validation{
+		Expression:        "has(object.metadata.labels) && 'team' in object.metadata.labels",
+		MessageExpression: "'RayCluster ' + object.metadata.name + ' needs a team label'"}, probe)
+	create(t, rj)
+	got := waitJob(t, rj, "held on its cluster", deploymentStatus(rayv1.JobDeploymentStatusValidationFailed))
+	want := `^the API server refuses the RayCluster: spec: ValidatingAdmissionPolicy .* denied request: RayCluster rayjob-sample-<random> needs a team label$`
+	if !regexp.MustCompile(want).MatchString(got.Status.Message) || got.Status.Reason != rayv1.ValidationFailed {
+		t.Fatalf("status %q %q, want ValidationFailed matching %s", got.Status.Reason, got.Status.Message, want)
+	}
+	warned(t, rj, "InvalidRayJobSpec")
+	time.Sleep(time.Second) // passes after the hold make nothing either
+	var clusters rayv1.RayClusterList
+	if err := env.Client.List(ctx, &clusters, client.InNamespace(rj.Namespace)); err != nil || len(clusters.Items) != 0 {
+		t.Fatalf("a held RayJob made %d RayClusters (%v)", len(clusters.Items), err)
+	}
+	updateJob(t, rj, func(j *rayv1.RayJob) { j.Labels = map[string]string{"team": "ml"} })
+	rc, _ := waitCluster(t, rj)
+	if rc.Labels["team"] != "ml" {
+		t.Fatalf("cluster labels %v", rc.Labels)
+	}
 }
 
 // A RayJob past its deadline whose dashboard does not answer the stop

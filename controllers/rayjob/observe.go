@@ -39,6 +39,9 @@ func (r *Reconciler) observe(ctx context.Context, job *rayv1.RayJob, now time.Ti
 	o := observed{job: j, now: now, newJobID: utils.GenerateRayJobId(j.Name), newCluster: utils.GenerateRayClusterName(j.Name), invalid: validate(j),
 		deleteAfterShutdown: r.DeleteAfterShutdown}
 	if o.invalid == nil {
+		o.invalid = r.preflightCluster(ctx, j)
+	}
+	if o.invalid == nil {
 		o.invalid = r.preflightSubmitter(ctx, j)
 	}
 	if o.invalid != nil && validatedIn(j.Status.JobDeploymentStatus) {
@@ -167,6 +170,34 @@ func (r *Reconciler) preflightSubmitter(ctx context.Context, j *rayv1.RayJob) er
 	}
 	return nil
 }
+
+// preflightCluster asks the API server, with a dry run, whether it admits
+// the RayCluster the RayJob would create (its rayClusterSpec, labels and
+// annotations), while nothing of the RayJob runs (New, ValidationFailed,
+// Suspended): the RayCluster CRD's validation and an admission policy on
+// RayClusters refuse what the RayJob's may not. A refusal as invalid is
+// the RayJob's spec error, the cluster's fields named as the RayJob's
+// (spec.rayClusterSpec), instead of a RayJob started whose cluster's
+// create fails on every pass.
+func (r *Reconciler) preflightCluster(ctx context.Context, j *rayv1.RayJob) error {
+	if !validatedIn(j.Status.JobDeploymentStatus) || selectorMode(j) || j.Spec.RayClusterSpec == nil {
+		return nil
+	}
+	// As the writer makes it, under a name of its own (the RayJob's and
+	// five characters, as an attempt's).
+	rc := desiredCluster(j, "")
+	rc.GenerateName = j.Name + "-"
+	rc.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(j, rayv1.GroupVersion.WithKind("RayJob"))}
+	rc.Labels[apply.LabelManagedBy] = apply.ManagedBy
+	if why := preflight.Refused(ctx, r.Client, j.Name, "", rc); why != "" {
+		return fmt.Errorf("the API server refuses the RayCluster: %s", clusterFields.ReplaceAllString(why, "${1}spec.rayClusterSpec."))
+	}
+	return nil
+}
+
+// clusterFields finds the RayCluster's spec fields, the RayJob's
+// rayClusterSpec, in the API server's causes.
+var clusterFields = regexp.MustCompile(`(^|; )spec\.`)
 
 // jobFields finds the submitter Job's fields that come from the RayJob's
 // in the API server's causes ("<field>: <message>", joined by "; ").
