@@ -298,6 +298,27 @@ func policyOn(t *testing.T, ns, group, resource string, v admissionregistrationv
 	})
 }
 
+// The submitter pod's dry run is a pod as the Job controller makes it,
+// controlled by the Job: under a policy that pods be controlled (no bare
+// pods), a RayJob with a submitterPodTemplate runs, instead of being held
+// ValidationFailed on the dry run's want of an owner.
+func TestTheSubmitterPodsDryRunIsControlledByItsJob(t *testing.T) {
+	fake := newFake(t, time.Hour)
+	startManager(t, fake)
+	rj := sampleJob(t, "ray-job.sample.yaml", "rj-owned-pods")
+	rj.Spec.SubmitterPodTemplate = &corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+		Containers: []corev1.Container{{Name: "submitter", Image: "rayproject/ray:2.46.0"}}}}
+	probe := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{GenerateName: "probe-", Namespace: rj.Namespace},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
+	policyOn(t, rj.Namespace, "", "pods", admissionregistrationv1.Validation{
+		Expression: "has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller)",
+		Message:    "a pod must have a controller"}, probe)
+	create(t, rj)
+	if _, got := waitCluster(t, rj); got.Status.JobDeploymentStatus == rayv1.JobDeploymentStatusValidationFailed {
+		t.Fatalf("held: %s", got.Status.Message)
+	}
+}
+
 // A RayCluster the API server refuses for the RayJob (an admission policy
 // on RayClusters, which the RayJob's labels and rayClusterSpec reach)
 // holds the RayJob ValidationFailed before anything is made, the message

@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/loom-dev/loom/internal/apply"
@@ -146,9 +147,13 @@ func (r *Reconciler) preflightSubmitter(ctx context.Context, j *rayv1.RayJob) er
 		return nil // said when the submitter is made
 	}
 	if j.Spec.SubmitterPodTemplate != nil {
+		// As the Job controller makes it: controlled by the Job (whose UID
+		// no dry run can know), without blockOwnerDeletion, which the Job
+		// controller sets, not Loom.
 		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: sj.Name, Namespace: sj.Namespace, Labels: sj.Spec.Template.Labels, Annotations: sj.Spec.Template.Annotations},
-			Spec:       sj.Spec.Template.Spec,
+			ObjectMeta: metav1.ObjectMeta{Name: sj.Name, Namespace: sj.Namespace, Labels: sj.Spec.Template.Labels, Annotations: sj.Spec.Template.Annotations,
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: sj.Name, UID: unknownUID, Controller: ptr.To(true)}}},
+			Spec: sj.Spec.Template.Spec,
 		}
 		if why := preflight.Refused(ctx, r.Client, j.Name, "spec.submitterPodTemplate", pod); why != "" {
 			return fmt.Errorf("the API server refuses the submitter pod: %s", why)
@@ -194,6 +199,9 @@ func (r *Reconciler) preflightCluster(ctx context.Context, j *rayv1.RayJob) erro
 	}
 	return nil
 }
+
+// unknownUID stands for the UID of an owner a dry run cannot know.
+const unknownUID types.UID = "00000000-0000-0000-0000-000000000000"
 
 // clusterFields finds the RayCluster's spec fields, the RayJob's
 // rayClusterSpec, in the API server's causes.
