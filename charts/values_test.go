@@ -1,0 +1,137 @@
+package charts
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// The values the chart copies into a pod's fields (resources, tolerations,
+// nodeSelector, affinity, priorityClassName, the security contexts, the
+// environment, annotations and labels) are checked by the schema at helm
+// install, with a message naming the value: a typo in a key (limit for
+// limits) would otherwise do nothing, and a value that is no quantity or
+// no effect would be refused object by object by the API server.
+func TestSchemaRefusesBadPodFields(t *testing.T) {
+	for _, tc := range []struct{ set, want string }{
+		{"manager.resources.limit.memory=1Gi", "at '/manager/resources': additional properties 'limit' not allowed"},
+		{"manager.resources.limits.memroy=1Gi", "at '/manager/resources/limits': additional properties 'memroy' not allowed"},
+		{"manager.resources.limits.memory=lots", "at '/manager/resources/limits/memory'"},
+		{"manager.resources.requests.cpu=1Gb", "at '/manager/resources/requests/cpu'"},
+		{"manager.resources.requests.cpu=-1", "at '/manager/resources/requests/cpu'"},
+		{"manager.resources.requests.gpu=1", "at '/manager/resources/requests': additional properties 'gpu' not allowed"},
+		{"nodeAgent.resources.limits.memory=128MB", "at '/nodeAgent/resources/limits/memory'"},
+		{"nodeAgent.resources.request.cpu=10m", "at '/nodeAgent/resources': additional properties 'request' not allowed"},
+		{"manager.resources.claims[0].name=gpu", "at '/manager/resources': additional properties 'claims' not allowed"},
+		{"manager.tolerations[0].effect=NoScheduled", "at '/manager/tolerations/0/effect'"},
+		{"manager.tolerations[0].operator=Exist", "at '/manager/tolerations/0/operator'"},
+		{"nodeAgent.tolerations[0].keys=gpu", "at '/nodeAgent/tolerations/0': additional properties 'keys' not allowed"},
+		{"nodeAgent.tolerations[0].tolerationSeconds=soon", "at '/nodeAgent/tolerations/0/tolerationSeconds'"},
+		{"manager.tolerations[0].operator=Exists,manager.tolerations[0].value=gpu", "at '/manager/tolerations/0/value'"},
+		{"manager.tolerations[0].effect=NoSchedule", "at '/manager/tolerations/0"},
+		{"manager.tolerations[0].key=gpu,manager.tolerations[0].effect=NoSchedule,manager.tolerations[0].tolerationSeconds=60", "at '/manager/tolerations/0/effect'"},
+		{"manager.nodeSelector.kubernetes\\.io/os=linux os", "at '/manager/nodeSelector/kubernetes.io~1os'"},
+		{"nodeAgent.nodeSelector.bad key=x", "at '/nodeAgent/nodeSelector': additional properties 'bad key' not allowed"},
+		{"manager.affinity.nodeAfinity.x=1", "at '/manager/affinity': additional properties 'nodeAfinity' not allowed"},
+		{"manager.priorityClassName=High_Priority", "at '/manager/priorityClassName'"},
+		{"nodeAgent.priorityClassName=System Node Critical", "at '/nodeAgent/priorityClassName'"},
+		{"manager.podSecurityContext.runAsUser=-1", "at '/manager/podSecurityContext/runAsUser'"},
+		{"manager.podSecurityContext.runAsNonroot=true", "at '/manager/podSecurityContext': additional properties 'runAsNonroot' not allowed"},
+		{"manager.podSecurityContext.seccompProfile.type=Default", "at '/manager/podSecurityContext/seccompProfile/type'"},
+		{"manager.securityContext.readOnlyRootFileSystem=true", "at '/manager/securityContext': additional properties 'readOnlyRootFileSystem' not allowed"},
+		{"manager.securityContext.capabilities.drops={ALL}", "at '/manager/securityContext/capabilities': additional properties 'drops' not allowed"},
+		{"manager.extraEnv[0].value=1", "at '/manager/extraEnv/0'"},
+		{"manager.extraEnv[0].name=GOGC,manager.extraEnv[0].values=50", "at '/manager/extraEnv/0': additional properties 'values' not allowed"},
+		{"imagePullSecrets[0].nme=regcred", "at '/imagePullSecrets/0'"},
+		{"manager.podAnnotations.bad key=x", "at '/manager/podAnnotations': additional properties 'bad key' not allowed"},
+		{"serviceAccount.annotations.a/b/c=x", "at '/serviceAccount/annotations': additional properties 'a/b/c' not allowed"},
+		{"manager.podLabels.team=ml team", "at '/manager/podLabels/team'"},
+	} {
+		out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", tc.set)
+		if err == nil || !strings.Contains(out, "values don't meet the specifications of the schema") || !strings.Contains(out, tc.want) {
+			t.Errorf("--set %s: err %v, want a schema error %s:\n%.400s", tc.set, err, tc.want, out)
+		}
+	}
+}
+
+// Every form the API server takes passes the schema and reaches the pod:
+// quantities as strings or numbers (a values file holds 1e9 as a float,
+// which helm prints 1e+09), extended resources, every toleration field,
+// affinity, and the rest of the security context fields.
+func TestSchemaAcceptsPodFields(t *testing.T) {
+	values := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(values, []byte(`
+imagePullSecrets: [{name: regcred}]
+manager:
+  resources:
+    requests: {cpu: 0.5, memory: 1000000000, ephemeral-storage: 1Gi}
+    limits: {cpu: 2, memory: 1.5Gi, hugepages-2Mi: 64Mi, example.com/widget: 1}
+  tolerations:
+    - {key: dedicated, operator: Equal, value: gpu, effect: NoExecute, tolerationSeconds: 300}
+    - {operator: Exists}
+  nodeSelector: {kubernetes.io/os: linux, node-role.kubernetes.io/control-plane: ""}
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms: [{matchExpressions: [{key: pool, operator: In, values: [system]}]}]
+  priorityClassName: system-cluster-critical
+  podSecurityContext: {fsGroup: 65532, supplementalGroups: [1000], fsGroupChangePolicy: OnRootMismatch}
+  securityContext: {runAsUser: 1000, seccompProfile: {type: RuntimeDefault}}
+  extraEnv:
+    - {name: GOGC, value: "50"}
+    - name: NODE
+      valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
+  podAnnotations: {example.com/owner: "team ml"}
+nodeAgent:
+  resources:
+    requests: {cpu: 10m, memory: 32Mi}
+    limits: {memory: "256Mi", nvidia.com/gpu: "0"}
+  tolerations: [{key: example.com/gpu-pool, operator: Exists, effect: NoSchedule}]
+  nodeSelector: {pool: gpu}
+  priorityClassName: ""
+serviceAccount:
+  annotations: {eks.amazonaws.com/role-arn: "arn:aws:iam::1:role/loom"}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	objs := renderRelease(t, "loom", "-f", values)
+	dep, _ := find[*appsv1.Deployment](objs, "loom-manager")
+	ds, _ := find[*appsv1.DaemonSet](objs, "loom-node-agent")
+	if dep == nil || ds == nil {
+		t.Fatal("no manager Deployment or node agent DaemonSet")
+	}
+	pod, c := dep.Spec.Template.Spec, dep.Spec.Template.Spec.Containers[0]
+	if got := c.Resources.Requests.Memory().Value(); got != 1000000000 {
+		t.Errorf("manager requests.memory %d, want 1e9", got)
+	}
+	if got := c.Resources.Requests.Cpu().MilliValue(); got != 500 {
+		t.Errorf("manager requests.cpu %dm, want 500m", got)
+	}
+	if got := c.Resources.Limits[corev1.ResourceName("example.com/widget")]; got.Value() != 1 {
+		t.Errorf("manager limits: %v", c.Resources.Limits)
+	}
+	if len(pod.Tolerations) != 2 || pod.Tolerations[0].TolerationSeconds == nil || *pod.Tolerations[0].TolerationSeconds != 300 {
+		t.Errorf("manager tolerations %+v", pod.Tolerations)
+	}
+	if pod.Affinity == nil || pod.Affinity.NodeAffinity == nil || pod.PriorityClassName != "system-cluster-critical" ||
+		pod.NodeSelector["kubernetes.io/os"] != "linux" {
+		t.Errorf("manager scheduling: affinity %+v, priority %q, nodeSelector %v", pod.Affinity, pod.PriorityClassName, pod.NodeSelector)
+	}
+	if psc := pod.SecurityContext; psc == nil || psc.FSGroup == nil || *psc.FSGroup != 65532 || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot {
+		t.Errorf("manager pod securityContext %+v", psc)
+	}
+	if sc := c.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 1000 || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Errorf("manager securityContext %+v", sc)
+	}
+	agent := ds.Spec.Template.Spec
+	if got := agent.Containers[0].Resources.Limits.Memory().String(); got != "256Mi" {
+		t.Errorf("node agent limits.memory %s, want 256Mi", got)
+	}
+	if agent.NodeSelector["pool"] != "gpu" || agent.PriorityClassName != "" || len(agent.Tolerations) != 3 {
+		t.Errorf("node agent scheduling: nodeSelector %v, priority %q, tolerations %+v", agent.NodeSelector, agent.PriorityClassName, agent.Tolerations)
+	}
+}
