@@ -84,6 +84,7 @@ manifests: ## Generate CRDs and RBAC into the chart, and the third-party CRDs te
 	go run ./hack/crdtrim charts/loom/crds/training.loom.dev_trainingjobs.yaml
 	$(CONTROLLER_GEN) rbac:roleName=loom-manager paths=./internal/manager/... paths=./controllers/... output:rbac:dir=charts/loom/files/rbac
 	$(CONTROLLER_GEN) rbac:roleName=loom-node-agent paths=./internal/agent/... output:rbac:dir=charts/loom/files/rbac-agent
+	cp charts/loom/values.yaml charts/loom/files/values.yaml
 	rm -rf $(EXTERNAL_CRDS) && mkdir -p $(EXTERNAL_CRDS)
 	$(CONTROLLER_GEN) crd:maxDescLen=0 paths=volcano.sh/apis/pkg/apis/scheduling/v1beta1 output:crd:dir=$(EXTERNAL_CRDS)
 	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \

@@ -8,6 +8,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 )
 
 // The values the chart copies into a pod's fields (resources, tolerations,
@@ -133,5 +134,145 @@ serviceAccount:
 	}
 	if agent.NodeSelector["pool"] != "gpu" || agent.PriorityClassName != "" || len(agent.Tolerations) != 3 {
 		t.Errorf("node agent scheduling: nodeSelector %v, priority %q, tolerations %+v", agent.NodeSelector, agent.PriorityClassName, agent.Tolerations)
+	}
+}
+
+// helm upgrade --reuse-values renders the new chart with the old release's
+// values in place of the new chart's values.yaml: a value the new chart
+// added is missing, not defaulted. Each template falls back to the chart's
+// default for every value left out (within resources and the security
+// contexts, only for the whole block: a key of theirs set to null stays
+// out), so such an upgrade renders what a fresh install would: the same
+// security contexts, flags and objects.
+func TestReuseValuesFromAnOlderRelease(t *testing.T) {
+	var defaults map[string]any
+	raw, err := os.ReadFile(filepath.Join(chartDir(), "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, &defaults); err != nil {
+		t.Fatal(err)
+	}
+	older := withoutKeys(defaults, "manager.podSecurityContext", "manager.securityContext", "nodeAgent.logFormat",
+		"criticalPodsQuota", "image.digest", "manager.kueueLabelKeysToCopy", "uninstall.timeoutSeconds", "monitoring.grafanaDashboards.namespace")
+	args := []string{"--kube-version", "1.37.2", "--namespace", "gpu-platform",
+		"--api-versions", "monitoring.coreos.com/v1/ServiceMonitor", "--api-versions", "monitoring.coreos.com/v1/PrometheusRule",
+		"--set", "uninstall.cleanup=true", "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true"}
+	want, err := helm(t, append([]string{"template", "loom", chartDir()}, args...)...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, want)
+	}
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		set    []string
+	}{
+		{"an older chart's values", older, nil},
+		// The schema requires image.repository: helm sets it, from the
+		// older release's values, in any upgrade.
+		{"sections without their values", withImage(sectionsOnly(defaults)), nil},
+		{"no values", map[string]any{}, nil},
+		// A value set to null (which helm removes) takes its default.
+		{"values set to null", defaults, []string{"nodeAgent.logFormat=null", "uninstall.timeoutSeconds=null", "manager.resources=null", "monitoring.grafanaDashboards=null"}},
+	} {
+		extra := args
+		for _, s := range tc.set {
+			extra = append(extra, "--set", s)
+		}
+		got, err := helm(t, append([]string{"template", "loom", chartWithValues(t, tc.values)}, extra...)...)
+		if err != nil {
+			t.Errorf("%s: %v\n%.600s", tc.name, err, got)
+			continue
+		}
+		if got != want {
+			t.Errorf("%s: rendered\n%s\nwhere a fresh install renders\n%s", tc.name, diff(want, got), diff(got, want))
+		}
+	}
+}
+
+// withoutKeys is values without the dotted paths.
+func withoutKeys(values map[string]any, paths ...string) map[string]any {
+	out := deepCopy(values)
+	for _, p := range paths {
+		m, keys := out, strings.Split(p, ".")
+		for _, k := range keys[:len(keys)-1] {
+			m = m[k].(map[string]any)
+		}
+		delete(m, keys[len(keys)-1])
+	}
+	return out
+}
+
+// sectionsOnly keeps values' maps and lists (a list left out is one set to
+// null: none) and drops every other value, and the blocks (resources,
+// security contexts) as a whole.
+func sectionsOnly(values map[string]any) map[string]any {
+	out := map[string]any{}
+	for k, v := range values {
+		switch v := v.(type) {
+		case []any:
+			out[k] = v
+		case map[string]any:
+			if len(v) > 0 && !strings.HasSuffix(k, "ecurityContext") && k != "resources" {
+				out[k] = sectionsOnly(v)
+			}
+		}
+	}
+	return out
+}
+
+func withImage(values map[string]any) map[string]any {
+	values["image"] = map[string]any{"repository": "ghcr.io/loom-dev/loom"}
+	return values
+}
+
+func deepCopy(values map[string]any) map[string]any {
+	out := make(map[string]any, len(values))
+	for k, v := range values {
+		if m, ok := v.(map[string]any); ok {
+			v = deepCopy(m)
+		}
+		out[k] = v
+	}
+	return out
+}
+
+// chartWithValues is a copy of the chart whose values.yaml is values.
+func chartWithValues(t *testing.T, values map[string]any) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "loom")
+	if err := os.CopyFS(dir, os.DirFS(chartDir())); err != nil {
+		t.Fatal(err)
+	}
+	b, err := yaml.Marshal(values)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "values.yaml"), b, 0o600)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// diff is the lines of a not in b.
+func diff(a, b string) string {
+	var out []string
+	for _, l := range strings.Split(a, "\n") {
+		if !strings.Contains(b, l) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// The defaults the templates fall back to are values.yaml's.
+func TestDefaultsCopyIsCurrent(t *testing.T) {
+	values, err := os.ReadFile(filepath.Join(chartDir(), "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	copied, err := os.ReadFile(filepath.Join(chartDir(), "files", "values.yaml"))
+	if err != nil || string(copied) != string(values) {
+		t.Errorf("charts/loom/files/values.yaml is not values.yaml (%v): run make manifests", err)
 	}
 }

@@ -115,3 +115,28 @@ installed.
 {{- $crd := .Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor" -}}
 {{- or (eq $enabled "true") (and (eq $enabled "auto") (ne (include "loom.runs" (dict "ctx" . "name" "monitoring")) "true") $crd) -}}
 {{- end -}}
+
+{{/*
+loom.defaults fills in .Values the values of the chart's defaults
+(files/values.yaml, make manifests' copy of values.yaml) it lacks: helm
+upgrade --reuse-values renders with the old release's values in place of
+values.yaml, without the values a newer chart added. A value set to null
+(which helm removes) takes its default too, except a list (null: none, as
+[]) and a key of resources or of a security context (null leaves it out):
+those blocks are filled as a whole only. Every template calls it first.
+*/}}
+{{- define "loom.defaults" -}}
+{{- include "loom.fill" (dict "values" .Values "defaults" (.Files.Get "files/values.yaml" | fromYaml)) -}}
+{{- end -}}
+
+{{- define "loom.fill" -}}
+{{- $values := .values -}}
+{{- range $key, $default := .defaults -}}
+{{- $missing := or (not (hasKey $values $key)) (kindIs "invalid" (index $values $key)) -}}
+{{- if and $missing (not (and (kindIs "slice" $default) $default)) -}}
+{{- $_ := set $values $key $default -}}
+{{- else if and (not $missing) (kindIs "map" $default) (kindIs "map" (index $values $key)) (not (has $key (list "resources" "podSecurityContext" "securityContext"))) -}}
+{{- include "loom.fill" (dict "values" (index $values $key) "defaults" $default) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
