@@ -79,7 +79,7 @@ var rights = map[string]string{
 	"gpus": "list nodes, gpunodes and pods (every namespace). Left out without them: list clusterpolicies and daemonsets, get configmaps " +
 		"(the GPU resource names a ClusterPolicy renames)",
 	"upgrades": "list clusterpolicies and nodes. Left out without them: list daemonsets, get configmaps (the GPU resource names a ClusterPolicy renames)",
-	"uninstall-cleanup": "those of the chart's <release>-uninstall-cleanup ClusterRole and Role (uninstall.cleanup=true): list and delete " +
+	"uninstall-cleanup": "those of the chart's <fullname>-uninstall-cleanup ClusterRole and Role (uninstall.cleanup=true): list and delete " +
 		"clusterpolicies and gpunodes; list, get and patch nodes; get and delete runtimeclass nvidia; in Loom's namespace list deployments, daemonsets " +
 		"and pods, get and delete the manager's Deployment and the node agent's DaemonSet, get the leader Lease; " +
 		"with --rayjob-finalizers, list and patch rayjobs; with --workload-finalizers (the default), list and patch workloads (kueue.x-k8s.io)",
