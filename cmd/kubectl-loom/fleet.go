@@ -2,10 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/fields"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -45,6 +45,10 @@ With -o wide, the pods that hold each resource.`,
 			if out == "json" || out == "yaml" {
 				return o.printData(out, fleet)
 			}
+			if len(fleet) == 0 {
+				_, err := fmt.Fprintln(o.streams.ErrOut, noGPUNodes)
+				return err
+			}
 			return why.WriteFleet(o.streams.Out, fleet, out == "wide")
 		},
 	}
@@ -52,9 +56,13 @@ With -o wide, the pods that hold each resource.`,
 	return cmd
 }
 
-// fleet lists the nodes, the GPUNodes (none without the CRD) and the bound,
-// unfinished pods, each once, and reads the sharing configs' GPU resource
-// names.
+// noGPUNodes is what gpus and upgrades say, on standard error as kubectl
+// get does, where no node is a GPU node (why.IsGPUNode).
+const noGPUNodes = "No GPU nodes found (no node has a GPUNode, the nvidia.com/gpu.present label or a GPU resource)"
+
+// fleet lists the nodes, the GPUNodes (an error saying Loom is not
+// installed without their CRD) and the bound, unfinished pods, each once,
+// and reads the sharing configs' GPU resource names.
 func (o *options) fleet(ctx context.Context) ([]why.FleetNode, error) {
 	c, err := o.client()
 	if err != nil {
@@ -66,8 +74,8 @@ func (o *options) fleet(ctx context.Context) ([]why.FleetNode, error) {
 	}
 	var gns []gpuv1alpha1.GPUNode
 	gl := &gpuv1alpha1.GPUNodeList{}
-	if err := pages(ctx, c, gl, func() { gns = append(gns, gl.Items...) }); err != nil && !meta.IsNoMatchError(err) {
-		return nil, err
+	if err := pages(ctx, c, gl, func() { gns = append(gns, gl.Items...) }); err != nil {
+		return nil, explainGet(err, "GPUNode", "", "")
 	}
 	var pods []corev1.Pod
 	pl := &corev1.PodList{}

@@ -14,11 +14,12 @@ import (
 	"github.com/loom-dev/loom/internal/sharing"
 )
 
-// listPolicies lists the ClusterPolicies (none without Loom's CRDs).
+// listPolicies lists the ClusterPolicies (a NoMatch error without Loom's
+// CRDs).
 func listPolicies(ctx context.Context, c client.Client) ([]gpuv1alpha1.ClusterPolicy, error) {
 	var cps []gpuv1alpha1.ClusterPolicy
 	l := &gpuv1alpha1.ClusterPolicyList{}
-	if err := pages(ctx, c, l, func() { cps = append(cps, l.Items...) }); err != nil && !meta.IsNoMatchError(err) {
+	if err := pages(ctx, c, l, func() { cps = append(cps, l.Items...) }); err != nil {
 		return nil, err
 	}
 	return cps, nil
@@ -33,6 +34,9 @@ func listPolicies(ctx context.Context, c client.Client) ([]gpuv1alpha1.ClusterPo
 // names (nvidia.com/gpu, nvidia.com/mig-*, their .shared forms) stand.
 func sharingSource(ctx context.Context, c client.Client) (sharing.Source, error) {
 	cps, err := listPolicies(ctx, c)
+	if meta.IsNoMatchError(err) {
+		return sharing.Source{}, nil
+	}
 	if err != nil {
 		return sharing.Source{}, ignoreForbidden(err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/spf13/cobra"
 
@@ -40,7 +41,11 @@ its state, and a failure or a refused eviction. Failed nodes come first.`,
 			if out == "json" || out == "yaml" {
 				return o.printData(out, u)
 			}
-			return why.WriteUpgrades(o.streams.Out, u.Policies, u.Nodes, out == "wide")
+			if err := why.WriteUpgrades(o.streams.Out, u.Policies, u.Nodes, out == "wide"); err != nil || len(u.Nodes) > 0 {
+				return err
+			}
+			_, err = fmt.Fprintln(o.streams.ErrOut, noGPUNodes)
+			return err
 		},
 	}
 	addOutput(cmd, &out)
@@ -54,7 +59,7 @@ func (o *options) upgrades(ctx context.Context) (upgrades, error) {
 	}
 	cps, err := listPolicies(ctx, c)
 	if err != nil {
-		return upgrades{}, err
+		return upgrades{}, explainGet(err, "ClusterPolicy", "", "")
 	}
 	nodes, err := listNodes(ctx, c)
 	if err != nil {
@@ -64,5 +69,9 @@ func (o *options) upgrades(ctx context.Context) (upgrades, error) {
 	if err != nil {
 		return upgrades{}, err
 	}
-	return upgrades{Policies: why.Upgrades(cps), Nodes: why.UpgradeNodes(nodes, o.now(), sharing.NamesOf(src))}, nil
+	// -o json prints [] for none, not null.
+	u := upgrades{Policies: []why.PolicyUpgrade{}, Nodes: []why.UpgradeNode{}}
+	u.Policies = append(u.Policies, why.Upgrades(cps)...)
+	u.Nodes = append(u.Nodes, why.UpgradeNodes(nodes, o.now(), sharing.NamesOf(src))...)
+	return u, nil
 }

@@ -89,7 +89,8 @@ func podsColumn(pods []string) string {
 }
 
 // WriteUpgrades prints each policy's DriverUpgrade condition, then one row
-// per node; wide adds when its upgrade started and its target template.
+// per node (no table without nodes); wide adds when its upgrade started and
+// its target template.
 func WriteUpgrades(w io.Writer, policies []PolicyUpgrade, nodes []UpgradeNode, wide bool) error {
 	for _, p := range policies {
 		if _, err := fmt.Fprintf(w, "clusterpolicy/%s: DriverUpgrade=%s %s: %s\n", p.Policy, p.Status, p.Reason, p.Message); err != nil {
@@ -100,6 +101,9 @@ func WriteUpgrades(w io.Writer, policies []PolicyUpgrade, nodes []UpgradeNode, w
 		if _, err := fmt.Fprintln(w, "no ClusterPolicy in force: Loom upgrades no driver"); err != nil {
 			return err
 		}
+	}
+	if len(nodes) == 0 {
+		return nil
 	}
 	tw := printers.GetNewTabWriter(w)
 	head := "NODE\tSTATE\tCLAIM\tCORDONED\tSINCE\tDETAIL"
