@@ -276,3 +276,56 @@ func TestDefaultsCopyIsCurrent(t *testing.T) {
 		t.Errorf("charts/loom/files/values.yaml is not values.yaml (%v): run make manifests", err)
 	}
 }
+
+// Labels and annotations of the user's that the chart sets too (a pod
+// label app.kubernetes.io/part-of, the default-container annotation, a
+// monitoring label app.kubernetes.io/component) are set once, the user's
+// value, instead of the key twice in the rendered YAML, which strict
+// decoders refuse and others read as either value.
+func TestUserLabelsOverTheChartsAreNotDuplicated(t *testing.T) {
+	out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--namespace", "gpu-platform",
+		"--api-versions", "monitoring.coreos.com/v1/ServiceMonitor", "--api-versions", "monitoring.coreos.com/v1/PrometheusRule",
+		"--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true",
+		"--set", "manager.podLabels.app\\.kubernetes\\.io/part-of=gpu-platform",
+		"--set", "manager.podAnnotations.kubectl\\.kubernetes\\.io/default-container=sidecar",
+		"--set", "monitoring.labels.app\\.kubernetes\\.io/component=metrics",
+		"--set", "metrics.serviceMonitor.labels.app\\.kubernetes\\.io/part-of=monitoring")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	seen := 0
+	for _, doc := range strings.Split(out, "\n---") {
+		var obj struct {
+			Kind     string
+			Metadata struct{ Labels map[string]string }
+			Spec     struct {
+				Template struct {
+					Metadata struct{ Labels, Annotations map[string]string }
+				}
+			}
+		}
+		var strict map[string]any
+		if err := yaml.UnmarshalStrict([]byte(doc), &strict); err != nil {
+			t.Errorf("%v in\n%s", err, doc)
+			continue
+		}
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			t.Fatal(err)
+		}
+		switch obj.Kind {
+		case "Deployment":
+			seen++
+			if m := obj.Spec.Template.Metadata; m.Labels["app.kubernetes.io/part-of"] != "gpu-platform" || m.Annotations["kubectl.kubernetes.io/default-container"] != "sidecar" {
+				t.Errorf("the manager's pod labels %v, annotations %v", m.Labels, m.Annotations)
+			}
+		case "ServiceMonitor", "PrometheusRule":
+			seen++
+			if l := obj.Metadata.Labels; l["app.kubernetes.io/component"] != "metrics" || (obj.Kind == "ServiceMonitor") != (l["app.kubernetes.io/part-of"] == "monitoring") {
+				t.Errorf("%s labels %v", obj.Kind, l)
+			}
+		}
+	}
+	if seen != 3 {
+		t.Errorf("%d of the Deployment, ServiceMonitor and PrometheusRule rendered", seen)
+	}
+}

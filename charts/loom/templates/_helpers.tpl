@@ -38,6 +38,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: loom
 {{- end }}
 
+{{/*
+loom.labelsWith is the chart's labels with component .component, and the
+user's .extra over them: each key once, the user's value where both set it.
+*/}}
+{{- define "loom.labelsWith" -}}
+{{- $labels := include "loom.labels" .ctx | fromYaml -}}
+{{- $_ := set $labels "app.kubernetes.io/component" .component -}}
+{{- toYaml (merge (dict) (.extra | default dict) $labels) -}}
+{{- end -}}
+
 {{/* Labels that select the manager's pods (immutable once installed). */}}
 {{- define "loom.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "loom.name" . }}
