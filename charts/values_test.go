@@ -1,14 +1,20 @@
 package charts
 
 import (
+	"flag"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/loom-dev/loom/internal/cli"
+	"github.com/loom-dev/loom/internal/manager"
 )
 
 // The values the chart copies into a pod's fields (resources, tolerations,
@@ -327,5 +333,70 @@ func TestUserLabelsOverTheChartsAreNotDuplicated(t *testing.T) {
 	}
 	if seen != 3 {
 		t.Errorf("%d of the Deployment, ServiceMonitor and PrometheusRule rendered", seen)
+	}
+}
+
+// manager.extraArgs are checked against loom manager's flags at install:
+// a flag it does not have, a value that follows no flag (a boolean's
+// "--kueue false") or a flag left without its value would crash-loop the
+// manager after helm install succeeded. Every flag the manager has passes,
+// in each form Go's flag package takes; the chart's two lists of them are
+// the manager's.
+func TestManagerExtraArgsAreItsFlags(t *testing.T) {
+	fs := flag.NewFlagSet("loom manager", flag.ContinueOnError)
+	opts := manager.DefaultOptions()
+	opts.BindFlags(fs)
+	var common cli.Common
+	common.Bind(fs)
+	var valued, bools []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			if f.Name != "version" { // prints the version and exits
+				bools = append(bools, f.Name)
+			}
+		} else {
+			valued = append(valued, f.Name)
+		}
+	})
+	helpers, err := os.ReadFile(filepath.Join(chartDir(), "templates", "_helpers.tpl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string][]string{"loom.managerFlags": valued, "loom.managerBoolFlags": bools} {
+		m := regexp.MustCompile(`define "` + regexp.QuoteMeta(name) + `" -}}\n(.*)\n`).FindSubmatch(helpers)
+		if m == nil || !slices.Equal(strings.Fields(string(m[1])), want) {
+			t.Errorf("_helpers.tpl's %s is not the manager's: want\n%s", name, strings.Join(want, " "))
+		}
+	}
+	var every []string
+	for _, f := range valued {
+		every = append(every, "--"+f+"=x", "-"+f, "x")
+	}
+	for _, f := range bools {
+		every = append(every, "--"+f, "-"+f+"=false")
+	}
+	values := filepath.Join(t.TempDir(), "values.yaml")
+	b, err := yaml.Marshal(map[string]any{"manager": map[string]any{"extraArgs": every}})
+	if err == nil {
+		err = os.WriteFile(values, b, 0o600)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "-f", values); err != nil {
+		t.Errorf("every flag of the manager's: %v\n%.600s", err, out)
+	}
+	for _, tc := range []struct{ set, want string }{
+		{"manager.extraArgs={--leader-election-lease-durations=90s}", `"--leader-election-lease-durations=90s" is not a flag of loom manager`},
+		{"manager.extraArgs={--kueue,false}", `"false" is not a flag of loom manager`},
+		{"manager.extraArgs={leader-elect=false}", `"leader-elect=false" is not a flag of loom manager`},
+		{"manager.extraArgs={--version}", `"--version" is not a flag of loom manager`},
+		{"manager.extraArgs={--,--kueue=false}", `"--" is not a flag of loom manager`},
+		{"manager.extraArgs={--pprof-bind-address}", `manager.extraArgs ends with --pprof-bind-address, which takes a value`},
+	} {
+		out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set-string", tc.set)
+		if err == nil || !strings.Contains(out, tc.want) {
+			t.Errorf("--set-string %s: err %v, want a failure saying %s:\n%.300s", tc.set, err, tc.want, out)
+		}
 	}
 }

@@ -108,6 +108,46 @@ app.kubernetes.io/component: node-agent
 {{- join "," $out -}}
 {{- end -}}
 
+{{/*
+loom.managerFlags are loom manager's flags that take a value and
+loom.managerBoolFlags its booleans (--version left out: it exits), so that
+manager.extraArgs are checked at install, not by a crash-looping manager. A
+test holds them to the manager's.
+*/}}
+{{- define "loom.managerFlags" -}}
+controllers gang-scheduler graceful-shutdown-timeout grafana-dashboards-namespace health-probe-bind-address kube-api-burst kube-api-qps kubeconfig kueue-label-keys-to-copy leader-election-id leader-election-lease-duration leader-election-namespace leader-election-renew-deadline leader-election-retry-period log-format log-level max-concurrent-reconciles max-workload-pods metrics-bind-address metrics-cert-dir metrics-scrape-interval metrics-service-monitor metrics-service-monitor-labels monitoring-labels namespace pprof-bind-address watch-namespaces
+{{- end -}}
+{{- define "loom.managerBoolFlags" -}}
+apply-crds enable-http2 grafana-dashboards install-ray-crd kueue kueue-manage-jobs-without-queue-name leader-elect metrics-secure
+{{- end -}}
+
+{{/*
+loom.checkExtraArgs fails unless manager.extraArgs are flags of loom
+manager, as Go's flag package reads them: -name or --name, its value after
+= or, for a flag that is no boolean, as the next argument.
+*/}}
+{{- define "loom.checkExtraArgs" -}}
+{{- $valued := splitList " " (include "loom.managerFlags" .) -}}
+{{- $known := concat $valued (splitList " " (include "loom.managerBoolFlags" .)) -}}
+{{- $value := "" -}}
+{{- range .Values.manager.extraArgs -}}
+{{- if $value -}}
+{{- $value = "" -}}
+{{- else -}}
+{{- $name := regexReplaceAll "^--?([^=]*).*$" . "${1}" -}}
+{{- if or (not (hasPrefix "-" .)) (not (has $name $known)) -}}
+{{- fail (printf "manager.extraArgs: %q is not a flag of loom manager (the README's Manager flags table names them; a boolean takes its value after =, --name=false)" .) -}}
+{{- end -}}
+{{- if and (not (contains "=" .)) (has $name $valued) -}}
+{{- $value = . -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- with $value -}}
+{{- fail (printf "manager.extraArgs ends with %s, which takes a value (--name=value)" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* loom.runs is "true" when manager.controllers runs controller .name. */}}
 {{- define "loom.runs" -}}
 {{- $controllers := splitList "," (nospace .ctx.Values.manager.controllers) -}}
