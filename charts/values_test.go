@@ -57,6 +57,9 @@ func TestSchemaRefusesBadPodFields(t *testing.T) {
 		{"manager.podAnnotations.bad key=x", "at '/manager/podAnnotations': additional properties 'bad key' not allowed"},
 		{"serviceAccount.annotations.a/b/c=x", "at '/serviceAccount/annotations': additional properties 'a/b/c' not allowed"},
 		{"manager.podLabels.team=ml team", "at '/manager/podLabels/team'"},
+		// A tag or digest in the repository would render repository:tag:appVersion.
+		{"image.repository=ghcr.io/loom-dev/loom:v1", "at '/image/repository'"},
+		{"image.repository=ghcr.io/loom-dev/loom@sha256:" + strings.Repeat("0", 64), "at '/image/repository'"},
 	} {
 		out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set", tc.set)
 		if err == nil || !strings.Contains(out, "values don't meet the specifications of the schema") || !strings.Contains(out, tc.want) {
@@ -105,7 +108,7 @@ serviceAccount:
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	objs := renderRelease(t, "loom", "-f", values)
+	objs := renderRelease(t, "loom", "-f", values, "--set", "image.repository=registry.example.com:5000/mirror/loom")
 	dep, _ := find[*appsv1.Deployment](objs, "loom-manager")
 	ds, _ := find[*appsv1.DaemonSet](objs, "loom-node-agent")
 	if dep == nil || ds == nil {
@@ -133,6 +136,9 @@ serviceAccount:
 	}
 	if sc := c.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 1000 || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
 		t.Errorf("manager securityContext %+v", sc)
+	}
+	if c.Image != "registry.example.com:5000/mirror/loom:0.1.0" {
+		t.Errorf("manager image %s", c.Image)
 	}
 	agent := ds.Spec.Template.Spec
 	if got := agent.Containers[0].Resources.Limits.Memory().String(); got != "256Mi" {
