@@ -218,6 +218,8 @@ func TestChartRefusesUnsafeCombinations(t *testing.T) {
 		{[]string{"metrics.port=8081"}, "metrics.port 8081 is the manager's health probe port"},
 		{[]string{"manager.podLabels.app\\.kubernetes\\.io/name=gpu"}, "manager.podLabels may not set app.kubernetes.io/name: the manager's Deployment selects"},
 		{[]string{"manager.podLabels.app\\.kubernetes\\.io/component=ctl"}, "manager.podLabels may not set app.kubernetes.io/component"},
+		{[]string{"serviceAccount.create=false", "serviceAccount.name=mine", "serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn"},
+			"serviceAccount.annotations are set on the ServiceAccount the chart creates"},
 	} {
 		args := []string{"template", "loom", chartDir(), "--kube-version", "1.37.2"}
 		for _, s := range tc.set {
