@@ -238,3 +238,28 @@ func TestChartRefusesUnsafeCombinations(t *testing.T) {
 		t.Error("one replica without leader election does not render")
 	}
 }
+
+// The node agent runs where NFD saw an NVIDIA PCI device or Loom labelled
+// the node; without NFD, nodeAgent.affinity replaces those terms (a GPU
+// node pool's label, say), while nodeAgent.nodeSelector narrows them.
+func TestNodeAgentPlacement(t *testing.T) {
+	terms := func(objs []runtime.Object) []corev1.NodeSelectorTerm {
+		ds, ok := find[*appsv1.DaemonSet](objs, "loom-node-agent")
+		if !ok {
+			t.Fatal("no node agent DaemonSet")
+		}
+		a := ds.Spec.Template.Spec.Affinity
+		if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+			t.Fatalf("node agent affinity %+v", a)
+		}
+		return a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	}
+	if got := terms(render(t)); len(got) != 4 || got[0].MatchExpressions[0].Key != "feature.node.kubernetes.io/pci-10de.present" {
+		t.Errorf("default node agent terms %+v", got)
+	}
+	pool := "nodeAgent.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0]."
+	got := terms(render(t, pool+"key=cloud.google.com/gke-accelerator", pool+"operator=Exists"))
+	if len(got) != 1 || got[0].MatchExpressions[0].Key != "cloud.google.com/gke-accelerator" {
+		t.Errorf("nodeAgent.affinity: terms %+v, want the pool's only", got)
+	}
+}
