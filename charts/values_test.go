@@ -344,10 +344,11 @@ func TestUserLabelsOverTheChartsAreNotDuplicated(t *testing.T) {
 
 // manager.extraArgs are checked against loom manager's flags at install:
 // a flag it does not have, a value that follows no flag (a boolean's
-// "--kueue false") or a flag left without its value would crash-loop the
-// manager after helm install succeeded. Every flag the manager has passes,
-// in each form Go's flag package takes; the chart's two lists of them are
-// the manager's.
+// "--enable-http2 false") or a flag left without its value would
+// crash-loop the manager after helm install succeeded, and a flag the chart
+// sets would override the value the chart's objects follow. Every other
+// flag the manager has passes, in each form Go's flag package takes; the
+// chart's two lists of them are the manager's.
 func TestManagerExtraArgsAreItsFlags(t *testing.T) {
 	fs := flag.NewFlagSet("loom manager", flag.ContinueOnError)
 	opts := manager.DefaultOptions()
@@ -374,12 +375,31 @@ func TestManagerExtraArgsAreItsFlags(t *testing.T) {
 			t.Errorf("_helpers.tpl's %s is not the manager's: want\n%s", name, strings.Join(want, " "))
 		}
 	}
+	// The flags the chart sets, each from a value (or a namespace and port
+	// its objects follow), are refused, naming what to set instead.
+	dep, _ := find[*appsv1.Deployment](render(t, "manager.watchNamespaces={a}", "manager.kueueLabelKeysToCopy={team}",
+		"manager.kueueManageJobsWithoutQueueName=true", "monitoring.labels.a=b", "monitoring.grafanaDashboards.namespace=mon",
+		"metrics.serviceMonitor.labels.a=b"), "loom-manager")
+	chart := []string{"namespace", "leader-election-namespace"}
+	for _, a := range dep.Spec.Template.Spec.Containers[0].Args[1:] {
+		chart = append(chart, strings.TrimPrefix(strings.SplitN(a, "=", 2)[0], "--"))
+	}
+	for _, f := range chart {
+		out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set-string", "manager.extraArgs={--"+f+"=x}")
+		if err == nil || !strings.Contains(out, "manager.extraArgs: --"+f+" is the chart's: ") {
+			t.Errorf("extraArgs --%s=x, which the chart sets: err %v\n%.300s", f, err, out)
+		}
+	}
 	var every []string
 	for _, f := range valued {
-		every = append(every, "--"+f+"=x", "-"+f, "x")
+		if !slices.Contains(chart, f) {
+			every = append(every, "--"+f+"=x", "-"+f, "x")
+		}
 	}
 	for _, f := range bools {
-		every = append(every, "--"+f, "-"+f+"=false")
+		if !slices.Contains(chart, f) {
+			every = append(every, "--"+f, "-"+f+"=false")
+		}
 	}
 	values := filepath.Join(t.TempDir(), "values.yaml")
 	b, err := yaml.Marshal(map[string]any{"manager": map[string]any{"extraArgs": every}})
@@ -394,10 +414,10 @@ func TestManagerExtraArgsAreItsFlags(t *testing.T) {
 	}
 	for _, tc := range []struct{ set, want string }{
 		{"manager.extraArgs={--leader-election-lease-durations=90s}", `"--leader-election-lease-durations=90s" is not a flag of loom manager`},
-		{"manager.extraArgs={--kueue,false}", `"false" is not a flag of loom manager`},
+		{"manager.extraArgs={--enable-http2,false}", `"false" is not a flag of loom manager`},
 		{"manager.extraArgs={leader-elect=false}", `"leader-elect=false" is not a flag of loom manager`},
 		{"manager.extraArgs={--version}", `"--version" is not a flag of loom manager`},
-		{"manager.extraArgs={--,--kueue=false}", `"--" is not a flag of loom manager`},
+		{"manager.extraArgs={--,--enable-http2=false}", `"--" is not a flag of loom manager`},
 		{"manager.extraArgs={--pprof-bind-address}", `manager.extraArgs ends with --pprof-bind-address, which takes a value`},
 	} {
 		out, err := helm(t, "template", "loom", chartDir(), "--kube-version", "1.37.2", "--set-string", tc.set)

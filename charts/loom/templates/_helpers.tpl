@@ -122,13 +122,49 @@ apply-crds enable-http2 grafana-dashboards install-ray-crd kueue kueue-manage-jo
 {{- end -}}
 
 {{/*
+loom.chartFlags are the manager's flags the chart sets, and how to set each:
+one in manager.extraArgs too would override the value that the chart's
+objects (its RBAC, probes, ServiceMonitor) follow.
+*/}}
+{{- define "loom.chartFlags" -}}
+controllers: set manager.controllers
+watch-namespaces: set manager.watchNamespaces
+leader-elect: set manager.leaderElection.enabled
+leader-election-id: set manager.leaderElection.leaseName
+leader-election-namespace: the Lease is in the release namespace, where the chart's Role lets the manager write it
+namespace: the manager runs in the release namespace, where the chart's RBAC is
+metrics-bind-address: set metrics.port
+metrics-service-monitor: set metrics.serviceMonitor.enabled
+metrics-scrape-interval: set metrics.serviceMonitor.interval
+metrics-service-monitor-labels: set metrics.serviceMonitor.labels
+health-probe-bind-address: the chart's probes read port 8081
+kube-api-qps: set manager.kubeAPIQPS
+kube-api-burst: set manager.kubeAPIBurst
+max-concurrent-reconciles: set manager.maxConcurrentReconciles
+gang-scheduler: set manager.gangScheduler
+kueue: set manager.kueue
+kueue-manage-jobs-without-queue-name: set manager.kueueManageJobsWithoutQueueName
+kueue-label-keys-to-copy: set manager.kueueLabelKeysToCopy
+max-workload-pods: set manager.maxWorkloadPods
+install-ray-crd: set rayCluster.installCRD
+apply-crds: set manager.applyCRDs
+monitoring-labels: set monitoring.labels
+grafana-dashboards: set monitoring.grafanaDashboards.enabled
+grafana-dashboards-namespace: set monitoring.grafanaDashboards.namespace
+log-level: set manager.logLevel
+log-format: set manager.logFormat
+{{- end -}}
+
+{{/*
 loom.checkExtraArgs fails unless manager.extraArgs are flags of loom
-manager, as Go's flag package reads them: -name or --name, its value after
-= or, for a flag that is no boolean, as the next argument.
+manager, as Go's flag package reads them (-name or --name, its value after
+= or, for a flag that is no boolean, as the next argument), that the chart
+does not set.
 */}}
 {{- define "loom.checkExtraArgs" -}}
 {{- $valued := splitList " " (include "loom.managerFlags" .) -}}
 {{- $known := concat $valued (splitList " " (include "loom.managerBoolFlags" .)) -}}
+{{- $chart := include "loom.chartFlags" . | fromYaml -}}
 {{- $value := "" -}}
 {{- range .Values.manager.extraArgs -}}
 {{- if $value -}}
@@ -137,6 +173,9 @@ manager, as Go's flag package reads them: -name or --name, its value after
 {{- $name := regexReplaceAll "^--?([^=]*).*$" . "${1}" -}}
 {{- if or (not (hasPrefix "-" .)) (not (has $name $known)) -}}
 {{- fail (printf "manager.extraArgs: %q is not a flag of loom manager (the README's Manager flags table names them; a boolean takes its value after =, --name=false)" .) -}}
+{{- end -}}
+{{- with get $chart $name -}}
+{{- fail (printf "manager.extraArgs: --%s is the chart's: %s" $name .) -}}
 {{- end -}}
 {{- if and (not (contains "=" .)) (has $name $valued) -}}
 {{- $value = . -}}
