@@ -5,7 +5,9 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/fields"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -86,7 +88,33 @@ func (o *options) fleet(ctx context.Context) ([]why.FleetNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	return why.Fleet(nodes, gns, pods, sharing.NamesOf(src)), nil
+	fleet := why.Fleet(nodes, gns, pods, sharing.NamesOf(src))
+	return fleet, o.checkManager(ctx, c, len(fleet))
+}
+
+// managerLabels are the chart's labels on the manager's Deployment.
+var managerLabels = client.MatchingLabels{"app.kubernetes.io/part-of": "loom", "app.kubernetes.io/component": "manager"}
+
+// checkManager looks for a Loom manager's Deployment in every namespace:
+// without one (helm uninstall leaves Loom's CRDs and what was written in
+// them), an answer of no rows is an error saying Loom is not installed,
+// and other answers are followed by a warning that they may be stale. One
+// who may not list Deployments is told nothing.
+func (o *options) checkManager(ctx context.Context, c client.Client, rows int) error {
+	l := &appsv1.DeploymentList{}
+	err := c.List(ctx, l, managerLabels, client.Limit(1))
+	if apierrors.IsForbidden(err) || len(l.Items) > 0 {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	const none = "no Loom manager is installed (no Deployment labelled app.kubernetes.io/part-of=loom,app.kubernetes.io/component=manager in any namespace)"
+	if rows == 0 {
+		return fmt.Errorf("%s: is Loom installed? (helm install loom charts/loom)", none)
+	}
+	_, err = fmt.Fprintf(o.streams.ErrOut, "Warning: %s: what it wrote may be stale\n", none)
+	return err
 }
 
 func listNodes(ctx context.Context, c client.Client) ([]corev1.Node, error) {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/loom-dev/loom/internal/testenv"
@@ -23,10 +24,11 @@ func runOn(t *testing.T, kubeconfig string, args ...string) (string, string, err
 	return out.String(), errOut.String(), err
 }
 
-// On a cluster without Loom (its CRDs not served), gpus and upgrades fail
-// saying so, as why does, instead of an empty table that reads as a fleet
-// without GPUs; with Loom and no GPU node they say that nothing matched
-// (on standard error, as kubectl get does) instead of a table header.
+// On a cluster without Loom (its CRDs not served, or no manager after a
+// helm uninstall that left them), gpus and upgrades fail saying so, as why
+// does, instead of an empty table that reads as a fleet without GPUs; with
+// Loom and no GPU node they say that nothing matched (on standard error, as
+// kubectl get does) instead of a table header.
 func TestGPUsAndUpgradesWithoutLoom(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -51,7 +53,20 @@ func TestGPUsAndUpgradesWithoutLoom(t *testing.T) {
 		}
 	}
 
+	// The CRDs without a manager: helm uninstall leaves them.
 	if err := own.InstallCRDs(ctx, "gpu.loom.dev"); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"gpus"}, {"upgrades", "-o", "json"}} {
+		out, _, err := runOn(t, kc, args...)
+		if err == nil || !strings.Contains(err.Error(), "no Loom manager is installed") || !strings.Contains(err.Error(), "is Loom installed?") || out != "" {
+			t.Errorf("%v with the CRDs and no manager: err %v; printed %q", args, err, out)
+		}
+	}
+	if err := own.CreateNamespace(ctx, "loom-system"); err != nil {
+		t.Fatal(err)
+	}
+	if err := own.Client.Create(ctx, loomWorkload(&appsv1.Deployment{}, "loom-system", "gpu", "manager", "gpu-loom-manager", "loom-manager")); err != nil {
 		t.Fatal(err)
 	}
 	const none = "No GPU nodes found (no node has a GPUNode, the nvidia.com/gpu.present label or a GPU resource)\n"

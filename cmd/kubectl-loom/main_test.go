@@ -165,6 +165,10 @@ func TestGPUsAndUpgrades(t *testing.T) {
 	if want := []string{"gpu-1", "NVIDIA-H100-80GB-HBM3", "0", "0", "nvidia.com/gpu", "8", "6", "2", "-", "false", "fleet/a=3,fleet/b=3"}; strings.Join(row, " ") != strings.Join(want, " ") {
 		t.Errorf("gpus row\n got %q\nwant %q\n%s", row, want, out)
 	}
+	// No Loom manager runs here: the GPU node is shown, with a warning.
+	if _, errOut, err := runOn(t, kubeconfig(t), "gpus"); err != nil || !strings.HasPrefix(errOut, "Warning: no Loom manager is installed") {
+		t.Errorf("gpus without a manager: err %v, stderr %q", err, errOut)
+	}
 	out, err = run(t, "upgrades")
 	if err != nil {
 		t.Fatalf("upgrades: %v", err)

@@ -77,8 +77,9 @@ var rights = map[string]string{
 		"for a node, get gpunodes too. Left out of the answer without them: list events, list clusterpolicies and daemonsets " +
 		"and get configmaps (the GPU resource names a ClusterPolicy renames), list nodes, gpunodes and pods (a waiting job's GPUs now)",
 	"gpus": "list nodes, gpunodes and pods (every namespace). Left out without them: list clusterpolicies and daemonsets, get configmaps " +
-		"(the GPU resource names a ClusterPolicy renames)",
-	"upgrades": "list clusterpolicies and nodes. Left out without them: list daemonsets, get configmaps (the GPU resource names a ClusterPolicy renames)",
+		"(the GPU resource names a ClusterPolicy renames), list deployments in every namespace (whether a Loom manager is installed)",
+	"upgrades": "list clusterpolicies and nodes. Left out without them: list daemonsets, get configmaps (the GPU resource names a ClusterPolicy renames), " +
+		"list deployments in every namespace (whether a Loom manager is installed)",
 	"uninstall-cleanup": "those of the chart's <fullname>-uninstall-cleanup ClusterRole and Role (uninstall.cleanup=true): list and delete " +
 		"clusterpolicies and gpunodes; list, get and patch nodes; get and delete runtimeclass nvidia; in Loom's namespace list deployments, daemonsets " +
 		"and pods, get and delete the manager's Deployment and the node agent's DaemonSet, get the leader Lease; " +

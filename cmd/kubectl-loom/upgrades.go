@@ -73,5 +73,5 @@ func (o *options) upgrades(ctx context.Context) (upgrades, error) {
 	u := upgrades{Policies: []why.PolicyUpgrade{}, Nodes: []why.UpgradeNode{}}
 	u.Policies = append(u.Policies, why.Upgrades(cps)...)
 	u.Nodes = append(u.Nodes, why.UpgradeNodes(nodes, o.now(), sharing.NamesOf(src))...)
-	return u, nil
+	return u, o.checkManager(ctx, c, len(u.Policies)+len(u.Nodes))
 }
