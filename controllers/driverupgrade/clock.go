@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/podset"
 )
 
@@ -83,7 +84,7 @@ func (s transition) restamp() (string, []action, bool) {
 // notReadyTimeout: then it is lost), and its time counts again from when it
 // is Ready again.
 func (s transition) overdue(timeout time.Duration) bool {
-	ready := readyCondition(s.node)
+	ready := inventory.ReadyCondition(s.node)
 	if ready == nil || ready.Status != corev1.ConditionTrue {
 		return false
 	}
@@ -107,7 +108,7 @@ func inFlight(state string) bool {
 // notReadyFor is how long the node has been NotReady (or unreachable, or
 // without a Ready condition) during its upgrade: 0 when Ready.
 func (s transition) notReadyFor() time.Duration {
-	c := readyCondition(s.node)
+	c := inventory.ReadyCondition(s.node)
 	if c != nil && c.Status == corev1.ConditionTrue {
 		return 0
 	}
@@ -136,7 +137,7 @@ func (s transition) notReadyFor() time.Duration {
 // flapping kubelet) would otherwise hold its upgrade slot for ever.
 func (s transition) lost(d time.Duration) (string, []action) {
 	ready := "no Ready condition"
-	if c := readyCondition(s.node); c != nil {
+	if c := inventory.ReadyCondition(s.node); c != nil {
 		ready = "Ready " + string(c.Status)
 		if c.Reason != "" {
 			ready += " (" + c.Reason + ")"
@@ -183,13 +184,4 @@ func lossStep(state string) string {
 		return "driver"
 	}
 	return strings.TrimSuffix(state, "-required")
-}
-
-func readyCondition(n *corev1.Node) *corev1.NodeCondition {
-	for i := range n.Status.Conditions {
-		if n.Status.Conditions[i].Type == corev1.NodeReady {
-			return &n.Status.Conditions[i]
-		}
-	}
-	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	"github.com/loom-dev/loom/internal/inventory"
 )
 
 // nodeView is one node of the driver upgrade's set as a pass observed it.
@@ -196,11 +197,11 @@ func planFailed(v nodeView, p gpuv1alpha1.DriverUpgradePolicy, tmpl string, outd
 	// kubelet would hold its slot until lost again.
 	lost := v.node.Annotations[gpuv1alpha1.AnnotationFailedNotReady] != ""
 	retry := p.AutoUpgradeEnabled() && (lost || outdated && failedOn != tmpl)
-	back := lost && retry && ready(v.node)
+	back := lost && retry && inventory.NodeReady(v.node)
 	switch {
 	case runsWanted(v.driver, tmpl):
 		out.todo = append(out.todo, work{node: v.node.Name})
-	case retry && !ready(v.node):
+	case retry && !inventory.NodeReady(v.node):
 		out.awaitsReady = true
 	case retry:
 		candidate = true
@@ -261,13 +262,7 @@ func paused(p gpuv1alpha1.DriverUpgradePolicy, failures int) bool {
 
 // available reports whether a node can run work: Ready and schedulable.
 func available(n *corev1.Node) bool {
-	return !n.Spec.Unschedulable && ready(n)
-}
-
-// ready reports whether the node's Ready condition is True.
-func ready(n *corev1.Node) bool {
-	c := readyCondition(n)
-	return c != nil && c.Status == corev1.ConditionTrue
+	return !n.Spec.Unschedulable && inventory.NodeReady(n)
 }
 
 // UpgradeBudget is how many nodes may start upgrading now: maxParallelUpgrades

@@ -9,6 +9,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/inventory"
 )
 
 // maxNamed caps each list of nodes a message names.
@@ -53,7 +54,7 @@ func (s *summary) add(v nodeView, k kind, why string) {
 		s.ignored = append(s.ignored, why)
 	case upgrading:
 		s.inProgress++
-		if !ready(v.node) {
+		if !inventory.NodeReady(v.node) {
 			s.notReady = append(s.notReady, v.node.Name)
 		}
 	case failed:

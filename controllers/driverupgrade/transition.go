@@ -383,7 +383,7 @@ const upgradeAnnotationPrefix = "gpu.loom.dev/driver-upgrade-"
 // unreachable node (its Ready condition Unknown: no kubelet reports), which
 // will never confirm they are gone.
 func (s transition) running(keep func(*corev1.Pod) bool) []*corev1.Pod {
-	ready := readyCondition(s.node)
+	ready := inventory.ReadyCondition(s.node)
 	unreachable := ready != nil && ready.Status == corev1.ConditionUnknown
 	var out []*corev1.Pod
 	for i := range s.pods {

@@ -16,6 +16,7 @@ import (
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
+	"github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/podset"
 )
 
@@ -98,9 +99,7 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, n := range nodes.Items {
 		exists[n.Name], cordoned[n.Name] = true, n.Spec.Unschedulable
 		inUpgrade[n.Name] = slices.Contains(upgrading, n.Labels[gpuv1alpha1.LabelUpgradeState])
-		for _, c := range n.Status.Conditions {
-			nodeReady[n.Name] = nodeReady[n.Name] || c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue
-		}
+		nodeReady[n.Name] = inventory.NodeReady(&n)
 	}
 	for i := range list.Items {
 		n := &list.Items[i]

@@ -134,10 +134,8 @@ func TrimNode(obj any) (any, error) {
 		ResourceVersion: n.ResourceVersion, Labels: n.Labels, DeletionTimestamp: n.DeletionTimestamp}}
 	out.Spec.Unschedulable, out.Spec.Taints = n.Spec.Unschedulable, n.Spec.Taints
 	out.Status.Capacity, out.Status.Allocatable = NVIDIAResources(n.Status.Capacity), NVIDIAResources(n.Status.Allocatable)
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			out.Status.Conditions = []corev1.NodeCondition{{Type: c.Type, Status: c.Status}}
-		}
+	if c := ReadyCondition(n); c != nil {
+		out.Status.Conditions = []corev1.NodeCondition{{Type: c.Type, Status: c.Status}}
 	}
 	return out, nil
 }

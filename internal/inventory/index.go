@@ -149,15 +149,10 @@ func (x *Index) SetNode(node *corev1.Node) {
 }
 
 func viewNode(node *corev1.Node, names sharing.Names) *nodeView {
-	v := &nodeView{labels: node.Labels, cordoned: node.Spec.Unschedulable, notReady: true}
+	v := &nodeView{labels: node.Labels, cordoned: node.Spec.Unschedulable, notReady: !NodeReady(node)}
 	for _, t := range node.Spec.Taints {
 		if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
 			v.taints = append(v.taints, t)
-		}
-	}
-	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			v.notReady = c.Status != corev1.ConditionTrue
 		}
 	}
 	for name, q := range node.Status.Allocatable {

@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
+	inv "github.com/loom-dev/loom/internal/inventory"
 	"github.com/loom-dev/loom/internal/sharing"
 )
 
@@ -43,10 +44,12 @@ func Node(node *corev1.Node, gn *gpuv1alpha1.GPUNode, names sharing.Names) Answe
 // nodeFindings are the node's own problems, the most blocking first.
 func nodeFindings(node *corev1.Node, gn *gpuv1alpha1.GPUNode, names sharing.Names) []finding {
 	var fs []finding
-	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue {
-			fs = append(fs, finding{"NotReady", c.Reason, c.Message, "the kubelet is not reporting: kubectl describe node " + node.Name})
+	if !inv.NodeReady(node) {
+		reason, msg := "NoReadyCondition", "the kubelet has not reported the node's Ready condition yet"
+		if c := inv.ReadyCondition(node); c != nil {
+			reason, msg = c.Reason, c.Message
 		}
+		fs = append(fs, finding{"NotReady", reason, msg, "the kubelet is not reporting: kubectl describe node " + node.Name})
 	}
 	fs = append(fs, upgradeFindings(node)...)
 	if node.Spec.Unschedulable && node.Annotations[gpuv1alpha1.AnnotationClaim] == "" {

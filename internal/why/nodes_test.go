@@ -269,3 +269,29 @@ func TestWriteAnswer(t *testing.T) {
 		t.Errorf("got %q, want %q", b.String(), want)
 	}
 }
+
+// A node is ready only by a True Ready condition: one the kubelet has not
+// posted yet reads NotReady as one the node lifecycle controller set
+// Unknown does, not Ready.
+func TestNodeNotReady(t *testing.T) {
+	present := map[string]string{gpuv1alpha1.LabelPresent: "true"}
+	unknown := gpuNode("g1", present, nil, gpus(8))
+	unknown.Status.Conditions[0] = corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionUnknown,
+		Reason: "NodeStatusUnknown", Message: "Kubelet stopped posting node status."}
+	none := gpuNode("g1", present, nil, gpus(8))
+	none.Status.Conditions = nil
+	for _, tc := range []struct {
+		name string
+		node corev1.Node
+		line string
+	}{
+		{"kubelet silent", unknown, "node/g1: NotReady (NodeStatusUnknown): Kubelet stopped posting node status."},
+		{"no Ready condition yet", none, "node/g1: NotReady (NoReadyCondition): the kubelet has not reported the node's Ready condition yet"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Node(&tc.node, inventory("g1", nil), smallNames).Line(); got != tc.line {
+				t.Errorf("line:\n got %s\nwant %s", got, tc.line)
+			}
+		})
+	}
+}
