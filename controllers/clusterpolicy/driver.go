@@ -9,6 +9,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
@@ -247,4 +248,20 @@ func driverStartup(c *corev1.Container) {
 	}
 	c.Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{
 		Command: []string{"sh", "-c", "rm -f " + driverReadyMarker}}}}
+}
+
+// oneDriverPerNode keeps a driver pod off a node while another driver pod
+// of Loom's is there, terminating ones included, as GPU Operator's pod
+// anti-affinity does: the DaemonSet controller makes a node's new driver
+// pod as soon as the old one is deleting (an upgrade's restart) or as
+// soon as another OS's DaemonSet places the node (its OS changed), and two
+// driver containers would fight over the kernel modules. The scheduler
+// holds the new pod Pending until the old one is gone. Outside the
+// template hash, like the probe: adding it upgraded no driver.
+func oneDriverPerNode(pod *corev1.PodSpec) {
+	pod.Affinity.PodAntiAffinity = &corev1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+		LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{
+			apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver}},
+		TopologyKey: corev1.LabelHostname,
+	}}}
 }

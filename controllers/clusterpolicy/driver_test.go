@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -226,6 +227,43 @@ func TestDriverNodesByHostname(t *testing.T) {
 		}
 		if err := env.Client.Create(context.Background(), ds, client.DryRunAll); err != nil {
 			t.Errorf("the API server refuses %d nodes by hostname: %v", count, err)
+		}
+	}
+}
+
+// Only one driver pod runs on a node at a time: every driver DaemonSet
+// (one per OS, the plain one) keeps its pod off a node where a driver pod
+// of Loom's is, by any of them, terminating or not. An upgrade's deleted
+// pod and a node whose OS changed otherwise run the old and the new driver
+// side by side, each loading its kernel modules.
+func TestOneDriverPodPerNode(t *testing.T) {
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
+	groups, _ := driverGroups(cp, testFleet().nodes)
+	sets := driverDaemonSets(cp, "loom-system", append(groups, driverGroup{tag: "570.172.08-ubuntu22.04"}))
+	if len(sets) < 3 {
+		t.Fatalf("%d driver DaemonSets, want the per-OS ones and the plain one", len(sets))
+	}
+	for _, ds := range sets {
+		a := ds.Spec.Template.Spec.Affinity
+		if a == nil || a.PodAntiAffinity == nil || len(a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) != 1 {
+			t.Errorf("%s: no required pod anti-affinity: %+v", ds.Name, a)
+			continue
+		}
+		term := a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution[0]
+		sel, err := metav1.LabelSelectorAsSelector(term.LabelSelector)
+		if err != nil || term.TopologyKey != corev1.LabelHostname {
+			t.Errorf("%s: anti-affinity %+v (%v), want one per kubernetes.io/hostname", ds.Name, term, err)
+			continue
+		}
+		for _, other := range sets {
+			if !sel.Matches(labels.Set(other.Spec.Template.Labels)) {
+				t.Errorf("%s's pods may share a node with %s's", ds.Name, other.Name)
+			}
+		}
+		for _, op := range operands {
+			if op.name != gpuv1alpha1.OperandDriver && sel.Matches(labels.Set(BuildDaemonSet(op, cp, "loom-system").Spec.Template.Labels)) {
+				t.Errorf("%s's pods keep off the %s", ds.Name, op.name)
+			}
 		}
 	}
 }

@@ -276,6 +276,7 @@ func buildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string,
 		// Outside the hash too: adding it upgraded no driver; the pods
 		// made from here on (a new node, the next version) have it.
 		driverStartup(&template.Spec.Containers[0])
+		oneDriverPerNode(&template.Spec)
 	}
 	return &appsv1.DaemonSet{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
