@@ -258,10 +258,15 @@ func buildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string,
 	// Pods carry the hash of the template they were made from: the driver
 	// upgrade tells old driver pods from new ones by it.
 	annotations[gpuv1alpha1.AnnotationTemplateHash] = apply.Hash(template)
-	// The driver stays off hosts with their own (pre-installed): placement,
-	// outside the hash like the nodes below, so that adding it upgraded no
-	// driver.
+	// The driver stays off hosts with their own (pre-installed), the other
+	// operands off nodes where GPU Operator's driver or MIG manager paused
+	// them, which wait for their pods by GPU Operator's app label:
+	// placement, outside the hash like the nodes below, so that adding it
+	// upgraded no driver.
 	optOut(&template.Spec, op.name)
+	if app := gpuOperatorApps[op.name]; app != "" {
+		template.Labels["app"] = app
+	}
 	if v.restrict != nil {
 		restrictNodes(&template.Spec, v.restrict)
 	}

@@ -75,13 +75,37 @@ const deployLabelPrefix = "nvidia.com/gpu.deploy."
 // fight it for the kernel modules.
 const preInstalled = gpuv1alpha1.DeployDriverPreInstalled
 
+// Paused values are what GPU Operator's driver manager (the driver pod's
+// init container) and MIG manager set nvidia.com/gpu.deploy.<operand> to
+// while they unload the driver or change a GPU's MIG mode: the operands on
+// the node, whose open device files would hold the driver or the GPU, must
+// stop until they set it back to true.
+const (
+	pausedForDriverUpgrade = "paused-for-driver-upgrade"
+	pausedForMIGChange     = "paused-for-mig-change"
+)
+
 // optedOut are the values of nvidia.com/gpu.deploy.<operand> that keep the
-// operand off a node: false, and for the driver pre-installed.
+// operand off a node: false, for the driver pre-installed, for the others
+// the paused values (no manager pauses the driver).
 func optedOut(op string) []string {
 	if op == gpuv1alpha1.OperandDriver {
 		return []string{"false", preInstalled}
 	}
-	return []string{"false"}
+	return []string{"false", pausedForDriverUpgrade, pausedForMIGChange}
+}
+
+// gpuOperatorApps are GPU Operator's app labels of the operands its driver
+// manager and MIG manager stop: they wait for the pods of these labels on
+// their node to be gone before they touch the driver or the GPUs.
+var gpuOperatorApps = map[string]string{
+	gpuv1alpha1.OperandToolkit:            "nvidia-container-toolkit-daemonset",
+	gpuv1alpha1.OperandValidator:          "nvidia-operator-validator",
+	gpuv1alpha1.OperandDevicePlugin:       "nvidia-device-plugin-daemonset",
+	gpuv1alpha1.OperandDCGM:               "nvidia-dcgm",
+	gpuv1alpha1.OperandDCGMExporter:       "nvidia-dcgm-exporter",
+	gpuv1alpha1.OperandMIGManager:         "nvidia-mig-manager",
+	gpuv1alpha1.OperandNodeStatusExporter: "nvidia-node-status-exporter",
 }
 
 // optedOutLabels names the labels that keep the operand off a node, e.g.

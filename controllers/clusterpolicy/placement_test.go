@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
@@ -116,5 +117,42 @@ func TestPreInstalledDriverKeepsTheDriverOff(t *testing.T) {
 		if meantFor(&n, cp, "driver") != tt.driver {
 			t.Errorf("deploy.driver=%q: meant for the driver %v", tt.value, !tt.driver)
 		}
+	}
+}
+
+// GPU Operator's driver manager (the driver pod's init container) and MIG
+// manager stop the operands on their node by setting
+// nvidia.com/gpu.deploy.<operand> to a paused value, then wait for the
+// operand's pods, by GPU Operator's app label, to be gone before they
+// unload the driver or change the MIG mode: Loom's operands leave such a
+// node (and are not awaited there by the status) and carry that label.
+// The driver, which neither pauses, stays.
+func TestPausedOperandsLeaveTheNode(t *testing.T) {
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
+	cp.Spec.DCGM.Enabled, cp.Spec.NodeStatusExporter.Enabled = ptr.To(true), ptr.To(true)
+	for _, value := range []string{"paused-for-driver-upgrade", "paused-for-mig-change"} {
+		n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-a", Labels: map[string]string{gpuv1alpha1.LabelPresent: "true"}},
+			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{OSImage: "Ubuntu 22.04.4 LTS"}}}
+		for _, op := range operands {
+			n.Labels["nvidia.com/gpu.deploy."+op.name] = value
+		}
+		for _, o := range desired(cp, "loom-system", cluster{nodes: []corev1.Node{n}}).objects {
+			ds, ok := o.(*appsv1.DaemonSet)
+			if !ok {
+				continue
+			}
+			op := ds.Labels[gpuv1alpha1.LabelComponent]
+			driver := op == gpuv1alpha1.OperandDriver
+			if daemonplace.Places(&ds.Spec.Template.Spec, &n) != driver || meantFor(&n, cp, op) != driver {
+				t.Errorf("%s=%s: %s placed %v, meant for it %v", "nvidia.com/gpu.deploy."+op, value, ds.Name,
+					daemonplace.Places(&ds.Spec.Template.Spec, &n), meantFor(&n, cp, op))
+			}
+			if app := ds.Spec.Template.Labels["app"]; !driver && !strings.HasPrefix(app, "nvidia-") {
+				t.Errorf("%s's pods labelled app=%q: the managers wait for GPU Operator's app label", ds.Name, app)
+			}
+		}
+	}
+	if got := BuildDaemonSet(operandByName(gpuv1alpha1.OperandDevicePlugin), cp, "ns").Spec.Template.Labels["app"]; got != "nvidia-device-plugin-daemonset" {
+		t.Errorf("device plugin pods app=%q", got)
 	}
 }
