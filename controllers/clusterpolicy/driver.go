@@ -5,11 +5,13 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
 	"github.com/loom-dev/loom/internal/apply"
@@ -264,4 +266,58 @@ func oneDriverPerNode(pod *corev1.PodSpec) {
 			apply.LabelManagedBy: apply.ManagedBy, gpuv1alpha1.LabelComponent: gpuv1alpha1.OperandDriver}},
 		TopologyKey: corev1.LabelHostname,
 	}}}
+}
+
+// withDriverManager runs GPU Operator's driver manager before the driver
+// container, as GPU Operator does: on a node whose driver is loaded it sets
+// the operands' nvidia.com/gpu.deploy.<operand> labels from true to
+// paused-for-driver-upgrade and waits for their pods to go (their device
+// files hold the driver), unloads the old driver's modules, then sets the
+// labels back. Without it a driver pod restarted under a running stack
+// fails to unload the driver the device plugin and dcgm-exporter hold.
+//
+// Whether it evicts the node's GPU pods itself (cordoning the node, and
+// uncordoning it when done) and drains it comes from the upgrade policy:
+// with autoUpgrade Loom's driver upgrade has evicted and drained before it
+// deleted the driver pod, and holds the node cordoned until the new driver
+// is validated, so the manager must not (GPU Operator's manager defers to
+// its upgrade controller likewise); without it, a person deletes driver
+// pods, and the manager evicts the GPU pods and drains by drain's settings.
+// Outside the template hash: adding the manager or changing its image,
+// env or the upgrade policy restarts no driver.
+func withDriverManager(pod *corev1.PodSpec, cp *gpuv1alpha1.ClusterPolicy) {
+	m := &cp.Spec.Driver.Manager
+	img, ref := m.EffectiveImage()
+	up := &cp.Spec.Driver.UpgradePolicy
+	drain := gpuv1alpha1.DrainSpec{TimeoutSeconds: 300}
+	if up.Drain != nil {
+		drain = *up.Drain
+	}
+	auto := up.AutoUpgradeEnabled()
+	env := []corev1.EnvVar{
+		{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
+		{Name: "OPERATOR_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
+		{Name: "NVIDIA_VISIBLE_DEVICES", Value: "void"}, // runc, not the NVIDIA runtime
+		{Name: "ENABLE_GPU_POD_EVICTION", Value: strconv.FormatBool(!auto)},
+		{Name: "ENABLE_AUTO_DRAIN", Value: strconv.FormatBool(!auto && drain.Enable)},
+		{Name: "DRAIN_USE_FORCE", Value: strconv.FormatBool(drain.Force)},
+		{Name: "DRAIN_POD_SELECTOR_LABEL", Value: drain.PodSelector},
+		{Name: "DRAIN_TIMEOUT_SECONDS", Value: strconv.Itoa(int(drain.TimeoutSeconds)) + "s"},
+		{Name: "DRAIN_DELETE_EMPTYDIR_DATA", Value: strconv.FormatBool(drain.DeleteEmptyDir)},
+	}
+	pod.InitContainers = append([]corev1.Container{{
+		Name: "k8s-driver-manager", Image: ref, ImagePullPolicy: img.PullPolicy,
+		Command: []string{"driver-manager"}, Args: []string{"uninstall_driver"},
+		Env:             withEnv(env, m.Env),
+		SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+		VolumeMounts: []corev1.VolumeMount{{Name: "run-nvidia", MountPath: "/run/nvidia", MountPropagation: bidirectional},
+			{Name: "host-root", MountPath: "/host", ReadOnly: true, MountPropagation: hostToContainer},
+			{Name: "host-sys", MountPath: "/sys"}},
+	}}, pod.InitContainers...)
+	pod.Volumes = append(pod.Volumes, corev1.Volume{Name: "host-sys", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/sys"}}})
+	for _, s := range pullSecrets(img.PullSecrets) {
+		if !slices.Contains(pod.ImagePullSecrets, s) {
+			pod.ImagePullSecrets = append(pod.ImagePullSecrets, s)
+		}
+	}
 }

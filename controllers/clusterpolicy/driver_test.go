@@ -9,9 +9,11 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gpuv1alpha1 "github.com/loom-dev/loom/apis/gpu/v1alpha1"
@@ -265,5 +267,87 @@ func TestOneDriverPodPerNode(t *testing.T) {
 				t.Errorf("%s's pods keep off the %s", ds.Name, op.name)
 			}
 		}
+	}
+}
+
+// GPU Operator's driver manager runs before the driver container, with
+// what it needs: its node, Loom's namespace, the host's /run/nvidia, root
+// and /sys, privileges, and its driver ServiceAccount's rights. Under
+// autoUpgrade it neither evicts GPU pods nor drains (Loom's upgrade did,
+// and its cordon must hold until the new driver is validated); without
+// it, it evicts them and drains by the upgrade policy's drain. The
+// policy's manager image and env are used, its env over Loom's, and none
+// of it moves the driver's template hash.
+func TestDriverManagerRunsBeforeTheDriver(t *testing.T) {
+	manager := func(cp *gpuv1alpha1.ClusterPolicy) (corev1.PodSpec, corev1.Container, map[string]string) {
+		spec := BuildDaemonSet(operandByName(gpuv1alpha1.OperandDriver), cp, "loom-system").Spec.Template.Spec
+		if len(spec.InitContainers) == 0 || spec.InitContainers[0].Name != "k8s-driver-manager" {
+			t.Fatalf("driver pod init containers %+v: want k8s-driver-manager first", spec.InitContainers)
+		}
+		c := spec.InitContainers[0]
+		env := map[string]string{}
+		for _, e := range c.Env {
+			if _, twice := env[e.Name]; twice {
+				t.Errorf("env %s twice", e.Name)
+			}
+			env[e.Name] = e.Value
+			if e.ValueFrom != nil {
+				env[e.Name] = e.ValueFrom.FieldRef.FieldPath
+			}
+		}
+		return spec, c, env
+	}
+	cp := &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
+	hash := BuildDaemonSet(operandByName(gpuv1alpha1.OperandDriver), cp, "loom-system").Spec.Template.Annotations[gpuv1alpha1.AnnotationTemplateHash]
+	spec, c, env := manager(cp)
+	if c.Image != "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.8.0" || strings.Join(append(c.Command, c.Args...), " ") != "driver-manager uninstall_driver" ||
+		c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
+		t.Errorf("manager %s %v %v privileged %+v", c.Image, c.Command, c.Args, c.SecurityContext)
+	}
+	for k, v := range map[string]string{"NODE_NAME": "spec.nodeName", "OPERATOR_NAMESPACE": "metadata.namespace", "NVIDIA_VISIBLE_DEVICES": "void",
+		"ENABLE_GPU_POD_EVICTION": "false", "ENABLE_AUTO_DRAIN": "false"} {
+		if env[k] != v {
+			t.Errorf("autoUpgrade: %s=%q, want %q", k, env[k], v)
+		}
+	}
+	mounts := map[string]string{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.MountPath] = m.Name
+		if !slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name }) {
+			t.Errorf("mount %s of no volume %s", m.MountPath, m.Name)
+		}
+	}
+	if mounts["/run/nvidia"] == "" || mounts["/host"] == "" || mounts["/sys"] == "" {
+		t.Errorf("manager mounts %v: want /run/nvidia, /host and /sys", mounts)
+	}
+	rules := operandRules[gpuv1alpha1.OperandDriver].cluster
+	for _, want := range [][2]string{{"nodes", "patch"}, {"pods", "list"}, {"pods", "delete"}, {"pods/eviction", "create"}} {
+		if !slices.ContainsFunc(rules, func(r rbacv1.PolicyRule) bool {
+			return slices.Contains(r.Resources, want[0]) && slices.Contains(r.Verbs, want[1])
+		}) {
+			t.Errorf("the driver's ServiceAccount may not %s %s", want[1], want[0])
+		}
+	}
+
+	cp.Spec.Driver.UpgradePolicy = gpuv1alpha1.DriverUpgradePolicy{AutoUpgrade: ptr.To(false),
+		Drain: &gpuv1alpha1.DrainSpec{Enable: true, Force: true, PodSelector: "app=training", TimeoutSeconds: 120, DeleteEmptyDir: true}}
+	cp.Spec.Driver.Manager = gpuv1alpha1.DriverManagerSpec{Image: gpuv1alpha1.ImageSpec{Version: "v0.8.1", PullSecrets: []string{"regcred"}},
+		Env: []corev1.EnvVar{{Name: "DRAIN_USE_FORCE", Value: "false"}, {Name: "ENABLE_GPU_POD_EVICTION", Value: "false"}}}
+	spec, c, env = manager(cp)
+	for k, v := range map[string]string{"ENABLE_GPU_POD_EVICTION": "false", "ENABLE_AUTO_DRAIN": "true", "DRAIN_USE_FORCE": "false",
+		"DRAIN_POD_SELECTOR_LABEL": "app=training", "DRAIN_TIMEOUT_SECONDS": "120s", "DRAIN_DELETE_EMPTYDIR_DATA": "true"} {
+		if env[k] != v {
+			t.Errorf("autoUpgrade off, drain, env: %s=%q, want %q", k, env[k], v)
+		}
+	}
+	if c.Image != "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.8.1" || !slices.Contains(spec.ImagePullSecrets, corev1.LocalObjectReference{Name: "regcred"}) {
+		t.Errorf("manager image %s, pull secrets %v", c.Image, spec.ImagePullSecrets)
+	}
+	cp.Spec.Driver.Manager.Env = nil
+	if _, _, env = manager(cp); env["ENABLE_GPU_POD_EVICTION"] != "true" {
+		t.Errorf("autoUpgrade off: ENABLE_GPU_POD_EVICTION=%q, want true", env["ENABLE_GPU_POD_EVICTION"])
+	}
+	if got := BuildDaemonSet(operandByName(gpuv1alpha1.OperandDriver), cp, "loom-system").Spec.Template.Annotations[gpuv1alpha1.AnnotationTemplateHash]; got != hash {
+		t.Errorf("the manager's settings moved the driver's template hash %s to %s: every driver would restart", hash, got)
 	}
 }

@@ -282,6 +282,7 @@ func buildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string,
 		// made from here on (a new node, the next version) have it.
 		driverStartup(&template.Spec.Containers[0])
 		oneDriverPerNode(&template.Spec)
+		withDriverManager(&template.Spec, cp)
 	}
 	return &appsv1.DaemonSet{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},

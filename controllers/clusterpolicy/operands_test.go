@@ -15,12 +15,13 @@ import (
 	"github.com/loom-dev/loom/internal/apply"
 )
 
-// Each operand waits on the node for what it depends on: the toolkit
-// validates the driver first, everything after it waits for the toolkit.
+// Each operand waits on the node for what it depends on: the driver
+// manager readies the node for the driver, the toolkit validates the
+// driver first, everything after it waits for the toolkit.
 func TestOperandOrdering(t *testing.T) {
 	cp := &gpuv1alpha1.ClusterPolicy{}
 	want := map[string]string{
-		"driver": "", "operator-validator": "", "container-toolkit": "driver-validation",
+		"driver": "k8s-driver-manager", "operator-validator": "", "container-toolkit": "driver-validation",
 		"device-plugin": "wait-for-toolkit", "dcgm": "wait-for-toolkit", "dcgm-exporter": "wait-for-toolkit",
 		"mig-manager": "wait-for-toolkit", "node-status-exporter": "wait-for-toolkit",
 	}

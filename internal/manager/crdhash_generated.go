@@ -5,7 +5,7 @@ package manager
 // crdHashes are the packed CRD manifests' content hashes
 // (crdinstall.Hash of their JSON), by name.
 var crdHashes = map[string]string{
-	"gpu.loom.dev_clusterpolicies":   "30dd97d4c54d6e35",
+	"gpu.loom.dev_clusterpolicies":   "92df813bc85dda70",
 	"gpu.loom.dev_gpunodes":          "79a23a866b13131a",
 	"training.loom.dev_trainingjobs": "85b67688451f1eeb",
 }

@@ -35,6 +35,16 @@ var Defaults = []struct {
 	{OperandNodeStatusExporter, OperandDefaults{ImageSpec{Repository: "nvcr.io/nvidia/cloud-native", Image: "gpu-operator-validator", Version: "v25.3.2"}, false}},
 }
 
+// DefaultDriverManagerImage is the driver manager's built-in image, GPU
+// Operator v25.3.2's (whose validator is the built-in one).
+var DefaultDriverManagerImage = ImageSpec{Repository: "nvcr.io/nvidia/cloud-native", Image: "k8s-driver-manager", Version: "v0.8.0"}
+
+// EffectiveImage merges the manager's image over DefaultDriverManagerImage
+// field by field and returns it with the full reference.
+func (m *DriverManagerSpec) EffectiveImage() (ImageSpec, string) {
+	return (&OperandSpec{Image: m.Image}).EffectiveImage(OperandDefaults{Image: DefaultDriverManagerImage})
+}
+
 // AfterToolkit are the operands that start on a node only once the
 // validator has written its toolkit-ready marker there.
 var AfterToolkit = []string{OperandDevicePlugin, OperandDCGM, OperandDCGMExporter, OperandMIGManager, OperandNodeStatusExporter}

@@ -207,6 +207,29 @@ type DriverSpec struct {
 	// +optional
 	// +kubebuilder:default={}
 	UpgradePolicy DriverUpgradePolicy `json:"upgradePolicy,omitempty"`
+	// Manager is GPU Operator's driver manager, the driver pod's init
+	// container: before a driver container starts on a node it stops the
+	// node's operands and unloads the driver they held.
+	// +optional
+	Manager DriverManagerSpec `json:"manager,omitempty"`
+}
+
+// DriverManagerSpec is GPU Operator's k8s-driver-manager, run as the
+// driver pod's init container (driver-manager uninstall_driver). Neither
+// field is part of the driver's template hash: changing them restarts no
+// driver, and the driver pods made from then on run the new manager.
+type DriverManagerSpec struct {
+	// Image; unset fields keep the built-in default
+	// (nvcr.io/nvidia/cloud-native/k8s-driver-manager, DefaultDriverManagerImage).
+	// +optional
+	Image ImageSpec `json:"image,omitempty"`
+	// Env is added to the manager's container; a variable Loom sets
+	// (ENABLE_GPU_POD_EVICTION, ENABLE_AUTO_DRAIN, DRAIN_*, ...) takes this
+	// value instead. Each name at most once.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Env []corev1.EnvVar `json:"env,omitempty"`
 }
 
 // TimeSlicingResource shares each device of a resource between replicas.
