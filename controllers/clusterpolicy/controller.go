@@ -47,7 +47,7 @@ const FieldOwner = "loom-clusterpolicy"
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;patch;delete
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=node.k8s.io,resources=runtimeclasses,verbs=get;list;watch;create;patch
 
 // rbacKinds are the operands' RBAC kinds, cached as metadata only (Setup's
@@ -159,7 +159,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	// running one changed or removed, until it is fixed.
 	var writeErrs []string
 	if obs.refused = r.refused(ctx, p); len(obs.refused) == 0 && len(cp.Spec.Validate()) == 0 {
-		writeErrs = r.write(ctx, cp, p, obs.driverSets)
+		writeErrs = append(r.write(ctx, cp, p, obs.driverSets), r.labelDeploy(ctx, cp, obs.cluster.nodes)...)
 	}
 	if obs.daemonSets, err = r.daemonSets(ctx, cp, p); err != nil {
 		return ctrl.Result{}, err

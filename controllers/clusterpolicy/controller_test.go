@@ -85,6 +85,7 @@ func TestClusterPolicyReconciler(t *testing.T) {
 		t.Fatal(err)
 	}
 	testDefaultStack(t)
+	testDeployLabels(t)
 	testReadyAndIdle(t)
 	testRestartWritesNothing(t, m)
 	testSelfRepair(t)
