@@ -122,13 +122,17 @@ func testNamedConfigMaps(t *testing.T) {
 	}
 }
 
-// A GPU node of another OS gets a driver DaemonSet of its own, removed with
-// the node; one of an unknown OS is named in the driver component.
+// A GPU node of another OS gets a driver DaemonSet of its own, placing the
+// nodes labelled with its target, removed with the node; one of an unknown
+// OS is named in the driver component, and has no target label. Nodes
+// coming and going write no other OS's DaemonSet.
 func testDriverPerOS(t *testing.T) {
 	ctx := context.Background()
+	ubuntu, err := getDS("driver-ubuntu22.04")
+	if err != nil {
+		t.Fatal(err)
+	}
 	rhel := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cp-gpu-rhel", Labels: map[string]string{gpuv1alpha1.LabelPresent: "true"}}}
-	// Two nodes of one OS known only by their osImage: the API allows one
-	// value per node field selector, so each is a term of its own.
 	rhel2 := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cp-gpu-rhel-2", Labels: map[string]string{gpuv1alpha1.LabelPresent: "true"}}}
 	bare := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cp-gpu-bare", Labels: map[string]string{gpuv1alpha1.LabelPresent: "true"}}}
 	for _, n := range []*corev1.Node{rhel, rhel2, bare} {
@@ -146,8 +150,18 @@ func testDriverPerOS(t *testing.T) {
 		if img := ds.Spec.Template.Spec.Containers[0].Image; img != "nvcr.io/nvidia/driver:570.172.08-rhel9.4" {
 			return fmt.Errorf("image %s", img)
 		}
-		if terms := ds.Spec.Template.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms; len(terms) != 2 {
-			return fmt.Errorf("%d node terms, want one per RHEL node: %+v", len(terms), terms)
+		if terms := ds.Spec.Template.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms; len(terms) != 1 ||
+			!strings.Contains(fmt.Sprint(terms), gpuv1alpha1.LabelDriverTarget) {
+			return fmt.Errorf("node terms %+v, want one, on the driver-target label", terms)
+		}
+		for name, want := range map[string]string{rhel.Name: "rhel9.4", rhel2.Name: "rhel9.4", bare.Name: "", "cp-gpu-1": "ubuntu22.04"} {
+			n := &corev1.Node{}
+			if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, n); err != nil {
+				return err
+			}
+			if got := n.Labels[gpuv1alpha1.LabelDriverTarget]; got != want {
+				return fmt.Errorf("node %s: driver target %q, want %q", name, got, want)
+			}
 		}
 		if !metav1.IsControlledBy(ds, getPolicy(t, "default")) || ds.Spec.Template.Annotations[gpuv1alpha1.AnnotationTemplateHash] == "" {
 			return fmt.Errorf("owners %v, annotations %v", ds.OwnerReferences, ds.Spec.Template.Annotations)
@@ -157,7 +171,6 @@ func testDriverPerOS(t *testing.T) {
 		}
 		return nil
 	})
-	ubuntu, _ := getDS("driver")
 	for _, n := range []*corev1.Node{rhel, rhel2, bare} {
 		if err := env.Client.Delete(ctx, n); err != nil {
 			t.Fatal(err)
@@ -170,7 +183,7 @@ func testDriverPerOS(t *testing.T) {
 		}
 		return nil
 	})
-	if got, _ := getDS("driver"); got.Generation != ubuntu.Generation {
+	if got, _ := getDS("driver-ubuntu22.04"); got.Generation != ubuntu.Generation || got.ResourceVersion != ubuntu.ResourceVersion {
 		t.Errorf("the Ubuntu driver DaemonSet changed (generation %d -> %d)", ubuntu.Generation, got.Generation)
 	}
 }

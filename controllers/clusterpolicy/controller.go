@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -153,13 +154,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	p := desired(cp, r.Namespace, obs.cluster)
 	obs.held, obs.noDriver = p.held, p.noDriver
-	obs.untolerated = untoleratedTaints(cp, p.objects, obs.cluster.nodes)
+	obs.untolerated = untoleratedTaints(cp, p.objects, labelled(obs.cluster.nodes, p.targets))
 	// An invalid spec writes nothing: no operand half made (the RuntimeClass
 	// and ServiceAccounts without the DaemonSet the API server refuses), no
 	// running one changed or removed, until it is fixed.
 	var writeErrs []string
+	var relabel bool
 	if obs.refused = r.refused(ctx, p); len(obs.refused) == 0 && len(cp.Spec.Validate()) == 0 {
-		writeErrs = append(r.write(ctx, cp, p, obs.driverSets), r.labelDeploy(ctx, cp, obs.cluster.nodes)...)
+		writeErrs, relabel = r.writeAll(ctx, cp, p, obs.cluster.nodes, obs.driverSets)
 	}
 	if obs.daemonSets, err = r.daemonSets(ctx, cp, p); err != nil {
 		return ctrl.Result{}, err
@@ -172,6 +174,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	case len(writeErrs) > 0:
 		return ctrl.Result{}, fmt.Errorf("operands: %s", strings.Join(writeErrs, "; "))
+	}
+	if relabel && (wait == 0 || wait > time.Second) {
+		wait = time.Second
 	}
 	return ctrl.Result{RequeueAfter: wait}, nil
 }

@@ -31,6 +31,9 @@ type plan struct {
 	held map[string]string
 	// noDriver names the GPU nodes that get no driver, with why.
 	noDriver []string
+	// targets are the GPU nodes' gpu.loom.dev/driver-target labels, by
+	// node name: what places each on its driver DaemonSet (none: no label).
+	targets map[string]string
 }
 
 // desired is every child the policy wants, a pure function of the policy,
@@ -52,7 +55,7 @@ func desired(cp *gpuv1alpha1.ClusterPolicy, namespace string, in cluster) plan {
 		p.objects = append(p.objects, operandRBACObjects(cp, namespace, op.name)...)
 		if op.name == gpuv1alpha1.OperandDriver {
 			groups, noDriver := driverGroups(cp, in.nodes)
-			p.noDriver = noDriver
+			p.noDriver, p.targets = noDriver, driverTargets(groups)
 			for _, ds := range driverDaemonSets(cp, namespace, groups) {
 				p.objects = append(p.objects, ds)
 			}

@@ -24,11 +24,11 @@ import (
 // A node's OS comes from node feature discovery's os_release labels, else
 // (or where it names another OS: NFD lags an OS upgrade) from its
 // status.nodeInfo.osImage. One driver DaemonSet per OS (and kernel) among
-// the GPU nodes, loom-driver-<target>, restricted to its nodes: by the NFD
-// labels for nodes whose labels name their OS, by hostname label or node
-// name for the others; a node whose labels name another OS is left out of
-// the label term that would match it, so that no node is two DaemonSets'
-// at once. A version that names its OS (570.172.08-ubuntu22.04) is used
+// the GPU nodes, loom-driver-<target>, placing the nodes Loom labels
+// gpu.loom.dev/driver-target=<target>: a node's label, not a list of nodes
+// in the DaemonSet, so that a node joining, leaving or changing its OS
+// writes that node and no DaemonSet, and one label gives a node one driver
+// DaemonSet. A version that names its OS (570.172.08-ubuntu22.04) is used
 // as is, by the one DaemonSet loom-driver on every GPU node.
 
 // maxNamed caps the node names a component message lists.
@@ -40,14 +40,11 @@ var (
 	imageTagRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
 )
 
-// driverGroup is one driver DaemonSet: its target, image tag and nodes.
+// driverGroup is one driver DaemonSet: its target, image tag and the
+// names of its nodes.
 type driverGroup struct {
 	target, tag string
-	// nfdIDs and nfdVersions are the raw NFD label values of the nodes
-	// the group matches by label; hosts the kubernetes.io/hostname values
-	// of those it matches by that label; names those it matches by name;
-	// except the nodes its NFD labels match that run another OS.
-	nfdIDs, nfdVersions, hosts, names, except []string
+	nodes       []string
 }
 
 // driverGroups splits the GPU nodes by OS (and kernel, for precompiled
@@ -60,14 +57,6 @@ func driverGroups(cp *gpuv1alpha1.ClusterPolicy, nodes []corev1.Node) (groups []
 	}
 	branch, _, _ := strings.Cut(img.Version, ".")
 	byTarget := map[string]*driverGroup{}
-	// stale are the nodes whose NFD labels name another OS than they run.
-	var stale []*corev1.Node
-	hosts := map[string]int{}
-	for i := range nodes {
-		if h := nodes[i].Labels[corev1.LabelHostname]; h != "" {
-			hosts[h]++
-		}
-	}
 	for i := range nodes {
 		if !meantFor(&nodes[i], cp, gpuv1alpha1.OperandDriver) {
 			// Opted out of Loom's driver (one installed on the host, say),
@@ -93,41 +82,26 @@ func driverGroups(cp *gpuv1alpha1.ClusterPolicy, nodes []corev1.Node) (groups []
 			g = &driverGroup{tag: tag}
 			byTarget[target] = g
 		}
-		g.add(&nodes[i], o, cp.Spec.Driver.UsePrecompiled, hosts)
-		if !o.NFD && nodes[i].Labels[gpuv1alpha1.LabelOSReleaseID] != "" && nodes[i].Labels[gpuv1alpha1.LabelOSReleaseVersionID] != "" {
-			stale = append(stale, &nodes[i])
-		}
-	}
-	for _, g := range byTarget {
-		for _, n := range stale {
-			if slices.Contains(g.nfdIDs, n.Labels[gpuv1alpha1.LabelOSReleaseID]) && slices.Contains(g.nfdVersions, n.Labels[gpuv1alpha1.LabelOSReleaseVersionID]) {
-				g.except = addSorted(g.except, n.Name)
-			}
-		}
+		g.nodes = append(g.nodes, nodes[i].Name)
 	}
 	groups = nameGroups(byTarget)
 	sort.Strings(noDriver)
 	return groups, noDriver
 }
 
-// add puts the node n, whose OS o has the group's driver, among the
-// group's nodes: by its NFD labels where they name its OS (precompiled
-// groups go by node: a kernel label lags an upgrade), else by its
-// kubernetes.io/hostname label, all of a group's in one In requirement,
-// where no other GPU node (hosts counts them) has that value, else by its
-// name, a term each (a field requirement takes one value). A name term
-// costs some 360 bytes of the DaemonSet, a hostname some 30: 5,000 nodes
-// by name would pass etcd's 1.5 MiB request limit.
-func (g *driverGroup) add(n *corev1.Node, o driveros.OS, precompiled bool, hosts map[string]int) {
-	l := n.Labels
-	switch h := l[corev1.LabelHostname]; {
-	case o.NFD && !precompiled:
-		g.nfdIDs, g.nfdVersions = addSorted(g.nfdIDs, l[gpuv1alpha1.LabelOSReleaseID]), addSorted(g.nfdVersions, l[gpuv1alpha1.LabelOSReleaseVersionID])
-	case h != "" && hosts[h] == 1:
-		g.hosts = addSorted(g.hosts, h)
-	default:
-		g.names = addSorted(g.names, n.Name)
+// driverTargets is the gpu.loom.dev/driver-target label each GPU node is
+// to have: its group's target; a node of none (no driver, or the one
+// DaemonSet of a version naming its OS) has none.
+func driverTargets(groups []driverGroup) map[string]string {
+	out := map[string]string{}
+	for _, g := range groups {
+		for _, n := range g.nodes {
+			if g.target != "" {
+				out[n] = g.target
+			}
+		}
 	}
+	return out
 }
 
 // nameGroups names each group's DaemonSet target: its OS (and kernel) made
@@ -151,31 +125,10 @@ func nameGroups(byTarget map[string]*driverGroup) []driverGroup {
 	return groups
 }
 
-// terms are the node terms of a group: NFD labels (but for the nodes
-// whose labels name another OS than theirs), hostname labels, node names.
+// terms are the node terms of a group: the nodes labelled with its target.
 func (g driverGroup) terms() []corev1.NodeSelectorTerm {
-	var out []corev1.NodeSelectorTerm
-	if len(g.nfdIDs) > 0 {
-		t := corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{
-			{Key: gpuv1alpha1.LabelOSReleaseID, Operator: corev1.NodeSelectorOpIn, Values: g.nfdIDs},
-			{Key: gpuv1alpha1.LabelOSReleaseVersionID, Operator: corev1.NodeSelectorOpIn, Values: g.nfdVersions}}}
-		// One value per field requirement; requirements are ANDed.
-		for _, name := range g.except {
-			t.MatchFields = append(t.MatchFields, corev1.NodeSelectorRequirement{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{name}})
-		}
-		out = append(out, t)
-	}
-	if len(g.hosts) > 0 {
-		out = append(out, corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{
-			{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: g.hosts}}})
-	}
-	// A field selector takes one value (the API rejects metadata.name In
-	// with two): one term per node, terms are ORed.
-	for _, name := range g.names {
-		out = append(out, corev1.NodeSelectorTerm{MatchFields: []corev1.NodeSelectorRequirement{
-			{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{name}}}})
-	}
-	return out
+	return []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+		{Key: gpuv1alpha1.LabelDriverTarget, Operator: corev1.NodeSelectorOpIn, Values: []string{g.target}}}}}
 }
 
 // driverDaemonSets are the driver's DaemonSets, one per group.
@@ -212,14 +165,6 @@ func namedList(items []string) string {
 		return strings.Join(items[:maxNamed], ", ") + fmt.Sprintf(" and %d more", len(items)-maxNamed)
 	}
 	return strings.Join(items, ", ")
-}
-
-func addSorted(s []string, v string) []string {
-	i, found := slices.BinarySearch(s, v)
-	if found {
-		return s
-	}
-	return slices.Insert(s, i, v)
 }
 
 func operandByName(name string) operand {

@@ -37,7 +37,7 @@ func TestDriverGroups(t *testing.T) {
 	}
 	cp.Spec.Driver.Image.Version, cp.Spec.Driver.UsePrecompiled = "", true
 	groups, _ = driverGroups(cp, testFleet().nodes)
-	if len(groups) != 2 || groups[1].tag != "570-5.15.0-105-generic-ubuntu22.04" || len(groups[1].names) != 2 || groups[1].nfdIDs != nil {
+	if len(groups) != 2 || groups[1].tag != "570-5.15.0-105-generic-ubuntu22.04" || len(groups[1].nodes) != 2 {
 		t.Errorf("precompiled: %+v", groups)
 	}
 	if long := dnsSafe("ubuntu22.04-" + string(make([]byte, 80))); len(long) > 50 {
@@ -72,7 +72,7 @@ func TestPrecompiledKernelsNameTheirOwnDaemonSet(t *testing.T) {
 		if len(g.target) > 50 || len(validation.IsDNS1123Subdomain("loom-driver-"+g.target)) > 0 || len(validation.IsValidLabelValue(g.target)) > 0 {
 			t.Errorf("target %q is no name", g.target)
 		}
-		for _, n := range g.names {
+		for _, n := range g.nodes {
 			tags[n] = g.tag
 		}
 	}
@@ -91,12 +91,12 @@ func TestPrecompiledKernelsNameTheirOwnDaemonSet(t *testing.T) {
 	}
 }
 
-// A node whose NFD labels lag an OS upgrade (they name the old OS, its
-// osImage the new one) gets the new OS's driver, and the old OS's
-// DaemonSet's label term leaves it out: no node is placed by two driver
-// DaemonSets, checked by the DaemonSet controller's own matching on the
-// generated affinities, and the API server takes them.
-func TestStaleNFDLabelsGiveOneDriver(t *testing.T) {
+// Each GPU node is labelled with its driver's target, which alone places
+// it: a node whose NFD labels lag an OS upgrade (they name the old OS, its
+// osImage the new one) gets the new OS's driver, nodes without NFD's
+// labels theirs, and no node is placed by two driver DaemonSets, checked
+// by the DaemonSet controller's own matching; the API server takes them.
+func TestDriverNodesByTargetLabel(t *testing.T) {
 	nfd := func(id, v string) map[string]string {
 		return map[string]string{gpuv1alpha1.LabelPresent: "true", gpuv1alpha1.LabelOSReleaseID: id, gpuv1alpha1.LabelOSReleaseVersionID: v}
 	}
@@ -107,15 +107,10 @@ func TestStaleNFDLabelsGiveOneDriver(t *testing.T) {
 		return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
 			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{OSImage: osImage, KernelVersion: "5.15.0-105-generic"}}}
 	}
-	withHost := func(l map[string]string, host string) map[string]string {
-		l[corev1.LabelHostname] = host
-		return l
-	}
 	nodes := []corev1.Node{
 		node("jammy", "Ubuntu 22.04.4 LTS", nfd("ubuntu", "22.04")),
 		node("jammy-no-image", "", nfd("ubuntu", "22.04")),
 		node("upgraded", "Ubuntu 24.04.1 LTS", nfd("ubuntu", "22.04")),
-		node("upgraded-too", "Ubuntu 24.04.1 LTS", withHost(nfd("ubuntu", "22.04"), "upgraded-too-host")),
 		node("noble", "Ubuntu 24.04.1 LTS", nfd("ubuntu", "24.04")),
 		node("bare-noble", "Ubuntu 24.04.1 LTS", nil),
 		node("rhel-upgraded", "Red Hat Enterprise Linux 9.6 (Plow)", nfd("rhel", "9.4")),
@@ -123,8 +118,7 @@ func TestStaleNFDLabelsGiveOneDriver(t *testing.T) {
 		node("debian-image", "Debian GNU/Linux 12 (bookworm)", nfd("ubuntu", "24.04")),
 	}
 	want := map[string]string{"jammy": "ubuntu22.04", "jammy-no-image": "ubuntu22.04", "upgraded": "ubuntu24.04",
-		"upgraded-too": "ubuntu24.04", "noble": "ubuntu24.04", "bare-noble": "ubuntu24.04",
-		"rhel-upgraded": "rhel9.6", "rhel": "rhel9.4", "debian-image": "ubuntu24.04"}
+		"noble": "ubuntu24.04", "bare-noble": "ubuntu24.04", "rhel-upgraded": "rhel9.6", "rhel": "rhel9.4", "debian-image": "ubuntu24.04"}
 	for _, precompiled := range []bool{false, true} {
 		cp := &gpuv1alpha1.ClusterPolicy{}
 		cp.Spec.Driver.UsePrecompiled = precompiled
@@ -132,26 +126,26 @@ func TestStaleNFDLabelsGiveOneDriver(t *testing.T) {
 		if len(noDriver) != 0 {
 			t.Errorf("precompiled %v: no driver %v", precompiled, noDriver)
 		}
-		if !precompiled {
-			for _, g := range groups {
-				if g.target == "ubuntu22.04" && (!slices.Equal(g.except, []string{"upgraded", "upgraded-too"}) || !slices.Equal(g.nfdVersions, []string{"22.04"})) {
-					t.Errorf("ubuntu22.04 group %+v", g)
-				}
-				if g.target == "ubuntu24.04" && (len(g.except) != 0 || !slices.Equal(g.names, []string{"bare-noble", "upgraded"}) || !slices.Equal(g.hosts, []string{"upgraded-too-host"})) {
-					t.Errorf("ubuntu24.04 group %+v", g)
-				}
-			}
-		}
+		targets := driverTargets(groups)
 		dss := driverDaemonSets(cp, "default", groups)
 		for _, n := range nodes {
+			if !strings.HasPrefix(targets[n.Name], want[n.Name]) {
+				t.Errorf("precompiled %v: node %s gets target %q, want %s", precompiled, n.Name, targets[n.Name], want[n.Name])
+			}
 			var placed []string
-			for _, ds := range dss {
-				if daemonplace.Matches(&ds.Spec.Template.Spec, &n) {
-					placed = append(placed, ds.Labels[gpuv1alpha1.LabelDriverTarget])
+			for _, labelled := range []bool{false, true} {
+				if labelled {
+					n.Labels[gpuv1alpha1.LabelDriverTarget] = targets[n.Name]
+				}
+				for _, ds := range dss {
+					if daemonplace.Matches(&ds.Spec.Template.Spec, &n) {
+						placed = append(placed, ds.Labels[gpuv1alpha1.LabelDriverTarget])
+					}
 				}
 			}
-			if len(placed) != 1 || !strings.HasPrefix(placed[0], want[n.Name]) {
-				t.Errorf("precompiled %v: node %s is placed by %v, want %s alone", precompiled, n.Name, placed, want[n.Name])
+			delete(n.Labels, gpuv1alpha1.LabelDriverTarget)
+			if !slices.Equal(placed, []string{targets[n.Name]}) {
+				t.Errorf("precompiled %v: node %s is placed by %v (before and after its label), want %s alone once labelled", precompiled, n.Name, placed, targets[n.Name])
 			}
 		}
 		for _, ds := range dss {
@@ -162,73 +156,38 @@ func TestStaleNFDLabelsGiveOneDriver(t *testing.T) {
 	}
 }
 
-// Nodes without NFD's labels go by their kubernetes.io/hostname label, one
-// In requirement per DaemonSet, where no other GPU node shares the value,
-// else by name: each is placed by its OS's DaemonSet alone. The DaemonSet
-// stays small at thousands of such nodes (by name, a term each, 5,000
-// nodes made 1.79 MB, past etcd's 1.5 MiB request limit), and nodes coming
-// change no driver's template hash, which the driver upgrade rolls on.
-func TestDriverNodesByHostname(t *testing.T) {
-	node := func(name, host, osImage string) corev1.Node {
-		labels := map[string]string{gpuv1alpha1.LabelPresent: "true"}
-		if host != "" {
-			labels[corev1.LabelHostname] = host
-		}
-		return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
-			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{OSImage: osImage}}}
-	}
-	nodes := []corev1.Node{
-		node("jammy", "jammy", "Ubuntu 22.04.4 LTS"),
-		node("jammy-fqdn", "jammy-host", "Ubuntu 22.04.4 LTS"),
-		node("noble", "noble", "Ubuntu 24.04.1 LTS"),
-		node("dup-a", "dup", "Ubuntu 22.04.4 LTS"),
-		node("dup-b", "dup", "Ubuntu 24.04.1 LTS"),
-		node("no-host", "", "Ubuntu 24.04.1 LTS"),
-		node("debian", "jammy-too", "Debian GNU/Linux 12 (bookworm)"),
-	}
+// Nodes joining, leaving or changing their OS write their own label, never
+// a driver DaemonSet: the DaemonSet of an OS is the same for one node as
+// for 5,000, whatever their names, hostname labels or NFD labels.
+func TestNodesJoiningWriteNoDriverDaemonSet(t *testing.T) {
 	cp := &gpuv1alpha1.ClusterPolicy{}
-	groups, _ := driverGroups(cp, nodes)
-	if len(groups) != 2 || !slices.Equal(groups[0].hosts, []string{"jammy", "jammy-host"}) || !slices.Equal(groups[0].names, []string{"dup-a"}) ||
-		!slices.Equal(groups[1].hosts, []string{"noble"}) || !slices.Equal(groups[1].names, []string{"dup-b", "no-host"}) {
-		t.Errorf("groups %+v", groups)
-	}
-	want := map[string]string{"jammy": "ubuntu22.04", "jammy-fqdn": "ubuntu22.04", "dup-a": "ubuntu22.04",
-		"noble": "ubuntu24.04", "dup-b": "ubuntu24.04", "no-host": "ubuntu24.04"}
-	dss := driverDaemonSets(cp, "default", groups)
-	for _, n := range nodes {
-		var placed []string
-		for _, ds := range dss {
-			if daemonplace.Matches(&ds.Spec.Template.Spec, &n) {
-				placed = append(placed, ds.Labels[gpuv1alpha1.LabelDriverTarget])
-			}
-		}
-		if w := want[n.Name]; (w == "" && len(placed) != 0) || (w != "" && !slices.Equal(placed, []string{w})) {
-			t.Errorf("node %s is placed by %v, want %q alone", n.Name, placed, w)
-		}
-	}
-
-	hash := dss[0].Spec.Template.Annotations[gpuv1alpha1.AnnotationTemplateHash]
-	for _, count := range []int{1000, 5000} {
-		fleet := make([]corev1.Node, count)
-		for i := range fleet {
+	fleet := func(count int, nfd bool) []corev1.Node {
+		out := make([]corev1.Node, count)
+		for i := range out {
 			name := fmt.Sprintf("ip-10-%d-%d-%d.ec2.internal", i/65536, i/256%256, i%256)
-			fleet[i] = node(name, name, "Ubuntu 22.04.4 LTS")
+			l := map[string]string{gpuv1alpha1.LabelPresent: "true", corev1.LabelHostname: name}
+			if nfd {
+				l[gpuv1alpha1.LabelOSReleaseID], l[gpuv1alpha1.LabelOSReleaseVersionID] = "ubuntu", "22.04"
+			}
+			out[i] = corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l},
+				Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{OSImage: "Ubuntu 22.04.4 LTS"}}}
 		}
-		groups, _ := driverGroups(cp, fleet)
-		ds := driverDaemonSets(cp, "default", groups)[0]
-		b, err := json.Marshal(ds)
+		return out
+	}
+	daemonSet := func(nodes []corev1.Node) string {
+		groups, _ := driverGroups(cp, nodes)
+		b, err := json.Marshal(driverDaemonSets(cp, "default", groups))
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("%d nodes by hostname: the driver DaemonSet is %d bytes", count, len(b))
-		if len(b) > 256<<10 {
-			t.Errorf("%d nodes make a %d-byte DaemonSet", count, len(b))
-		}
-		if got := ds.Spec.Template.Annotations[gpuv1alpha1.AnnotationTemplateHash]; got != hash {
-			t.Errorf("%d nodes change the template hash: %s, was %s", count, got, hash)
-		}
-		if err := env.Client.Create(context.Background(), ds, client.DryRunAll); err != nil {
-			t.Errorf("the API server refuses %d nodes by hostname: %v", count, err)
+		return string(b)
+	}
+	one := daemonSet(fleet(1, false))
+	for _, count := range []int{2, 5000} {
+		for _, nfd := range []bool{false, true} {
+			if got := daemonSet(fleet(count, nfd)); got != one {
+				t.Errorf("%d nodes (NFD labels %v) change the driver DaemonSet: %d bytes, %d for one node", count, nfd, len(got), len(one))
+			}
 		}
 	}
 }

@@ -42,7 +42,7 @@ func TestUntoleratedTaintsHoldTheComponent(t *testing.T) {
 	dpOnly.Labels["nvidia.com/gpu.deploy.operands"] = "false"
 	nodes = append(nodes, dpOnly)
 	p := desired(cp, "loom-system", cluster{nodes: nodes})
-	got := untoleratedTaints(cp, p.objects, nodes)
+	got := untoleratedTaints(cp, p.objects, labelled(nodes, p.targets))
 	for _, op := range []string{"driver", "container-toolkit", "device-plugin"} {
 		if len(got[op]) != 1 || got[op][0] != "gpu-d (dedicated=ml:NoSchedule)" {
 			t.Errorf("%s: untolerated %v, want gpu-d alone", op, got[op])
@@ -104,6 +104,7 @@ func TestPreInstalledDriverKeepsTheDriverOff(t *testing.T) {
 			n.Labels["nvidia.com/gpu.deploy.driver"] = tt.value
 		}
 		p := desired(cp, "loom-system", cluster{nodes: []corev1.Node{n}})
+		n = labelled([]corev1.Node{n}, p.targets)[0]
 		placed := map[string]bool{}
 		for _, o := range p.objects {
 			if ds, ok := o.(*appsv1.DaemonSet); ok && daemonplace.Places(&ds.Spec.Template.Spec, &n) {
@@ -136,7 +137,9 @@ func TestPausedOperandsLeaveTheNode(t *testing.T) {
 		for _, op := range operands {
 			n.Labels["nvidia.com/gpu.deploy."+op.name] = value
 		}
-		for _, o := range desired(cp, "loom-system", cluster{nodes: []corev1.Node{n}}).objects {
+		p := desired(cp, "loom-system", cluster{nodes: []corev1.Node{n}})
+		n = labelled([]corev1.Node{n}, p.targets)[0]
+		for _, o := range p.objects {
 			ds, ok := o.(*appsv1.DaemonSet)
 			if !ok {
 				continue

@@ -41,9 +41,10 @@ func driverLeft(specs []corev1.PodSpec, n *corev1.Node, precompiled bool) bool {
 }
 
 // withoutOSRestriction is spec without the terms of its required node
-// affinity that restrict a per-OS driver DaemonSet to its OS's nodes:
-// node feature discovery's os_release labels, and the hostname labels
-// (kubernetes.io/hostname) or names of the nodes without them.
+// affinity that restrict a per-OS driver DaemonSet to its OS's nodes: the
+// gpu.loom.dev/driver-target label the ClusterPolicy sets on each node (and
+// the restrictions of earlier Loom versions: node feature discovery's
+// os_release labels, the nodes' hostname labels or names).
 func withoutOSRestriction(spec corev1.PodSpec) corev1.PodSpec {
 	if spec.Affinity == nil || spec.Affinity.NodeAffinity == nil || spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
 		return spec
@@ -51,7 +52,8 @@ func withoutOSRestriction(spec corev1.PodSpec) corev1.PodSpec {
 	var terms []corev1.NodeSelectorTerm
 	for _, t := range spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
 		t.MatchExpressions = slices.DeleteFunc(slices.Clone(t.MatchExpressions), func(r corev1.NodeSelectorRequirement) bool {
-			return r.Key == gpuv1alpha1.LabelOSReleaseID || r.Key == gpuv1alpha1.LabelOSReleaseVersionID || r.Key == corev1.LabelHostname
+			return r.Key == gpuv1alpha1.LabelDriverTarget || r.Key == gpuv1alpha1.LabelOSReleaseID || r.Key == gpuv1alpha1.LabelOSReleaseVersionID ||
+				r.Key == corev1.LabelHostname
 		})
 		t.MatchFields = slices.DeleteFunc(slices.Clone(t.MatchFields), func(r corev1.NodeSelectorRequirement) bool { return r.Key == "metadata.name" })
 		if len(t.MatchExpressions) == 0 && len(t.MatchFields) == 0 {

@@ -152,6 +152,15 @@ func TestDriverLeft(t *testing.T) {
 	hostname := func(n *corev1.Node) { n.Labels[corev1.LabelHostname] = n.Name }
 	withSelector := driverTemplate()
 	withSelector.NodeSelector = map[string]string{"pool": "gpu"}
+	// The ClusterPolicy's DaemonSets place the nodes it labels with their
+	// target.
+	byTarget := driverTemplate()
+	targetTerm := &byTarget.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0]
+	targetTerm.MatchExpressions = append(slices.Clone(targetTerm.MatchExpressions),
+		corev1.NodeSelectorRequirement{Key: gpuv1alpha1.LabelDriverTarget, Operator: corev1.NodeSelectorOpIn, Values: []string{"ubuntu22.04"}})
+	target := func(v string) func(*corev1.Node) {
+		return func(n *corev1.Node) { n.Labels[gpuv1alpha1.LabelDriverTarget] = v }
+	}
 	tests := []struct {
 		name        string
 		node        *corev1.Node
@@ -167,6 +176,10 @@ func TestDriverLeft(t *testing.T) {
 		{"no NFD labels, its DaemonSet does not name it yet", node("u-new", "", "", "Ubuntu 22.04.4 LTS"), []corev1.PodSpec{rhel, ubuntu}, false, false},
 		{"placed by hostname", node("u-by-host", "", "", "Ubuntu 22.04.4 LTS", hostname), []corev1.PodSpec{byHost}, false, false},
 		{"no NFD labels, its DaemonSet does not list its hostname yet", node("u-new", "", "", "Ubuntu 22.04.4 LTS", hostname), []corev1.PodSpec{byHost}, false, false},
+		{"placed by its driver-target label", node("u", "", "", "Ubuntu 22.04.4 LTS", target("ubuntu22.04")), []corev1.PodSpec{byTarget}, false, false},
+		{"not labelled with its target yet", node("u-new", "", "", "Ubuntu 22.04.4 LTS"), []corev1.PodSpec{byTarget}, false, false},
+		{"its OS changed, its label not yet", node("u", "", "", "Ubuntu 24.04.1 LTS", target("ubuntu22.04")), []corev1.PodSpec{byTarget}, false, false},
+		{"labelled, opted out", node("u", "", "", "Ubuntu 22.04.4 LTS", target("ubuntu22.04"), optOut), []corev1.PodSpec{byTarget}, false, true},
 		{"its OS's DaemonSet missing, opted out", node("u", "ubuntu", "22.04", "", optOut), []corev1.PodSpec{rhel}, false, true},
 		{"its OS's DaemonSet missing, a taint the driver does not tolerate", node("u", "ubuntu", "22.04", "", taint), []corev1.PodSpec{rhel}, false, true},
 		{"an OS without a driver", node("r", "rocky", "9.4", ""), []corev1.PodSpec{rhel, ubuntu}, false, true},

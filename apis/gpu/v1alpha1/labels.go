@@ -197,12 +197,12 @@ const (
 	// status.nodeInfo.osImage.
 	LabelOSReleaseID        = "feature.node.kubernetes.io/system-os_release.ID"
 	LabelOSReleaseVersionID = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
-	// LabelKernelVersion is node feature discovery's kernel label; the
-	// precompiled driver's DaemonSets match on it (else on node names).
+	// LabelKernelVersion is node feature discovery's kernel label.
 	LabelKernelVersion = "feature.node.kubernetes.io/kernel-version.full"
 	// LabelDriverTarget on a driver DaemonSet and its pods is the OS (and
 	// kernel, for precompiled drivers) the DaemonSet serves, e.g.
-	// ubuntu22.04; "all" for a version that names its own OS.
+	// ubuntu22.04; on a GPU node, set by the ClusterPolicy, the target of
+	// the driver DaemonSet that places it.
 	LabelDriverTarget = "gpu.loom.dev/driver-target"
 	// LabelDevicePluginConfig names the device plugin config (a key of
 	// devicePlugin.config.configMapName) a node runs.
