@@ -66,7 +66,11 @@ func desired(cp *gpuv1alpha1.ClusterPolicy, namespace string, in cluster) plan {
 			p.held[op.name] = why
 			continue
 		}
-		p.objects = append(p.objects, buildDaemonSet(op, cp, namespace, variant{configData: data}))
+		v := variant{configData: data}
+		if op.name == gpuv1alpha1.OperandToolkit {
+			v.runtime = toolkitRuntime(cp, in.nodes)
+		}
+		p.objects = append(p.objects, buildDaemonSet(op, cp, namespace, v))
 	}
 	if cm := DevicePluginConfigMap(cp, namespace); cm != nil && cp.Spec.OperandEnabled(gpuv1alpha1.OperandDevicePlugin) {
 		p.objects = append(p.objects, cm)

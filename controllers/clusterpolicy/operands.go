@@ -1,6 +1,7 @@
 package clusterpolicy
 
 import (
+	"cmp"
 	"slices"
 	"strconv"
 
@@ -219,6 +220,8 @@ type variant struct {
 	restrict []corev1.NodeSelectorTerm
 	// configData is the content of the ConfigMaps the operand reads.
 	configData any
+	// runtime is the containerd the toolkit configures (zero: plain).
+	runtime containerRuntime
 }
 
 func buildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string, v variant) *appsv1.DaemonSet {
@@ -253,6 +256,9 @@ func buildDaemonSet(op operand, cp *gpuv1alpha1.ClusterPolicy, namespace string,
 	spec := podSpec(op, cp)
 	if v.image != "" {
 		spec.Containers[0].Image = v.image
+	}
+	if op.name == gpuv1alpha1.OperandToolkit {
+		withRuntime(&spec, cp, cmp.Or(v.runtime, containerdPlain))
 	}
 	template := corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: annotations}, Spec: spec}
 	// Pods carry the hash of the template they were made from: the driver

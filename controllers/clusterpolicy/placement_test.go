@@ -79,6 +79,12 @@ func TestNodeWatchPassesTaintChanges(t *testing.T) {
 	if p.Update(event.UpdateEvent{ObjectOld: n(ml), ObjectNew: n(again)}) {
 		t.Error("an unchanged taint list is passed")
 	}
+	// The toolkit follows the nodes' containerd.
+	upgraded := n()
+	upgraded.Status.NodeInfo.ContainerRuntimeVersion, upgraded.Status.NodeInfo.KubeletVersion = "containerd://1.7.17-k3s1", "v1.30.2+rke2r1"
+	if !p.Update(event.UpdateEvent{ObjectOld: n(), ObjectNew: upgraded}) {
+		t.Error("a container runtime change is not passed")
+	}
 }
 
 // A node GPU Operator labelled nvidia.com/gpu.deploy.driver=pre-installed

@@ -19,16 +19,17 @@ import (
 // nodeInfoChanged passes Node updates that change its OS or kernel, or its
 // taints (which keep operands off it).
 func nodeInfoChanged() predicate.Funcs {
-	info := func(o client.Object) [3]string {
+	info := func(o client.Object) [5]string {
 		n, ok := o.(*corev1.Node)
 		if !ok {
-			return [3]string{}
+			return [5]string{}
 		}
 		var taints strings.Builder
 		for i := range n.Spec.Taints {
 			taints.WriteString(n.Spec.Taints[i].ToString() + ",")
 		}
-		return [3]string{n.Status.NodeInfo.OSImage, n.Status.NodeInfo.KernelVersion, taints.String()}
+		ni := n.Status.NodeInfo
+		return [5]string{ni.OSImage, ni.KernelVersion, ni.ContainerRuntimeVersion, ni.KubeletVersion, taints.String()}
 	}
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool { return info(e.ObjectOld) != info(e.ObjectNew) }}
 }

@@ -204,14 +204,17 @@ func ownNamespaces(opts Options) []string {
 }
 
 // trimNode is the inventory's trimmed Node (inventory.TrimNode) plus the
-// OS image and kernel of its nodeInfo: the ClusterPolicy picks the driver
-// images by them.
+// OS image, kernel, container runtime and kubelet versions of its
+// nodeInfo: the ClusterPolicy picks the driver images by the first two,
+// the containerd the toolkit configures by the others.
 func trimNode(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
 		return inventory.TrimNode(obj)
 	}
-	info := corev1.NodeSystemInfo{OSImage: n.Status.NodeInfo.OSImage, KernelVersion: n.Status.NodeInfo.KernelVersion}
+	ni := n.Status.NodeInfo
+	info := corev1.NodeSystemInfo{OSImage: ni.OSImage, KernelVersion: ni.KernelVersion,
+		ContainerRuntimeVersion: ni.ContainerRuntimeVersion, KubeletVersion: ni.KubeletVersion}
 	out, err := inventory.TrimNode(obj)
 	if t, ok := out.(*corev1.Node); ok && err == nil {
 		t.Status.NodeInfo = info
