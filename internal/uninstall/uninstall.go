@@ -61,8 +61,9 @@ type Config struct {
 //     nothing writes GPUNodes or labels again; then it releases the nodes
 //     still claimed itself (releaseNodes);
 //  3. every GPUNode, and on every Node the labels the GPU labeller set
-//     (field manager loom-gpu-labels) and its unhealthy taint; labels
-//     anyone else set stay;
+//     (field manager loom-gpu-labels), its unhealthy taint and the
+//     ClusterPolicy's gpu.loom.dev/driver-target; labels anyone else set
+//     stay (so do nvidia.com/gpu.deploy.<operand>=true, GPU Operator's);
 //  4. with cfg.RayJobs, KubeRay's stop-job finalizer on every RayJob: with
 //     no manager left to remove it, deleting a RayJob (or its namespace)
 //     would hang for ever. A RayJob deleted later takes its cluster, and so
@@ -437,6 +438,13 @@ func unlabelNode(ctx context.Context, c client.Client, n *corev1.Node, out io.Wr
 			return fmt.Errorf("removing Loom's labels from node %s: %w", n.Name, err)
 		}
 		fmt.Fprintf(out, "removed Loom's labels from node %s\n", n.Name)
+	}
+	// The ClusterPolicy's placement label, Loom's key alone.
+	if _, ok := n.Labels[gpuv1alpha1.LabelDriverTarget]; ok {
+		patch := []byte(`{"metadata":{"labels":{"` + gpuv1alpha1.LabelDriverTarget + `":null}}}`)
+		if err := c.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name}}, client.RawPatch(types.MergePatchType, patch)); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("removing %s from node %s: %w", gpuv1alpha1.LabelDriverTarget, n.Name, err)
+		}
 	}
 	if _, tainted := n.Annotations[gpuv1alpha1.AnnotationUnhealthyTaint]; !tainted {
 		return nil

@@ -41,7 +41,7 @@ func cleanupFixture(t *testing.T, ctx context.Context, c client.Client) {
 	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "loom-system"}}))
 	must(t, c.Create(ctx, &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}}))
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1",
-		Labels:      map[string]string{"nvidia.com/gpu.deploy.driver": "false"},
+		Labels:      map[string]string{"nvidia.com/gpu.deploy.driver": "false", gpuv1alpha1.LabelDriverTarget: "ubuntu22.04"},
 		Annotations: map[string]string{gpuv1alpha1.AnnotationClaim: "default", gpuv1alpha1.AnnotationUnhealthyTaint: "xid-79"}},
 		Spec: corev1.NodeSpec{Unschedulable: true, Taints: []corev1.Taint{
 			{Key: gpuv1alpha1.TaintUnhealthy, Value: "xid-79", Effect: corev1.TaintEffectNoSchedule},
@@ -125,7 +125,7 @@ func TestUninstallCleanup(t *testing.T) {
 
 	n := &corev1.Node{}
 	must(t, c.Get(ctx, client.ObjectKey{Name: "gpu-1"}, n))
-	for _, k := range []string{gpuv1alpha1.LabelPresent, gpuv1alpha1.LabelProduct} {
+	for _, k := range []string{gpuv1alpha1.LabelPresent, gpuv1alpha1.LabelProduct, gpuv1alpha1.LabelDriverTarget} {
 		if _, ok := n.Labels[k]; ok {
 			t.Errorf("Loom's label %s left on the node", k)
 		}
