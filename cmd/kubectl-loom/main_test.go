@@ -146,6 +146,7 @@ func TestGPUsAndUpgrades(t *testing.T) {
 	}
 	node.Status.Capacity = corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("8"), corev1.ResourcePods: resource.MustParse("110")}
 	node.Status.Allocatable = node.Status.Capacity
+	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}} // as its kubelet posts it
 	if err := env.Client.Status().Update(ctx, node); err != nil {
 		t.Fatal(err)
 	}
