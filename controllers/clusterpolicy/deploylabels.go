@@ -83,7 +83,7 @@ func (r *Reconciler) labelNodes(ctx context.Context, cp *gpuv1alpha1.ClusterPoli
 		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": n.ResourceVersion, "labels": l}}) // plain data
 		obj := &corev1.Node{}
 		obj.Name = n.Name
-		err := r.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(FieldOwner))
+		err := r.w.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch), "GPU node labels for the driver and its manager")
 		switch {
 		case apierrors.IsConflict(err), apierrors.IsNotFound(err):
 			retry = true

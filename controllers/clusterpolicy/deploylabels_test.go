@@ -98,6 +98,10 @@ func testDeployLabels(t *testing.T) {
 		}
 		return nil
 	})
+	// Counted among the writes (loom_writes_total) as every other of Loom's.
+	if n := testenv.WritesCounted(t, "Node", FieldOwner, "patch", "written"); n < 2 {
+		t.Errorf("loom_writes_total counts %v Node patches, want one per labelled GPU node at least", n)
+	}
 	patch := func(body string) {
 		t.Helper()
 		if err := env.Client.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cp-gpu-1"}}, client.RawPatch(types.MergePatchType, []byte(body))); err != nil {
