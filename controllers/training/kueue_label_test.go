@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	k8sschema "k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -82,6 +83,14 @@ func installKueueCRDIn(t *testing.T, e *testenv.Env, plural, kind string, scope 
 	if err := testenv.WaitForCRDs(ctx, e.Config, crd.Name); err != nil {
 		t.Fatal(err)
 	}
+	// The API server's discovery follows Established by a moment, and the
+	// client's mapper reloads a group version on a miss: wait until it maps
+	// the kind, so the test's first create of one does not race discovery.
+	gk := k8sschema.GroupKind{Group: kueue.Group, Kind: kind}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		_, err := e.Client.RESTMapper().RESTMapping(gk, "v1beta2")
+		return err
+	})
 }
 
 // A job waiting for Kueue whose queue label is removed runs as any other,
