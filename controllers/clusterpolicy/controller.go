@@ -40,7 +40,7 @@ import (
 )
 
 // FieldOwner is the ClusterPolicy reconciler's field manager.
-const FieldOwner = "loom-clusterpolicy"
+const FieldOwner = gpuv1alpha1.FieldOwnerClusterPolicy
 
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups=gpu.loom.dev,resources=clusterpolicies/status,verbs=get;patch

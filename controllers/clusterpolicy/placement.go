@@ -68,7 +68,7 @@ func blockingTaint(specs []*corev1.PodSpec, n *corev1.Node) *corev1.Taint {
 
 // deployLabelPrefix starts GPU Operator's per-node opt-out labels:
 // nvidia.com/gpu.deploy.<operand>=false, nvidia.com/gpu.deploy.operands=false.
-const deployLabelPrefix = "nvidia.com/gpu.deploy."
+const deployLabelPrefix = gpuv1alpha1.DeployLabelPrefix
 
 // preInstalled is GPU Operator's nvidia.com/gpu.deploy.driver value for a
 // node whose host has a driver of its own: a driver container there would

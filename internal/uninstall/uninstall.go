@@ -5,6 +5,7 @@ package uninstall
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -62,8 +63,9 @@ type Config struct {
 //     still claimed itself (releaseNodes);
 //  3. every GPUNode, and on every Node the labels the GPU labeller set
 //     (field manager loom-gpu-labels), its unhealthy taint and the
-//     ClusterPolicy's gpu.loom.dev/driver-target; labels anyone else set
-//     stay (so do nvidia.com/gpu.deploy.<operand>=true, GPU Operator's);
+//     ClusterPolicy's gpu.loom.dev/driver-target and the
+//     nvidia.com/gpu.deploy.<operand>=true labels it set (unlabelPolicy);
+//     labels anyone else set or changed stay;
 //  4. with cfg.RayJobs, KubeRay's stop-job finalizer on every RayJob: with
 //     no manager left to remove it, deleting a RayJob (or its namespace)
 //     would hang for ever. A RayJob deleted later takes its cluster, and so
@@ -439,12 +441,8 @@ func unlabelNode(ctx context.Context, c client.Client, n *corev1.Node, out io.Wr
 		}
 		fmt.Fprintf(out, "removed Loom's labels from node %s\n", n.Name)
 	}
-	// The ClusterPolicy's placement label, Loom's key alone.
-	if _, ok := n.Labels[gpuv1alpha1.LabelDriverTarget]; ok {
-		patch := []byte(`{"metadata":{"labels":{"` + gpuv1alpha1.LabelDriverTarget + `":null}}}`)
-		if err := c.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name}}, client.RawPatch(types.MergePatchType, patch)); client.IgnoreNotFound(err) != nil {
-			return fmt.Errorf("removing %s from node %s: %w", gpuv1alpha1.LabelDriverTarget, n.Name, err)
-		}
+	if err := unlabelPolicy(ctx, c, n, out); err != nil {
+		return err
 	}
 	if _, tainted := n.Annotations[gpuv1alpha1.AnnotationUnhealthyTaint]; !tainted {
 		return nil
@@ -460,6 +458,32 @@ func unlabelNode(ctx context.Context, c client.Client, n *corev1.Node, out io.Wr
 		return fmt.Errorf("removing Loom's taint from node %s: %w", n.Name, err)
 	}
 	fmt.Fprintf(out, "removed Loom's taint from node %s\n", n.Name)
+	return nil
+}
+
+// unlabelPolicy removes the ClusterPolicy's labels from n: its placement
+// label (Loom's key alone), and the nvidia.com/gpu.deploy.<operand>=true
+// labels it set where they were missing, those its field manager owns and
+// still true; a value anyone else set or changed (false, paused) stays.
+func unlabelPolicy(ctx context.Context, c client.Client, n *corev1.Node, out io.Writer) error {
+	gone := map[string]any{}
+	for k, v := range n.Labels {
+		switch {
+		case k == gpuv1alpha1.LabelDriverTarget:
+			gone[k] = nil
+		case strings.HasPrefix(k, gpuv1alpha1.DeployLabelPrefix) && v == "true" &&
+			gpuv1alpha1.ManagesLabel(n.ManagedFields, gpuv1alpha1.FieldOwnerClusterPolicy, k):
+			gone[k] = nil
+		}
+	}
+	if len(gone) == 0 {
+		return nil
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": gone}}) // plain data
+	if err := c.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name}}, client.RawPatch(types.MergePatchType, patch)); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("removing the ClusterPolicy's labels from node %s: %w", n.Name, err)
+	}
+	fmt.Fprintf(out, "removed the ClusterPolicy's labels from node %s\n", n.Name)
 	return nil
 }
 

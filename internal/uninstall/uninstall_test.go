@@ -41,7 +41,8 @@ func cleanupFixture(t *testing.T, ctx context.Context, c client.Client) {
 	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "loom-system"}}))
 	must(t, c.Create(ctx, &gpuv1alpha1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}}))
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1",
-		Labels:      map[string]string{"nvidia.com/gpu.deploy.driver": "false", gpuv1alpha1.LabelDriverTarget: "ubuntu22.04"},
+		Labels: map[string]string{"nvidia.com/gpu.deploy.driver": "false", gpuv1alpha1.LabelDriverTarget: "ubuntu22.04",
+			"nvidia.com/gpu.deploy.dcgm": "true"}, // a person's true
 		Annotations: map[string]string{gpuv1alpha1.AnnotationClaim: "default", gpuv1alpha1.AnnotationUnhealthyTaint: "xid-79"}},
 		Spec: corev1.NodeSpec{Unschedulable: true, Taints: []corev1.Taint{
 			{Key: gpuv1alpha1.TaintUnhealthy, Value: "xid-79", Effect: corev1.TaintEffectNoSchedule},
@@ -55,6 +56,14 @@ func cleanupFixture(t *testing.T, ctx context.Context, c client.Client) {
 	labels.SetLabels(map[string]string{gpuv1alpha1.LabelPresent: "true", gpuv1alpha1.LabelProduct: "NVIDIA-H100-80GB-HBM3"})
 	labels.SetAnnotations(map[string]string{gpuv1alpha1.AnnotationManagedLabels: gpuv1alpha1.LabelPresent + "," + gpuv1alpha1.LabelProduct})
 	must(t, c.Apply(ctx, client.ApplyConfigurationFromUnstructured(labels), client.FieldOwner(gpuv1alpha1.FieldOwnerGPULabels), client.ForceOwnership))
+	// The deploy labels the ClusterPolicy set where they were missing, as
+	// its controller writes them; the driver manager has since paused one.
+	policyLabels := []byte(`{"metadata":{"labels":{"nvidia.com/gpu.deploy.device-plugin":"true","nvidia.com/gpu.deploy.dcgm-exporter":"true"}}}`)
+	must(t, c.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}}, client.RawPatch(types.MergePatchType, policyLabels),
+		client.FieldOwner(gpuv1alpha1.FieldOwnerClusterPolicy)))
+	paused := []byte(`{"metadata":{"labels":{"nvidia.com/gpu.deploy.dcgm-exporter":"paused-for-driver-upgrade"}}}`)
+	must(t, c.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}}, client.RawPatch(types.MergePatchType, paused),
+		client.FieldOwner("k8s-driver-manager")))
 	must(t, c.Create(ctx, &gpuv1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}}))
 	sel := &metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}}
 	tmpl := corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: sel.MatchLabels},
@@ -130,8 +139,12 @@ func TestUninstallCleanup(t *testing.T) {
 			t.Errorf("Loom's label %s left on the node", k)
 		}
 	}
-	if n.Labels["nvidia.com/gpu.deploy.driver"] != "false" {
-		t.Errorf("the user's label was removed: %v", n.Labels)
+	if _, ok := n.Labels["nvidia.com/gpu.deploy.device-plugin"]; ok {
+		t.Errorf("the ClusterPolicy's deploy label left on the node: %v", n.Labels)
+	}
+	if n.Labels["nvidia.com/gpu.deploy.driver"] != "false" || n.Labels["nvidia.com/gpu.deploy.dcgm"] != "true" ||
+		n.Labels["nvidia.com/gpu.deploy.dcgm-exporter"] != "paused-for-driver-upgrade" {
+		t.Errorf("a label someone else set or changed was removed: %v", n.Labels)
 	}
 	for _, k := range []string{gpuv1alpha1.AnnotationManagedLabels, gpuv1alpha1.AnnotationUnhealthyTaint, gpuv1alpha1.AnnotationClaim} {
 		if _, ok := n.Annotations[k]; ok {

@@ -13,6 +13,16 @@ import (
 // ClusterPolicy.
 const FieldOwnerDriverUpgrade = "loom-driver-upgrade"
 
+// FieldOwnerClusterPolicy is the ClusterPolicy controller's field manager:
+// its writes (the operands, and on GPU nodes the
+// nvidia.com/gpu.deploy.<operand>=true labels it sets where missing) carry
+// it, so a node's managed fields say which of those labels are Loom's.
+const FieldOwnerClusterPolicy = "loom-clusterpolicy"
+
+// DeployLabelPrefix starts GPU Operator's per-operand switches on a node,
+// nvidia.com/gpu.deploy.<operand>.
+const DeployLabelPrefix = LabelPrefix + "gpu.deploy."
+
 // LoomCordoned reports whether the node's cordon is Loom's to lift: the
 // node carries claim, its upgrade started without someone else's cordon
 // (AnnotationWasCordoned, of any value), it is unschedulable, and Loom's
@@ -42,6 +52,27 @@ func ManagesUnschedulable(fields []metav1.ManagedFieldsEntry, manager string) bo
 		}
 		if json.Unmarshal(f.FieldsV1.GetRawBytes(), &set) == nil {
 			if _, ok := set.Spec["f:unschedulable"]; ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ManagesLabel reports whether manager owns the label key in fields, a
+// node's managed fields.
+func ManagesLabel(fields []metav1.ManagedFieldsEntry, manager, key string) bool {
+	for _, f := range fields {
+		if f.Manager != manager || f.FieldsV1 == nil {
+			continue
+		}
+		var set struct {
+			Metadata struct {
+				Labels map[string]json.RawMessage `json:"f:labels"`
+			} `json:"f:metadata"`
+		}
+		if json.Unmarshal(f.FieldsV1.GetRawBytes(), &set) == nil {
+			if _, ok := set.Metadata.Labels["f:"+key]; ok {
 				return true
 			}
 		}
